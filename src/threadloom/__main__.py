@@ -1,0 +1,3 @@
+from threadloom.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The GraphQL API: types, loaders, mutations, auth, errors. Resolvers stay thin."""

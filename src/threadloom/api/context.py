@@ -1,0 +1,67 @@
+"""The per-request context: who is asking, the loaders, and the engine's services."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+import strawberry
+
+from threadloom.api.loaders import Loaders
+from threadloom.domain.access import Principal
+from threadloom.engine.services import Services
+from threadloom.store import tables as t
+from threadloom.store.db import StatementCounter
+
+
+@dataclasses.dataclass(slots=True)
+class Context:
+    principal: Principal
+    services: Services
+    loaders: Loaders
+    counter: StatementCounter
+    request: Any = None
+    response: Any = None
+
+    @classmethod
+    def create(
+        cls,
+        principal: Principal,
+        services: Services,
+        request: Any = None,
+        response: Any = None,
+        counter: StatementCounter | None = None,
+    ) -> Context:
+        counter = counter or StatementCounter()
+        return cls(principal, services, Loaders(services.db, counter), counter, request, response)
+
+    async def project_of(self, table: sa.Table, row: sa.RowMapping) -> uuid.UUID | None:
+        """The project an object belongs to (None for global objects such as provider sessions)."""
+        if table is t.projects:
+            return uuid.UUID(str(row["id"]))
+        if table is t.threads:
+            return uuid.UUID(str(row["project_id"]))
+        thread_id = row.get("thread_id") or row.get("app_thread_id") or row.get("target_thread_id")
+        if thread_id is None:
+            return None
+        thread = await self.loaders.rows(t.threads).load(thread_id)
+        return None if thread is None else uuid.UUID(str(thread["project_id"]))
+
+    async def visible(self, table: sa.Table, row: sa.RowMapping | None) -> bool:
+        if row is None:
+            return False
+        project_id = await self.project_of(table, row)
+        if project_id is None:
+            return self.principal.project_id is None
+        return self.principal.sees(project_id)
+
+    async def load_visible(self, table: sa.Table, entity_id: uuid.UUID | None) -> sa.RowMapping | None:
+        if entity_id is None:
+            return None
+        row = await self.loaders.rows(table).load(entity_id)
+        return row if await self.visible(table, row) else None
+
+
+Info = strawberry.Info[Context, None]

@@ -1,0 +1,77 @@
+"""The GraphQL HTTP/WebSocket endpoint (GraphQL-over-HTTP, orjson encoding).
+
+With `Accept: application/graphql-response+json` a request that fails before execution
+(unparseable, invalid, bad variables) gets HTTP 400, as the GraphQL-over-HTTP spec says;
+with `application/json` it gets 200, for older clients.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+import orjson
+from graphql import ExecutionResult
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.websockets import WebSocket
+from strawberry.asgi import GraphQL
+from strawberry.http import GraphQLHTTPResponse
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+
+from threadloom.api.context import Context
+from threadloom.engine.services import Services
+
+GRAPHQL_RESPONSE = "application/graphql-response+json"
+JSON = "application/json"
+_media: contextvars.ContextVar[str] = contextvars.ContextVar("media", default=JSON)
+
+
+def negotiate(accept: str) -> str:
+    """The response media type for an Accept header (graphql-response+json preferred when asked)."""
+    return GRAPHQL_RESPONSE if GRAPHQL_RESPONSE in accept else JSON
+
+
+class GraphQLView(GraphQL[Context, None]):
+    def __init__(self, services: Services, schema: Any) -> None:
+        settings = services.settings
+        super().__init__(
+            schema,
+            graphql_ide="graphiql" if settings.dev else None,
+            allow_queries_via_get=True,
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
+            allowed_origins=settings.allowed_origins,
+        )
+        self.services = services
+
+    def encode_json(self, data: object) -> bytes:
+        return orjson.dumps(data)
+
+    def decode_json(self, data: str | bytes) -> object:
+        return orjson.loads(data)
+
+    async def get_context(self, request: Request | WebSocket, response: Response | WebSocket) -> Context:
+        state = request.scope.setdefault("state", {})
+        _media.set(negotiate(request.headers.get("accept", "")))
+        state["sub_response"] = response
+        return Context.create(state["principal"], self.services, request, response, state.get("counter"))
+
+    async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
+        processed = await super().process_result(request, result)
+        failed_before_execution = result.data is None and bool(result.errors) and all(
+            e.path is None for e in result.errors or []
+        )
+        if failed_before_execution and _media.get() == GRAPHQL_RESPONSE:
+            request.scope["state"]["sub_response"].status_code = 400
+        return processed
+
+    def create_response(self, response_data: Any, sub_response: Response) -> Response:
+        response = Response(
+            self.encode_json(response_data),
+            status_code=sub_response.status_code or 200,
+            media_type=_media.get(),
+        )
+        for name, value in sub_response.headers.items():
+            if name.lower() not in ("content-type", "content-length"):
+                response.headers[name] = value
+        return response

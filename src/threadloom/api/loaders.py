@@ -1,0 +1,160 @@
+"""Per-request DataLoaders over `store.reads`.
+
+Every relation a GraphQL type exposes is named here once, with its table, parent column,
+ordering key and filters. Loaders batch by relation, so the statements a query costs
+depend on its shape, not on how many objects a page holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from strawberry.dataloader import DataLoader
+
+from threadloom.domain.statuses import RunStatus, RuntimeRequestStatus
+from threadloom.store import reads
+from threadloom.store import tables as t
+from threadloom.store.db import Database, StatementCounter
+
+Filters = tuple[tuple[str, Any], ...]
+
+
+def _no_filters(_: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
+    return []
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Relation:
+    table: sa.Table
+    parent: str | None
+    key: str  # ordering (and cursor) column
+    key_type: type = uuid.UUID
+    filters: Callable[[Mapping[str, Any]], list[sa.ColumnElement[bool]]] = _no_filters
+
+
+def _thread_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
+    return [] if f.get("include_archived") else [t.threads.c.archived_at.is_(None)]
+
+
+def _project_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
+    only = f.get("only_project")
+    return [] if only is None else [t.projects.c.id == only]
+
+
+def _activity_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
+    out: list[sa.ColumnElement[bool]] = []
+    if f.get("run_id") is not None:
+        out.append(t.activities.c.run_id == f["run_id"])
+    if f.get("node_id") is not None:
+        out.append(t.activities.c.node_id == f["node_id"])
+    return out
+
+
+PAGED: dict[str, Relation] = {
+    "projects": Relation(t.projects, None, "id", filters=_project_filters),
+    "project.threads": Relation(t.threads, "project_id", "id", filters=_thread_filters),
+    "thread.runs": Relation(t.runs, "thread_id", "ordinal", key_type=int),
+    "thread.messages": Relation(t.conversation_messages, "thread_id", "id"),
+    "thread.activities": Relation(t.activities, "thread_id", "sequence", key_type=int, filters=_activity_filters),
+}
+
+_queued = [t.runs.c.status == RunStatus.QUEUED.value]
+_pending = [t.runtime_requests.c.status == RuntimeRequestStatus.PENDING.value]
+
+# (table, parent column, order column, fixed filters) for small, bounded child lists.
+LISTS: dict[str, tuple[sa.Table, str, str, list[sa.ColumnElement[bool]]]] = {
+    "thread.queue": (t.runs, "thread_id", "queue_position", _queued),
+    "thread.pendingRequests": (t.runtime_requests, "thread_id", "id", _pending),
+    "thread.providerThreads": (t.provider_threads, "app_thread_id", "id", []),
+    "run.attempts": (t.run_attempts, "run_id", "attempt_ordinal", []),
+    "run.nodes": (t.execution_nodes, "run_id", "id", []),
+    "run.plans": (t.plan_artifacts, "run_id", "id", []),
+    "run.requests": (t.runtime_requests, "run_id", "id", []),
+    "run.checkpoints": (t.checkpoints, "run_id", "ordinal", []),
+    "node.children": (t.execution_nodes, "parent_node_id", "id", []),
+    "attempt.turns": (t.provider_turns, "run_attempt_id", "ordinal", []),
+}
+
+PageKey = tuple[Hashable, reads.PageArgs, Filters]
+CountKey = tuple[Hashable, Filters]
+
+
+class Loaders:
+    def __init__(self, db: Database, counter: StatementCounter) -> None:
+        self._db = db
+        self._counter = counter
+        self._loaders: dict[Any, DataLoader[Any, Any]] = {}
+
+    def _get(self, key: Any, make: Callable[[], DataLoader[Any, Any]]) -> DataLoader[Any, Any]:
+        loader = self._loaders.get(key)
+        if loader is None:
+            loader = self._loaders[key] = make()
+        return loader
+
+    def rows(self, table: sa.Table) -> DataLoader[uuid.UUID, sa.RowMapping | None]:
+        async def load(ids: list[uuid.UUID]) -> list[sa.RowMapping | None]:
+            async with self._db.read(self._counter) as db:
+                found = await reads.by_ids(db, table, ids)
+            return [found.get(i) for i in ids]
+
+        return self._get(("rows", table.name), lambda: DataLoader(load_fn=load))
+
+    def page(self, relation: str) -> DataLoader[PageKey, reads.Page]:
+        rel = PAGED[relation]
+
+        async def load(keys: list[PageKey]) -> list[reads.Page]:
+            groups: dict[tuple[reads.PageArgs, Filters], list[Hashable]] = {}
+            for parent, args, filters in keys:
+                groups.setdefault((args, filters), []).append(parent)
+            results: dict[PageKey, reads.Page] = {}
+            async with self._db.read(self._counter) as db:
+                for (args, filters), parents in groups.items():
+                    pages = await reads.pages(
+                        db,
+                        rel.table,
+                        key=rel.key,
+                        args=args,
+                        parent=rel.parent,
+                        parents=parents,
+                        where=rel.filters(dict(filters)),
+                    )
+                    for p in parents:
+                        results[(p, args, filters)] = pages[p]
+            return [results[k] for k in keys]
+
+        return self._get(("page", relation), lambda: DataLoader(load_fn=load))
+
+    def count(self, relation: str) -> DataLoader[CountKey, int]:
+        rel = PAGED[relation]
+
+        async def load(keys: list[CountKey]) -> list[int]:
+            groups: dict[Filters, list[Hashable]] = {}
+            for parent, filters in keys:
+                groups.setdefault(filters, []).append(parent)
+            results: dict[CountKey, int] = {}
+            async with self._db.read(self._counter) as db:
+                for filters, parents in groups.items():
+                    found = await reads.counts(
+                        db, rel.table, parent=rel.parent, parents=parents, where=rel.filters(dict(filters))
+                    )
+                    for p in parents:
+                        results[(p, filters)] = found[p]
+            return [results[k] for k in keys]
+
+        return self._get(("count", relation), lambda: DataLoader(load_fn=load))
+
+    def children(self, relation: str) -> DataLoader[uuid.UUID, list[sa.RowMapping]]:
+        table, parent, order, where = LISTS[relation]
+
+        async def load(parents: list[uuid.UUID]) -> Sequence[list[sa.RowMapping]]:
+            async with self._db.read(self._counter) as db:
+                found = await reads.rows_by_parent(
+                    db, table, parent=parent, parents=parents, order_by=order, where=where
+                )
+            return [found[p] for p in parents]
+
+        return self._get(("children", relation), lambda: DataLoader(load_fn=load))

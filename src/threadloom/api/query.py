@@ -1,0 +1,103 @@
+"""Root query fields (fixed names, DESIGN §5)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import strawberry
+
+from threadloom.api import enums
+from threadloom.api import ids as gid
+from threadloom.api.context import Info
+from threadloom.api.errors import ApiError
+from threadloom.api.pagination import Connection, connect
+from threadloom.api.types import NODE_TYPES, Node, Project, Run, Thread
+from threadloom.domain.errors import DomainError, ErrorCode
+
+
+async def resolve_node(info: Info, global_id: str) -> Any:
+    found = gid.decode(global_id)
+    if found is None or found[0] not in NODE_TYPES:
+        return None
+    cls = NODE_TYPES[found[0]]
+    row = await info.context.load_visible(cls.table(), found[1])
+    return None if row is None else cls.from_row(row)
+
+
+async def _typed(info: Info, cls: Any, global_id: str) -> Any:
+    entity_id = gid.maybe_as(global_id, cls.__name__)
+    return None if entity_id is None else await resolve_node(info, global_id)
+
+
+@strawberry.type(description="Who is asking: the token's scope and, when bound, its project.")
+class Viewer:
+    scope: enums.TokenScope
+    _project_id: strawberry.Private[uuid.UUID | None]
+
+    @strawberry.field(description="The project this token is bound to; null for an all-projects token.")
+    async def project(self, info: Info) -> Project | None:
+        return await _typed(info, Project, gid.encode("Project", self._project_id)) if self._project_id else None
+
+
+@strawberry.type
+class Query:
+    @strawberry.field(description="Any object by global id; null when unknown, invisible, or not an id.")
+    async def node(self, info: Info, id: strawberry.ID) -> Node | None:
+        return await resolve_node(info, id)  # type: ignore[no-any-return]
+
+    @strawberry.field(description="Objects by global ids, in order; null for each unknown or invisible id.")
+    async def nodes(self, info: Info, ids: list[strawberry.ID]) -> list[Node | None]:
+        limit = info.context.services.settings.limits.max_page_size
+        if len(ids) > limit:
+            raise ApiError(DomainError(ErrorCode.PAGE_SIZE_EXCEEDED, f"at most {limit} ids at once", "ids"))
+        return list(await asyncio.gather(*(resolve_node(info, i) for i in ids)))
+
+    @strawberry.field
+    def viewer(self, info: Info) -> Viewer:
+        p = info.context.principal
+        return Viewer(scope=p.scope, _project_id=p.project_id)
+
+    @strawberry.field
+    async def project(self, info: Info, id: strawberry.ID) -> Project | None:
+        return await _typed(info, Project, id)  # type: ignore[no-any-return]
+
+    @strawberry.field
+    async def projects(
+        self,
+        info: Info,
+        first: int | None = None,
+        after: str | None = None,
+        last: int | None = None,
+        before: str | None = None,
+    ) -> Connection[Project]:
+        only = info.context.principal.project_id
+        return await connect(
+            info, "projects", None, Project.from_row,
+            first=first, after=after, last=last, before=before, filters={"only_project": only},
+        )
+
+    @strawberry.field
+    async def thread(self, info: Info, id: strawberry.ID) -> Thread | None:
+        return await _typed(info, Thread, id)  # type: ignore[no-any-return]
+
+    @strawberry.field(description="Threads of a project, oldest first; null when the project is unknown or invisible.")
+    async def threads(
+        self,
+        info: Info,
+        project_id: strawberry.ID,
+        first: int | None = None,
+        after: str | None = None,
+        last: int | None = None,
+        before: str | None = None,
+        include_archived: bool = False,
+    ) -> Connection[Thread] | None:
+        project = await _typed(info, Project, project_id)
+        if project is None:
+            return None
+        return await project.threads(info, first, after, last, before, include_archived)  # type: ignore[no-any-return]
+
+    @strawberry.field
+    async def run(self, info: Info, id: strawberry.ID) -> Run | None:
+        return await _typed(info, Run, id)  # type: ignore[no-any-return]

@@ -1,0 +1,48 @@
+"""Assembles the Strawberry schema with its limits.
+
+Depth and alias rules are built once at import so graphql-core's validation cache keeps
+hitting (per-request factories would make new rule classes each time, ~25× slower).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import strawberry
+from strawberry.extensions import AddValidationRules, MaxTokensLimiter
+from strawberry.extensions import max_aliases, query_depth_limiter
+from strawberry.schema.config import StrawberryConfig
+
+from threadloom.api.errors import CodedErrors, RecordOperation
+from threadloom.api.mutations import Mutation
+from threadloom.api.query import Query
+from threadloom.api.types import NODE_TYPES
+from threadloom.config import Limits
+
+
+@functools.cache
+def _rules(max_depth: int, max_aliases_count: int) -> list[type]:
+    return [
+        query_depth_limiter.create_validator(max_depth, None),
+        max_aliases.create_validator(max_aliases_count),
+    ]
+
+
+def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawberry.Schema:
+    limits = limits or Limits()
+    return strawberry.Schema(
+        query=Query,
+        mutation=Mutation,
+        types=list(NODE_TYPES.values()),
+        extensions=[
+            functools.partial(AddValidationRules, _rules(limits.max_depth, limits.max_aliases)),
+            functools.partial(MaxTokensLimiter, max_token_count=limits.max_tokens),
+            CodedErrors,
+            RecordOperation,
+        ],
+        config=StrawberryConfig(sort_schema=True, disable_field_suggestions=not dev),
+    )
+
+
+def export_sdl() -> str:
+    return build_schema().as_str() + "\n"

@@ -1,0 +1,75 @@
+"""Assembly: settings + database → services → Starlette app with /graphql, /healthz, /readyz."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import sqlalchemy as sa
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route, WebSocketRoute
+
+from threadloom.api.gate import Gate
+from threadloom.api.http import GraphQLView
+from threadloom.api.schema import build_schema
+from threadloom.config import Settings
+from threadloom.engine.clock import Clock, SystemClock
+from threadloom.engine.services import Services
+from threadloom.store import migrate
+from threadloom.store.db import Database
+
+PROVIDER_INSTANCES = ["scripted"]
+
+
+class NotMigrated(RuntimeError):
+    pass
+
+
+async def open_services(settings: Settings, database_url: str, clock: Clock | None = None) -> Services:
+    """Connect and refuse an unmigrated database with a message naming the fix."""
+    db = Database.from_url(database_url)
+    if not await migrate.is_migrated(db.engine):
+        current = await migrate.current_revision(db.engine)
+        await db.dispose()
+        raise NotMigrated(
+            f"the database is not migrated (at {current or 'no revision'}, need {migrate.head_revision()}): "
+            "run `threadloom migrate` first"
+        )
+    return Services.build(settings, db, clock or SystemClock(), PROVIDER_INSTANCES)
+
+
+def create_app(settings: Settings, database_url: str, clock: Clock | None = None) -> Starlette:
+    holder: dict[str, Services] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        services = await open_services(settings, database_url, clock)
+        holder["services"] = services
+        view = GraphQLView(services, build_schema(settings.limits, dev=settings.dev))
+        endpoint = Gate(view, services)
+        app.router.routes += [Route("/graphql", endpoint), WebSocketRoute("/graphql", endpoint)]
+        try:
+            yield
+        finally:
+            await services.db.dispose()
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> JSONResponse:
+        services = holder.get("services")
+        if services is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        try:
+            async with services.db.read() as db:
+                await db.execute(sa.text("SELECT 1"))
+            migrated = await migrate.is_migrated(services.db.engine)
+        except (OSError, sa.exc.SQLAlchemyError) as error:
+            return JSONResponse({"status": "database unreachable", "error": type(error).__name__}, status_code=503)
+        if not migrated:
+            return JSONResponse({"status": "database not migrated"}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz)], lifespan=lifespan)

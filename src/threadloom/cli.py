@@ -1,0 +1,197 @@
+"""The `threadloom` command: serve, migrate, export-schema, token create|list|revoke."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from threadloom.config import Settings
+from threadloom.domain.statuses import TokenScope
+from threadloom.engine.clock import SystemClock
+from threadloom.store import migrate, tokens
+from threadloom.store.db import Database
+
+
+def _database_url(settings: Settings) -> tuple[str, Any]:
+    """The URL to use and, for the embedded server, its handle (kept alive by the caller)."""
+    if settings.database_url:
+        url = settings.database_url
+        if url.startswith("postgresql://") or url.startswith("postgres://"):
+            url = "postgresql+asyncpg://" + url.split("://", 1)[1]
+        return url, None
+    from threadloom.store.embedded import asyncpg_url, start_embedded
+
+    server = start_embedded(settings.data_dir)
+    return asyncpg_url(server), server
+
+
+async def _migrate(url: str) -> None:
+    db = Database.from_url(url, pool_size=1)
+    try:
+        await migrate.upgrade(db.engine)
+    finally:
+        await db.dispose()
+
+
+async def _first_admin_token(url: str) -> str | None:
+    """On an empty token table, make the first admin token (under a lock: one process wins)."""
+    db = Database.from_url(url, pool_size=1)
+    try:
+        async with db.transaction() as tx:
+            await tx.execute(sa.select(sa.func.pg_advisory_xact_lock(0x746F6B656E)))
+            if await tokens.count_tokens(tx) > 0:
+                return None
+            _, secret = await tokens.create_token(
+                tx, name="first admin", scope=TokenScope.ADMIN, project_id=None, now=SystemClock().now()
+            )
+            return secret
+    finally:
+        await db.dispose()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from threadloom import logs
+    from threadloom.app import create_app
+
+    settings = Settings.from_env(host=args.host, port=args.port, data_dir=args.data_dir)
+    logs.configure(settings.log_level)
+    url, server = _database_url(settings)
+    if server is not None:
+        asyncio.run(_migrate(url))
+    admin = asyncio.run(_first_admin_token(url))
+    print(f"Threadloom: http://{settings.host}:{settings.port}/graphql", flush=True)
+    if server is not None:
+        print(f"Embedded PostgreSQL in {settings.data_dir / 'pg'}", flush=True)
+    if admin is not None:
+        print(f"Admin token (shown once, keep it): {admin}", flush=True)
+    app = create_app(settings, url)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, ws="websockets-sansio", access_log=False, log_config=None
+    )
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    settings = Settings.from_env(data_dir=args.data_dir)
+    url, _server = _database_url(settings)
+    asyncio.run(_migrate(url))
+    print(f"migrated to {migrate.head_revision()}")
+    return 0
+
+
+def cmd_export_schema(args: argparse.Namespace) -> int:
+    from threadloom.api.schema import export_sdl
+
+    sdl = export_sdl()
+    if args.out == "-":
+        sys.stdout.write(sdl)
+    else:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(sdl)
+        print(f"wrote {args.out}")
+    return 0
+
+
+async def _token(args: argparse.Namespace, url: str) -> int:
+    db = Database.from_url(url, pool_size=1)
+    try:
+        if not await migrate.is_migrated(db.engine):
+            print("the database is not migrated: run `threadloom migrate` first", file=sys.stderr)
+            return 2
+        async with db.transaction() as tx:
+            now = SystemClock().now()
+            if args.token_command == "create":
+                project = uuid.UUID(args.project) if args.project else None
+                if project is not None:
+                    exists = await tx.scalar(sa.text("SELECT count(*) FROM projects WHERE id = :p"), {"p": project})
+                    if not exists:
+                        print(f"no project {project}", file=sys.stderr)
+                        return 2
+                info, secret = await tokens.create_token(
+                    tx, name=args.name, scope=TokenScope(args.scope), project_id=project, now=now
+                )
+                print(f"created token {info.id} scope={info.scope} project={info.project_id or 'all'}")
+                print(secret)
+            elif args.token_command == "list":
+                for t in await tokens.list_tokens(tx):
+                    state = f"revoked {t.revoked_at:%Y-%m-%d}" if t.revoked_at else "active"
+                    print(f"{t.id}  {t.scope:<8} project={t.project_id or 'all'}  {state}  {t.name}")
+            else:
+                if not await tokens.revoke_token(tx, uuid.UUID(args.id), now):
+                    print(f"no active token {args.id}", file=sys.stderr)
+                    return 2
+                print(f"revoked {args.id}")
+        return 0
+    finally:
+        await db.dispose()
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    settings = Settings.from_env(data_dir=args.data_dir)
+    url, _server = _database_url(settings)
+    return asyncio.run(_token(args, url))
+
+
+def _project_id(value: str) -> str:
+    """Accept a raw uuid or a GraphQL Project id."""
+    from threadloom.api.ids import decode
+
+    found = decode(value)
+    if found is not None and found[0] == "Project":
+        return str(found[1])
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a project id: {value}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="threadloom", description=__doc__)
+    p.add_argument("--data-dir", default=None, help="data folder (env THREADLOOM_DATA_DIR, default ./.threadloom)")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the server (embedded PostgreSQL unless DATABASE_URL is set)")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--data-dir", dest="data_dir", default=None)
+    serve.set_defaults(func=cmd_serve)
+    mig = sub.add_parser("migrate", help="upgrade the database schema to the newest revision")
+    mig.set_defaults(func=cmd_migrate)
+    exp = sub.add_parser("export-schema", help="write the GraphQL SDL (sorted)")
+    exp.add_argument("--out", default="schema/schema.graphql")
+    exp.set_defaults(func=cmd_export_schema)
+    tok = sub.add_parser("token", help="manage API tokens")
+    tsub = tok.add_subparsers(dest="token_command", required=True)
+    create = tsub.add_parser("create", help="create a token; prints it as the last line")
+    create.add_argument("--scope", choices=[s.value for s in TokenScope], required=True)
+    create.add_argument("--project", type=_project_id, default=None, help="bind to one project")
+    create.add_argument("--name", default="cli")
+    tsub.add_parser("list", help="list tokens (never their secrets)")
+    revoke = tsub.add_parser("revoke", help="revoke a token by id")
+    revoke.add_argument("id")
+    tok.set_defaults(func=cmd_token)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except Exception as error:
+        from threadloom.app import NotMigrated
+
+        if isinstance(error, NotMigrated):
+            print(f"threadloom: {error}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Settings from the command line and the environment.
+
+`DATABASE_URL` (external PostgreSQL; absent → embedded server in the data dir),
+`THREADLOOM_DATA_DIR`, `BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_HOST`/`PORT`,
+`THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    max_depth: int = 12
+    max_aliases: int = 30
+    max_tokens: int = 5000
+    max_body_bytes: int = 256 * 1024
+    max_page_size: int = 100
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    data_dir: Path
+    database_url: str | None
+    broadcast_url: str = "memory://"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dev: bool = False
+    allowed_origins: tuple[str, ...] = ()
+    log_level: str = "INFO"
+    default_provider_instance: str = "scripted"
+    limits: Limits = dataclasses.field(default_factory=Limits)
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        env = os.environ
+        values: dict[str, object] = {
+            "data_dir": Path(env.get("THREADLOOM_DATA_DIR", ".threadloom")).absolute(),
+            "database_url": env.get("DATABASE_URL") or None,
+            "broadcast_url": env.get("BROADCAST_URL", "memory://"),
+            "host": env.get("THREADLOOM_HOST", "127.0.0.1"),
+            "port": int(env.get("THREADLOOM_PORT", "8000")),
+            "dev": _flag(env.get("THREADLOOM_DEV")),
+            "allowed_origins": tuple(o for o in env.get("THREADLOOM_ALLOWED_ORIGINS", "").split(",") if o),
+            "log_level": env.get("THREADLOOM_LOG_LEVEL", "INFO"),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if isinstance(values["data_dir"], str):
+            values["data_dir"] = Path(values["data_dir"]).absolute()
+        return cls(**values)  # type: ignore[arg-type]

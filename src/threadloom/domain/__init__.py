@@ -1,0 +1,1 @@
+"""Pure rules and entities: no I/O, no SQLAlchemy, no Strawberry."""

@@ -1,0 +1,43 @@
+"""Who may see and do what (DESIGN §10).
+
+A token has one scope and is bound to one project or, for admin tokens made without
+`--project`, to all projects. Invisible things are reported as not found, so a token
+cannot learn that another project's ids exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.statuses import TokenScope
+
+_RANK = {TokenScope.READ: 0, TokenScope.OPERATE: 1, TokenScope.ADMIN: 2}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Principal:
+    token_id: uuid.UUID
+    scope: TokenScope
+    project_id: uuid.UUID | None  # None: every project
+
+    def sees(self, project_id: uuid.UUID) -> bool:
+        return self.project_id is None or self.project_id == project_id
+
+    def has(self, scope: TokenScope) -> bool:
+        return _RANK[self.scope] >= _RANK[scope]
+
+    def require(self, scope: TokenScope) -> None:
+        if not self.has(scope):
+            raise DomainError(ErrorCode.FORBIDDEN, f"this token's scope is {self.scope}; {scope} is needed")
+
+    def require_project(self, project_id: uuid.UUID, scope: TokenScope, field: str) -> None:
+        """Refuse with NOT_FOUND when invisible, FORBIDDEN when visible but under-scoped."""
+        if not self.sees(project_id):
+            raise DomainError(ErrorCode.NOT_FOUND, "no such object", field)
+        self.require(scope)
+
+    def require_global_admin(self) -> None:
+        if self.scope != TokenScope.ADMIN or self.project_id is not None:
+            raise DomainError(ErrorCode.FORBIDDEN, "creating projects needs an admin token for all projects")

@@ -1,0 +1,314 @@
+"""The entities of DESIGN §3. Field names follow the spec (snake_case here).
+
+Each entity is a frozen `Record`; a change produces a new value that is written as an
+event payload and upserted into its projection table of the same name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import datetime
+from typing import Any, ClassVar
+
+from threadloom.domain.records import Record
+from threadloom.domain.statuses import (
+    AttemptReason,
+    AttemptStatus,
+    CheckpointScopeKind,
+    CheckpointStatus,
+    HandoffStatus,
+    HandoffStrategy,
+    InputIntent,
+    LineageRelationship,
+    MessageRole,
+    NodeKind,
+    NodeStatus,
+    PlanKind,
+    PlanStatus,
+    ProviderSessionStatus,
+    ProviderThreadStatus,
+    ProviderTurnStatus,
+    ResponseCapability,
+    RunStatus,
+    RuntimeRequestKind,
+    RuntimeRequestStatus,
+    TransferStatus,
+    TransferType,
+)
+
+Json = Any
+entity = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+
+
+@entity
+class Project(Record):
+    entity_type: ClassVar[str] = "project"
+    name: str
+    workspace_root: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@entity
+class AppThread(Record):
+    entity_type: ClassVar[str] = "thread"
+    project_id: uuid.UUID
+    title: str
+    provider_instance_id: str
+    model: str | None
+    runtime_mode: str
+    active_provider_thread_id: uuid.UUID | None = None
+    active_run_id: uuid.UUID | None = None
+    parent_thread_id: uuid.UUID | None = None
+    lineage_relationship: LineageRelationship | None = None
+    root_thread_id: uuid.UUID | None = None
+    forked_from_transfer_id: uuid.UUID | None = None
+    queue_held: bool = False
+    queue_hold_reason: str | None = None
+    archived_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+@entity
+class Run(Record):
+    entity_type: ClassVar[str] = "run"
+    thread_id: uuid.UUID
+    ordinal: int
+    provider_instance_id: str
+    model: str | None
+    provider_thread_id: uuid.UUID | None = None
+    user_message_id: uuid.UUID | None = None
+    root_node_id: uuid.UUID | None = None
+    active_attempt_id: uuid.UUID | None = None
+    status: RunStatus
+    status_reason: str | None = None
+    queue_position: int | None = None
+    supersedes_run_id: uuid.UUID | None = None
+    context_handoff_id: uuid.UUID | None = None
+    checkpoint_id: uuid.UUID | None = None
+    interrupt_requested_at: datetime | None = None
+    requested_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+@entity
+class RunAttempt(Record):
+    entity_type: ClassVar[str] = "run_attempt"
+    thread_id: uuid.UUID
+    run_id: uuid.UUID
+    attempt_ordinal: int
+    root_node_id: uuid.UUID
+    provider_thread_id: uuid.UUID | None = None
+    provider_turn_id: uuid.UUID | None = None
+    reason: AttemptReason
+    status: AttemptStatus
+    status_reason: str | None = None
+    created_at: datetime
+    completed_at: datetime | None = None
+
+
+@entity
+class ExecutionNode(Record):
+    entity_type: ClassVar[str] = "execution_node"
+    thread_id: uuid.UUID
+    run_id: uuid.UUID
+    attempt_id: uuid.UUID | None = None
+    parent_node_id: uuid.UUID | None = None
+    root_node_id: uuid.UUID | None = None
+    kind: NodeKind
+    status: NodeStatus
+    counts_for_run: bool = False
+    provider_turn_id: uuid.UUID | None = None
+    runtime_request_id: uuid.UUID | None = None
+    checkpoint_scope_id: uuid.UUID | None = None
+    child_thread_id: uuid.UUID | None = None
+    title: str | None = None
+    detail: Json = None
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None = None
+
+
+@entity
+class ConversationMessage(Record):
+    entity_type: ClassVar[str] = "conversation_message"
+    thread_id: uuid.UUID
+    run_id: uuid.UUID | None = None
+    node_id: uuid.UUID | None = None
+    role: MessageRole
+    text: str
+    streaming: bool = False
+    input_intent: InputIntent | None = None
+    client_message_id: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+@entity
+class ProviderSession(Record):
+    entity_type: ClassVar[str] = "provider_session"
+    provider_instance_id: str
+    status: ProviderSessionStatus
+    owner: str | None = None
+    lease_expires_at: datetime | None = None
+    capabilities: Json = None
+    last_error: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+@entity
+class ProviderThread(Record):
+    entity_type: ClassVar[str] = "provider_thread"
+    provider_instance_id: str
+    app_thread_id: uuid.UUID
+    owner_node_id: uuid.UUID | None = None
+    native_thread_ref: str | None = None
+    status: ProviderThreadStatus
+    forked_from_provider_thread_id: uuid.UUID | None = None
+    session_id: uuid.UUID | None = None
+    first_run_ordinal: int | None = None
+    last_run_ordinal: int | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+@entity
+class ProviderTurn(Record):
+    entity_type: ClassVar[str] = "provider_turn"
+    thread_id: uuid.UUID
+    provider_thread_id: uuid.UUID
+    run_attempt_id: uuid.UUID
+    node_id: uuid.UUID
+    native_turn_ref: str | None = None
+    ordinal: int
+    status: ProviderTurnStatus
+    created_at: datetime
+    completed_at: datetime | None = None
+
+
+@entity
+class ContextTransfer(Record):
+    entity_type: ClassVar[str] = "context_transfer"
+    type: TransferType
+    source_thread_id: uuid.UUID
+    target_thread_id: uuid.UUID
+    source_point: Json = None
+    base_point: Json = None
+    status: TransferStatus
+    resolution_strategy: str | None = None
+    resolution_fidelity: str | None = None
+    target_run_id: uuid.UUID | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+@entity
+class ContextHandoff(Record):
+    entity_type: ClassVar[str] = "context_handoff"
+    transfer_id: uuid.UUID | None = None
+    thread_id: uuid.UUID
+    target_run_id: uuid.UUID | None = None
+    from_provider_thread_ids: Json = None
+    to_provider_thread_id: uuid.UUID | None = None
+    covered_run_ordinals: Json = None
+    strategy: HandoffStrategy
+    status: HandoffStatus
+    text: str
+    token_estimate: int
+    created_at: datetime
+
+
+@entity
+class CheckpointScope(Record):
+    entity_type: ClassVar[str] = "checkpoint_scope"
+    thread_id: uuid.UUID
+    run_id: uuid.UUID | None = None
+    node_id: uuid.UUID | None = None
+    parent_scope_id: uuid.UUID | None = None
+    kind: CheckpointScopeKind
+    advances_run_count: bool
+    created_at: datetime
+
+
+@entity
+class Checkpoint(Record):
+    entity_type: ClassVar[str] = "checkpoint"
+    thread_id: uuid.UUID
+    scope_id: uuid.UUID
+    run_id: uuid.UUID | None = None
+    ordinal: int
+    ref: str | None = None
+    status: CheckpointStatus
+    files: Json = None
+    created_at: datetime
+
+
+@entity
+class RuntimeRequest(Record):
+    entity_type: ClassVar[str] = "runtime_request"
+    thread_id: uuid.UUID
+    run_id: uuid.UUID
+    node_id: uuid.UUID
+    native_request_ref: str | None = None
+    kind: RuntimeRequestKind
+    status: RuntimeRequestStatus
+    response_capability: ResponseCapability
+    not_resumable_reason: str | None = None
+    payload: Json = None
+    response: Json = None
+    created_at: datetime
+    resolved_at: datetime | None = None
+
+
+@entity
+class PlanArtifact(Record):
+    entity_type: ClassVar[str] = "plan_artifact"
+    thread_id: uuid.UUID
+    run_id: uuid.UUID
+    node_id: uuid.UUID | None = None
+    kind: PlanKind
+    items: Json = None
+    text: str | None = None
+    status: PlanStatus
+    created_at: datetime
+    updated_at: datetime
+
+
+@entity
+class Activity(Record):
+    """A UI projection of an event; `sequence` is the event's sequence in its thread."""
+
+    entity_type: ClassVar[str] = "activity"
+    thread_id: uuid.UUID
+    sequence: int
+    kind: str
+    run_id: uuid.UUID | None = None
+    node_id: uuid.UUID | None = None
+    summary: str
+    payload: Json = None
+    created_at: datetime
+
+
+ENTITY_TYPES: tuple[type[Record], ...] = (
+    Project,
+    AppThread,
+    Run,
+    RunAttempt,
+    ExecutionNode,
+    ConversationMessage,
+    ProviderSession,
+    ProviderThread,
+    ProviderTurn,
+    ContextTransfer,
+    ContextHandoff,
+    CheckpointScope,
+    Checkpoint,
+    RuntimeRequest,
+    PlanArtifact,
+    Activity,
+)
+ENTITY_BY_TYPE: dict[str, type[Record]] = {cls.entity_type: cls for cls in ENTITY_TYPES}

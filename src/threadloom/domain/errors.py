@@ -1,0 +1,34 @@
+"""Expected failures with stable codes.
+
+Every rule that can refuse a command raises `DomainError` with a code from `ErrorCode`;
+the API turns it into a `userErrors` entry. The codes are part of the public contract.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    INVALID_INPUT = "INVALID_INPUT"
+    INVALID_ID = "INVALID_ID"
+    NOT_FOUND = "NOT_FOUND"
+    FORBIDDEN = "FORBIDDEN"
+    ALREADY_ARCHIVED = "ALREADY_ARCHIVED"
+    NOT_ARCHIVED = "NOT_ARCHIVED"
+    THREAD_ARCHIVED = "THREAD_ARCHIVED"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    UNKNOWN_PROVIDER_INSTANCE = "UNKNOWN_PROVIDER_INSTANCE"
+    PAGE_SIZE_EXCEEDED = "PAGE_SIZE_EXCEEDED"
+    INVALID_CURSOR = "INVALID_CURSOR"
+    THREAD_BUSY = "THREAD_BUSY"
+
+
+class DomainError(Exception):
+    """A command was refused by a rule; nothing was changed."""
+
+    def __init__(self, code: ErrorCode, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field

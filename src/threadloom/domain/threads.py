@@ -1,0 +1,96 @@
+"""Rules for app threads: creation (provider work is lazy), rename, archive."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+from datetime import datetime
+
+from threadloom.domain.changes import Change
+from threadloom.domain.entities import AppThread, Project
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.statuses import ThreadStatus
+
+MAX_TITLE = 200
+MAX_MODEL = 200
+DEFAULT_TITLE = "New thread"
+RUNTIME_MODES = ("full_access", "approval_required", "read_only")
+
+
+def clean_title(title: str) -> str:
+    cleaned = " ".join(title.split())
+    if not cleaned:
+        raise DomainError(ErrorCode.INVALID_INPUT, "title must not be blank", "title")
+    if len(cleaned) > MAX_TITLE:
+        raise DomainError(ErrorCode.INVALID_INPUT, f"title is longer than {MAX_TITLE} characters", "title")
+    return cleaned
+
+
+def clean_model(model: str | None) -> str | None:
+    if model is None:
+        return None
+    cleaned = model.strip()
+    if not cleaned or len(cleaned) > MAX_MODEL or any(c.isspace() for c in cleaned):
+        raise DomainError(ErrorCode.INVALID_INPUT, "model must be a non-empty name without spaces", "model")
+    return cleaned
+
+
+def choose_provider_instance(requested: str | None, default: str, known: Collection[str]) -> str:
+    instance = default if requested is None else requested
+    if instance not in known:
+        raise DomainError(
+            ErrorCode.UNKNOWN_PROVIDER_INSTANCE,
+            f"unknown provider instance {instance!r}; configured: {', '.join(sorted(known))}",
+            "providerInstanceId",
+        )
+    return instance
+
+
+def create_thread(
+    *,
+    thread_id: uuid.UUID,
+    project: Project,
+    title: str | None,
+    provider_instance_id: str,
+    model: str | None,
+    runtime_mode: str,
+    now: datetime,
+) -> Change:
+    """A new thread holds no provider session or provider thread: both are made by the first run."""
+    if runtime_mode not in RUNTIME_MODES:
+        raise DomainError(ErrorCode.INVALID_INPUT, f"runtimeMode must be one of {RUNTIME_MODES}", "runtimeMode")
+    thread = AppThread(
+        id=thread_id,
+        project_id=project.id,
+        title=DEFAULT_TITLE if title is None else clean_title(title),
+        provider_instance_id=provider_instance_id,
+        model=clean_model(model),
+        runtime_mode=runtime_mode,
+        root_thread_id=thread_id,
+        created_at=now,
+        updated_at=now,
+    )
+    return Change("thread.created", thread)
+
+
+def rename_thread(thread: AppThread, title: str, now: datetime) -> Change:
+    return Change("thread.renamed", thread.evolve(title=clean_title(title), updated_at=now))
+
+
+def archive_thread(thread: AppThread, now: datetime) -> Change:
+    if thread.archived_at is not None:
+        raise DomainError(ErrorCode.ALREADY_ARCHIVED, "thread is already archived", "threadId")
+    if thread.active_run_id is not None:
+        raise DomainError(ErrorCode.THREAD_BUSY, "thread has an active run; stop it first", "threadId")
+    return Change("thread.archived", thread.evolve(archived_at=now, updated_at=now))
+
+
+def unarchive_thread(thread: AppThread, now: datetime) -> Change:
+    if thread.archived_at is None:
+        raise DomainError(ErrorCode.NOT_ARCHIVED, "thread is not archived", "threadId")
+    return Change("thread.unarchived", thread.evolve(archived_at=None, updated_at=now))
+
+
+def thread_status(active_run_status: str | None) -> ThreadStatus:
+    """Thread status is derived: idle, or the status of its active run."""
+    return ThreadStatus.IDLE if active_run_status is None else ThreadStatus(active_run_status)

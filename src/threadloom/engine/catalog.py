@@ -1,0 +1,116 @@
+"""Commands on projects and threads: create, rename, archive, unarchive.
+
+Each handler checks access, then hands the pipeline a decision that calls `domain/`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Collection
+from datetime import datetime
+
+from threadloom.domain import projects as project_rules
+from threadloom.domain import threads as thread_rules
+from threadloom.domain.access import Principal
+from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.entities import AppThread
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.ids import new_id
+from threadloom.domain.statuses import TokenScope
+from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.store import threads as thread_store
+from threadloom.store.db import Reader
+
+
+class Catalog:
+    def __init__(self, pipeline: Pipeline, *, provider_instances: Collection[str], default_instance: str) -> None:
+        self.pipeline = pipeline
+        self.provider_instances = provider_instances
+        self.default_instance = default_instance
+
+    async def create_project(
+        self, principal: Principal, *, name: str, workspace_root: str, key: str | None
+    ) -> uuid.UUID:
+        principal.require_global_admin()
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, _: AppThread | None) -> Outcome:
+            change = project_rules.create_project(new_id(), name, workspace_root, now)
+            return Outcome([change], result={"projectId": str(change.entity.id)})
+
+        result = await self.pipeline.execute(
+            Command("createProject", principal, key, {"name": name, "workspaceRoot": workspace_root}, decide)
+        )
+        return uuid.UUID(result["projectId"])
+
+    async def create_thread(
+        self,
+        principal: Principal,
+        *,
+        project_id: uuid.UUID,
+        title: str | None,
+        provider_instance_id: str | None,
+        model: str | None,
+        runtime_mode: str,
+        key: str | None,
+    ) -> uuid.UUID:
+        principal.require_project(project_id, TokenScope.OPERATE, "projectId")
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, _: AppThread | None) -> Outcome:
+            project = await thread_store.get_project(db, project_id)
+            if project is None:
+                raise DomainError(ErrorCode.NOT_FOUND, "no such project", "projectId")
+            instance = thread_rules.choose_provider_instance(
+                provider_instance_id, self.default_instance, self.provider_instances
+            )
+            change = thread_rules.create_thread(
+                thread_id=new_id(),
+                project=project,
+                title=title,
+                provider_instance_id=instance,
+                model=model,
+                runtime_mode=runtime_mode,
+                now=now,
+            )
+            return Outcome([change], result={"threadId": str(change.entity.id)}, project_id=project.id)
+
+        data = {
+            "projectId": str(project_id),
+            "title": title,
+            "providerInstanceId": provider_instance_id,
+            "model": model,
+            "runtimeMode": runtime_mode,
+        }
+        result = await self.pipeline.execute(Command("createThread", principal, key, data, decide))
+        return uuid.UUID(result["threadId"])
+
+    async def _update_thread(
+        self,
+        principal: Principal,
+        command_type: str,
+        thread_id: uuid.UUID,
+        key: str | None,
+        data: dict[str, str],
+        rule: Callable[[AppThread, datetime], Change],
+    ) -> uuid.UUID:
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            assert thread is not None
+            principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
+            return Outcome([rule(thread, now)], result={"threadId": str(thread.id)})
+
+        data = {"threadId": str(thread_id), **data}
+        cmd = Command(command_type, principal, key, data, decide, thread_id=thread_id)
+        await self.pipeline.execute(cmd)
+        return thread_id
+
+    async def rename_thread(self, principal: Principal, thread_id: uuid.UUID, title: str, key: str | None) -> uuid.UUID:
+        return await self._update_thread(principal, "renameThread", thread_id, key, {"title": title}, lambda th, now: thread_rules.rename_thread(th, title, now))
+
+    async def archive_thread(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
+        return await self._update_thread(principal, "archiveThread", thread_id, key, {}, thread_rules.archive_thread)
+
+    async def unarchive_thread(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
+        return await self._update_thread(principal, "unarchiveThread", thread_id, key, {}, thread_rules.unarchive_thread)

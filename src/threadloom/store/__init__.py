@@ -1,0 +1,1 @@
+"""Persistence: tables, the event log, projections, receipts, the outbox, tokens."""

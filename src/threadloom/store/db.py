@@ -1,0 +1,87 @@
+"""Engine creation and the statement counter used for observability.
+
+All SQL goes through `Database`. Each request gets a `StatementCounter` so the API can
+report (and tests can assert) how many statements a page cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    return create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=False,
+        json_serializer=_json_dumps,
+        json_deserializer=orjson.loads,
+    )
+
+
+@dataclasses.dataclass(slots=True)
+class StatementCounter:
+    statements: int = 0
+    transactions: int = 0
+
+
+class Database:
+    """One engine per process. `read()` and `transaction()` hand out connections."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def from_url(cls, url: str, *, pool_size: int = 10) -> Database:
+        return cls(make_engine(url, pool_size=pool_size))
+
+    @asynccontextmanager
+    async def read(self, counter: StatementCounter | None = None) -> AsyncIterator[Reader]:
+        async with self.engine.connect() as conn:
+            yield Reader(conn, counter or StatementCounter())
+
+    @asynccontextmanager
+    async def transaction(self, counter: StatementCounter | None = None) -> AsyncIterator[Reader]:
+        async with self.engine.begin() as conn:
+            c = counter or StatementCounter()
+            c.transactions += 1
+            yield Reader(conn, c)
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
+
+
+class Reader:
+    """A connection that counts what it executes."""
+
+    def __init__(self, conn: AsyncConnection, counter: StatementCounter) -> None:
+        self.conn = conn
+        self.counter = counter
+
+    async def execute(self, stmt: sa.Executable, params: Any = None) -> sa.CursorResult[Any]:
+        self.counter.statements += 1
+        return await self.conn.execute(stmt, params)
+
+    async def rows(self, stmt: sa.Executable, params: Any = None) -> list[sa.RowMapping]:
+        result = await self.execute(stmt, params)
+        return list(result.mappings().all())
+
+    async def one_or_none(self, stmt: sa.Executable, params: Any = None) -> sa.RowMapping | None:
+        result = await self.execute(stmt, params)
+        return result.mappings().one_or_none()
+
+    async def scalar(self, stmt: sa.Executable, params: Any = None) -> Any:
+        result = await self.execute(stmt, params)
+        return result.scalar()

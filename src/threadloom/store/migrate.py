@@ -1,0 +1,59 @@
+"""Alembic, driven from code: `threadloom migrate`, the embedded start and the readiness check.
+
+Migrations run on a sync connection inside `run_sync` (Alembic's async cookbook), under
+an advisory lock so two processes starting together do not race.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"
+_LOCK_KEY = 0x7468726561646C6F  # "threadlo"
+
+
+def alembic_config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return cfg
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    async with engine.connect() as conn:
+        return await conn.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
+
+
+async def is_migrated(engine: AsyncEngine) -> bool:
+    return await current_revision(engine) == head_revision()
+
+
+async def _run(engine: AsyncEngine, action: str, revision: str) -> None:
+    def go(sync_conn: sa.Connection) -> None:
+        sync_conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
+        cfg = alembic_config()
+        cfg.attributes["connection"] = sync_conn
+        getattr(command, action)(cfg, revision)
+
+    async with engine.begin() as conn:
+        await conn.run_sync(go)
+
+
+async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    await _run(engine, "upgrade", revision)
+
+
+async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
+    await _run(engine, "downgrade", revision)

@@ -1,0 +1,134 @@
+"""Read queries shared by the API loaders and the engine.
+
+Everything is batched: by-id lookups take many ids, and pages of children are read for
+many parents in one statement with a window function, so a GraphQL page costs the same
+number of statements whatever its size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from threadloom.store.db import Reader
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PageArgs:
+    """A keyset window: `first` after a key, or `last` before a key."""
+
+    first: int | None = None
+    after: Any = None
+    last: int | None = None
+    before: Any = None
+
+    @property
+    def backward(self) -> bool:
+        return self.last is not None and self.first is None
+
+    @property
+    def size(self) -> int:
+        return self.last if self.backward else (self.first or 0)  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(slots=True)
+class Page:
+    rows: list[sa.RowMapping]
+    has_next: bool
+    has_previous: bool
+
+
+async def by_ids(db: Reader, table: sa.Table, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, sa.RowMapping]:
+    if not ids:
+        return {}
+    rows = await db.rows(sa.select(table).where(table.c.id.in_(list(set(ids)))))
+    return {r["id"]: r for r in rows}
+
+
+async def pages(
+    db: Reader,
+    table: sa.Table,
+    *,
+    key: str,
+    args: PageArgs,
+    parent: str | None = None,
+    parents: Sequence[Hashable] = (),
+    where: Sequence[sa.ColumnElement[bool]] = (),
+) -> dict[Hashable, Page]:
+    """One keyset page per parent (or a single page under key None when `parent` is None)."""
+    key_col = table.c[key]
+    conds: list[sa.ColumnElement[bool]] = list(where)
+    if args.after is not None:
+        conds.append(key_col > args.after)
+    if args.before is not None:
+        conds.append(key_col < args.before)
+    order = key_col.desc() if args.backward else key_col.asc()
+    limit = args.size + 1
+    if parent is None:
+        rows = await db.rows(sa.select(table).where(*conds).order_by(order).limit(limit))
+        grouped: dict[Hashable, list[sa.RowMapping]] = {None: rows}
+    else:
+        parent_col = table.c[parent]
+        conds.append(parent_col.in_(list(parents)))
+        rn = sa.func.row_number().over(partition_by=parent_col, order_by=order).label("_rn")
+        inner = sa.select(table, rn).where(*conds).subquery()
+        rows = await db.rows(
+            sa.select(inner).where(inner.c._rn <= limit).order_by(inner.c[parent], inner.c._rn)
+        )
+        grouped = {p: [] for p in parents}
+        for r in rows:
+            grouped[r[parent]].append(r)
+    result: dict[Hashable, Page] = {}
+    for p, items in grouped.items():
+        more = len(items) > args.size
+        items = items[: args.size]
+        if args.backward:
+            items.reverse()
+            result[p] = Page(items, has_next=args.before is not None, has_previous=more)
+        else:
+            result[p] = Page(items, has_next=more, has_previous=args.after is not None)
+    return result
+
+
+async def counts(
+    db: Reader,
+    table: sa.Table,
+    *,
+    parent: str | None,
+    parents: Sequence[Hashable] = (),
+    where: Sequence[sa.ColumnElement[bool]] = (),
+) -> dict[Hashable, int]:
+    if parent is None:
+        n = await db.scalar(sa.select(sa.func.count()).select_from(table).where(*where))
+        return {None: int(n)}
+    parent_col = table.c[parent]
+    rows = await db.rows(
+        sa.select(parent_col.label("p"), sa.func.count().label("n"))
+        .where(parent_col.in_(list(parents)), *where)
+        .group_by(parent_col)
+    )
+    found = {r["p"]: int(r["n"]) for r in rows}
+    return {p: found.get(p, 0) for p in parents}
+
+
+async def rows_by_parent(
+    db: Reader,
+    table: sa.Table,
+    *,
+    parent: str,
+    parents: Sequence[Hashable],
+    order_by: str,
+    where: Sequence[sa.ColumnElement[bool]] = (),
+) -> dict[Hashable, list[sa.RowMapping]]:
+    """All children of each parent (for small, bounded sets such as a run's attempts)."""
+    rows = await db.rows(
+        sa.select(table).where(table.c[parent].in_(list(parents)), *where).order_by(table.c[order_by])
+    )
+    grouped: dict[Hashable, list[sa.RowMapping]] = {p: [] for p in parents}
+    for r in rows:
+        grouped[r[parent]].append(r)
+    return grouped

@@ -1,0 +1,43 @@
+"""Command receipts: the stored answer to an idempotency key."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from threadloom.store import tables as t
+from threadloom.store.db import Reader
+
+
+async def lock_key(db: Reader, key: str) -> None:
+    """Serialize commands that share a key until the holder commits."""
+    await db.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(key, 0))))
+
+
+async def find(db: Reader, key: str) -> sa.RowMapping | None:
+    return await db.one_or_none(sa.select(t.command_receipts).where(t.command_receipts.c.key == key))
+
+
+async def save(
+    db: Reader,
+    *,
+    key: str,
+    command_type: str,
+    fingerprint: str,
+    token_id: uuid.UUID | None,
+    result: dict[str, Any],
+    now: datetime,
+) -> None:
+    await db.execute(
+        sa.insert(t.command_receipts).values(
+            key=key,
+            command_type=command_type,
+            fingerprint=fingerprint,
+            token_id=token_id,
+            result=result,
+            created_at=now,
+        )
+    )

@@ -1,0 +1,59 @@
+"""Shared fixtures: real embedded PostgreSQL, fresh database per test, real servers."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.pg import TestPostgres
+from tests.support.server import Client, ServerProcess
+from threadloom.config import Settings
+from threadloom.engine.clock import SystemClock
+from threadloom.engine.services import Services
+from threadloom.store.db import Database
+
+ROOT = Path(tempfile.gettempdir()) / "threadloom-tests"
+
+
+@pytest.fixture(scope="session")
+async def pg() -> AsyncIterator[TestPostgres]:
+    ROOT.mkdir(parents=True, exist_ok=True)
+    server = TestPostgres(ROOT / "pg")
+    await server.create_template()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def database_url(pg: TestPostgres) -> str:
+    return await pg.fresh()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+async def services(database_url: str, data_dir: Path) -> AsyncIterator[Services]:
+    settings = Settings.from_env(data_dir=str(data_dir))
+    db = Database.from_url(database_url)
+    yield Services.build(settings, db, SystemClock(), ["scripted"])
+    await db.dispose()
+
+
+@pytest.fixture
+def server(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(database_url, data_dir).wait_ready()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+async def client(server: ServerProcess) -> AsyncIterator[Client]:
+    c = Client(server.url, server.admin_token)
+    yield c
+    await c.aclose()

@@ -1,0 +1,48 @@
+"""GraphQL documents shared by several tests."""
+
+CREATE_PROJECT = """
+mutation($name: String!, $root: String!, $key: String) {
+  createProject(input: {name: $name, workspaceRoot: $root, clientMutationId: $key}) {
+    project { id name workspaceRoot }
+    userErrors { code message field }
+  }
+}"""
+
+CREATE_THREAD = """
+mutation($projectId: ID!, $title: String, $key: String) {
+  createThread(input: {projectId: $projectId, title: $title, clientMutationId: $key}) {
+    thread { id title status latestSequence providerInstanceId queueHeld archivedAt }
+    userErrors { code message field }
+    clientMutationId
+  }
+}"""
+
+THREADS_PAGE = """
+query($projectId: ID!, $first: Int, $after: String) {
+  threads(projectId: $projectId, first: $first, after: $after) {
+    totalCount
+    pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
+    edges { cursor node {
+      id title status latestSequence queueHeld
+      project { id name }
+      activeRun { id status }
+      runs(last: 3) { totalCount edges { node { id ordinal status attempts { id } } } }
+      messages(first: 3) { edges { node { id text } } }
+      queue { id }
+      pendingRequests { id }
+      lineage { relationship parentThread { id } rootThread { id } }
+    } }
+  }
+}"""
+
+
+async def make_project(client, name: str = "Demo", root: str = "/tmp/demo") -> str:  # type: ignore[no-untyped-def]
+    data = await client.gql(CREATE_PROJECT, {"name": name, "root": root})
+    assert data["createProject"]["userErrors"] == []
+    return data["createProject"]["project"]["id"]  # type: ignore[no-any-return]
+
+
+async def make_thread(client, project_id: str, title: str | None = "T", key: str | None = None) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    data = await client.gql(CREATE_THREAD, {"projectId": project_id, "title": title, "key": key})
+    assert data["createThread"]["userErrors"] == []
+    return data["createThread"]["thread"]  # type: ignore[no-any-return]

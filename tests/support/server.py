@@ -1,0 +1,113 @@
+"""A real `threadloom serve` process (uvicorn) on a free port, and a small HTTP client."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(self, database_url: str, data_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_token: str | None = None
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        full_env = {**os.environ, "DATABASE_URL": database_url, "THREADLOOM_DATA_DIR": str(data_dir), **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "threadloom", "serve", "--port", str(self.port)],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
+        threading.Thread(target=self._pump_err, args=(self.proc.stderr,), daemon=True).start()
+
+    def _pump(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.put(line.rstrip("\n"))
+
+    def _pump_err(self, stream: Any) -> None:
+        for line in stream:
+            self.log.append(line.rstrip("\n"))
+
+    def wait_ready(self, timeout: float = 30.0) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            while not self.lines.empty():
+                line = self.lines.get()
+                if line.startswith("Admin token"):
+                    self.admin_token = line.rsplit(" ", 1)[1]
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}:\n" + "\n".join(self.log[-30:]))
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    while not self.lines.empty():
+                        line = self.lines.get()
+                        if line.startswith("Admin token"):
+                            self.admin_token = line.rsplit(" ", 1)[1]
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("server did not become ready:\n" + "\n".join(self.log[-30:]))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Client:
+    """GraphQL over HTTP with a bearer token."""
+
+    def __init__(self, base_url: str, token: str | None) -> None:
+        self.base_url = base_url
+        self.token = token
+        self.http = httpx.AsyncClient(base_url=base_url, timeout=30)
+
+    def headers(self, token: str | None = None) -> dict[str, str]:
+        tok = token if token is not None else self.token
+        return {"authorization": f"Bearer {tok}"} if tok else {}
+
+    async def post(self, query: str, variables: dict[str, Any] | None = None, **kw: Any) -> httpx.Response:
+        headers = {**self.headers(kw.pop("token", None)), **kw.pop("headers", {})}
+        body = {"query": query, "variables": variables or {}}
+        return await self.http.post("/graphql", json=body, headers=headers, **kw)
+
+    async def gql(self, query: str, variables: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+        """Data of a successful request; fails the test on any top-level error."""
+        response = await self.post(query, variables, **kw)
+        body = response.json()
+        assert response.status_code == 200, body
+        assert "errors" not in body, body
+        return body["data"]  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
