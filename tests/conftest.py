@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pg import TestPostgres
+from tests.support.pg import PgServer
 from tests.support.server import Client, ServerProcess
 from threadloom.config import Settings
 from threadloom.engine.clock import SystemClock
@@ -19,16 +19,16 @@ ROOT = Path(tempfile.gettempdir()) / "threadloom-tests"
 
 
 @pytest.fixture(scope="session")
-async def pg() -> AsyncIterator[TestPostgres]:
+async def pg() -> AsyncIterator[PgServer]:
     ROOT.mkdir(parents=True, exist_ok=True)
-    server = TestPostgres(ROOT / "pg")
+    server = PgServer(ROOT / "pg")
     await server.create_template()
     yield server
     server.stop()
 
 
 @pytest.fixture
-async def database_url(pg: TestPostgres) -> str:
+async def database_url(pg: PgServer) -> str:
     return await pg.fresh()
 
 

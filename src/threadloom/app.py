@@ -23,20 +23,14 @@ from threadloom.store.db import Database
 PROVIDER_INSTANCES = ["scripted"]
 
 
-class NotMigrated(RuntimeError):
-    pass
-
-
 async def open_services(settings: Settings, database_url: str, clock: Clock | None = None) -> Services:
     """Connect and refuse an unmigrated database with a message naming the fix."""
     db = Database.from_url(database_url)
-    if not await migrate.is_migrated(db.engine):
-        current = await migrate.current_revision(db.engine)
+    try:
+        await migrate.require_migrated(db.engine)
+    except BaseException:
         await db.dispose()
-        raise NotMigrated(
-            f"the database is not migrated (at {current or 'no revision'}, need {migrate.head_revision()}): "
-            "run `threadloom migrate` first"
-        )
+        raise
     return Services.build(settings, db, clock or SystemClock(), PROVIDER_INSTANCES)
 
 

@@ -39,10 +39,14 @@ async def _migrate(url: str) -> None:
         await db.dispose()
 
 
-async def _first_admin_token(url: str) -> str | None:
-    """On an empty token table, make the first admin token (under a lock: one process wins)."""
+async def _prepare(url: str, embedded: bool) -> str | None:
+    """Migrate the embedded database (an external one must already be), then on an empty
+    token table make the first admin token (under a lock: one process wins)."""
     db = Database.from_url(url, pool_size=1)
     try:
+        if embedded:
+            await migrate.upgrade(db.engine)
+        await migrate.require_migrated(db.engine)
         async with db.transaction() as tx:
             await tx.execute(sa.select(sa.func.pg_advisory_xact_lock(0x746F6B656E)))
             if await tokens.count_tokens(tx) > 0:
@@ -64,9 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env(host=args.host, port=args.port, data_dir=args.data_dir)
     logs.configure(settings.log_level)
     url, server = _database_url(settings)
-    if server is not None:
-        asyncio.run(_migrate(url))
-    admin = asyncio.run(_first_admin_token(url))
+    admin = asyncio.run(_prepare(url, embedded=server is not None))
     print(f"Threadloom: http://{settings.host}:{settings.port}/graphql", flush=True)
     if server is not None:
         print(f"Embedded PostgreSQL in {settings.data_dir / 'pg'}", flush=True)
@@ -184,13 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except Exception as error:
-        from threadloom.app import NotMigrated
-
-        if isinstance(error, NotMigrated):
-            print(f"threadloom: {error}", file=sys.stderr)
-            return 2
-        raise
+    except migrate.NotMigrated as error:
+        print(f"threadloom: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ TEMPLATE = "tl_template"
 _counter = itertools.count(1)
 
 
-class TestPostgres:
+class PgServer:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.server: Any = start_embedded(root)
@@ -60,6 +60,11 @@ class TestPostgres:
         finally:
             await conn.close()
         return self.url(name)
+
+    async def connect(self, url: str) -> asyncpg.Connection:
+        """A raw asyncpg connection to the database behind a URL from `fresh()`."""
+        database = url.split("?")[0].rsplit("/", 1)[1]
+        return await asyncpg.connect(host=self.socket_dir, user="postgres", database=database)
 
     def stop(self) -> None:
         self.server.cleanup()

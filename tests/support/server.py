@@ -23,13 +23,16 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, database_url: str, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, database_url: str | None, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_token: str | None = None
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
-        full_env = {**os.environ, "DATABASE_URL": database_url, "THREADLOOM_DATA_DIR": str(data_dir), **(env or {})}
+        full_env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        full_env.update({"THREADLOOM_DATA_DIR": str(data_dir), **(env or {})})
+        if database_url is not None:
+            full_env["DATABASE_URL"] = database_url
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "threadloom", "serve", "--port", str(self.port)],
             env=full_env,

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
+from cross_web import HTTPException
 from strawberry.http import GraphQLHTTPResponse
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 
@@ -55,6 +56,15 @@ class GraphQLView(GraphQL[Context, None]):
         _media.set(negotiate(request.headers.get("accept", "")))
         state["sub_response"] = response
         return Context.create(state["principal"], self.services, request, response, state.get("counter"))
+
+    async def execute_single(self, *args: Any, **kwargs: Any) -> Any:
+        """GraphQL-over-HTTP: a mutation sent with GET is 405, not 400."""
+        try:
+            return await super().execute_single(*args, **kwargs)
+        except HTTPException as error:
+            if error.reason.startswith("mutations are not allowed when using GET"):
+                raise HTTPException(405, "mutations need POST") from error
+            raise
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
         processed = await super().process_result(request, result)

@@ -17,7 +17,15 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from threadloom.domain.changes import Change
-from threadloom.domain.entities import ENTITY_BY_TYPE, Activity, AppThread, ContextTransfer, Record
+from threadloom.domain.entities import (
+    ENTITY_BY_TYPE,
+    Activity,
+    AppThread,
+    ContextTransfer,
+    ExecutionNode,
+    Record,
+    Run,
+)
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
@@ -105,8 +113,9 @@ async def append(
                 "event_type": change.event_type,
                 "entity_type": entity.entity_type,
                 "entity_id": entity.id,
-                "run_id": change.run_id or getattr(entity, "run_id", None),
-                "node_id": change.node_id,
+                "run_id": change.run_id or (entity.id if isinstance(entity, Run) else getattr(entity, "run_id", None)),
+                "node_id": change.node_id
+                or (entity.id if isinstance(entity, ExecutionNode) else getattr(entity, "node_id", None)),
                 "command_id": command_id,
                 "occurred_at": now,
                 "payload": entity.to_payload(),

@@ -57,3 +57,16 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
 
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
     await _run(engine, "downgrade", revision)
+
+
+class NotMigrated(RuntimeError):
+    """The database is not at the newest revision; the message names the fix."""
+
+
+async def require_migrated(engine: AsyncEngine) -> None:
+    current = await current_revision(engine)
+    if current != head_revision():
+        raise NotMigrated(
+            f"the database is not migrated (at {current or 'no revision'}, need {head_revision()}): "
+            "run `threadloom migrate` first"
+        )

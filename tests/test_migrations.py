@@ -1,0 +1,73 @@
+"""Alembic: upgrade → downgrade → upgrade on an empty database, and the invariants it installs."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import pytest
+import sqlalchemy as sa
+
+from tests.support.pg import PgServer
+from threadloom.store import migrate
+from threadloom.store.db import Database
+from threadloom.store.tables import metadata
+
+
+async def _tables(db: Database) -> set[str]:
+    async with db.read() as r:
+        rows = await r.rows(sa.text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))
+    return {row["tablename"] for row in rows}
+
+
+async def test_round_trip_on_empty_database(pg: PgServer) -> None:
+    db = Database.from_url(await pg.fresh(migrated=False), pool_size=1)
+    try:
+        assert await migrate.current_revision(db.engine) is None
+        await migrate.upgrade(db.engine)
+        assert await migrate.is_migrated(db.engine)
+        assert set(metadata.tables) <= await _tables(db)
+        await migrate.downgrade(db.engine, "base")
+        assert await _tables(db) == {"alembic_version"}
+        assert await migrate.current_revision(db.engine) is None
+        await migrate.upgrade(db.engine)
+        assert set(metadata.tables) <= await _tables(db)
+    finally:
+        await db.dispose()
+
+
+async def test_database_enforces_invariants(pg: PgServer) -> None:
+    url = await pg.fresh()
+    conn = await pg.connect(url)
+    try:
+        project, thread = uuid.uuid4(), uuid.uuid4()
+        await conn.execute(
+            "INSERT INTO projects VALUES ($1, 'p', '/w', now(), now())", project
+        )
+        await conn.execute(
+            "INSERT INTO threads (id, project_id, title, provider_instance_id, runtime_mode, queue_held, "
+            "created_at, updated_at) VALUES ($1, $2, 't', 'scripted', 'full_access', false, now(), now())",
+            thread, project,
+        )
+        insert_run = (
+            "INSERT INTO runs (id, thread_id, ordinal, provider_instance_id, status, requested_at) "
+            "VALUES ($1, $2, $3, 'scripted', $4, now())"
+        )
+        await conn.execute(insert_run, uuid.uuid4(), thread, 1, "running")
+        with pytest.raises(asyncpg.UniqueViolationError):  # one active run per thread
+            await conn.execute(insert_run, uuid.uuid4(), thread, 2, "waiting")
+        with pytest.raises(asyncpg.UniqueViolationError):  # ordinal unique per thread
+            await conn.execute(insert_run, uuid.uuid4(), thread, 1, "queued")
+        with pytest.raises(asyncpg.CheckViolationError):  # statuses are a closed list
+            await conn.execute(insert_run, uuid.uuid4(), thread, 3, "exploded")
+        with pytest.raises(asyncpg.ForeignKeyViolationError):
+            await conn.execute(insert_run, uuid.uuid4(), uuid.uuid4(), 1, "queued")
+        insert_event = (
+            "INSERT INTO events (thread_id, sequence, event_type, entity_type, entity_id, occurred_at, payload) "
+            "VALUES ($1, $2, 'x', 'thread', $1, now(), '{}')"
+        )
+        await conn.execute(insert_event, thread, 1)
+        with pytest.raises(asyncpg.UniqueViolationError):  # (thread_id, sequence) unique
+            await conn.execute(insert_event, thread, 1)
+    finally:
+        await conn.close()
