@@ -48,7 +48,8 @@ async def test_token_never_sees_another_project(server: ServerProcess, client: C
         ok = await me.gql(RENAME, {"id": my_thread["id"]})
         assert ok["renameThread"]["thread"]["title"] == "x"
         forbidden = await me.gql(
-            """mutation { createProject(input: {name: "n", workspaceRoot: "/w"}) { project { id } userErrors { code } } }"""
+            """mutation { createProject(input: {name: "n", workspaceRoot: "/w"}) {
+                 project { id } userErrors { code } } }"""
         )
         assert forbidden["createProject"] == {"project": None, "userErrors": [{"code": "FORBIDDEN"}]}
     finally:
@@ -71,8 +72,9 @@ async def test_read_token_cannot_mutate(server: ServerProcess, client: Client, d
         assert created["createThread"]["userErrors"][0]["code"] == "FORBIDDEN"
     finally:
         await reader.aclose()
-    after = await client.gql("query($p: ID!) { threads(projectId: $p) { totalCount edges { node { title } } } }",
-                             {"p": project})
+    after = await client.gql(
+        "query($p: ID!) { threads(projectId: $p) { totalCount edges { node { title } } } }", {"p": project}
+    )
     assert after["threads"]["totalCount"] == 1
     assert after["threads"]["edges"][0]["node"]["title"] == "before"
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import base64
 
-import httpx
-
 from tests.support.db import count
 from tests.support.graphql import CREATE_THREAD, make_project, make_thread
 from tests.support.server import Client, ServerProcess
@@ -84,7 +82,7 @@ async def test_page_size_and_cursor_limits(client: Client) -> None:
         code = body["errors"][0]["extensions"]["code"]
         assert code == ("INVALID_INPUT" if first < 0 else "PAGE_SIZE_EXCEEDED")
     bad_cursor = await client.post(
-        "query($p: ID!) { threads(projectId: $p, after: \"garbage\") { totalCount } }", {"p": project}
+        'query($p: ID!) { threads(projectId: $p, after: "garbage") { totalCount } }', {"p": project}
     )
     assert bad_cursor.json()["errors"][0]["extensions"]["code"] == "INVALID_CURSOR"
     both = await client.post("{ projects(first: 1, last: 1) { totalCount } }")
@@ -92,8 +90,10 @@ async def test_page_size_and_cursor_limits(client: Client) -> None:
 
 
 async def test_depth_alias_and_token_limits(client: Client) -> None:
-    deep = "{ projects { edges { node { threads { edges { node { project { threads { edges { node { project {" \
-           " threads { edges { node { id } } } } } } } } } } } } } } }"
+    deep = (
+        "{ projects { edges { node { threads { edges { node { project { threads { edges { node { project {"
+        " threads { edges { node { id } } } } } } } } } } } } } } }"
+    )
     response = await client.post(deep, headers=GRAPHQL_RESPONSE)
     assert response.status_code == 400
     assert response.headers["content-type"].startswith("application/graphql-response+json")
@@ -131,7 +131,7 @@ async def test_unparseable_and_unknown_fields(client: Client) -> None:
 
 async def test_oversized_body_is_413(server: ServerProcess, client: Client, database_url: str) -> None:
     before = await _writes(database_url)
-    big = "mutation { createProject(input: {name: \"" + "x" * 300_000 + "\", workspaceRoot: \"/w\"}) { project { id } } }"
+    big = 'mutation { createProject(input: {name: "' + "x" * 300_000 + '", workspaceRoot: "/w"}) { project { id } } }'
     response = await client.post(big)
     assert response.status_code == 413
     assert response.json()["errors"][0]["extensions"]["code"] == "PAYLOAD_TOO_LARGE"
@@ -142,8 +142,12 @@ async def test_oversized_body_is_413(server: ServerProcess, client: Client, data
             yield b"y" * 10_000
         yield b'"}'
 
-    streamed = httpx.post(
-        server.url + "/graphql", content=chunks(), headers={**client.headers(), "content-type": "application/json"}
+    async def achunks():  # type: ignore[no-untyped-def]
+        for chunk in chunks():
+            yield chunk
+
+    streamed = await client.http.post(
+        "/graphql", content=achunks(), headers={**client.headers(), "content-type": "application/json"}
     )
     assert streamed.status_code == 413
     assert await _writes(database_url) == before

@@ -39,7 +39,9 @@ async def test_fifty_creates_over_two_processes(
         assert len(ids) == 50
         # Renames of one thread racing through both processes: its log stays gapless.
         target = await make_thread(client, project, "contended")
-        rename = "mutation($t: ID!, $n: String!) { renameThread(input: {threadId: $t, title: $n}) { userErrors { code } } }"
+        rename = (
+            "mutation($t: ID!, $n: String!) { renameThread(input: {threadId: $t, title: $n}) { userErrors { code } } }"
+        )
         renamed = await asyncio.gather(
             *(clients[i % 2].gql(rename, {"t": target["id"], "n": f"r{i}"}) for i in range(30))
         )

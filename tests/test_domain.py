@@ -52,8 +52,13 @@ def test_project_name_and_root_are_cleaned() -> None:
 
 @pytest.mark.parametrize(
     ("name", "root", "field"),
-    [("", "/srv", "name"), ("   ", "/srv", "name"), ("x" * 201, "/srv", "name"), ("ok", "relative/path", "workspaceRoot"),
-     ("ok", "/bad\x00path", "workspaceRoot")],
+    [
+        ("", "/srv", "name"),
+        ("   ", "/srv", "name"),
+        ("x" * 201, "/srv", "name"),
+        ("ok", "relative/path", "workspaceRoot"),
+        ("ok", "/bad\x00path", "workspaceRoot"),
+    ],
 )
 def test_project_bad_input(name: str, root: str, field: str) -> None:
     with pytest.raises(DomainError) as err:
@@ -122,8 +127,13 @@ def test_access_rules() -> None:
 
 def test_every_entity_round_trips_through_json() -> None:
     run = Run(
-        id=new_id(), thread_id=new_id(), ordinal=3, provider_instance_id="scripted", model=None,
-        status=RunStatus.QUEUED, requested_at=NOW,
+        id=new_id(),
+        thread_id=new_id(),
+        ordinal=3,
+        provider_instance_id="scripted",
+        model=None,
+        status=RunStatus.QUEUED,
+        requested_at=NOW,
     )
     again = Run.from_mapping(orjson.loads(orjson.dumps(run.to_payload())))
     assert again == run

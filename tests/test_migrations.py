@@ -41,13 +41,12 @@ async def test_database_enforces_invariants(pg: PgServer) -> None:
     conn = await pg.connect(url)
     try:
         project, thread = uuid.uuid4(), uuid.uuid4()
-        await conn.execute(
-            "INSERT INTO projects VALUES ($1, 'p', '/w', now(), now())", project
-        )
+        await conn.execute("INSERT INTO projects VALUES ($1, 'p', '/w', now(), now())", project)
         await conn.execute(
             "INSERT INTO threads (id, project_id, title, provider_instance_id, runtime_mode, queue_held, "
             "created_at, updated_at) VALUES ($1, $2, 't', 'scripted', 'full_access', false, now(), now())",
-            thread, project,
+            thread,
+            project,
         )
         insert_run = (
             "INSERT INTO runs (id, thread_id, ordinal, provider_instance_id, status, requested_at) "

@@ -38,8 +38,9 @@ async def test_serve_refuses_unmigrated_database(pg: PgServer, tmp_path: Path) -
     started = ServerProcess(url, tmp_path / "d").wait_ready()
     try:
         assert started.admin_token is not None
-        assert httpx.get(started.url + "/healthz").json() == {"status": "ok"}
-        assert httpx.get(started.url + "/readyz").json() == {"status": "ready"}
+        async with httpx.AsyncClient(base_url=started.url) as http:
+            assert (await http.get("/healthz")).json() == {"status": "ok"}
+            assert (await http.get("/readyz")).json() == {"status": "ready"}
     finally:
         started.stop()
 
@@ -66,7 +67,9 @@ async def test_embedded_first_start_prints_token_once(tmp_path: Path) -> None:
 
 
 def test_token_create_validates_project(database_url: str) -> None:
-    done = threadloom(database_url, "token", "create", "--scope", "read", "--project", "00000000-0000-0000-0000-000000000000")
+    done = threadloom(
+        database_url, "token", "create", "--scope", "read", "--project", "00000000-0000-0000-0000-000000000000"
+    )
     assert done.returncode == 2
     assert "no project" in done.stderr
     bad = threadloom(database_url, "token", "create", "--scope", "root")

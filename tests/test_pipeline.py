@@ -36,8 +36,13 @@ async def _project(services: Services, name: str = "P") -> uuid.UUID:
 
 async def _thread(services: Services, project: uuid.UUID, key: str | None = None, title: str = "T") -> uuid.UUID:
     return await services.catalog.create_thread(
-        ADMIN, project_id=project, title=title, provider_instance_id=None, model=None,
-        runtime_mode="full_access", key=key,
+        ADMIN,
+        project_id=project,
+        title=title,
+        provider_instance_id=None,
+        model=None,
+        runtime_mode="full_access",
+        key=key,
     )
 
 
@@ -47,24 +52,63 @@ async def _append_run_graph(services: Services, thread_id: uuid.UUID) -> None:
     async with services.db.transaction() as db:
         thread = await thread_store.lock(db, thread_id)
         assert thread is not None
-        run = Run(id=new_id(), thread_id=thread_id, ordinal=1, provider_instance_id="scripted", model=None,
-                  status=RunStatus.QUEUED, requested_at=now)
-        node = ExecutionNode(id=new_id(), thread_id=thread_id, run_id=run.id, kind=NodeKind.ROOT_TURN,
-                             status=NodeStatus.PENDING, counts_for_run=True, created_at=now, updated_at=now)
-        attempt = RunAttempt(id=new_id(), thread_id=thread_id, run_id=run.id, attempt_ordinal=1,
-                             root_node_id=node.id, reason=AttemptReason.INITIAL, status=AttemptStatus.PENDING,
-                             created_at=now)
-        message = ConversationMessage(id=new_id(), thread_id=thread_id, run_id=run.id, role=MessageRole.USER,
-                                      text="hi", created_at=now, updated_at=now)
-        activity = Activity(id=new_id(), thread_id=thread_id, sequence=0, kind="run.queued", run_id=run.id,
-                            node_id=node.id, summary="queued", created_at=now)
+        run = Run(
+            id=new_id(),
+            thread_id=thread_id,
+            ordinal=1,
+            provider_instance_id="scripted",
+            model=None,
+            status=RunStatus.QUEUED,
+            requested_at=now,
+        )
+        node = ExecutionNode(
+            id=new_id(),
+            thread_id=thread_id,
+            run_id=run.id,
+            kind=NodeKind.ROOT_TURN,
+            status=NodeStatus.PENDING,
+            counts_for_run=True,
+            created_at=now,
+            updated_at=now,
+        )
+        attempt = RunAttempt(
+            id=new_id(),
+            thread_id=thread_id,
+            run_id=run.id,
+            attempt_ordinal=1,
+            root_node_id=node.id,
+            reason=AttemptReason.INITIAL,
+            status=AttemptStatus.PENDING,
+            created_at=now,
+        )
+        message = ConversationMessage(
+            id=new_id(),
+            thread_id=thread_id,
+            run_id=run.id,
+            role=MessageRole.USER,
+            text="hi",
+            created_at=now,
+            updated_at=now,
+        )
+        activity = Activity(
+            id=new_id(),
+            thread_id=thread_id,
+            sequence=0,
+            kind="run.queued",
+            run_id=run.id,
+            node_id=node.id,
+            summary="queued",
+            created_at=now,
+        )
         changes = [
             Change("run.created", run),
             Change("attempt.created", attempt),
             Change("node.created", node),
             Change("message.created", message),
-            Change("run.updated", run.evolve(root_node_id=node.id, active_attempt_id=attempt.id,
-                                             user_message_id=message.id)),
+            Change(
+                "run.updated",
+                run.evolve(root_node_id=node.id, active_attempt_id=attempt.id, user_message_id=message.id),
+            ),
             Change("thread.updated", thread.evolve(title="busy")),
             Change("activity.recorded", activity),
         ]
@@ -130,8 +174,13 @@ async def test_refused_command_writes_nothing(services: Services) -> None:
     assert err.value.code == ErrorCode.NOT_FOUND
     with pytest.raises(DomainError):
         await services.catalog.create_thread(
-            ADMIN, project_id=project, title="x", provider_instance_id="nope", model=None,
-            runtime_mode="full_access", key="k-4",
+            ADMIN,
+            project_id=project,
+            title="x",
+            provider_instance_id="nope",
+            model=None,
+            runtime_mode="full_access",
+            key="k-4",
         )
     assert (await count(services.db, t.events), await count(services.db, t.command_receipts)) == before
 

@@ -83,7 +83,8 @@ async def test_node_and_nodes_resolve_every_kind(client: Client) -> None:
     project = await make_project(client)
     thread = await make_thread(client, project, "x")
     data = await client.gql(
-        """query($ids: [ID!]!) { nodes(ids: $ids) { __typename id ... on Thread { title } ... on Project { name } } }""",
+        """query($ids: [ID!]!) {
+             nodes(ids: $ids) { __typename id ... on Thread { title } ... on Project { name } } }""",
         {"ids": [thread["id"], project, thread["id"]]},
     )
     assert data["nodes"] == [

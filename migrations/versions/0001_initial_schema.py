@@ -92,9 +92,7 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.Column("payload", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
-        sa.CheckConstraint(
-            "(thread_id IS NULL) = (sequence IS NULL)", name=op.f("ck_events_sequence_with_thread")
-        ),
+        sa.CheckConstraint("(thread_id IS NULL) = (sequence IS NULL)", name=op.f("ck_events_sequence_with_thread")),
         sa.PrimaryKeyConstraint("position", name=op.f("pk_events")),
         sa.UniqueConstraint("thread_id", "sequence", name=op.f("uq_events_thread_id_sequence")),
     )
@@ -148,9 +146,7 @@ def upgrade() -> None:
         sa.CheckConstraint(
             "lineage_relationship IN ('fork', 'subagent')", name=op.f("ck_threads_lineage_relationship_valid")
         ),
-        sa.ForeignKeyConstraint(
-            ["parent_thread_id"], ["threads.id"], name=op.f("fk_threads_parent_thread_id_threads")
-        ),
+        sa.ForeignKeyConstraint(["parent_thread_id"], ["threads.id"], name=op.f("fk_threads_parent_thread_id_threads")),
         sa.ForeignKeyConstraint(["project_id"], ["projects.id"], name=op.f("fk_threads_project_id_projects")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_threads")),
     )
@@ -186,9 +182,7 @@ def upgrade() -> None:
             ["checkpoint_scopes.id"],
             name=op.f("fk_checkpoint_scopes_parent_scope_id_checkpoint_scopes"),
         ),
-        sa.ForeignKeyConstraint(
-            ["thread_id"], ["threads.id"], name=op.f("fk_checkpoint_scopes_thread_id_threads")
-        ),
+        sa.ForeignKeyConstraint(["thread_id"], ["threads.id"], name=op.f("fk_checkpoint_scopes_thread_id_threads")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_checkpoint_scopes")),
     )
     op.create_table(
@@ -249,9 +243,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_provider_threads")),
     )
-    op.create_index(
-        op.f("ix_provider_threads_app_thread_id"), "provider_threads", ["app_thread_id"], unique=False
-    )
+    op.create_index(op.f("ix_provider_threads_app_thread_id"), "provider_threads", ["app_thread_id"], unique=False)
     op.create_table(
         "runs",
         sa.Column("id", sa.Uuid(), nullable=False),
@@ -281,9 +273,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_runs")),
         sa.UniqueConstraint("thread_id", "ordinal", name=op.f("uq_runs_thread_id_ordinal")),
     )
-    op.create_index(
-        op.f("ix_runs_thread_id_queue_position"), "runs", ["thread_id", "queue_position"], unique=False
-    )
+    op.create_index(op.f("ix_runs_thread_id_queue_position"), "runs", ["thread_id", "queue_position"], unique=False)
     op.create_index(
         "uq_runs_one_active_per_thread",
         "runs",
@@ -325,9 +315,7 @@ def upgrade() -> None:
             nullable=True,
         ),
         sa.Column("to_provider_thread_id", sa.Uuid(), nullable=True),
-        sa.Column(
-            "covered_run_ordinals", postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), nullable=True
-        ),
+        sa.Column("covered_run_ordinals", postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), nullable=True),
         sa.Column("strategy", sa.Text(), nullable=False),
         sa.Column("status", sa.Text(), nullable=False),
         sa.Column("text", sa.Text(), nullable=False),
@@ -340,9 +328,7 @@ def upgrade() -> None:
             "strategy IN ('delta_since_target_last_seen', 'full_thread_summary', 'fork_delta_summary')",
             name=op.f("ck_context_handoffs_strategy_valid"),
         ),
-        sa.ForeignKeyConstraint(
-            ["thread_id"], ["threads.id"], name=op.f("fk_context_handoffs_thread_id_threads")
-        ),
+        sa.ForeignKeyConstraint(["thread_id"], ["threads.id"], name=op.f("fk_context_handoffs_thread_id_threads")),
         sa.ForeignKeyConstraint(
             ["transfer_id"],
             ["context_transfers.id"],
@@ -367,18 +353,12 @@ def upgrade() -> None:
             "input_intent IN ('turn_start', 'queued_turn', 'steer', 'restart')",
             name=op.f("ck_conversation_messages_input_intent_valid"),
         ),
-        sa.CheckConstraint(
-            "role IN ('user', 'assistant', 'system')", name=op.f("ck_conversation_messages_role_valid")
-        ),
+        sa.CheckConstraint("role IN ('user', 'assistant', 'system')", name=op.f("ck_conversation_messages_role_valid")),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=op.f("fk_conversation_messages_run_id_runs")),
-        sa.ForeignKeyConstraint(
-            ["thread_id"], ["threads.id"], name=op.f("fk_conversation_messages_thread_id_threads")
-        ),
+        sa.ForeignKeyConstraint(["thread_id"], ["threads.id"], name=op.f("fk_conversation_messages_thread_id_threads")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_conversation_messages")),
     )
-    op.create_index(
-        op.f("ix_conversation_messages_run_id"), "conversation_messages", ["run_id"], unique=False
-    )
+    op.create_index(op.f("ix_conversation_messages_run_id"), "conversation_messages", ["run_id"], unique=False)
     op.create_index(
         op.f("ix_conversation_messages_thread_id_id"),
         "conversation_messages",
@@ -412,9 +392,7 @@ def upgrade() -> None:
             name=op.f("ck_plan_artifacts_status_valid"),
         ),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=op.f("fk_plan_artifacts_run_id_runs")),
-        sa.ForeignKeyConstraint(
-            ["thread_id"], ["threads.id"], name=op.f("fk_plan_artifacts_thread_id_threads")
-        ),
+        sa.ForeignKeyConstraint(["thread_id"], ["threads.id"], name=op.f("fk_plan_artifacts_thread_id_threads")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_plan_artifacts")),
     )
     op.create_index(op.f("ix_plan_artifacts_run_id"), "plan_artifacts", ["run_id"], unique=False)
@@ -441,9 +419,7 @@ def upgrade() -> None:
             name=op.f("ck_run_attempts_status_valid"),
         ),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=op.f("fk_run_attempts_run_id_runs")),
-        sa.ForeignKeyConstraint(
-            ["thread_id"], ["threads.id"], name=op.f("fk_run_attempts_thread_id_threads")
-        ),
+        sa.ForeignKeyConstraint(["thread_id"], ["threads.id"], name=op.f("fk_run_attempts_thread_id_threads")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_run_attempts")),
         sa.UniqueConstraint("run_id", "attempt_ordinal", name=op.f("uq_run_attempts_run_id_attempt_ordinal")),
     )
@@ -480,14 +456,10 @@ def upgrade() -> None:
             ["attempt_id"], ["run_attempts.id"], name=op.f("fk_execution_nodes_attempt_id_run_attempts")
         ),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=op.f("fk_execution_nodes_run_id_runs")),
-        sa.ForeignKeyConstraint(
-            ["thread_id"], ["threads.id"], name=op.f("fk_execution_nodes_thread_id_threads")
-        ),
+        sa.ForeignKeyConstraint(["thread_id"], ["threads.id"], name=op.f("fk_execution_nodes_thread_id_threads")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_execution_nodes")),
     )
-    op.create_index(
-        op.f("ix_execution_nodes_parent_node_id"), "execution_nodes", ["parent_node_id"], unique=False
-    )
+    op.create_index(op.f("ix_execution_nodes_parent_node_id"), "execution_nodes", ["parent_node_id"], unique=False)
     op.create_index(op.f("ix_execution_nodes_run_id_id"), "execution_nodes", ["run_id", "id"], unique=False)
     op.create_table(
         "provider_turns",
@@ -518,17 +490,11 @@ def upgrade() -> None:
             ["run_attempts.id"],
             name=op.f("fk_provider_turns_run_attempt_id_run_attempts"),
         ),
-        sa.ForeignKeyConstraint(
-            ["thread_id"], ["threads.id"], name=op.f("fk_provider_turns_thread_id_threads")
-        ),
+        sa.ForeignKeyConstraint(["thread_id"], ["threads.id"], name=op.f("fk_provider_turns_thread_id_threads")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_provider_turns")),
-        sa.UniqueConstraint(
-            "provider_thread_id", "ordinal", name=op.f("uq_provider_turns_provider_thread_id_ordinal")
-        ),
+        sa.UniqueConstraint("provider_thread_id", "ordinal", name=op.f("uq_provider_turns_provider_thread_id_ordinal")),
     )
-    op.create_index(
-        op.f("ix_provider_turns_run_attempt_id"), "provider_turns", ["run_attempt_id"], unique=False
-    )
+    op.create_index(op.f("ix_provider_turns_run_attempt_id"), "provider_turns", ["run_attempt_id"], unique=False)
     op.create_table(
         "runtime_requests",
         sa.Column("id", sa.Uuid(), nullable=False),
@@ -560,9 +526,7 @@ def upgrade() -> None:
             ["node_id"], ["execution_nodes.id"], name=op.f("fk_runtime_requests_node_id_execution_nodes")
         ),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=op.f("fk_runtime_requests_run_id_runs")),
-        sa.ForeignKeyConstraint(
-            ["thread_id"], ["threads.id"], name=op.f("fk_runtime_requests_thread_id_threads")
-        ),
+        sa.ForeignKeyConstraint(["thread_id"], ["threads.id"], name=op.f("fk_runtime_requests_thread_id_threads")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_runtime_requests")),
     )
     op.create_index(op.f("ix_runtime_requests_run_id"), "runtime_requests", ["run_id"], unique=False)
@@ -619,9 +583,7 @@ def downgrade() -> None:
     op.drop_index(op.f("ix_events_project_id_position"), table_name="events")
     op.drop_table("events")
     op.drop_index(op.f("ix_effects_thread_id_id"), table_name="effects")
-    op.drop_index(
-        "ix_effects_claimable", table_name="effects", postgresql_where=sa.text("status = 'pending'")
-    )
+    op.drop_index("ix_effects_claimable", table_name="effects", postgresql_where=sa.text("status = 'pending'"))
     op.drop_table("effects")
     op.drop_table("command_receipts")
     op.drop_table("api_tokens")

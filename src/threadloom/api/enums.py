@@ -1,4 +1,8 @@
-"""GraphQL enums: the domain's statuses, upper-cased (`RUNNING`, `ROLLED_BACK` …)."""
+"""GraphQL enums: the domain's statuses, upper-cased (`RUNNING`, `ROLLED_BACK` …).
+
+The domain enums are registered with Strawberry here (in place) and re-exported, so
+annotations in the API use the domain types directly.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +10,55 @@ import strawberry
 
 from threadloom.domain import statuses as s
 
-RunStatus = strawberry.enum(s.RunStatus, name="RunStatus")
-ThreadStatus = strawberry.enum(s.ThreadStatus, name="ThreadStatus")
-AttemptReason = strawberry.enum(s.AttemptReason, name="AttemptReason")
-AttemptStatus = strawberry.enum(s.AttemptStatus, name="AttemptStatus")
-NodeKind = strawberry.enum(s.NodeKind, name="NodeKind")
-NodeStatus = strawberry.enum(s.NodeStatus, name="NodeStatus")
-MessageRole = strawberry.enum(s.MessageRole, name="MessageRole")
-InputIntent = strawberry.enum(s.InputIntent, name="InputIntent")
-ProviderSessionStatus = strawberry.enum(s.ProviderSessionStatus, name="ProviderSessionStatus")
-ProviderThreadStatus = strawberry.enum(s.ProviderThreadStatus, name="ProviderThreadStatus")
-ProviderTurnStatus = strawberry.enum(s.ProviderTurnStatus, name="ProviderTurnStatus")
-LineageRelationship = strawberry.enum(s.LineageRelationship, name="LineageRelationship")
-TransferType = strawberry.enum(s.TransferType, name="TransferType")
-TransferStatus = strawberry.enum(s.TransferStatus, name="TransferStatus")
-HandoffStrategy = strawberry.enum(s.HandoffStrategy, name="HandoffStrategy")
-HandoffStatus = strawberry.enum(s.HandoffStatus, name="HandoffStatus")
-CheckpointScopeKind = strawberry.enum(s.CheckpointScopeKind, name="CheckpointScopeKind")
-CheckpointStatus = strawberry.enum(s.CheckpointStatus, name="CheckpointStatus")
-RuntimeRequestKind = strawberry.enum(s.RuntimeRequestKind, name="RuntimeRequestKind")
-RuntimeRequestStatus = strawberry.enum(s.RuntimeRequestStatus, name="RuntimeRequestStatus")
-ResponseCapability = strawberry.enum(s.ResponseCapability, name="ResponseCapability")
-PlanKind = strawberry.enum(s.PlanKind, name="PlanKind")
-PlanStatus = strawberry.enum(s.PlanStatus, name="PlanStatus")
-TokenScope = strawberry.enum(s.TokenScope, name="TokenScope")
+for _enum in (
+    s.RunStatus,
+    s.ThreadStatus,
+    s.AttemptReason,
+    s.AttemptStatus,
+    s.NodeKind,
+    s.NodeStatus,
+    s.MessageRole,
+    s.InputIntent,
+    s.ProviderSessionStatus,
+    s.ProviderThreadStatus,
+    s.ProviderTurnStatus,
+    s.LineageRelationship,
+    s.TransferType,
+    s.TransferStatus,
+    s.HandoffStrategy,
+    s.HandoffStatus,
+    s.CheckpointScopeKind,
+    s.CheckpointStatus,
+    s.RuntimeRequestKind,
+    s.RuntimeRequestStatus,
+    s.ResponseCapability,
+    s.PlanKind,
+    s.PlanStatus,
+    s.TokenScope,
+):
+    strawberry.enum(_enum)
+
+RunStatus = s.RunStatus
+ThreadStatus = s.ThreadStatus
+AttemptReason = s.AttemptReason
+AttemptStatus = s.AttemptStatus
+NodeKind = s.NodeKind
+NodeStatus = s.NodeStatus
+MessageRole = s.MessageRole
+InputIntent = s.InputIntent
+ProviderSessionStatus = s.ProviderSessionStatus
+ProviderThreadStatus = s.ProviderThreadStatus
+ProviderTurnStatus = s.ProviderTurnStatus
+LineageRelationship = s.LineageRelationship
+TransferType = s.TransferType
+TransferStatus = s.TransferStatus
+HandoffStrategy = s.HandoffStrategy
+HandoffStatus = s.HandoffStatus
+CheckpointScopeKind = s.CheckpointScopeKind
+CheckpointStatus = s.CheckpointStatus
+RuntimeRequestKind = s.RuntimeRequestKind
+RuntimeRequestStatus = s.RuntimeRequestStatus
+ResponseCapability = s.ResponseCapability
+PlanKind = s.PlanKind
+PlanStatus = s.PlanStatus
+TokenScope = s.TokenScope

@@ -121,8 +121,8 @@ class Gate:
             async with self.services.db.read(counter) as db:
                 principal = await tokens.authenticate(db, token)
         if principal is None and not (wants_ide and self.services.settings.dev):
-            message = "missing bearer token" if token is None else "invalid or revoked token"
-            await _reply(send, 401, "UNAUTHENTICATED", message, [(b"www-authenticate", b'Bearer realm="threadloom"')])
+            reason = "missing bearer token" if token is None else "invalid or revoked token"
+            await _reply(send, 401, "UNAUTHENTICATED", reason, [(b"www-authenticate", b'Bearer realm="threadloom"')])
             return
         state["principal"] = principal
         delivered = False

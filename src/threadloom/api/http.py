@@ -11,14 +11,14 @@ import contextvars
 from typing import Any
 
 import orjson
-from graphql import ExecutionResult
+from cross_web import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
-from cross_web import HTTPException
 from strawberry.http import GraphQLHTTPResponse
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.types.execution import ExecutionResult
 
 from threadloom.api.context import Context
 from threadloom.engine.services import Services
@@ -68,8 +68,8 @@ class GraphQLView(GraphQL[Context, None]):
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
         processed = await super().process_result(request, result)
-        failed_before_execution = result.data is None and bool(result.errors) and all(
-            e.path is None for e in result.errors or []
+        failed_before_execution = (
+            result.data is None and bool(result.errors) and all(e.path is None for e in result.errors or [])
         )
         if failed_before_execution and _media.get() == GRAPHQL_RESPONSE:
             request.scope["state"]["sub_response"].status_code = 400

@@ -20,7 +20,9 @@ MAX_KEY = 200
 
 def _key(value: str | None) -> str | None:
     if value is not None and (not value or len(value) > MAX_KEY):
-        raise DomainError(ErrorCode.INVALID_INPUT, f"clientMutationId must be 1..{MAX_KEY} characters", "clientMutationId")
+        raise DomainError(
+            ErrorCode.INVALID_INPUT, f"clientMutationId must be 1..{MAX_KEY} characters", "clientMutationId"
+        )
     return value
 
 
@@ -99,11 +101,14 @@ class Mutation:
 
         project_id, errors = await _attempt(act)
         return CreateProjectPayload(
-            project=await _load(info, Project, project_id), user_errors=errors,
+            project=await _load(info, Project, project_id),
+            user_errors=errors,
             client_mutation_id=input.client_mutation_id,
         )
 
-    @strawberry.mutation(description="Create a thread. No provider session or provider thread is made until the first run.")
+    @strawberry.mutation(
+        description="Create a thread. No provider session or provider thread is made until the first run."
+    )
     async def create_thread(self, info: Info, input: CreateThreadInput) -> ThreadPayload:
         ctx = info.context
 
@@ -148,9 +153,7 @@ class Mutation:
 
         async def act() -> uuid.UUID:
             thread_id = gid.decode_as(input.thread_id, "Thread", "threadId")
-            return await ctx.services.catalog.unarchive_thread(
-                ctx.principal, thread_id, _key(input.client_mutation_id)
-            )
+            return await ctx.services.catalog.unarchive_thread(ctx.principal, thread_id, _key(input.client_mutation_id))
 
         return await _thread_payload(info, act, input.client_mutation_id)
 

@@ -74,8 +74,15 @@ class Query:
     ) -> Connection[Project]:
         only = info.context.principal.project_id
         return await connect(
-            info, "projects", None, Project.from_row,
-            first=first, after=after, last=last, before=before, filters={"only_project": only},
+            info,
+            "projects",
+            None,
+            Project.from_row,
+            first=first,
+            after=after,
+            last=last,
+            before=before,
+            filters={"only_project": only},
         )
 
     @strawberry.field

@@ -1,7 +1,7 @@
 """Assembles the Strawberry schema with its limits.
 
 Depth and alias rules are built once at import so graphql-core's validation cache keeps
-hitting (per-request factories would make new rule classes each time, ~25× slower).
+hitting (per-request factories would make new rule classes each time, ~25 times slower).
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from __future__ import annotations
 import functools
 
 import strawberry
-from strawberry.extensions import AddValidationRules, MaxTokensLimiter
-from strawberry.extensions import max_aliases, query_depth_limiter
+from strawberry.extensions import AddValidationRules, MaxTokensLimiter, max_aliases, query_depth_limiter
 from strawberry.schema.config import StrawberryConfig
 
 from threadloom.api.errors import CodedErrors, RecordOperation

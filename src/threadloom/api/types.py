@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from datetime import datetime
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 import sqlalchemy as sa
 import strawberry
@@ -24,6 +24,8 @@ from threadloom.domain import entities as e
 from threadloom.domain.records import Record
 from threadloom.domain.threads import thread_status
 from threadloom.store import tables as t
+
+E = TypeVar("E", bound="_Entity")
 
 
 @strawberry.interface(description="An object with a global id (Relay).")
@@ -47,20 +49,15 @@ class _Entity:
         names = cls.__dict__.get("_init_names")
         if names is None:
             record_fields = set(cls._record.field_names())
-            names = tuple(
-                f.name for f in dataclasses.fields(cls) if f.init and f.name in record_fields and f.name != "id"
-            )
+            fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+            names = tuple(f.name for f in fields if f.init and f.name in record_fields and f.name != "id")
             cls._init_names = names  # type: ignore[attr-defined]
         values = {n: getattr(rec, n) for n in names}
         extra = {k: row[k] for k in getattr(cls, "_row_extras", ()) if k in row}
         return cls(id=gid.encode(cls.__name__, rec.id), rec=rec, **values, **extra)  # type: ignore[call-arg]
 
 
-def _build(cls: type[Any]) -> Any:
-    return cls.from_row
-
-
-async def _load(info: Info, cls: type[Any], entity_id: uuid.UUID | None) -> Any:
+async def _load(info: Info, cls: type[E], entity_id: uuid.UUID | None) -> E | None:
     """Load an object of the same project as its parent (no visibility re-check needed)."""
     if entity_id is None:
         return None
@@ -68,13 +65,13 @@ async def _load(info: Info, cls: type[Any], entity_id: uuid.UUID | None) -> Any:
     return None if row is None else cls.from_row(row)
 
 
-async def _load_visible(info: Info, cls: type[Any], entity_id: uuid.UUID | None) -> Any:
+async def _load_visible(info: Info, cls: type[E], entity_id: uuid.UUID | None) -> E | None:
     """Load an object that may live in another project: checked against the token."""
     row = await info.context.load_visible(cls.table(), entity_id)
     return None if row is None else cls.from_row(row)
 
 
-async def _children(info: Info, cls: type[Any], relation: str, parent: uuid.UUID) -> list[Any]:
+async def _children(info: Info, cls: type[E], relation: str, parent: uuid.UUID) -> list[E]:
     rows = await info.context.loaders.children(relation).load(parent)
     return [cls.from_row(r) for r in rows]
 
@@ -99,8 +96,14 @@ class Project(Node, _Entity):
         include_archived: bool = False,
     ) -> Connection[Thread]:
         return await connect(
-            info, "project.threads", self.rec.id, Thread.from_row,
-            first=first, after=after, last=last, before=before,
+            info,
+            "project.threads",
+            self.rec.id,
+            Thread.from_row,
+            first=first,
+            after=after,
+            last=last,
+            before=before,
             filters={"include_archived": include_archived},
         )
 
@@ -187,8 +190,14 @@ class Thread(Node, _Entity):
         before: str | None = None,
     ) -> Connection[ConversationMessage]:
         return await connect(
-            info, "thread.messages", self.rec.id, ConversationMessage.from_row,
-            first=first, after=after, last=last, before=before,
+            info,
+            "thread.messages",
+            self.rec.id,
+            ConversationMessage.from_row,
+            first=first,
+            after=after,
+            last=last,
+            before=before,
         )
 
     @strawberry.field
@@ -207,8 +216,15 @@ class Thread(Node, _Entity):
             "node_id": None if node_id is None else gid.maybe_as(node_id, "ExecutionNode") or uuid.UUID(int=0),
         }
         return await connect(
-            info, "thread.activities", self.rec.id, Activity.from_row,
-            first=first, after=after, last=last, before=before, filters=filters,
+            info,
+            "thread.activities",
+            self.rec.id,
+            Activity.from_row,
+            first=first,
+            after=after,
+            last=last,
+            before=before,
+            filters=filters,
         )
 
     @strawberry.field(description="Approvals and questions waiting for an answer.")
@@ -617,8 +633,21 @@ class Activity(Node, _Entity):
 NODE_TYPES: dict[str, Any] = {
     cls.__name__: cls
     for cls in (
-        Project, Thread, Run, RunAttempt, ExecutionNode, ConversationMessage, ProviderSession, ProviderThread,
-        ProviderTurn, ContextTransfer, ContextHandoff, CheckpointScope, Checkpoint, RuntimeRequest, PlanArtifact,
+        Project,
+        Thread,
+        Run,
+        RunAttempt,
+        ExecutionNode,
+        ConversationMessage,
+        ProviderSession,
+        ProviderThread,
+        ProviderTurn,
+        ContextTransfer,
+        ContextHandoff,
+        CheckpointScope,
+        Checkpoint,
+        RuntimeRequest,
+        PlanArtifact,
         Activity,
     )
 }

@@ -38,10 +38,9 @@ from threadloom.domain.statuses import (
 )
 
 Json = Any
-entity = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Project(Record):
     entity_type: ClassVar[str] = "project"
     name: str
@@ -50,7 +49,7 @@ class Project(Record):
     updated_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AppThread(Record):
     entity_type: ClassVar[str] = "thread"
     project_id: uuid.UUID
@@ -71,7 +70,7 @@ class AppThread(Record):
     updated_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Run(Record):
     entity_type: ClassVar[str] = "run"
     thread_id: uuid.UUID
@@ -94,7 +93,7 @@ class Run(Record):
     completed_at: datetime | None = None
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RunAttempt(Record):
     entity_type: ClassVar[str] = "run_attempt"
     thread_id: uuid.UUID
@@ -110,7 +109,7 @@ class RunAttempt(Record):
     completed_at: datetime | None = None
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutionNode(Record):
     entity_type: ClassVar[str] = "execution_node"
     thread_id: uuid.UUID
@@ -132,7 +131,7 @@ class ExecutionNode(Record):
     completed_at: datetime | None = None
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ConversationMessage(Record):
     entity_type: ClassVar[str] = "conversation_message"
     thread_id: uuid.UUID
@@ -147,7 +146,7 @@ class ConversationMessage(Record):
     updated_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ProviderSession(Record):
     entity_type: ClassVar[str] = "provider_session"
     provider_instance_id: str
@@ -160,7 +159,7 @@ class ProviderSession(Record):
     updated_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ProviderThread(Record):
     entity_type: ClassVar[str] = "provider_thread"
     provider_instance_id: str
@@ -176,7 +175,7 @@ class ProviderThread(Record):
     updated_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ProviderTurn(Record):
     entity_type: ClassVar[str] = "provider_turn"
     thread_id: uuid.UUID
@@ -190,7 +189,7 @@ class ProviderTurn(Record):
     completed_at: datetime | None = None
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ContextTransfer(Record):
     entity_type: ClassVar[str] = "context_transfer"
     type: TransferType
@@ -206,7 +205,7 @@ class ContextTransfer(Record):
     updated_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ContextHandoff(Record):
     entity_type: ClassVar[str] = "context_handoff"
     transfer_id: uuid.UUID | None = None
@@ -222,7 +221,7 @@ class ContextHandoff(Record):
     created_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointScope(Record):
     entity_type: ClassVar[str] = "checkpoint_scope"
     thread_id: uuid.UUID
@@ -234,7 +233,7 @@ class CheckpointScope(Record):
     created_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpoint(Record):
     entity_type: ClassVar[str] = "checkpoint"
     thread_id: uuid.UUID
@@ -247,7 +246,7 @@ class Checkpoint(Record):
     created_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeRequest(Record):
     entity_type: ClassVar[str] = "runtime_request"
     thread_id: uuid.UUID
@@ -264,7 +263,7 @@ class RuntimeRequest(Record):
     resolved_at: datetime | None = None
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PlanArtifact(Record):
     entity_type: ClassVar[str] = "plan_artifact"
     thread_id: uuid.UUID
@@ -278,7 +277,7 @@ class PlanArtifact(Record):
     updated_at: datetime
 
 
-@entity
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Activity(Record):
     """A UI projection of an event; `sequence` is the event's sequence in its thread."""
 

@@ -71,7 +71,7 @@ class Record:
         return typing.cast(dict[str, Converter], found)
 
     @classmethod
-    def from_mapping(cls, data: typing.Mapping[str, Any]) -> Self:
+    def from_mapping(cls, data: typing.Mapping[Any, Any]) -> Self:
         """Build from a payload dict or a database row mapping (extra keys ignored)."""
         conv = cls._field_converters()
         return cls(**{name: fn(data[name]) for name, fn in conv.items() if name in data})

@@ -18,9 +18,7 @@ class RunStatus(StrEnum):
     ROLLED_BACK = "rolled_back"
 
 
-ACTIVE_RUN_STATUSES = frozenset(
-    {RunStatus.PREPARING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.WAITING}
-)
+ACTIVE_RUN_STATUSES = frozenset({RunStatus.PREPARING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.WAITING})
 TERMINAL_RUN_STATUSES = frozenset(
     {
         RunStatus.COMPLETED,

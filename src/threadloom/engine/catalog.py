@@ -107,10 +107,19 @@ class Catalog:
         return thread_id
 
     async def rename_thread(self, principal: Principal, thread_id: uuid.UUID, title: str, key: str | None) -> uuid.UUID:
-        return await self._update_thread(principal, "renameThread", thread_id, key, {"title": title}, lambda th, now: thread_rules.rename_thread(th, title, now))
+        return await self._update_thread(
+            principal,
+            "renameThread",
+            thread_id,
+            key,
+            {"title": title},
+            lambda th, now: thread_rules.rename_thread(th, title, now),
+        )
 
     async def archive_thread(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
         return await self._update_thread(principal, "archiveThread", thread_id, key, {}, thread_rules.archive_thread)
 
     async def unarchive_thread(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
-        return await self._update_thread(principal, "unarchiveThread", thread_id, key, {}, thread_rules.unarchive_thread)
+        return await self._update_thread(
+            principal, "unarchiveThread", thread_id, key, {}, thread_rules.unarchive_thread
+        )

@@ -84,9 +84,7 @@ class Pipeline:
             outcome = await command.decide(db, thread)
             project_id = outcome.project_id or (thread.project_id if thread else None)
             result = outcome.result
-            sequences = await log.append(
-                db, outcome.changes, project_id=project_id, command_id=key, now=now
-            )
+            sequences = await log.append(db, outcome.changes, project_id=project_id, command_id=key, now=now)
             thread_id = command.thread_id or next(
                 (log.thread_of(c.entity) for c in outcome.changes if log.thread_of(c.entity)), None
             )

@@ -23,9 +23,9 @@ from threadloom.domain.entities import (
     AppThread,
     ContextTransfer,
     ExecutionNode,
-    Record,
     Run,
 )
+from threadloom.domain.records import Record
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
@@ -47,9 +47,7 @@ def _upsert(table: sa.Table) -> sa.Insert:
     if stmt is None:
         ins = pg_insert(table)
         columns = [c.name for c in table.columns if c.name not in ("id", "last_sequence")]
-        stmt = ins.on_conflict_do_update(
-            index_elements=["id"], set_={c: ins.excluded[c] for c in columns}
-        )
+        stmt = ins.on_conflict_do_update(index_elements=["id"], set_={c: ins.excluded[c] for c in columns})
         _UPSERT_CACHE[table.name] = stmt
     return stmt
 

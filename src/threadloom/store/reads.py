@@ -76,9 +76,7 @@ async def pages(
         conds.append(parent_col.in_(list(parents)))
         rn = sa.func.row_number().over(partition_by=parent_col, order_by=order).label("_rn")
         inner = sa.select(table, rn).where(*conds).subquery()
-        rows = await db.rows(
-            sa.select(inner).where(inner.c._rn <= limit).order_by(inner.c[parent], inner.c._rn)
-        )
+        rows = await db.rows(sa.select(inner).where(inner.c._rn <= limit).order_by(inner.c[parent], inner.c._rn))
         grouped = {p: [] for p in parents}
         for r in rows:
             grouped[r[parent]].append(r)
@@ -125,9 +123,7 @@ async def rows_by_parent(
     where: Sequence[sa.ColumnElement[bool]] = (),
 ) -> dict[Hashable, list[sa.RowMapping]]:
     """All children of each parent (for small, bounded sets such as a run's attempts)."""
-    rows = await db.rows(
-        sa.select(table).where(table.c[parent].in_(list(parents)), *where).order_by(table.c[order_by])
-    )
+    rows = await db.rows(sa.select(table).where(table.c[parent].in_(list(parents)), *where).order_by(table.c[order_by]))
     grouped: dict[Hashable, list[sa.RowMapping]] = {p: [] for p in parents}
     for r in rows:
         grouped[r[parent]].append(r)

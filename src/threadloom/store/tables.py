@@ -14,6 +14,7 @@ import typing
 import uuid
 from datetime import datetime
 from enum import Enum
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
@@ -121,7 +122,7 @@ def _column_type(hint: typing.Any) -> sa.types.TypeEngine[typing.Any]:
 def _projection_table(cls: type[Record], name: str) -> sa.Table:
     hints = typing.get_type_hints(cls)
     fks = FOREIGN_KEYS.get(name, {})
-    items: list[sa.SchemaItem] = []
+    items: list[Any] = []
     for f in dataclasses.fields(cls):
         hint, optional = _unwrap(hints[f.name])
         args: list[typing.Any] = [f.name, _column_type(hint)]
