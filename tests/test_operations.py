@@ -74,3 +74,27 @@ def test_token_create_validates_project(database_url: str) -> None:
     assert "no project" in done.stderr
     bad = threadloom(database_url, "token", "create", "--scope", "root")
     assert bad.returncode == 2
+
+
+async def test_graphiql_and_suggestions_only_in_dev_mode(database_url: str, tmp_path: Path) -> None:
+    html = {"accept": "text/html"}
+    prod = ServerProcess(database_url, tmp_path / "prod").wait_ready()
+    try:
+        token = prod.admin_token
+        async with httpx.AsyncClient(base_url=prod.url) as http:
+            assert (await http.get("/graphql", headers=html)).status_code == 401
+            page = await http.get("/graphql", headers={**html, "authorization": f"Bearer {token}"})
+            assert page.status_code == 404
+    finally:
+        prod.stop()
+    dev = ServerProcess(database_url, tmp_path / "dev", env={"THREADLOOM_DEV": "1"}).wait_ready()
+    try:
+        async with httpx.AsyncClient(base_url=dev.url) as http:
+            page = await http.get("/graphql", headers=html)
+            assert page.status_code == 200 and "graphiql" in page.text.lower()
+            typo = await http.post(
+                "/graphql", json={"query": "{ viewer { scopes } }"}, headers={"authorization": f"Bearer {token}"}
+            )
+            assert "Did you mean" in typo.json()["errors"][0]["message"]
+    finally:
+        dev.stop()
