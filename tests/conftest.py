@@ -13,6 +13,7 @@ from tests.support.server import Client, ServerProcess
 from threadloom.config import Settings
 from threadloom.engine.clock import SystemClock
 from threadloom.engine.services import Services
+from threadloom.providers.registry import load_instances
 from threadloom.store.db import Database
 
 ROOT = Path(tempfile.gettempdir()) / "threadloom-tests"
@@ -41,7 +42,9 @@ def data_dir(tmp_path: Path) -> Path:
 async def services(database_url: str, data_dir: Path) -> AsyncIterator[Services]:
     settings = Settings.from_env(data_dir=str(data_dir))
     db = Database.from_url(database_url)
-    yield Services.build(settings, db, SystemClock(), ["scripted"])
+    services = Services.build(settings, db, SystemClock(), load_instances(None))
+    yield services
+    await services.stop()
     await db.dispose()
 
 
@@ -50,6 +53,7 @@ def server(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
     proc = ServerProcess(database_url, data_dir).wait_ready()
     yield proc
     proc.stop()
+    print("\n".join(proc.log[-60:]))  # shown by pytest only when the test fails
 
 
 @pytest.fixture

@@ -17,10 +17,9 @@ from threadloom.api.schema import build_schema
 from threadloom.config import Settings
 from threadloom.engine.clock import Clock, SystemClock
 from threadloom.engine.services import Services
+from threadloom.providers.registry import load_instances
 from threadloom.store import migrate
 from threadloom.store.db import Database
-
-PROVIDER_INSTANCES = ["scripted"]
 
 
 async def open_services(settings: Settings, database_url: str, clock: Clock | None = None) -> Services:
@@ -31,7 +30,7 @@ async def open_services(settings: Settings, database_url: str, clock: Clock | No
     except BaseException:
         await db.dispose()
         raise
-    return Services.build(settings, db, clock or SystemClock(), PROVIDER_INSTANCES)
+    return Services.build(settings, db, clock or SystemClock(), load_instances(settings.providers_file))
 
 
 def create_app(settings: Settings, database_url: str, clock: Clock | None = None) -> Starlette:
@@ -40,6 +39,7 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         services = await open_services(settings, database_url, clock)
+        await services.start()
         holder["services"] = services
         view = GraphQLView(services, build_schema(settings.limits, dev=settings.dev))
         endpoint = Gate(view, services)
@@ -47,6 +47,7 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         try:
             yield
         finally:
+            await services.stop()
             await services.db.dispose()
 
     async def healthz(request: Request) -> JSONResponse:

@@ -2,7 +2,7 @@
 
 `DATABASE_URL` (external PostgreSQL; absent → embedded server in the data dir),
 `THREADLOOM_DATA_DIR`, `BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_HOST`/`PORT`,
-`THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`.
+`THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`, `THREADLOOM_PROVIDERS` (provider instances, TOML).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "INFO"
     default_provider_instance: str = "scripted"
+    providers_file: Path | None = None
     limits: Limits = dataclasses.field(default_factory=Limits)
 
     @classmethod
@@ -50,6 +51,7 @@ class Settings:
             "dev": _flag(env.get("THREADLOOM_DEV")),
             "allowed_origins": tuple(o for o in env.get("THREADLOOM_ALLOWED_ORIGINS", "").split(",") if o),
             "log_level": env.get("THREADLOOM_LOG_LEVEL", "INFO"),
+            "providers_file": Path(env["THREADLOOM_PROVIDERS"]) if env.get("THREADLOOM_PROVIDERS") else None,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import strawberry
 
+from threadloom.domain import runs as r
 from threadloom.domain import statuses as s
 
 for _enum in (
+    r.AppliedDispatch,
     s.RunStatus,
     s.ThreadStatus,
     s.AttemptReason,
@@ -62,3 +64,4 @@ ResponseCapability = s.ResponseCapability
 PlanKind = s.PlanKind
 PlanStatus = s.PlanStatus
 TokenScope = s.TokenScope
+AppliedDispatch = r.AppliedDispatch

@@ -69,7 +69,7 @@ class Gate:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 ms = (time.perf_counter() - started) * 1000
-                timing = f'sql;dur={ms:.1f};desc="{counter.statements} statements"'.encode()
+                timing = f'app;dur={ms:.1f}, sql;desc="{counter.statements} statements"'.encode()
                 message["headers"] = [*message.get("headers", []), (b"server-timing", timing)]
             await send(message)
 

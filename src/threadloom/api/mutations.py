@@ -10,9 +10,12 @@ import strawberry
 
 from threadloom.api import ids as gid
 from threadloom.api.context import Info
+from threadloom.api.enums import AppliedDispatch
 from threadloom.api.errors import UserError
-from threadloom.api.types import Project, Thread
+from threadloom.api.types import ConversationMessage, Project, Run, Thread
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.runs import DispatchMode
+from threadloom.engine.runs import Sent
 
 T = TypeVar("T")
 MAX_KEY = 200
@@ -165,3 +168,105 @@ async def _thread_payload(
     return ThreadPayload(
         thread=await _load(info, Thread, thread_id), user_errors=errors, client_mutation_id=client_mutation_id
     )
+
+
+@strawberry.input(description="How to treat a steer of the active run.")
+class SteerActiveInput:
+    target_run_id: strawberry.ID
+    expected_attempt_id: strawberry.ID | None = None
+
+
+@strawberry.input
+class RestartActiveInput:
+    target_run_id: strawberry.ID
+
+
+@strawberry.input(one_of=True, description="Exactly one field. Absent means `auto`.")
+class DispatchInput:
+    auto: bool | None = strawberry.UNSET
+    start_immediately: bool | None = strawberry.UNSET
+    queue_after_active: bool | None = strawberry.UNSET
+    steer_active: SteerActiveInput | None = strawberry.UNSET
+    restart_active: RestartActiveInput | None = strawberry.UNSET
+
+
+def dispatch_mode(dispatch: DispatchInput | None) -> DispatchMode:
+    if dispatch is None:
+        return DispatchMode.AUTO
+    for name, mode in (
+        ("auto", DispatchMode.AUTO),
+        ("start_immediately", DispatchMode.START_IMMEDIATELY),
+        ("queue_after_active", DispatchMode.QUEUE_AFTER_ACTIVE),
+        ("steer_active", DispatchMode.STEER_ACTIVE),
+        ("restart_active", DispatchMode.RESTART_ACTIVE),
+    ):
+        value = getattr(dispatch, name)
+        if value is not strawberry.UNSET and value is not None and value is not False:
+            return mode
+    return DispatchMode.AUTO
+
+
+@strawberry.input
+class SendMessageInput:
+    thread_id: strawberry.ID
+    text: str
+    dispatch: DispatchInput | None = None
+    provider_instance_id: str | None = None
+    model: str | None = None
+    client_message_id: str | None = strawberry.field(
+        default=None, description="Idempotency key: the same id on the same thread returns the same run."
+    )
+
+
+@strawberry.type
+class SendMessagePayload:
+    run: Run | None
+    message: ConversationMessage | None
+    applied_dispatch: AppliedDispatch | None
+    user_errors: list[UserError]
+    client_message_id: str | None
+
+
+@strawberry.input
+class ResumeQueueInput:
+    thread_id: strawberry.ID
+    client_mutation_id: str | None = None
+
+
+@strawberry.type
+class RunMutation:
+    @strawberry.mutation(description="Send a user message: it starts a run now or queues it (see `dispatch`).")
+    async def send_message(self, info: Info, input: SendMessageInput) -> SendMessagePayload:
+        ctx = info.context
+
+        async def act() -> Sent:
+            if input.client_message_id is not None:
+                _key(input.client_message_id)
+            return await ctx.services.runs.send_message(
+                ctx.principal,
+                gid.decode_as(input.thread_id, "Thread", "threadId"),
+                text=input.text,
+                mode=dispatch_mode(input.dispatch),
+                provider_instance_id=input.provider_instance_id,
+                model=input.model,
+                client_message_id=input.client_message_id,
+            )
+
+        sent, errors = await _attempt(act)
+        return SendMessagePayload(
+            run=await _load(info, Run, sent.run_id if sent else None),
+            message=await _load(info, ConversationMessage, sent.message_id if sent else None),
+            applied_dispatch=sent.applied if sent else None,
+            user_errors=errors,
+            client_message_id=input.client_message_id,
+        )
+
+    @strawberry.mutation(description="Release a held queue: the next queued run starts if nothing runs.")
+    async def resume_queue(self, info: Info, input: ResumeQueueInput) -> ThreadPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            thread_id = gid.decode_as(input.thread_id, "Thread", "threadId")
+            return await ctx.services.runs.resume_queue(ctx.principal, thread_id, _key(input.client_mutation_id))
+
+        return await _thread_payload(info, act, input.client_mutation_id)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import functools
 
 import strawberry
+import strawberry.tools
 from strawberry.extensions import AddValidationRules, MaxTokensLimiter, max_aliases, query_depth_limiter
 from strawberry.schema.config import StrawberryConfig
 
 from threadloom.api.errors import CodedErrors, RecordOperation
-from threadloom.api.mutations import Mutation
+from threadloom.api.mutations import Mutation, RunMutation
 from threadloom.api.query import Query
 from threadloom.api.types import NODE_TYPES
 from threadloom.config import Limits
@@ -31,7 +32,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
     limits = limits or Limits()
     return strawberry.Schema(
         query=Query,
-        mutation=Mutation,
+        mutation=strawberry.tools.merge_types("Mutation", (Mutation, RunMutation)),
         types=list(NODE_TYPES.values()),
         extensions=[
             functools.partial(AddValidationRules, _rules(limits.max_depth, limits.max_aliases)),

@@ -30,6 +30,7 @@ class Effect:
     kind: str
     payload: dict[str, Any]
     replay_safe: bool = True
+    affinity: uuid.UUID | None = None  # the worker that must run it while that worker lives
 
 
 @dataclasses.dataclass(slots=True)

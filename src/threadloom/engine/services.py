@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from threadloom.config import Settings
+from threadloom.domain.runs import START_EFFECT
+from threadloom.domain.statuses import RunStatus
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.clock import Clock
-from threadloom.engine.pipeline import Pipeline
+from threadloom.engine.effects import EffectWorker
+from threadloom.engine.ingest import Ingestor
+from threadloom.engine.pipeline import Committed, Pipeline
+from threadloom.engine.recovery import Recovery
+from threadloom.engine.runs import RunEngine
+from threadloom.engine.sessions import LiveSession, SessionManager
+from threadloom.engine.workers import Worker
+from threadloom.providers.registry import InstanceConfig, build_driver
 from threadloom.store.db import Database
+
+log = logging.getLogger("threadloom.services")
 
 
 @dataclasses.dataclass(slots=True)
@@ -18,11 +30,60 @@ class Services:
     clock: Clock
     pipeline: Pipeline
     catalog: Catalog
+    worker: Worker
+    sessions: SessionManager
+    runs: RunEngine
+    effects: EffectWorker
+    recovery: Recovery
+    started: bool = False
 
     @classmethod
-    def build(cls, settings: Settings, db: Database, clock: Clock, provider_instances: list[str]) -> Services:
+    def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
         pipeline = Pipeline(db, clock)
         catalog = Catalog(
-            pipeline, provider_instances=provider_instances, default_instance=settings.default_provider_instance
+            pipeline, provider_instances=list(instances), default_instance=settings.default_provider_instance
         )
-        return cls(settings, db, clock, pipeline, catalog)
+        worker = Worker(db, clock)
+        drivers = {name: build_driver(config, settings.data_dir) for name, config in instances.items()}
+        sessions = SessionManager(pipeline, drivers, worker.id)
+        run_engine = RunEngine(pipeline, sessions)
+        effects = EffectWorker(db, clock, worker.id)
+        effects.handlers[START_EFFECT] = run_engine.start_turn
+        recovery = Recovery(pipeline, run_engine, worker.id)
+        services = cls(settings, db, clock, pipeline, catalog, worker, sessions, run_engine, effects, recovery)
+
+        async def wake(committed: Committed) -> None:
+            if committed.effects:
+                effects.wake.set()
+
+        async def open_ingest(session: LiveSession) -> None:
+            import asyncio
+
+            ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost)
+            session.task = asyncio.create_task(ingestor.run(), name=f"ingest-{session.instance_id}")
+
+        pipeline.listeners.append(wake)
+        sessions.on_open = open_ingest
+        return services
+
+    async def start(self) -> None:
+        """Become a live worker, recover what lost workers left, then take effects."""
+        await self.worker.start()
+        await self.recovery.recover()
+        self.effects.start()
+        self.recovery.start()
+        self.started = True
+
+    async def stop(self) -> None:
+        if not self.started:
+            return
+        await self.recovery.stop()
+        await self.effects.stop()
+        for session in list(self.sessions.live.values()):
+            for binding in list(session.bindings.values()):
+                await self.runs.finish(
+                    binding.run_id, RunStatus.FAILED, "server_stopped", attempt_id=binding.attempt_id
+                )
+        await self.sessions.close_all()
+        await self.worker.stop()
+        self.started = False

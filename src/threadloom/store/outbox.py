@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from threadloom.domain.changes import Effect
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
+from threadloom.store.workers import alive_sql
 
 
 async def enqueue(
@@ -34,7 +35,73 @@ async def enqueue(
                 "available_at": now,
                 "command_id": command_id,
                 "created_at": now,
+                "affinity": e.affinity,
             }
             for e in effects
         ],
+    )
+
+
+_CLAIM = sa.text(
+    """
+    WITH next AS (
+      SELECT e.id FROM effects e
+      WHERE e.status = 'pending' AND e.available_at <= :now
+        AND (e.affinity IS NULL OR e.affinity = :me OR NOT EXISTS (
+              SELECT 1 FROM workers w WHERE w.id = e.affinity AND """
+    + alive_sql("w")
+    + """))
+        AND NOT EXISTS (SELECT 1 FROM effects r WHERE r.thread_id = e.thread_id AND r.status = 'running')
+        AND NOT EXISTS (SELECT 1 FROM effects p WHERE p.thread_id = e.thread_id AND p.status = 'pending'
+                        AND p.id < e.id)
+      ORDER BY e.id
+      LIMIT 1
+      FOR UPDATE SKIP LOCKED
+    )
+    UPDATE effects SET status = 'running', lease_owner = :me, lease_expires_at = :lease,
+                       attempts = effects.attempts + 1
+    FROM next WHERE effects.id = next.id
+    RETURNING effects.id, effects.thread_id, effects.kind, effects.payload, effects.attempts, effects.replay_safe
+    """
+)
+
+
+async def claim(db: Reader, worker_id: uuid.UUID, now: datetime, lease: datetime) -> sa.RowMapping | None:
+    """Take the next runnable effect: oldest first, one at a time per thread, respecting affinity."""
+    return await db.one_or_none(_CLAIM, {"now": now, "me": worker_id, "lease": lease})
+
+
+async def finish(db: Reader, effect_id: int, now: datetime, *, status: str = "done", error: str | None = None) -> None:
+    await db.execute(
+        sa.update(t.effects)
+        .where(t.effects.c.id == effect_id)
+        .values(status=status, completed_at=now, last_error=error, lease_owner=None, lease_expires_at=None)
+    )
+
+
+async def retry_later(db: Reader, effect_id: int, error: str, available_at: datetime) -> None:
+    await db.execute(
+        sa.update(t.effects)
+        .where(t.effects.c.id == effect_id)
+        .values(status="pending", available_at=available_at, last_error=error, lease_owner=None, lease_expires_at=None)
+    )
+
+
+async def orphaned(db: Reader) -> list[sa.RowMapping]:
+    """Running effects whose worker is gone (its advisory lock vanished with its connection)."""
+    return await db.rows(
+        sa.text(
+            "SELECT e.id, e.thread_id, e.kind, e.payload, e.replay_safe FROM effects e "
+            "WHERE e.status = 'running' AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id::text = e.lease_owner AND "
+            + alive_sql("w")
+            + ") FOR UPDATE OF e SKIP LOCKED"
+        )
+    )
+
+
+async def pending_for_run(db: Reader, run_id: uuid.UUID) -> list[sa.RowMapping]:
+    return await db.rows(
+        sa.select(t.effects.c.id, t.effects.c.kind, t.effects.c.status).where(
+            t.effects.c.payload["runId"].astext == str(run_id), t.effects.c.status.in_(["pending", "running"])
+        )
     )

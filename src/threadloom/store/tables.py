@@ -228,6 +228,8 @@ effects = sa.Table(
     sa.Column("command_id", sa.Text(), nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("completed_at", sa.DateTime(timezone=True), nullable=True),
+    # Work for a live provider runtime goes to the worker that owns it while that worker lives.
+    sa.Column("affinity", sa.Uuid(), nullable=True),
     sa.CheckConstraint(f"status IN ({_effect_statuses})", name="status_valid"),
     sa.Index("ix_effects_claimable", "available_at", "id", postgresql_where=sa.text("status = 'pending'")),
     sa.Index(None, "thread_id", "id"),
@@ -245,4 +247,19 @@ api_tokens = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint(f"scope IN ({_scopes})", name="scope_valid"),
+)
+
+# One row per server process. A worker is alive while it holds its PostgreSQL advisory
+# lock (classid WORKER_LOCK_SPACE, objid lock_no): the lock vanishes with the process's
+# connection, so a crash is visible at once, without waiting for a lease to run out.
+WORKER_LOCK_SPACE = 0x746C
+workers = sa.Table(
+    "workers",
+    metadata,
+    sa.Column("id", sa.Uuid(), primary_key=True),
+    sa.Column("lock_no", sa.Integer(), sa.Identity(), nullable=False, unique=True),
+    sa.Column("host", sa.Text(), nullable=False),
+    sa.Column("pid", sa.Integer(), nullable=False),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("stopped_at", sa.DateTime(timezone=True), nullable=True),
 )

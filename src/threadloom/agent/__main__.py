@@ -1,0 +1,3 @@
+from threadloom.agent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""The directive language: a user message becomes a typed script before anything runs.
+
+Parsing the whole message up front means a typo (`@repy`) fails the turn before any side effect happens,
+instead of half-running a script.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reply:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Delay:
+    ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tool:
+    command: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Write:
+    path: str
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Approval:
+    command: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ask:
+    question: str
+    options: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Todo:
+    steps: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Subagent:
+    prompt: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fail:
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Crash:
+    pass
+
+
+Directive = Reply | Delay | Tool | Write | Approval | Ask | Todo | Plan | Subagent | Fail | Crash
+
+
+_LINE = re.compile(r"@(\S*)\s*(.*)", re.DOTALL)
+
+
+class DirectiveError(ValueError):
+    """A line that starts with `@` but is not a well-formed directive."""
+
+
+def parse(message: str) -> list[Directive]:
+    """The message's directives in order; a message without any is an echo (`You said: …`).
+
+    Lines that do not start with `@` are the prompt and do not run.
+    """
+    return _directives(message) or [Reply(f"You said: {message.strip()}")]
+
+
+def parse_steer(text: str) -> list[Directive]:
+    """A steering message's directives; plain text is acknowledged with `Steered: <text>`."""
+    return _directives(text) or [Reply(f"Steered: {text.strip()}")]
+
+
+def chunks(text: str) -> list[str]:
+    """One word per chunk with its surrounding whitespace kept, so the chunks join back to `text` exactly."""
+    parts = re.findall(r"\s*\S+\s*", text)
+    if not parts and text:
+        return [text]
+    return parts
+
+
+def _directives(message: str) -> list[Directive]:
+    directives: list[Directive] = []
+    for number, raw in enumerate(message.splitlines(), start=1):
+        line = raw.strip()
+        if not line.startswith("@"):
+            continue
+        match = _LINE.fullmatch(line)
+        if match is None:
+            continue
+        try:
+            directives.append(_directive(match[1], match[2]))
+        except DirectiveError as exc:
+            raise DirectiveError(f"line {number}: {exc}") from None
+    return directives
+
+
+def _directive(name: str, arg: str) -> Directive:
+    match name:
+        case "reply":
+            return Reply(arg)
+        case "delay":
+            if not (arg.isascii() and arg.isdigit()):
+                raise DirectiveError(f"@delay needs a whole number of milliseconds, got {arg!r}")
+            return Delay(int(arg))
+        case "tool":
+            return Tool(_required(name, arg, "a command"))
+        case "write":
+            path, _, text = _required(name, arg, "a path").partition(" ")
+            return Write(path, text.strip())
+        case "approval":
+            return Approval(_required(name, arg, "a command"))
+        case "ask":
+            question, *options = (part.strip() for part in _required(name, arg, "a question").split("|"))
+            if not question:
+                raise DirectiveError("@ask needs a question")
+            return Ask(question, tuple(option for option in options if option))
+        case "todo":
+            steps = tuple(step.strip() for step in arg.split(";") if step.strip())
+            if not steps:
+                raise DirectiveError("@todo needs at least one step")
+            return Todo(steps)
+        case "plan":
+            return Plan(arg)
+        case "subagent":
+            return Subagent(_required(name, arg, "a prompt"))
+        case "fail":
+            return Fail(arg or "failed")
+        case "crash":
+            return Crash()
+        case _:
+            raise DirectiveError(f"unknown directive @{name}")
+
+
+def _required(name: str, arg: str, what: str) -> str:
+    if not arg:
+        raise DirectiveError(f"@{name} needs {what}")
+    return arg

@@ -1,0 +1,307 @@
+"""The JSON-lines loop: reads client messages, answers requests, runs turns as tasks.
+
+Requests are handled one at a time in the read loop (each handler is quick); turns run as their own tasks, so
+turns of different threads stream concurrently while the loop keeps reading (an interrupt, an approval answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from threadloom.agent import VERSION
+from threadloom.agent.state import StateError, StateStore, ThreadRecord, TurnRecord
+from threadloom.agent.turns import Io, Turn, TurnResult
+from threadloom.agent.wire import (
+    CAPABILITY_OFF,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    NO_THREAD,
+    NOT_RUNNING_TURN,
+    PARSE_ERROR,
+    TURN_RUNNING,
+    LineReader,
+    LineWriter,
+    Message,
+    Peer,
+    RpcError,
+)
+
+log = logging.getLogger("threadloom.agent")
+
+SERVER_NAME = "threadloom-scripted"
+SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Options:
+    state_dir: Path
+    chunk_delay_ms: int
+    capabilities: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answer:
+    """A handler's result, and what must happen only after the response is on the wire."""
+
+    result: Message
+    then: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class Session:
+    """A thread this process has started or resumed."""
+
+    record: ThreadRecord
+    active: Turn | None = None
+
+
+class Server:
+    def __init__(self, options: Options, writer: LineWriter) -> None:
+        self.options = options
+        self.writer = writer
+        self.store = StateStore(options.state_dir)
+        self.peer = Peer(writer)
+        self.sessions: dict[str, Session] = {}
+        # Unique across processes too: a resumed thread's new items must not reuse its old items' ids.
+        self.io = Io(writer, self.peer, lambda: f"item-{uuid.uuid4()}")
+        self.handlers: dict[str, Callable[[Message], Answer]] = {
+            "initialize": self._initialize,
+            "thread/start": self._thread_start,
+            "thread/resume": self._thread_resume,
+            "thread/read": self._thread_read,
+            "turn/start": self._turn_start,
+            "turn/steer": self._turn_steer,
+            "turn/interrupt": self._turn_interrupt,
+        }
+
+    async def serve(self, reader: LineReader) -> None:
+        """Runs until stdin closes, then interrupts whatever is still running."""
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError as exc:
+                await self._error(None, PARSE_ERROR, f"unreadable line: {exc}")
+                continue
+            if line is None:
+                break
+            await self._handle_line(line)
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        turns = [session.active for session in self.sessions.values() if session.active is not None]
+        for turn in turns:
+            turn.interrupt()
+        tasks = [turn.task for turn in turns if turn.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
+            for task in pending:
+                task.cancel()
+
+    async def _handle_line(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            message = json.loads(line)
+        except ValueError as exc:
+            await self._error(None, PARSE_ERROR, f"invalid JSON: {exc}")
+            return
+        if not isinstance(message, dict):
+            await self._error(None, INVALID_REQUEST, "a message must be a JSON object")
+            return
+        if "method" not in message:
+            if "id" in message:
+                self.peer.resolve(message)
+            else:
+                log.warning("message without method or id ignored")
+            return
+        if "id" not in message:
+            log.info("client notification %r ignored", message.get("method"))
+            return
+        await self._handle_request(message)
+
+    async def _handle_request(self, message: Message) -> None:
+        request_id = message["id"]
+        method = message["method"]
+        handler = self.handlers.get(method) if isinstance(method, str) else None
+        params = message.get("params")
+        try:
+            if handler is None:
+                raise RpcError(METHOD_NOT_FOUND, f"unknown method {method}")
+            if params is None:
+                params = {}
+            if not isinstance(params, dict):
+                raise RpcError(INVALID_PARAMS, "params must be an object")
+            answer = handler(params)
+        except RpcError as exc:
+            await self._error(request_id, exc.code, exc.message)
+            return
+        except Exception as exc:
+            log.exception("%s failed", method)
+            await self._error(request_id, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        await self.writer.send({"id": request_id, "result": answer.result})
+        if answer.then is not None:
+            await answer.then()
+
+    async def _error(self, request_id: Any, code: int, message: str) -> None:
+        await self.writer.send({"id": request_id, "error": {"code": code, "message": message}})
+
+    async def _notify(self, method: str, params: Message) -> None:
+        await self.writer.send({"method": method, "params": params})
+
+    # --- methods ---
+
+    def _initialize(self, params: Message) -> Answer:
+        capabilities = dict(self.options.capabilities)
+        return Answer({"serverInfo": {"name": SERVER_NAME, "version": VERSION}, "capabilities": capabilities})
+
+    def _thread_start(self, params: Message) -> Answer:
+        cwd = params.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise RpcError(INVALID_PARAMS, "cwd must be a string")
+        record = ThreadRecord(str(uuid.uuid4()), os.path.abspath(cwd or os.getcwd()))
+        self.store.save(record)
+        self.sessions[record.id] = Session(record)
+        started = {"threadId": record.id, "thread": {"id": record.id}}
+        return Answer({"thread": {"id": record.id, "cwd": record.cwd}}, lambda: self._notify("thread/started", started))
+
+    def _thread_resume(self, params: Message) -> Answer:
+        thread_id = _str_param(params, "threadId")
+        session = self.sessions.get(thread_id)
+        if session is None:
+            record = self._load(thread_id)
+            if record.settle_stale_turns():
+                self.store.save(record)
+            session = self.sessions[thread_id] = Session(record)
+        record = session.record
+        return Answer({"thread": {"id": record.id, "cwd": record.cwd, "turns": len(record.turns)}})
+
+    def _thread_read(self, params: Message) -> Answer:
+        thread_id = _str_param(params, "threadId")
+        session = self.sessions.get(thread_id)
+        if session is not None:
+            record = session.record
+        else:
+            record = self._load(thread_id)
+            record.settle_stale_turns()  # shown as they will be on resume; the file is left alone
+        return Answer({"thread": record.to_json()})
+
+    def _turn_start(self, params: Message) -> Answer:
+        session = self._session(params)
+        if session.active is not None:
+            raise RpcError(TURN_RUNNING, "turn already running")
+        text = _input_text(params)
+        thread = session.record
+        record = TurnRecord(str(uuid.uuid4()), text)
+        thread.turns.append(record)
+        try:
+            self.store.save(thread)
+        except BaseException:
+            thread.turns.pop()
+            raise
+
+        def finish(turn: Turn, result: TurnResult) -> None:
+            record.status = result.status
+            record.output = result.output
+            if session.active is turn:
+                session.active = None
+            try:
+                self.store.save(thread)
+            except (OSError, StateError):
+                log.exception("cannot save thread %s", thread.id)
+
+        turn = Turn(
+            self.io,
+            thread_id=thread.id,
+            cwd=thread.cwd,
+            turn_id=record.id,
+            text=text,
+            delay_ms=self.options.chunk_delay_ms,
+            on_finish=finish,
+        )
+        session.active = turn
+        return Answer({"turn": {"id": turn.id, "status": "inProgress"}}, turn.begin)
+
+    def _turn_steer(self, params: Message) -> Answer:
+        if not self.options.capabilities.get("supportsActiveSteering"):
+            raise RpcError(CAPABILITY_OFF, "steering is not supported")
+        session = self._session(params)
+        turn = self._running(session, _str_param(params, "expectedTurnId"))
+        text = _input_text(params)
+        turn.steer(text)
+        record = session.record.turns[-1]  # the running turn is always the latest
+        assert record.id == turn.id
+        record.input = f"{record.input}\n{text}" if record.input else text
+        self.store.save(session.record)
+        return Answer({})
+
+    def _turn_interrupt(self, params: Message) -> Answer:
+        if not self.options.capabilities.get("supportsInterrupt"):
+            raise RpcError(CAPABILITY_OFF, "interrupt is not supported")
+        session = self._session(params)
+        turn = self._running(session, _str_param(params, "turnId"))
+
+        async def interrupt() -> None:
+            turn.interrupt()
+
+        return Answer({}, interrupt)
+
+    # --- helpers ---
+
+    def _load(self, thread_id: str) -> ThreadRecord:
+        try:
+            record = self.store.load(thread_id)
+        except StateError as exc:
+            raise RpcError(INTERNAL_ERROR, str(exc)) from exc
+        if record is None:
+            raise RpcError(NO_THREAD, f"no thread {thread_id}")
+        return record
+
+    def _session(self, params: Message) -> Session:
+        """The thread a turn method names; it must have been started or resumed by this process."""
+        thread_id = _str_param(params, "threadId")
+        session = self.sessions.get(thread_id)
+        if session is None:
+            raise RpcError(NO_THREAD, f"no thread {thread_id}")
+        return session
+
+    @staticmethod
+    def _running(session: Session, turn_id: str) -> Turn:
+        turn = session.active
+        if turn is None or turn.closed or turn.id != turn_id:
+            raise RpcError(NOT_RUNNING_TURN, f"turn {turn_id} is not running")
+        return turn
+
+
+def _str_param(params: Message, name: str) -> str:
+    value = params.get(name)
+    if not isinstance(value, str):
+        raise RpcError(INVALID_PARAMS, f"{name} must be a string")
+    return value
+
+
+def _input_text(params: Message) -> str:
+    """The user message: the texts of the input's `text` items, one per line."""
+    items = params.get("input")
+    if not isinstance(items, list):
+        raise RpcError(INVALID_PARAMS, "input must be a list")
+    texts: list[str] = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise RpcError(INVALID_PARAMS, "input items must be objects")
+        if item.get("type") == "text":
+            text = item.get("text")
+            if not isinstance(text, str):
+                raise RpcError(INVALID_PARAMS, "a text input item needs a string text")
+            texts.append(text)
+    return "\n".join(texts)

@@ -1,0 +1,94 @@
+"""The state folder: one JSON file per thread, so a new process can resume what a crashed one started.
+
+Every write goes to a temporary file that then replaces the real one, so a crash (or `kill -9`) at any moment
+leaves either the old or the new version on disk, never a torn file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+IN_PROGRESS = "inProgress"
+INTERRUPTED = "interrupted"
+
+# Thread ids come from clients on resume/read; only plain names may become file names.
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+class StateError(Exception):
+    """A thread file that exists but cannot be read."""
+
+
+@dataclasses.dataclass(slots=True)
+class TurnRecord:
+    id: str
+    input: str
+    output: str = ""
+    status: str = IN_PROGRESS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "input": self.input, "output": self.output, "status": self.status}
+
+
+@dataclasses.dataclass(slots=True)
+class ThreadRecord:
+    id: str
+    cwd: str
+    turns: list[TurnRecord] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "cwd": self.cwd, "turns": [turn.to_json() for turn in self.turns]}
+
+    def settle_stale_turns(self) -> bool:
+        """Marks turns a dead process left `inProgress` as `interrupted`; True if any changed."""
+        changed = False
+        for turn in self.turns:
+            if turn.status == IN_PROGRESS:
+                turn.status = INTERRUPTED
+                changed = True
+        return changed
+
+
+class StateStore:
+    def __init__(self, root: Path) -> None:
+        self.threads_dir = root / "threads"
+        self.threads_dir.mkdir(parents=True, exist_ok=True)
+
+    def load(self, thread_id: str) -> ThreadRecord | None:
+        path = self._path(thread_id)
+        if path is None or not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            turns = [
+                TurnRecord(str(t["id"]), str(t["input"]), str(t["output"]), str(t["status"])) for t in data["turns"]
+            ]
+            return ThreadRecord(str(data["id"]), str(data["cwd"]), turns)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"cannot read thread {thread_id}: {exc}") from exc
+
+    def save(self, thread: ThreadRecord) -> None:
+        path = self._path(thread.id)
+        if path is None:
+            raise StateError(f"unsafe thread id {thread.id!r}")
+        fd, tmp = tempfile.mkstemp(prefix=f".{thread.id}.", suffix=".tmp", dir=self.threads_dir)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(thread.to_json(), f, ensure_ascii=False, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def _path(self, thread_id: str) -> Path | None:
+        if not _SAFE_ID.fullmatch(thread_id):
+            return None
+        return self.threads_dir / f"{thread_id}.json"

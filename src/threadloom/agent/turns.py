@@ -1,0 +1,356 @@
+"""One turn: runs the message's directives in order and streams what a Codex turn would stream.
+
+The directives run in their own task so an interrupt is a plain cancellation: it lands at whatever the turn is
+awaiting (a chunk pause, a `@delay`, a command's output, a client's answer), the running command's process group
+is killed on the way out, and the turn then reports `interrupted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from threadloom.agent import shell, workspace
+from threadloom.agent.directives import (
+    Approval,
+    Ask,
+    Crash,
+    Delay,
+    Directive,
+    DirectiveError,
+    Fail,
+    Plan,
+    Reply,
+    Subagent,
+    Todo,
+    Tool,
+    Write,
+    chunks,
+    parse,
+    parse_steer,
+)
+from threadloom.agent.wire import LineWriter, Message, Peer, PeerError
+
+log = logging.getLogger("threadloom.agent")
+
+CRASH_EXIT_CODE = 17
+
+APPROVED = {"accept", "acceptForSession"}
+
+
+class TurnFailed(Exception):
+    """`@fail` (or a malformed script): the turn ends with status `failed` and this message."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnResult:
+    status: str
+    error: str | None
+    output: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Io:
+    """What every turn of the process shares: the output stream, the client as a callee, and item ids."""
+
+    writer: LineWriter
+    peer: Peer
+    new_item_id: Callable[[], str]
+
+
+class Turn:
+    """A running turn; the server holds it until it ends so steering and interrupts can reach it."""
+
+    def __init__(
+        self,
+        io: Io,
+        *,
+        thread_id: str,
+        cwd: str,
+        turn_id: str,
+        text: str,
+        delay_ms: int,
+        on_finish: Callable[[Turn, TurnResult], None],
+    ) -> None:
+        self.io = io
+        self.thread_id = thread_id
+        self.cwd = cwd
+        self.id = turn_id
+        self.task: asyncio.Task[None] | None = None
+        # True once no directive can run any more; steering and interrupts are then refused.
+        self.closed = False
+        self._delay_ms = delay_ms
+        self._on_finish = on_finish
+        self._planned: deque[Directive] = deque()
+        self._steered: deque[Directive] = deque()
+        self._parse_error: str | None = None
+        self._messages: list[str] = []
+        self._work: asyncio.Task[None] | None = None
+        self._interrupted = False
+        try:
+            self._planned.extend(parse(text))
+        except DirectiveError as exc:
+            self._parse_error = str(exc)
+
+    async def begin(self) -> None:
+        """Announces the turn and starts it; called once the `turn/start` response is out."""
+        await self._send("turn/started", {"threadId": self.thread_id, "turn": {"id": self.id}})
+        self._work = asyncio.create_task(self._execute(), name=f"turn-{self.id}-work")
+        self.task = asyncio.create_task(self._conclude(), name=f"turn-{self.id}")
+
+    def steer(self, text: str) -> None:
+        """Queues the steering message's directives to run after the current directive."""
+        try:
+            directives = parse_steer(text)
+        except DirectiveError as exc:
+            directives = [Fail(str(exc))]
+        self._steered.extend(directives)
+
+    def interrupt(self) -> None:
+        if self._work is not None and not self._interrupted:
+            self._interrupted = True
+            self._work.cancel()
+
+    async def _conclude(self) -> None:
+        assert self._work is not None
+        try:
+            await asyncio.wait([self._work])
+        except asyncio.CancelledError:
+            self._work.cancel()
+            raise
+        self.closed = True
+        result = self._result(self._work)
+        self._on_finish(self, result)
+        error = None if result.error is None else {"message": result.error}
+        await self._send(
+            "turn/completed",
+            {"threadId": self.thread_id, "turn": {"id": self.id, "status": result.status, "error": error}},
+        )
+
+    def _result(self, work: asyncio.Task[None]) -> TurnResult:
+        output = "\n".join(self._messages)
+        if work.cancelled():
+            return TurnResult("interrupted", None, output)
+        exc = work.exception()
+        if exc is None:
+            return TurnResult("completed", None, output)
+        if not isinstance(exc, TurnFailed):
+            log.error("turn %s broke", self.id, exc_info=exc)
+        return TurnResult("failed", str(exc) or type(exc).__name__, output)
+
+    async def _execute(self) -> None:
+        try:
+            if self._parse_error is not None:
+                raise TurnFailed(self._parse_error)
+            previous: Directive | None = None
+            while (directive := self._next()) is not None:
+                # `@delay` has just waited; the pause it sets starts between the directives after it.
+                if previous is not None and not isinstance(previous, Delay):
+                    await self._pause()
+                await self._perform(directive)
+                previous = directive
+        finally:
+            self.closed = True
+
+    def _next(self) -> Directive | None:
+        if self._steered:
+            return self._steered.popleft()
+        if self._planned:
+            return self._planned.popleft()
+        return None
+
+    async def _perform(self, directive: Directive) -> None:
+        match directive:
+            case Reply(text):
+                await self._reply(self.id, text)
+            case Delay(ms):
+                self._delay_ms = ms
+                await asyncio.sleep(ms / 1000)
+            case Tool(command):
+                await self._tool(command, self.io.new_item_id())
+            case Write(path, text):
+                await self._write(path, text)
+            case Approval(command):
+                await self._approval(command)
+            case Ask(question, options):
+                await self._ask(question, options)
+            case Todo(steps):
+                await self._todo(steps)
+            case Plan(text):
+                await self._plan(text)
+            case Subagent(prompt):
+                await self._subagent(prompt)
+            case Fail(message):
+                raise TurnFailed(message)
+            case Crash():
+                os._exit(CRASH_EXIT_CODE)
+
+    async def _pause(self) -> None:
+        # Even a zero pause yields, so requests (an interrupt) are read between chunks.
+        await asyncio.sleep(self._delay_ms / 1000)
+
+    async def _reply(self, turn_id: str, text: str) -> None:
+        item_id = self.io.new_item_id()
+        item = {"type": "agentMessage", "id": item_id, "text": ""}
+        await self._notify("item/started", turn_id, item=item)
+        for index, chunk in enumerate(chunks(text)):
+            if index:
+                await self._pause()
+            await self._notify("item/agentMessage/delta", turn_id, itemId=item_id, delta=chunk)
+        await self._notify("item/completed", turn_id, item={**item, "text": text})
+        if turn_id == self.id:
+            self._messages.append(text)
+
+    async def _tool(self, command: str, item_id: str) -> None:
+        item: Message = {
+            "type": "commandExecution",
+            "id": item_id,
+            "command": command,
+            "cwd": self.cwd,
+            "status": "inProgress",
+            "exitCode": None,
+            "aggregatedOutput": None,
+        }
+        await self._notify("item/started", self.id, item=item)
+        output: list[str] = []
+
+        async def on_output(text: str) -> None:
+            output.append(text)
+            await self._notify("item/commandExecution/outputDelta", self.id, itemId=item_id, delta=text)
+
+        exit_code: int | None
+        try:
+            exit_code = await shell.run(command, self.cwd, on_output)
+        except OSError as exc:
+            exit_code = None
+            output.append(f"cannot run command: {exc}\n")
+        status = "completed" if exit_code == 0 else "failed"
+        done = {**item, "status": status, "exitCode": exit_code, "aggregatedOutput": "".join(output)}
+        await self._notify("item/completed", self.id, item=done)
+
+    async def _write(self, path: str, text: str) -> None:
+        item_id = self.io.new_item_id()
+        try:
+            target = workspace.resolve(self.cwd, path)
+        except workspace.EscapeError as exc:
+            log.warning("@write refused: %s", exc)
+            target = None
+        kind = "update" if target is not None and target.exists() else "add"
+        item = {
+            "type": "fileChange",
+            "id": item_id,
+            "changes": [{"path": workspace.display_path(self.cwd, path), "kind": kind}],
+            "status": "inProgress",
+        }
+        await self._notify("item/started", self.id, item=item)
+        status = "failed"
+        if target is not None:
+            try:
+                workspace.write(target, text)
+                status = "completed"
+            except OSError as exc:
+                log.warning("@write %s failed: %s", path, exc)
+        await self._notify("item/completed", self.id, item={**item, "status": status})
+
+    async def _approval(self, command: str) -> None:
+        item_id = self.io.new_item_id()
+        params = {"threadId": self.thread_id, "turnId": self.id, "itemId": item_id, "command": command, "cwd": self.cwd}
+        try:
+            answer = await self.io.peer.request("item/commandExecution/requestApproval", params)
+            decision = answer.get("decision")
+        except PeerError as exc:
+            log.warning("approval request failed (%s); treated as declined", exc)
+            decision = "decline"
+        if decision in APPROVED:
+            await self._tool(command, item_id)
+            return
+        item = {
+            "type": "commandExecution",
+            "id": item_id,
+            "command": command,
+            "cwd": self.cwd,
+            "status": "declined",
+            "exitCode": None,
+            "aggregatedOutput": None,
+        }
+        await self._notify("item/completed", self.id, item=item)
+
+    async def _ask(self, question: str, options: tuple[str, ...]) -> None:
+        questions = [
+            {"id": "q1", "question": question, "options": [{"label": o} for o in options], "isOther": not options}
+        ]
+        params = {
+            "threadId": self.thread_id,
+            "turnId": self.id,
+            "itemId": self.io.new_item_id(),
+            "questions": questions,
+        }
+        try:
+            answer = await self.io.peer.request("item/tool/requestUserInput", params)
+            labels = _answer_labels(answer)
+        except PeerError as exc:
+            log.warning("question request failed (%s); treated as unanswered", exc)
+            labels = []
+        await self._reply(self.id, f"Answer: {', '.join(labels)}")
+
+    async def _todo(self, steps: tuple[str, ...]) -> None:
+        statuses = ["pending"] * len(steps)
+
+        async def update() -> None:
+            plan = [{"step": step, "status": status} for step, status in zip(steps, statuses, strict=True)]
+            await self._notify("turn/plan/updated", self.id, plan=plan)
+
+        await update()
+        for index in range(len(steps)):
+            for status in ("inProgress", "completed"):
+                await self._pause()
+                statuses[index] = status
+                await update()
+
+    async def _plan(self, text: str) -> None:
+        item_id = self.io.new_item_id()
+        item = {"type": "plan", "id": item_id, "text": ""}
+        await self._notify("item/started", self.id, item=item)
+        for index, chunk in enumerate(chunks(text)):
+            if index:
+                await self._pause()
+            await self._notify("item/plan/delta", self.id, itemId=item_id, delta=chunk)
+        await self._notify("item/completed", self.id, item={**item, "text": text})
+
+    async def _subagent(self, prompt: str) -> None:
+        item_id = self.io.new_item_id()
+        child_id = str(uuid.uuid4())
+        item = {"type": "collabAgentToolCall", "id": item_id, "prompt": prompt, "childTurnId": child_id}
+        await self._notify("item/started", self.id, item={**item, "status": "inProgress"})
+        child = {"id": child_id, "parentTurnId": self.id}
+        await self._send("turn/started", {"threadId": self.thread_id, "turn": child})
+        try:
+            await self._reply(child_id, f"Subagent: {prompt}")
+        except asyncio.CancelledError:
+            # An interrupt ends the child turn too, before the parent's.
+            interrupted = {**child, "status": "interrupted", "error": None}
+            await self._send("turn/completed", {"threadId": self.thread_id, "turn": interrupted})
+            raise
+        completed = {**child, "status": "completed", "error": None}
+        await self._send("turn/completed", {"threadId": self.thread_id, "turn": completed})
+        await self._notify("item/completed", self.id, item={**item, "status": "completed"})
+
+    async def _notify(self, method: str, turn_id: str, **fields: Any) -> None:
+        await self._send(method, {"threadId": self.thread_id, "turnId": turn_id, **fields})
+
+    async def _send(self, method: str, params: Message) -> None:
+        await self.io.writer.send({"method": method, "params": params})
+
+
+def _answer_labels(answer: Message) -> list[str]:
+    """The labels answered to `q1`, tolerating a malformed answer (it counts as none)."""
+    answers = answer.get("answers")
+    entry = answers.get("q1") if isinstance(answers, dict) else None
+    labels = entry.get("answers") if isinstance(entry, dict) else None
+    return [str(label) for label in labels] if isinstance(labels, list) else []

@@ -1,0 +1,92 @@
+"""The outbox worker (DESIGN §4): claims effects with `FOR UPDATE SKIP LOCKED` and a lease,
+runs one effect at a time per thread in order, retries with capped exponential backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from threadloom.engine.clock import Clock
+from threadloom.store import outbox
+from threadloom.store.db import Database
+
+log = logging.getLogger("threadloom.effects")
+Handler = Callable[[dict[str, Any]], Awaitable[None]]
+
+LEASE = timedelta(minutes=5)
+BASE_BACKOFF = 0.2
+MAX_BACKOFF = 30.0
+MAX_ATTEMPTS = 8
+IDLE_POLL = 0.2
+
+
+def backoff(attempts: int) -> float:
+    return float(min(MAX_BACKOFF, BASE_BACKOFF * 2 ** max(0, attempts - 1)))
+
+
+class EffectWorker:
+    def __init__(self, db: Database, clock: Clock, worker_id: uuid.UUID, concurrency: int = 4) -> None:
+        self.db = db
+        self.clock = clock
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.handlers: dict[str, Handler] = {}
+        self.wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._loop(), name=f"effects-{i}") for i in range(self.concurrency)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                ran = await self.run_one()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("effect loop error")
+                ran = False
+            if not ran:
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), IDLE_POLL)
+
+    async def run_one(self) -> bool:
+        now = self.clock.now()
+        async with self.db.transaction() as db:
+            effect = await outbox.claim(db, self.worker_id, now, now + LEASE)
+        if effect is None:
+            return False
+        self.wake.set()  # there may be more for other threads
+        handler = self.handlers.get(effect["kind"])
+        try:
+            if handler is None:
+                raise LookupError(f"no handler for effect kind {effect['kind']!r}")
+            await handler(dict(effect["payload"]))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.exception("effect %s (%s) failed", effect["id"], effect["kind"])
+            async with self.db.transaction() as db:
+                if effect["attempts"] >= MAX_ATTEMPTS:
+                    await outbox.finish(db, effect["id"], self.clock.now(), status="failed", error=repr(error))
+                else:
+                    later = self.clock.now() + timedelta(seconds=backoff(effect["attempts"]))
+                    await outbox.retry_later(db, effect["id"], repr(error), later)
+            return True
+        async with self.db.transaction() as db:
+            await outbox.finish(db, effect["id"], self.clock.now())
+        return True

@@ -1,0 +1,443 @@
+"""Provider events become entities: the ingestor of one live runtime.
+
+Events are handled in order. Text and output deltas are coalesced per thread and
+written at most every 50 ms (or before the next structural event of that thread), so
+a streamed reply costs a few transactions, not one per token. Events of a native
+thread with no binding, or of an attempt that is no longer active, are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from threadloom.domain import runs as rules
+from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.entities import (
+    AppThread,
+    ConversationMessage,
+    ExecutionNode,
+    PlanArtifact,
+    ProviderTurn,
+    Run,
+    RunAttempt,
+)
+from threadloom.domain.ids import new_id
+from threadloom.domain.records import Record
+from threadloom.domain.statuses import (
+    AttemptStatus,
+    MessageRole,
+    NodeKind,
+    NodeStatus,
+    PlanKind,
+    PlanStatus,
+    RunStatus,
+)
+from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.engine.sessions import LiveSession, TurnBinding
+from threadloom.providers import contract as ev
+from threadloom.store import entities
+from threadloom.store.db import Reader
+
+log = logging.getLogger("threadloom.ingest")
+COALESCE_SECONDS = 0.05
+MAX_OUTPUT = 64 * 1024
+
+_NODE_KIND: dict[str, NodeKind] = {
+    "assistant_message": NodeKind.ASSISTANT_MESSAGE,
+    "tool_call": NodeKind.TOOL_CALL,
+    "file_change": NodeKind.TOOL_CALL,
+    "plan": NodeKind.PLAN,
+    "reasoning": NodeKind.REASONING,
+    "subagent": NodeKind.SUBAGENT,
+    "other": NodeKind.SYSTEM,
+}
+_ITEM_STATUS = {
+    "completed": NodeStatus.COMPLETED,
+    "failed": NodeStatus.FAILED,
+    "declined": NodeStatus.CANCELLED,
+    "interrupted": NodeStatus.INTERRUPTED,
+}
+_TURN_STATUS = {"completed": RunStatus.COMPLETED, "failed": RunStatus.FAILED, "interrupted": RunStatus.INTERRUPTED}
+Delta = ev.TextDelta | ev.OutputDelta
+
+
+class _Batch:
+    """Entities changed while applying some events in one transaction (latest state wins)."""
+
+    def __init__(self, db: Reader) -> None:
+        self.db = db
+        self.cache: dict[uuid.UUID, Record] = {}
+        self.outcome = Outcome()
+
+    async def get(self, cls: type[Any], entity_id: uuid.UUID | None) -> Any:
+        if entity_id is None:
+            return None
+        if entity_id in self.cache:
+            return self.cache[entity_id]
+        found = await entities.get(self.db, cls, entity_id)
+        if found is not None:
+            self.cache[entity_id] = found
+        return found
+
+    def put(self, event_type: str, entity: Record, *, node_id: uuid.UUID | None = None) -> None:
+        self.cache[entity.id] = entity
+        self.outcome.changes.append(Change(event_type, entity, node_id=node_id))
+
+
+class Ingestor:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        session: LiveSession,
+        finish: Callable[..., Any],
+        on_exit: Callable[[LiveSession, str], Any],
+    ) -> None:
+        self.pipeline = pipeline
+        self.session = session
+        self.finish = finish
+        self.on_exit = on_exit
+        self.deltas: dict[str, list[Delta]] = {}
+        self.first_delta_at: float | None = None
+
+    async def run(self) -> None:
+        queue: asyncio.Queue[ev.ProviderEvent] = asyncio.Queue()
+
+        async def pump() -> None:
+            async for event in self.session.runtime.events():
+                await queue.put(event)
+
+        pumper = asyncio.create_task(pump())
+        try:
+            while True:
+                timeout = None
+                if self.first_delta_at is not None:
+                    timeout = max(0.0, self.first_delta_at + COALESCE_SECONDS - time.monotonic())
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout)
+                except TimeoutError:
+                    await self.flush_all()
+                    continue
+                try:
+                    if await self.handle(event):
+                        return
+                except Exception:
+                    log.exception("ingest failed on %s", type(event).__name__)
+        finally:
+            pumper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pumper
+
+    async def handle(self, event: ev.ProviderEvent) -> bool:
+        """Apply one event; True when the runtime is gone."""
+        if isinstance(event, ev.RuntimeExited):
+            await self.flush_all()
+            await self.on_exit(self.session, f"{event.reason} (exit code {event.exit_code})")
+            return True
+        if isinstance(event, ev.TextDelta | ev.OutputDelta):
+            if event.native_thread in self.session.bindings:
+                self.deltas.setdefault(event.native_thread, []).append(event)
+                if self.first_delta_at is None:
+                    self.first_delta_at = time.monotonic()
+            return False
+        native_thread = event.native_thread
+        if native_thread is None or native_thread not in self.session.bindings:
+            log.debug("dropping %s for an unbound thread", type(event).__name__)
+            return False
+        binding = self.session.bindings[native_thread]
+        await self.flush(native_thread)
+        if (
+            isinstance(event, ev.TurnCompleted)
+            and event.parent_turn is None
+            and (binding.native_turn is None or event.native_turn == binding.native_turn)
+        ):
+            self.session.unbind(native_thread)
+            status = _TURN_STATUS.get(event.status, RunStatus.FAILED)
+            hold = f"run failed: {event.error}" if status == RunStatus.FAILED else None
+            await self.finish(
+                binding.run_id,
+                status,
+                event.error if status != RunStatus.COMPLETED else None,
+                hold_reason=hold,
+                attempt_id=binding.attempt_id,
+            )
+            return False
+        if isinstance(event, ev.RequestOpened):
+            await self._apply(binding, [event])
+            await self._decline(event)
+            return False
+        await self._apply(binding, [event])
+        return False
+
+    async def flush_all(self) -> None:
+        for native_thread in list(self.deltas):
+            await self.flush(native_thread)
+        self.first_delta_at = None
+
+    async def flush(self, native_thread: str) -> None:
+        pending = self.deltas.pop(native_thread, None)
+        if not self.deltas:
+            self.first_delta_at = None
+        binding = self.session.bindings.get(native_thread)
+        if pending and binding is not None:
+            await self._apply(binding, pending)
+
+    async def _apply(self, binding: TurnBinding, events: list[Any]) -> None:
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            batch = _Batch(db)
+            attempt = await batch.get(RunAttempt, binding.attempt_id)
+            if attempt is None or attempt.status not in (AttemptStatus.PENDING, AttemptStatus.RUNNING):
+                return Outcome()  # late events of a superseded or finished attempt
+            for event in events:
+                await self._one(batch, binding, event, now)
+            return batch.outcome
+
+        await self.pipeline.execute(Command("ingest", None, None, {}, decide, binding.thread_id))
+
+    async def _one(self, b: _Batch, binding: TurnBinding, event: Any, now: Any) -> None:
+        thread_id, run_id = binding.thread_id, binding.run_id
+        if isinstance(event, ev.TurnStarted):
+            if event.parent_turn is None:
+                binding.native_turn = binding.native_turn or event.native_turn
+                run = await b.get(Run, run_id)
+                attempt = await b.get(RunAttempt, binding.attempt_id)
+                root = await b.get(ExecutionNode, binding.root_node_id)
+                turn = await b.get(ProviderTurn, binding.provider_turn_id)
+                for change in rules.turn_started(run, attempt, root, turn, event.native_turn, now, new_id).changes:
+                    b.put(change.event_type, change.entity, node_id=change.node_id)
+            elif event.native_turn in binding.child_turns:
+                node = await b.get(ExecutionNode, binding.child_turns[event.native_turn])
+                b.put("node.updated", node.evolve(status=NodeStatus.RUNNING, updated_at=now))
+            return
+        if isinstance(event, ev.TurnCompleted):
+            node_id = binding.child_turns.get(event.native_turn)
+            node = await b.get(ExecutionNode, node_id)
+            run = await b.get(Run, run_id)
+            if node is not None and not rules.completes_run(node, run):  # a child's end is only the child's
+                status = _ITEM_STATUS.get(event.status, NodeStatus.FAILED)
+                b.put("node.updated", node.evolve(status=status, updated_at=now, completed_at=now))
+                b.put(
+                    *_activity(thread_id, "subagent.completed", f"subagent turn {event.status}", now, run_id, node.id)
+                )
+            return
+        if isinstance(event, ev.ItemStarted):
+            await self._item_started(b, binding, event, now)
+        elif isinstance(event, ev.TextDelta):
+            await self._text(b, binding, event, now)
+        elif isinstance(event, ev.OutputDelta):
+            node = await b.get(ExecutionNode, binding.items.get(event.item_id))
+            if node is not None:
+                detail = dict(node.detail or {})
+                detail["output"] = (str(detail.get("output", "")) + event.delta)[-MAX_OUTPUT:]
+                b.put("node.updated", node.evolve(detail=detail, updated_at=now), node_id=node.id)
+        elif isinstance(event, ev.ItemCompleted):
+            await self._item_completed(b, binding, event, now)
+        elif isinstance(event, ev.TodoUpdated):
+            await self._todo(b, binding, event, now)
+        elif isinstance(event, ev.RequestOpened):
+            b.put(
+                *_activity(
+                    thread_id,
+                    "runtime.warning",
+                    f"{event.kind} request declined: this server does not answer provider requests yet",
+                    now,
+                    run_id,
+                    binding.root_node_id,
+                    {"request": event.payload},
+                )
+            )
+        elif isinstance(event, ev.Warning):
+            b.put(*_activity(thread_id, "runtime.warning", event.message, now, run_id, None))
+
+    def _parent_of(self, binding: TurnBinding, native_turn: str) -> uuid.UUID:
+        return binding.child_turns.get(native_turn, binding.root_node_id)
+
+    async def _item_started(self, b: _Batch, binding: TurnBinding, event: ev.ItemStarted, now: Any) -> None:
+        parent = self._parent_of(binding, event.native_turn)
+        node = ExecutionNode(
+            id=new_id(),
+            thread_id=binding.thread_id,
+            run_id=binding.run_id,
+            attempt_id=binding.attempt_id,
+            parent_node_id=parent,
+            root_node_id=binding.root_node_id,
+            kind=_NODE_KIND[event.kind],
+            status=NodeStatus.RUNNING,
+            title=event.title,
+            detail=event.detail or None,
+            created_at=now,
+            updated_at=now,
+        )
+        binding.items[event.item_id] = node.id
+        b.put("node.created", node, node_id=node.id)
+        if event.kind == "assistant_message":
+            message = ConversationMessage(
+                id=new_id(),
+                thread_id=binding.thread_id,
+                run_id=binding.run_id,
+                node_id=node.id,
+                role=MessageRole.ASSISTANT,
+                text="",
+                streaming=True,
+                created_at=now,
+                updated_at=now,
+            )
+            binding.messages[event.item_id] = message.id
+            b.put("message.created", message, node_id=node.id)
+        elif event.kind in ("tool_call", "file_change"):
+            b.put(
+                *_activity(
+                    binding.thread_id,
+                    "tool.started",
+                    event.title or event.kind,
+                    now,
+                    binding.run_id,
+                    node.id,
+                    event.detail,
+                )
+            )
+        elif event.kind == "subagent":
+            child = event.detail.get("childTurnId")
+            if child:
+                binding.child_turns[str(child)] = node.id
+            b.put(
+                *_activity(
+                    binding.thread_id, "subagent.started", event.title or "subagent", now, binding.run_id, node.id
+                )
+            )
+        elif event.kind == "plan":
+            plan = PlanArtifact(
+                id=new_id(),
+                thread_id=binding.thread_id,
+                run_id=binding.run_id,
+                node_id=node.id,
+                kind=PlanKind.PROPOSED_PLAN,
+                text="",
+                status=PlanStatus.ACTIVE,
+                created_at=now,
+                updated_at=now,
+            )
+            binding.todo_plans[node.id] = plan.id
+            b.put("plan.created", plan, node_id=node.id)
+
+    async def _text(self, b: _Batch, binding: TurnBinding, event: ev.TextDelta, now: Any) -> None:
+        message = await b.get(ConversationMessage, binding.messages.get(event.item_id))
+        if message is not None:
+            b.put(
+                "message.updated",
+                message.evolve(text=message.text + event.delta, updated_at=now),
+                node_id=message.node_id,
+            )
+            return
+        node_id = binding.items.get(event.item_id)
+        plan = await b.get(PlanArtifact, binding.todo_plans.get(node_id) if node_id else None)
+        if plan is not None:
+            b.put("plan.updated", plan.evolve(text=(plan.text or "") + event.delta, updated_at=now), node_id=node_id)
+
+    async def _item_completed(self, b: _Batch, binding: TurnBinding, event: ev.ItemCompleted, now: Any) -> None:
+        node = await b.get(ExecutionNode, binding.items.get(event.item_id))
+        if node is None:
+            return
+        detail = {**(node.detail or {}), **{k: v for k, v in event.detail.items() if k != "aggregatedOutput"}}
+        if "aggregatedOutput" in event.detail and "output" not in detail:
+            detail["output"] = str(event.detail["aggregatedOutput"])[-MAX_OUTPUT:]
+        status = _ITEM_STATUS[event.status]
+        b.put(
+            "node.updated",
+            node.evolve(status=status, detail=detail or None, updated_at=now, completed_at=now),
+            node_id=node.id,
+        )
+        message = await b.get(ConversationMessage, binding.messages.get(event.item_id))
+        if message is not None:
+            text = event.text if event.text is not None else message.text
+            b.put("message.updated", message.evolve(text=text, streaming=False, updated_at=now), node_id=node.id)
+        if event.kind == "tool_call":
+            summary = f"{node.title} exited {detail.get('exitCode')}"
+            b.put(
+                *_activity(
+                    binding.thread_id,
+                    "tool.completed",
+                    summary,
+                    now,
+                    binding.run_id,
+                    node.id,
+                    {"exitCode": detail.get("exitCode"), "status": status.value},
+                )
+            )
+        elif event.kind == "file_change":
+            b.put(
+                *_activity(
+                    binding.thread_id,
+                    "file.changed",
+                    node.title or "files changed",
+                    now,
+                    binding.run_id,
+                    node.id,
+                    {"changes": detail.get("changes")},
+                )
+            )
+        elif event.kind == "plan":
+            plan = await b.get(PlanArtifact, binding.todo_plans.get(node.id))
+            if plan is not None:
+                text = event.text if event.text is not None else plan.text
+                b.put("plan.updated", plan.evolve(text=text, updated_at=now), node_id=node.id)
+
+    async def _todo(self, b: _Batch, binding: TurnBinding, event: ev.TodoUpdated, now: Any) -> None:
+        node_id = self._parent_of(binding, event.native_turn)
+        items = [{"step": str(i.get("step")), "status": str(i.get("status"))} for i in event.items]
+        plan = await b.get(PlanArtifact, binding.todo_plans.get(node_id))
+        if plan is None:
+            plan = PlanArtifact(
+                id=new_id(),
+                thread_id=binding.thread_id,
+                run_id=binding.run_id,
+                node_id=node_id,
+                kind=PlanKind.TODO_LIST,
+                items=items,
+                status=PlanStatus.ACTIVE,
+                created_at=now,
+                updated_at=now,
+            )
+            binding.todo_plans[node_id] = plan.id
+            b.put("plan.created", plan, node_id=node_id)
+        else:
+            b.put("plan.updated", plan.evolve(items=items, updated_at=now), node_id=node_id)
+        done = sum(1 for i in items if i["status"] == "completed")
+        b.put(
+            *_activity(
+                binding.thread_id,
+                "plan.updated",
+                f"{done}/{len(items)} steps done",
+                now,
+                binding.run_id,
+                node_id,
+                {"items": items},
+            )
+        )
+
+    async def _decline(self, event: ev.RequestOpened) -> None:
+        response: dict[str, Any] = {"decision": "decline"} if "approval" in event.kind else {"answers": {}}
+        try:
+            await self.session.runtime.respond_to_request(event.request_ref, response)
+        except Exception:
+            log.exception("could not answer provider request %s", event.request_ref)
+
+
+def _activity(
+    thread_id: uuid.UUID,
+    kind: str,
+    summary: str,
+    now: Any,
+    run_id: uuid.UUID,
+    node_id: uuid.UUID | None,
+    payload: dict[str, Any] | None = None,
+) -> tuple[str, Record]:
+    change = rules.activity(thread_id, kind, summary, now, new_id, run_id=run_id, node_id=node_id, payload=payload)
+    return change.event_type, change.entity

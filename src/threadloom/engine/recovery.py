@@ -1,0 +1,113 @@
+"""Startup and periodic recovery: work left behind by a worker that is gone.
+
+Orphaned effects (running, owner dead) are requeued when replay-safe and cancelled
+otherwise; then every active run is checked with `domain.recovery.recover_run`: it
+goes on, gets its turn start requeued (the provider never saw it), or fails with
+`provider_lost` (it may have run: nothing is executed twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+from threadloom.domain.changes import Effect, Outcome
+from threadloom.domain.entities import AppThread, ProviderSession, ProviderThread, Run, RunAttempt
+from threadloom.domain.recovery import RecoveryAction, recover_run
+from threadloom.domain.runs import START_EFFECT
+from threadloom.domain.statuses import RunStatus
+from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.engine.runs import RunEngine
+from threadloom.store import entities, outbox, runs
+from threadloom.store import workers as worker_store
+from threadloom.store.db import Reader
+
+log = logging.getLogger("threadloom.recovery")
+INTERVAL = 1.0
+
+
+class Recovery:
+    def __init__(self, pipeline: Pipeline, run_engine: RunEngine, worker_id: uuid.UUID) -> None:
+        self.pipeline = pipeline
+        self.runs = run_engine
+        self.worker_id = worker_id
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="recovery")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.recover()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("recovery pass failed")
+            await asyncio.sleep(INTERVAL)
+
+    async def recover(self) -> None:
+        await self._orphaned_effects()
+        async with self.pipeline.db.read() as db:
+            active = await runs.active_runs(db)
+        for run in active:
+            await self._check(run)
+
+    async def _orphaned_effects(self) -> None:
+        now = self.pipeline.clock.now()
+        async with self.pipeline.db.transaction() as db:
+            for effect in await outbox.orphaned(db):
+                if effect["replay_safe"]:
+                    await outbox.retry_later(db, effect["id"], "worker lost; replaying", now)
+                else:
+                    await outbox.finish(db, effect["id"], now, status="cancelled", error="worker lost")
+                log.warning("recovered effect %s (%s) of a lost worker", effect["id"], effect["kind"])
+
+    async def _owner_alive(self, db: Reader, attempt: RunAttempt) -> bool | None:
+        pt = await entities.get(db, ProviderThread, attempt.provider_thread_id)
+        session = await entities.get(db, ProviderSession, pt.session_id if pt else None)
+        if session is None or session.owner is None:
+            return None
+        owner = uuid.UUID(session.owner)
+        if owner == self.worker_id:
+            return True
+        return owner in await worker_store.alive(db, [owner])
+
+    async def _check(self, run: Run) -> None:
+        async with self.pipeline.db.read() as db:
+            attempt = await entities.get(db, RunAttempt, run.active_attempt_id)
+            if attempt is None:
+                return
+            pending = [e for e in await outbox.pending_for_run(db, run.id) if e["kind"] == START_EFFECT]
+            action = recover_run(
+                run.status,
+                start_pending=bool(pending),
+                turn_recorded=attempt.provider_turn_id is not None,
+                owner_alive=await self._owner_alive(db, attempt),
+            )
+        if action == RecoveryAction.FAIL:
+            log.warning("run %s lost its provider runtime; failing it", run.id)
+            await self.runs.finish(run.id, RunStatus.FAILED, "provider_lost", attempt_id=attempt.id)
+        elif action == RecoveryAction.REQUEUE_START:
+            await self._requeue_start(run)
+
+    async def _requeue_start(self, run: Run) -> None:
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            current = await entities.get(db, Run, run.id)
+            if current is None or current.status != RunStatus.PREPARING:
+                return Outcome()
+            if any(e["kind"] == START_EFFECT for e in await outbox.pending_for_run(db, run.id)):
+                return Outcome()
+            payload = {"runId": str(run.id), "attemptId": str(current.active_attempt_id)}
+            log.warning("requeueing the turn start of run %s (the provider never saw it)", run.id)
+            return Outcome(effects=[Effect(START_EFFECT, payload, replay_safe=False)])
+
+        await self.pipeline.execute(Command("recovery.requeue", None, None, {}, decide, run.thread_id))

@@ -1,0 +1,342 @@
+"""The run lifecycle in the engine: sendMessage, resumeQueue, starting a provider turn,
+and finishing a run through the completion barrier. Rules live in `domain.runs`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import uuid
+from typing import Any
+
+from threadloom.domain import runs as rules
+from threadloom.domain.access import Principal
+from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.entities import AppThread, ConversationMessage, Project, ProviderThread, Run, RunAttempt
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.ids import new_id
+from threadloom.domain.statuses import (
+    AttemptStatus,
+    ProviderSessionStatus,
+    ProviderThreadStatus,
+    RunStatus,
+    TokenScope,
+)
+from threadloom.domain.threads import clean_model
+from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
+from threadloom.providers.contract import ProviderError
+from threadloom.store import entities, runs
+from threadloom.store.db import Reader
+
+log = logging.getLogger("threadloom.runs")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sent:
+    run_id: uuid.UUID
+    message_id: uuid.UUID
+    applied: rules.AppliedDispatch
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Prepared:
+    run: Run
+    attempt: RunAttempt
+    thread: AppThread
+    provider_thread: ProviderThread
+    text: str
+    cwd: str
+
+
+class RunEngine:
+    def __init__(self, pipeline: Pipeline, sessions: SessionManager) -> None:
+        self.pipeline = pipeline
+        self.sessions = sessions
+
+    @property
+    def now(self) -> Any:
+        return self.pipeline.clock.now()
+
+    # ---- commands ---------------------------------------------------------------------
+
+    async def send_message(
+        self,
+        principal: Principal,
+        thread_id: uuid.UUID,
+        *,
+        text: str,
+        mode: rules.DispatchMode,
+        provider_instance_id: str | None,
+        model: str | None,
+        client_message_id: str | None,
+    ) -> Sent:
+        now = self.now
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            assert thread is not None
+            principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
+            if provider_instance_id is not None and provider_instance_id != thread.provider_instance_id:
+                raise DomainError(
+                    ErrorCode.PROVIDER_SWITCH_UNAVAILABLE,
+                    "switching a thread's provider is not available on this server yet",
+                    "providerInstanceId",
+                )
+            state = await runs.thread_state(db, thread)
+            outcome, _ = rules.send_message(
+                state,
+                text=text,
+                mode=mode,
+                provider_instance_id=thread.provider_instance_id,
+                model=clean_model(model),
+                client_message_id=client_message_id,
+                now=now,
+                new_id=new_id,
+            )
+            await self._route(db, thread, outcome)
+            return outcome
+
+        key = None if client_message_id is None else f"{thread_id}/{client_message_id}"
+        data = {
+            "threadId": str(thread_id),
+            "text": text,
+            "mode": mode.value,
+            "providerInstanceId": provider_instance_id,
+            "model": model,
+        }
+        result = await self.pipeline.execute(Command("sendMessage", principal, key, data, decide, thread_id))
+        return Sent(
+            uuid.UUID(result["runId"]), uuid.UUID(result["messageId"]), rules.AppliedDispatch(result["appliedDispatch"])
+        )
+
+    async def resume_queue(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
+        now = self.now
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            assert thread is not None
+            principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
+            outcome = rules.resume_queue(await runs.thread_state(db, thread), now, new_id)
+            await self._route(db, thread, outcome)
+            outcome.result = {"threadId": str(thread.id)}
+            return outcome
+
+        await self.pipeline.execute(
+            Command("resumeQueue", principal, key, {"threadId": str(thread_id)}, decide, thread_id)
+        )
+        return thread_id
+
+    async def _route(self, db: Reader, thread: AppThread, outcome: Outcome) -> None:
+        """Send turn starts to the worker whose live runtime holds the thread's provider thread."""
+        if not outcome.effects:
+            return
+        owner = await self.sessions.owner_of(db, thread.active_provider_thread_id)
+        if owner is not None:
+            outcome.effects = [dataclasses.replace(e, affinity=owner) for e in outcome.effects]
+
+    async def finish(
+        self,
+        run_id: uuid.UUID,
+        status: RunStatus,
+        reason: str | None,
+        *,
+        hold_reason: str | None = None,
+        attempt_id: uuid.UUID | None = None,
+    ) -> bool:
+        """End a run through the completion barrier. A no-op (False) if it already ended."""
+        now = self.now
+        done = {"finished": False}
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            assert thread is not None
+            run = await entities.get(db, Run, run_id)
+            if run is None or not rules.is_active(run):
+                return Outcome()
+            if attempt_id is not None and run.active_attempt_id != attempt_id:
+                return Outcome()  # a late word about a superseded attempt
+            graph = await runs.run_graph(db, thread, run)
+            outcome = rules.finish_run(graph, status, reason, now, new_id, hold_reason=hold_reason)
+            await self._route(db, thread, outcome)
+            done["finished"] = True
+            return outcome
+
+        thread_id = await self._thread_of_run(run_id)
+        if thread_id is None:
+            return False
+        await self.pipeline.execute(Command("run.finish", None, None, {}, decide, thread_id))
+        return done["finished"]
+
+    async def _thread_of_run(self, run_id: uuid.UUID) -> uuid.UUID | None:
+        async with self.pipeline.db.read() as db:
+            run = await entities.get(db, Run, run_id)
+        return None if run is None else run.thread_id
+
+    # ---- the provider-turn.start effect ---------------------------------------------------
+
+    async def start_turn(self, payload: dict[str, Any]) -> None:
+        """ensure session → ensure provider thread → record the turn → start it."""
+        run_id = uuid.UUID(payload["runId"])
+        prepared = await self._prepare(run_id)
+        if prepared is None:
+            return
+        try:
+            session = await self.sessions.runtime_for(prepared.run.provider_instance_id)
+            provider_thread = await self._ensure_native_thread(session, prepared)
+        except ProviderError as error:
+            await self.finish(run_id, RunStatus.FAILED, "provider_error", hold_reason=f"provider error: {error}")
+            return
+        turn = await self._record_turn(prepared, provider_thread)
+        if turn is None:
+            return
+        binding = TurnBinding(
+            thread_id=prepared.thread.id,
+            run_id=run_id,
+            attempt_id=prepared.attempt.id,
+            root_node_id=prepared.attempt.root_node_id,
+            provider_turn_id=turn,
+            native_thread=str(provider_thread.native_thread_ref),
+        )
+        session.bind(binding)
+        try:
+            native_turn = await session.runtime.start_turn(binding.native_thread, prepared.text)
+        except ProviderError as error:
+            session.unbind(binding.native_thread)
+            crashed = error.code == "exited"
+            await self.finish(
+                run_id,
+                RunStatus.FAILED,
+                "provider_crashed" if crashed else "provider_error",
+                hold_reason=f"{'agent process exited' if crashed else 'provider refused the turn'}: {error}",
+            )
+            return
+        binding.native_turn = binding.native_turn or native_turn
+
+    async def _prepare(self, run_id: uuid.UUID) -> _Prepared | None:
+        now = self.now
+        found: dict[str, _Prepared] = {}
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            assert thread is not None
+            run = await entities.get(db, Run, run_id)
+            if run is None or run.status != RunStatus.PREPARING:
+                return Outcome()
+            attempt = await entities.require(db, RunAttempt, run.active_attempt_id)
+            if attempt.status != AttemptStatus.PENDING:
+                return Outcome()
+            project = await entities.require(db, Project, thread.project_id)
+            message = await entities.require(db, ConversationMessage, run.user_message_id)
+            outcome = Outcome()
+            provider_thread = await entities.get(db, ProviderThread, thread.active_provider_thread_id)
+            if provider_thread is None or provider_thread.provider_instance_id != run.provider_instance_id:
+                provider_thread = ProviderThread(
+                    id=new_id(),
+                    provider_instance_id=run.provider_instance_id,
+                    app_thread_id=thread.id,
+                    status=ProviderThreadStatus.NOT_LOADED,
+                    created_at=now,
+                    updated_at=now,
+                )
+                outcome.changes += [
+                    Change("provider_thread.created", provider_thread),
+                    Change(
+                        "thread.updated", thread.evolve(active_provider_thread_id=provider_thread.id, updated_at=now)
+                    ),
+                ]
+            found["p"] = _Prepared(run, attempt, thread, provider_thread, message.text, project.workspace_root)
+            return outcome
+
+        thread_id = await self._thread_of_run(run_id)
+        if thread_id is None:
+            return None
+        await self.pipeline.execute(Command("turn.prepare", None, None, {}, decide, thread_id))
+        return found.get("p")
+
+    async def _ensure_native_thread(self, session: LiveSession, p: _Prepared) -> ProviderThread:
+        """Lazily create the native thread, or resume it in this runtime (Follow-Up Turns)."""
+        pt = p.provider_thread
+        runtime = session.runtime
+        warning: str | None = None
+        if pt.native_thread_ref is not None and pt.native_thread_ref not in session.loaded:
+            try:
+                await runtime.resume_thread(pt.native_thread_ref, p.cwd)
+            except ProviderError as error:
+                if error.code == "exited":
+                    raise
+                warning = f"could not resume provider thread {pt.native_thread_ref}: {error}; starting a new one"
+                pt = await self._replace_provider_thread(p, pt)
+        if pt.native_thread_ref is None:
+            with contextlib.suppress(OSError):
+                os.makedirs(p.cwd, exist_ok=True)
+            ref = await runtime.start_thread(p.cwd)
+            pt = pt.evolve(native_thread_ref=ref)
+        session.loaded.add(str(pt.native_thread_ref))
+        return await self._record_provider_thread(
+            p, pt.evolve(session_id=session.session_id, status=ProviderThreadStatus.ACTIVE), warning
+        )
+
+    async def _replace_provider_thread(self, p: _Prepared, broken: ProviderThread) -> ProviderThread:
+        now = self.now
+        replacement = ProviderThread(
+            id=new_id(),
+            provider_instance_id=broken.provider_instance_id,
+            app_thread_id=p.thread.id,
+            status=ProviderThreadStatus.NOT_LOADED,
+            created_at=now,
+            updated_at=now,
+        )
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            assert thread is not None
+            return Outcome(
+                [
+                    Change("provider_thread.updated", broken.evolve(status=ProviderThreadStatus.ERROR, updated_at=now)),
+                    Change("provider_thread.created", replacement),
+                    Change("thread.updated", thread.evolve(active_provider_thread_id=replacement.id, updated_at=now)),
+                ]
+            )
+
+        await self.pipeline.execute(Command("provider_thread.replace", None, None, {}, decide, p.thread.id))
+        return replacement
+
+    async def _record_provider_thread(self, p: _Prepared, pt: ProviderThread, warning: str | None) -> ProviderThread:
+        now = self.now
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            outcome = Outcome([Change("provider_thread.updated", pt.evolve(updated_at=now))])
+            if warning:
+                outcome.changes.append(
+                    rules.activity(p.thread.id, "runtime.warning", warning, now, new_id, run_id=p.run.id)
+                )
+            return outcome
+
+        await self.pipeline.execute(Command("provider_thread.ready", None, None, {}, decide, p.thread.id))
+        return pt
+
+    async def _record_turn(self, p: _Prepared, pt: ProviderThread) -> uuid.UUID | None:
+        now = self.now
+        found: dict[str, uuid.UUID] = {}
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            run = await entities.get(db, Run, p.run.id)
+            attempt = await entities.get(db, RunAttempt, p.attempt.id)
+            if run is None or attempt is None or run.status != RunStatus.PREPARING:
+                return Outcome()
+            ordinal = await runs.next_turn_ordinal(db, pt.id)
+            outcome, turn = rules.turn_requested(run, attempt, pt, ordinal, now, new_id)
+            found["turn"] = turn.id
+            return outcome
+
+        await self.pipeline.execute(Command("turn.request", None, None, {}, decide, p.thread.id))
+        return found.get("turn")
+
+    async def session_lost(self, session: LiveSession, reason: str) -> None:
+        """The runtime died: its live turns failed; the provider threads stay resumable."""
+        for binding in list(session.bindings.values()):
+            await self.finish(
+                binding.run_id,
+                RunStatus.FAILED,
+                "provider_crashed",
+                hold_reason=f"agent process exited: {reason}",
+                attempt_id=binding.attempt_id,
+            )
+        await self.sessions.mark(session, ProviderSessionStatus.ERROR, reason)

@@ -1,0 +1,159 @@
+"""ProviderSessionManager: the live provider runtimes of this process.
+
+Sessions open lazily on first work, one runtime per provider instance per process.
+Ownership is recorded on the ProviderSession row (`owner` = this worker, alive while its
+advisory lock is held). A runtime that dies is marked `error` and forgotten; the next
+work opens a new one and resumes the provider thread from its `nativeThreadRef`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.entities import AppThread, ProviderSession, ProviderThread
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.ids import new_id
+from threadloom.domain.statuses import ProviderSessionStatus
+from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.providers.contract import ProviderDriver, ProviderRuntime
+from threadloom.store import entities
+from threadloom.store import workers as worker_store
+from threadloom.store.db import Reader
+
+log = logging.getLogger("threadloom.sessions")
+
+
+@dataclasses.dataclass(slots=True)
+class TurnBinding:
+    """Routes a native thread's events to the app run it is executing."""
+
+    thread_id: uuid.UUID
+    run_id: uuid.UUID
+    attempt_id: uuid.UUID
+    root_node_id: uuid.UUID
+    provider_turn_id: uuid.UUID
+    native_thread: str
+    native_turn: str | None = None
+    items: dict[str, uuid.UUID] = dataclasses.field(default_factory=dict)  # native item → node
+    messages: dict[str, uuid.UUID] = dataclasses.field(default_factory=dict)  # native item → message
+    child_turns: dict[str, uuid.UUID] = dataclasses.field(default_factory=dict)  # native child turn → node
+    todo_plans: dict[uuid.UUID, uuid.UUID] = dataclasses.field(default_factory=dict)  # node → plan artifact
+
+
+@dataclasses.dataclass(slots=True)
+class LiveSession:
+    instance_id: str
+    session_id: uuid.UUID
+    runtime: ProviderRuntime
+    loaded: set[str] = dataclasses.field(default_factory=set)
+    bindings: dict[str, TurnBinding] = dataclasses.field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+
+    def bind(self, binding: TurnBinding) -> None:
+        self.bindings[binding.native_thread] = binding
+
+    def unbind(self, native_thread: str) -> None:
+        self.bindings.pop(native_thread, None)
+
+
+class SessionManager:
+    def __init__(self, pipeline: Pipeline, drivers: dict[str, ProviderDriver], worker_id: uuid.UUID) -> None:
+        self.pipeline = pipeline
+        self.drivers = drivers
+        self.worker_id = worker_id
+        self.live: dict[str, LiveSession] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.on_open: Callable[[LiveSession], Awaitable[None]] | None = None
+
+    async def runtime_for(self, instance_id: str) -> LiveSession:
+        lock = self._locks.setdefault(instance_id, asyncio.Lock())
+        async with lock:
+            session = self.live.get(instance_id)
+            if session is not None:
+                return session
+            driver = self.drivers.get(instance_id)
+            if driver is None:
+                raise DomainError(ErrorCode.UNKNOWN_PROVIDER_INSTANCE, f"no provider instance {instance_id!r}")
+            now = self.pipeline.clock.now()
+            record = ProviderSession(
+                id=new_id(),
+                provider_instance_id=instance_id,
+                status=ProviderSessionStatus.STARTING,
+                owner=str(self.worker_id),
+                capabilities=driver.capabilities().to_json(),
+                created_at=now,
+                updated_at=now,
+            )
+            await self._write(record, "provider_session.created")
+            try:
+                runtime = await driver.open_session()
+            except Exception as error:
+                await self._write(
+                    record.evolve(
+                        status=ProviderSessionStatus.ERROR, last_error=str(error), updated_at=self.pipeline.clock.now()
+                    ),
+                    "provider_session.updated",
+                )
+                raise
+            await self._write(
+                record.evolve(status=ProviderSessionStatus.READY, updated_at=self.pipeline.clock.now()),
+                "provider_session.updated",
+            )
+            session = LiveSession(instance_id, record.id, runtime)
+            self.live[instance_id] = session
+            if self.on_open is not None:
+                await self.on_open(session)
+            return session
+
+    async def mark(self, session: LiveSession, status: ProviderSessionStatus, error: str | None = None) -> None:
+        if self.live.get(session.instance_id) is session:
+            del self.live[session.instance_id]
+        async with self.pipeline.db.read() as db:
+            record = await entities.get(db, ProviderSession, session.session_id)
+        if record is not None:
+            await self._write(
+                record.evolve(status=status, last_error=error, updated_at=self.pipeline.clock.now()),
+                "provider_session.updated",
+            )
+
+    async def _write(self, record: ProviderSession, event_type: str) -> None:
+        async def decide(db: Reader, _: AppThread | None) -> Outcome:
+            return Outcome([Change(event_type, record)])
+
+        await self.pipeline.execute(Command(event_type, None, None, {}, decide))
+
+    async def owner_of(self, db: Reader, provider_thread_id: uuid.UUID | None) -> uuid.UUID | None:
+        """The live worker holding this provider thread's runtime, if any."""
+        pt = await entities.get(db, ProviderThread, provider_thread_id)
+        if pt is None or pt.session_id is None:
+            return None
+        session = await entities.get(db, ProviderSession, pt.session_id)
+        if (
+            session is None
+            or session.owner is None
+            or session.status in (ProviderSessionStatus.STOPPED, ProviderSessionStatus.ERROR)
+        ):
+            return None
+        owner = uuid.UUID(session.owner)
+        if owner == self.worker_id:
+            return owner
+        return owner if owner in await worker_store.alive(db, [owner]) else None
+
+    async def close_all(self) -> None:
+        for session in list(self.live.values()):
+            bindings = list(session.bindings.values())
+            if session.task is not None:
+                session.task.cancel()
+            try:
+                await session.runtime.close()
+            except Exception:  # closing must go on for the others
+                log.exception("closing %s failed", session.instance_id)
+            if not bindings:
+                await self.mark(session, ProviderSessionStatus.STOPPED)
+            else:
+                await self.mark(session, ProviderSessionStatus.STOPPED, "server shut down during a turn")

@@ -1,0 +1,195 @@
+"""The adapter contract every driver implements (DESIGN §7), and its normalized events.
+
+A driver turns its native protocol into these events; the engine turns events into
+entities. Resuming a provider thread is a required primitive, not a capability.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Protocol
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capabilities:
+    supports_active_steering: bool = False
+    supports_interrupt: bool = False
+    supports_steering_by_interrupt_restart: bool = False
+    can_fork_thread: bool = False
+    can_fork_from_turn: bool = False
+    can_rollback_thread: bool = False
+    can_read_thread_snapshot: bool = False
+    supports_structured_questions: bool = False
+    emits_todo_list: bool = False
+    supports_subagents: bool = False
+    pending_requests_survive_restart: bool = False
+    supports_empty_thread_creation: bool = True
+
+    def to_json(self) -> dict[str, bool]:
+        return dataclasses.asdict(self)
+
+
+class ProviderError(Exception):
+    """A provider refused or failed a request. `code` is stable for the engine's policy."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# ---- normalized events -------------------------------------------------------------
+
+ItemKind = Literal["assistant_message", "tool_call", "file_change", "plan", "reasoning", "subagent", "other"]
+TurnStatus = Literal["completed", "failed", "interrupted"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnStarted:
+    native_thread: str
+    native_turn: str
+    parent_turn: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ItemStarted:
+    native_thread: str
+    native_turn: str
+    item_id: str
+    kind: ItemKind
+    title: str | None = None
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TextDelta:
+    """Streaming text of an assistant message (or plan) item."""
+
+    native_thread: str
+    native_turn: str
+    item_id: str
+    delta: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputDelta:
+    """Streaming output of a tool call."""
+
+    native_thread: str
+    native_turn: str
+    item_id: str
+    delta: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ItemCompleted:
+    native_thread: str
+    native_turn: str
+    item_id: str
+    kind: ItemKind
+    status: Literal["completed", "failed", "declined", "interrupted"]
+    text: str | None = None
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TodoUpdated:
+    native_thread: str
+    native_turn: str
+    items: list[dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestOpened:
+    """The provider asks the user something; `respond_to_request` answers it."""
+
+    native_thread: str
+    native_turn: str
+    request_ref: str
+    kind: str
+    payload: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnCompleted:
+    native_thread: str
+    native_turn: str
+    status: TurnStatus
+    error: str | None = None
+    parent_turn: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Warning:
+    native_thread: str | None
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuntimeExited:
+    """The runtime process is gone; every live turn in it is lost."""
+
+    reason: str
+    exit_code: int | None = None
+
+
+ProviderEvent = (
+    TurnStarted
+    | ItemStarted
+    | TextDelta
+    | OutputDelta
+    | ItemCompleted
+    | TodoUpdated
+    | RequestOpened
+    | TurnCompleted
+    | Warning
+    | RuntimeExited
+)
+
+
+# ---- the runtime a driver opens ----------------------------------------------------
+
+
+class ProviderRuntime(Protocol):
+    """One live provider process (a session). Threads of many app threads can share it."""
+
+    capabilities: Capabilities
+
+    def events(self) -> AsyncIterator[ProviderEvent]: ...
+
+    async def start_thread(self, cwd: str) -> str:
+        """A new native thread; returns its ref (the resume cursor)."""
+        ...
+
+    async def resume_thread(self, native_thread: str, cwd: str) -> None:
+        """Load an existing native thread into this runtime; raises ProviderError if it cannot."""
+        ...
+
+    async def start_turn(self, native_thread: str, text: str) -> str:
+        """Start a turn; returns the native turn ref. Its events follow on `events()`."""
+        ...
+
+    async def steer_turn(self, native_thread: str, native_turn: str, text: str) -> None: ...
+
+    async def interrupt_turn(self, native_thread: str, native_turn: str) -> None: ...
+
+    async def respond_to_request(self, request_ref: str, response: dict[str, Any]) -> None: ...
+
+    async def fork_thread(self, native_thread: str, native_turn: str | None) -> str: ...
+
+    async def rollback_thread(self, native_thread: str, before_turn: str) -> None: ...
+
+    async def read_thread_snapshot(self, native_thread: str) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class ProviderDriver(Protocol):
+    """Creates runtimes for one configured provider instance."""
+
+    instance_id: str
+
+    def capabilities(self) -> Capabilities: ...
+
+    async def open_session(self) -> ProviderRuntime: ...

@@ -1,0 +1,102 @@
+"""Reads of run state that command handlers and the ingestor take under the thread lock."""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+
+from threadloom.domain.entities import (
+    AppThread,
+    ConversationMessage,
+    ExecutionNode,
+    PlanArtifact,
+    ProviderThread,
+    ProviderTurn,
+    Run,
+    RunAttempt,
+)
+from threadloom.domain.runs import RunGraph, ThreadState
+from threadloom.domain.statuses import NodeStatus, PlanStatus, RunStatus
+from threadloom.store import entities
+from threadloom.store import tables as t
+from threadloom.store.db import Reader
+
+
+async def queue(db: Reader, thread_id: uuid.UUID) -> list[Run]:
+    return await entities.where(
+        db,
+        Run,
+        t.runs.c.thread_id == thread_id,
+        t.runs.c.status == RunStatus.QUEUED.value,
+        order_by=[t.runs.c.queue_position, t.runs.c.ordinal],
+    )
+
+
+async def thread_state(db: Reader, thread: AppThread) -> ThreadState:
+    last = await db.scalar(
+        sa.select(sa.func.coalesce(sa.func.max(t.runs.c.ordinal), 0)).where(t.runs.c.thread_id == thread.id)
+    )
+    return ThreadState(
+        thread=thread,
+        active=await entities.get(db, Run, thread.active_run_id),
+        queue=await queue(db, thread.id),
+        last_ordinal=int(last),
+    )
+
+
+async def run_graph(db: Reader, thread: AppThread, run: Run) -> RunGraph:
+    attempt = await entities.require(db, RunAttempt, run.active_attempt_id)
+    root = await entities.require(db, ExecutionNode, attempt.root_node_id)
+    open_statuses = [NodeStatus.PENDING.value, NodeStatus.RUNNING.value, NodeStatus.WAITING.value]
+    return RunGraph(
+        thread=thread,
+        run=run,
+        attempt=attempt,
+        root=root,
+        turn=await entities.get(db, ProviderTurn, attempt.provider_turn_id),
+        provider_thread=await entities.get(db, ProviderThread, attempt.provider_thread_id),
+        open_messages=await entities.where(
+            db,
+            ConversationMessage,
+            t.conversation_messages.c.run_id == run.id,
+            t.conversation_messages.c.streaming.is_(True),
+            order_by=[t.conversation_messages.c.id],
+        ),
+        open_children=await entities.where(
+            db,
+            ExecutionNode,
+            t.execution_nodes.c.attempt_id == attempt.id,
+            t.execution_nodes.c.id != root.id,
+            t.execution_nodes.c.status.in_(open_statuses),
+            order_by=[t.execution_nodes.c.id],
+        ),
+        active_plans=await entities.where(
+            db,
+            PlanArtifact,
+            t.plan_artifacts.c.run_id == run.id,
+            t.plan_artifacts.c.status == PlanStatus.ACTIVE.value,
+            order_by=[t.plan_artifacts.c.id],
+        ),
+        queue=await queue(db, thread.id),
+    )
+
+
+async def next_turn_ordinal(db: Reader, provider_thread_id: uuid.UUID) -> int:
+    last = await db.scalar(
+        sa.select(sa.func.coalesce(sa.func.max(t.provider_turns.c.ordinal), 0)).where(
+            t.provider_turns.c.provider_thread_id == provider_thread_id
+        )
+    )
+    return int(last) + 1
+
+
+async def active_runs(db: Reader) -> list[Run]:
+    return await entities.where(
+        db,
+        Run,
+        t.runs.c.status.in_(
+            [s.value for s in (RunStatus.PREPARING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.WAITING)]
+        ),
+        order_by=[t.runs.c.id],
+    )

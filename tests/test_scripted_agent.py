@@ -1,0 +1,703 @@
+"""The scripted agent as a client sees it: a real process spoken to over stdio (docs/scripted-agent.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from threadloom.agent.directives import (
+    Approval,
+    Ask,
+    Crash,
+    Delay,
+    DirectiveError,
+    Fail,
+    Plan,
+    Reply,
+    Subagent,
+    Todo,
+    Tool,
+    Write,
+    chunks,
+    parse,
+    parse_steer,
+)
+
+Message = dict[str, Any]
+Predicate = Callable[[Message], bool]
+
+LINE_LIMIT = 16 * 1024 * 1024
+
+
+class AgentProcess:
+    """One agent process: requests get their responses by id; everything else is kept in arrival order."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.messages: list[Message] = []
+        self.cursor = 0
+        self.closed = False
+        self.failure: BaseException | None = None
+        self._ids = itertools.count(1)
+        self._responses: dict[int, asyncio.Future[Message]] = {}
+        self._changed = asyncio.Event()
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def start(cls, state_dir: Path, *args: str) -> AgentProcess:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "threadloom.agent",
+            "--state-dir",
+            str(state_dir),
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=LINE_LIMIT,
+        )
+        return cls(proc)
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            while line := await self.proc.stdout.readline():
+                message = json.loads(line)  # the agent never writes anything but JSON lines
+                assert isinstance(message, dict), line
+                future = self._responses.pop(message["id"], None) if "method" not in message else None
+                if future is not None:
+                    future.set_result(message)
+                else:
+                    self.messages.append(message)
+                self._changed.set()
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        finally:
+            self.closed = True
+            self._changed.set()
+            for future in self._responses.values():
+                future.cancel()
+
+    async def send(self, message: Message) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def call(self, method: str, params: Message, within: float = 5.0) -> Message:
+        """The whole response (`result` or `error`)."""
+        request_id = next(self._ids)
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._responses[request_id] = future
+        await self.send({"id": request_id, "method": method, "params": params})
+        return await asyncio.wait_for(future, within)
+
+    async def request(self, method: str, params: Message) -> Message:
+        response = await self.call(method, params)
+        assert "error" not in response, response
+        result: Message = response["result"]
+        return result
+
+    async def error(self, method: str, params: Message) -> Message:
+        response = await self.call(method, params)
+        assert "result" not in response, response
+        error: Message = response["error"]
+        return error
+
+    async def until(self, predicate: Predicate, within: float = 5.0) -> list[Message]:
+        """The messages after the cursor up to and including the first match; the cursor moves past it."""
+        deadline = time.monotonic() + within
+        while True:
+            for index in range(self.cursor, len(self.messages)):
+                if predicate(self.messages[index]):
+                    seen = self.messages[self.cursor : index + 1]
+                    self.cursor = index + 1
+                    return seen
+            if self.closed:
+                raise AssertionError(f"agent output ended ({self.failure!r}); seen: {self.messages[self.cursor :]}")
+            self._changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no matching message; seen: {self.messages[self.cursor :]}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    async def next_message(self, predicate: Predicate, within: float = 5.0) -> Message:
+        return (await self.until(predicate, within))[-1]
+
+    async def close_stdin(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return await asyncio.wait_for(self.proc.wait(), 10)
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+    # --- conversation helpers ---
+
+    async def new_thread(self, cwd: Path) -> str:
+        result = await self.request("thread/start", {"cwd": str(cwd)})
+        thread_id: str = result["thread"]["id"]
+        await self.next_message(is_method("thread/started", threadId=thread_id))
+        return thread_id
+
+    async def start_turn(self, thread_id: str, text: str) -> str:
+        result = await self.request("turn/start", {"threadId": thread_id, "input": [{"type": "text", "text": text}]})
+        assert result["turn"]["status"] == "inProgress"
+        turn_id: str = result["turn"]["id"]
+        return turn_id
+
+    async def finish_turn(self, turn_id: str, within: float = 5.0) -> list[Message]:
+        """Everything up to this turn's `turn/completed`."""
+        return await self.until(
+            lambda m: m.get("method") == "turn/completed" and m["params"]["turn"]["id"] == turn_id, within
+        )
+
+    async def run_turn(self, thread_id: str, text: str) -> tuple[str, list[Message]]:
+        turn_id = await self.start_turn(thread_id, text)
+        return turn_id, await self.finish_turn(turn_id)
+
+
+def is_method(method: str, **params: Any) -> Predicate:
+    return lambda m: m.get("method") == method and all(m["params"].get(k) == v for k, v in params.items())
+
+
+def methods(messages: list[Message]) -> list[str]:
+    return [m["method"] for m in messages]
+
+
+def completion(messages: list[Message]) -> Message:
+    turn: Message = messages[-1]["params"]["turn"]
+    return turn
+
+
+def completed_items(messages: list[Message], item_type: str) -> list[Message]:
+    return [
+        m["params"]["item"]
+        for m in messages
+        if m.get("method") == "item/completed" and m["params"]["item"]["type"] == item_type
+    ]
+
+
+def message_texts(messages: list[Message], turn_id: str) -> list[str]:
+    """The agentMessage texts of one turn, rebuilt from their deltas."""
+    texts: dict[str, str] = {}
+    for m in messages:
+        params = m.get("params", {})
+        if m.get("method") == "item/agentMessage/delta" and params["turnId"] == turn_id:
+            texts[params["itemId"]] = texts.get(params["itemId"], "") + params["delta"]
+    return list(texts.values())
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.fixture
+def cwd(tmp_path: Path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[AgentProcess]:
+    process = await AgentProcess.start(tmp_path / "state")
+    yield process
+    await process.stop()
+
+
+# --- the directive parser ---
+
+
+def test_parse_every_directive() -> None:
+    script = "\n".join(
+        [
+            "Please do things.",
+            "@reply Hello  there",
+            "@delay 20",
+            "@tool echo hi | tr a-z A-Z",
+            "@write notes/a.txt some text here",
+            "@approval rm -rf build",
+            "@ask Which color? | red | blue ",
+            "@todo read; write ;test",
+            "@plan First this, then that",
+            "@subagent look around",
+            "@fail boom now",
+            "@crash",
+        ]
+    )
+    assert parse(script) == [
+        Reply("Hello  there"),
+        Delay(20),
+        Tool("echo hi | tr a-z A-Z"),
+        Write("notes/a.txt", "some text here"),
+        Approval("rm -rf build"),
+        Ask("Which color?", ("red", "blue")),
+        Todo(("read", "write", "test")),
+        Plan("First this, then that"),
+        Subagent("look around"),
+        Fail("boom now"),
+        Crash(),
+    ]
+
+
+def test_parse_without_directive_is_an_echo() -> None:
+    assert parse("hello") == [Reply("You said: hello")]
+    assert parse("  line one\nline two \n") == [Reply("You said: line one\nline two")]
+    assert parse_steer("go left") == [Reply("Steered: go left")]
+    assert parse_steer("@reply ok") == [Reply("ok")]
+
+
+def test_parse_defaults() -> None:
+    assert parse("@fail") == [Fail("failed")]
+    assert parse("@reply") == [Reply("")]
+    assert parse("@write empty.txt") == [Write("empty.txt", "")]
+    assert parse("@ask Free text?") == [Ask("Free text?", ())]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("@repy hi", "line 1: unknown directive @repy"),
+        ("ok\n@delay soon", "line 2: @delay needs a whole number"),
+        ("@delay -5", "@delay needs a whole number"),
+        ("@tool", "@tool needs a command"),
+        ("@write", "@write needs a path"),
+        ("@todo ; ;", "@todo needs at least one step"),
+        ("@ask | a | b", "@ask needs a question"),
+        ("@", "unknown directive @"),
+    ],
+)
+def test_parse_errors(text: str, message: str) -> None:
+    with pytest.raises(DirectiveError, match=message):
+        parse(text)
+
+
+@pytest.mark.parametrize("text", ["You said: hello", "  lead and trail  ", "a\tb\nc", "word", "", "   "])
+def test_chunks_join_back_exactly(text: str) -> None:
+    assert "".join(chunks(text)) == text
+    assert len(chunks("one two three")) == 3
+
+
+# --- the process ---
+
+
+async def test_initialize_echoes_capabilities(agent: AgentProcess, tmp_path: Path) -> None:
+    result = await agent.request("initialize", {"clientInfo": {"name": "test"}})
+    assert result["serverInfo"]["name"] == "threadloom-scripted"
+    assert result["serverInfo"]["version"]
+    assert result["capabilities"] == {"supportsActiveSteering": True, "supportsInterrupt": True}
+
+    flags = '{"supportsInterrupt": false, "experimental": 3}'
+    other = await AgentProcess.start(tmp_path / "other", "--capabilities", flags)
+    try:
+        result = await other.request("initialize", {"clientInfo": {"name": "test"}})
+        assert result["capabilities"] == {"supportsActiveSteering": True, "supportsInterrupt": False, "experimental": 3}
+    finally:
+        await other.stop()
+
+
+async def test_echo_reply(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "hello")
+    messages = await agent.finish_turn(turn_id)
+    assert methods(messages) == [
+        "turn/started",
+        "item/started",
+        "item/agentMessage/delta",
+        "item/agentMessage/delta",
+        "item/agentMessage/delta",
+        "item/completed",
+        "turn/completed",
+    ]
+    assert messages[0]["params"] == {"threadId": thread_id, "turn": {"id": turn_id}}
+    item_id = messages[1]["params"]["item"]["id"]
+    for m in messages[1:-1]:
+        assert m["params"]["threadId"] == thread_id
+        assert m["params"]["turnId"] == turn_id
+    assert all(m["params"]["itemId"] == item_id for m in messages[2:5])
+    assert "".join(m["params"]["delta"] for m in messages[2:5]) == "You said: hello"
+    assert messages[5]["params"]["item"] == {"type": "agentMessage", "id": item_id, "text": "You said: hello"}
+    assert completion(messages) == {"id": turn_id, "status": "completed", "error": None}
+
+
+async def test_reply_tool_and_write(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    script = "\n".join(
+        [
+            "Do it.",
+            "@reply Working on  it",
+            "@tool echo hi; echo oops >&2; pwd",
+            "@write a/b.txt hello",
+            "@write a/b.txt again",
+        ]
+    )
+    turn_id, messages = await agent.run_turn(thread_id, script)
+    assert message_texts(messages, turn_id) == ["Working on  it"]
+
+    [command] = completed_items(messages, "commandExecution")
+    deltas = "".join(m["params"]["delta"] for m in messages if m["method"] == "item/commandExecution/outputDelta")
+    assert "hi" in deltas
+    assert command["exitCode"] == 0
+    assert command["status"] == "completed"
+    assert command["cwd"] == str(cwd)
+    assert command["aggregatedOutput"] == deltas == f"hi\noops\n{cwd}\n"
+
+    add, update = completed_items(messages, "fileChange")
+    assert add["changes"] == [{"path": str(cwd / "a" / "b.txt"), "kind": "add"}]
+    assert add["status"] == "completed"
+    assert update["changes"][0]["kind"] == "update"
+    assert (cwd / "a" / "b.txt").read_text() == "again"
+    assert completion(messages)["status"] == "completed"
+
+
+async def test_failing_command_fails_the_item_not_the_turn(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    _, messages = await agent.run_turn(thread_id, "@tool exit 3")
+    [command] = completed_items(messages, "commandExecution")
+    assert (command["status"], command["exitCode"]) == ("failed", 3)
+    assert completion(messages)["status"] == "completed"
+
+
+async def test_fail(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id, messages = await agent.run_turn(thread_id, "@reply before\n@fail boom\n@reply after")
+    assert message_texts(messages, turn_id) == ["before"]
+    assert completion(messages) == {"id": turn_id, "status": "failed", "error": {"message": "boom"}}
+
+
+async def test_malformed_directive_fails_the_turn(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    _, messages = await agent.run_turn(thread_id, "@reply fine\n@repy typo")
+    assert methods(messages) == ["turn/started", "turn/completed"]
+    assert completion(messages)["error"] == {"message": "line 2: unknown directive @repy"}
+
+
+async def test_crash(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    await agent.start_turn(thread_id, "@reply going down\n@crash\n@reply never")
+    assert await asyncio.wait_for(agent.proc.wait(), 5) == 17
+
+
+async def test_interrupt_during_delay(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "@reply waiting\n@delay 5000\n@reply never")
+    await agent.next_message(is_method("item/completed", turnId=turn_id))
+    started = time.monotonic()
+    assert await agent.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id}) == {}
+    messages = await agent.finish_turn(turn_id, within=2)
+    assert time.monotonic() - started < 2
+    assert completion(messages) == {"id": turn_id, "status": "interrupted", "error": None}
+    assert message_texts(messages, turn_id) == []
+    # The thread takes a new turn at once, and interrupting a finished turn is refused.
+    _, messages = await agent.run_turn(thread_id, "again")
+    assert completion(messages)["status"] == "completed"
+    error = await agent.error("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
+    assert error["code"] == -32002
+
+
+async def test_interrupt_mid_reply_leaves_message_open(tmp_path: Path, cwd: Path) -> None:
+    agent = await AgentProcess.start(tmp_path / "state", "--chunk-delay-ms", "2000")
+    try:
+        thread_id = await agent.new_thread(cwd)
+        turn_id = await agent.start_turn(thread_id, "@reply one two three")
+        await agent.next_message(is_method("item/agentMessage/delta", turnId=turn_id))
+        await agent.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
+        messages = await agent.finish_turn(turn_id, within=2)
+        assert completion(messages)["status"] == "interrupted"
+        assert "item/completed" not in methods(messages)
+    finally:
+        await agent.stop()
+
+
+async def test_interrupt_ends_a_running_subagent_first(tmp_path: Path, cwd: Path) -> None:
+    agent = await AgentProcess.start(tmp_path / "state", "--chunk-delay-ms", "2000")
+    try:
+        thread_id = await agent.new_thread(cwd)
+        turn_id = await agent.start_turn(thread_id, "@subagent look around")
+        child = await agent.next_message(
+            lambda m: m.get("method") == "turn/started" and m["params"]["turn"]["id"] != turn_id
+        )
+        child_id = child["params"]["turn"]["id"]
+        assert child["params"]["turn"]["parentTurnId"] == turn_id
+        await agent.next_message(is_method("item/agentMessage/delta", turnId=child_id))
+        await agent.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
+        messages = await agent.finish_turn(turn_id, within=2)
+        assert [m["params"]["turn"] for m in messages if m["method"] == "turn/completed"] == [
+            {"id": child_id, "parentTurnId": turn_id, "status": "interrupted", "error": None},
+            {"id": turn_id, "status": "interrupted", "error": None},
+        ]
+    finally:
+        await agent.stop()
+
+
+async def test_interrupt_kills_the_running_command(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "@tool sleep 30 & echo $! > sleeper.pid; echo started; wait")
+    delta = await agent.next_message(is_method("item/commandExecution/outputDelta", turnId=turn_id))
+    assert delta["params"]["delta"] == "started\n"
+    await agent.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
+    messages = await agent.finish_turn(turn_id, within=2)
+    assert completion(messages)["status"] == "interrupted"
+    sleeper = int((cwd / "sleeper.pid").read_text())
+    deadline = time.monotonic() + 2
+    while not process_gone(sleeper):
+        assert time.monotonic() < deadline, "the command's background job survived the interrupt"
+        await asyncio.sleep(0.02)
+
+
+async def test_interrupt_and_steer_refused_when_off(tmp_path: Path, cwd: Path) -> None:
+    flags = '{"supportsActiveSteering": false, "supportsInterrupt": false}'
+    agent = await AgentProcess.start(tmp_path / "state", "--capabilities", flags)
+    try:
+        thread_id = await agent.new_thread(cwd)
+        turn_id = await agent.start_turn(thread_id, "@approval true")
+        await agent.next_message(is_method("item/commandExecution/requestApproval"))
+        error = await agent.error("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
+        assert error["code"] == -32003
+        steer = {"threadId": thread_id, "expectedTurnId": turn_id, "input": [{"type": "text", "text": "x"}]}
+        assert (await agent.error("turn/steer", steer))["code"] == -32003
+    finally:
+        await agent.stop()
+
+
+async def test_steer_appends_to_the_running_turn(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "@approval echo approved\n@reply planned")
+    request = await agent.next_message(is_method("item/commandExecution/requestApproval"))
+
+    steer = {"threadId": thread_id, "expectedTurnId": turn_id, "input": [{"type": "text", "text": "also this"}]}
+    assert await agent.request("turn/steer", steer) == {}
+    wrong = {**steer, "expectedTurnId": "not-the-turn"}
+    assert (await agent.error("turn/steer", wrong))["code"] == -32002
+
+    await agent.send({"id": request["id"], "result": {"decision": "accept"}})
+    messages = await agent.finish_turn(turn_id)
+    # The steering runs right after the directive it interrupted, before the rest of the script.
+    assert message_texts(messages, turn_id) == ["Steered: also this", "planned"]
+    assert completion(messages)["status"] == "completed"
+    read = await agent.request("thread/read", {"threadId": thread_id})
+    [turn] = read["thread"]["turns"]
+    assert turn["input"] == "@approval echo approved\n@reply planned\nalso this"
+    assert turn["output"] == "Steered: also this\nplanned"
+    # No turn is running any more.
+    assert (await agent.error("turn/steer", steer))["code"] == -32002
+
+
+async def test_approval_accept_runs_and_decline_does_not(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    for decision, runs in [("accept", True), ("decline", False), ("cancel", False)]:
+        marker = cwd / f"{decision}.txt"
+        turn_id = await agent.start_turn(thread_id, f"@approval touch {marker.name}\n@reply done")
+        request = await agent.next_message(is_method("item/commandExecution/requestApproval"))
+        assert isinstance(request["id"], str)
+        params = request["params"]
+        assert params["threadId"] == thread_id
+        assert params["turnId"] == turn_id
+        assert params["command"] == f"touch {marker.name}"
+        assert params["cwd"] == str(cwd)
+        await agent.send({"id": request["id"], "result": {"decision": decision}})
+        messages = await agent.finish_turn(turn_id)
+        [item] = completed_items(messages, "commandExecution")
+        assert item["id"] == params["itemId"]
+        assert item["status"] == ("completed" if runs else "declined")
+        assert marker.exists() == runs
+        assert message_texts(messages, turn_id) == ["done"]
+        assert completion(messages)["status"] == "completed"
+
+
+async def test_ask_and_answer(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "@ask Which color? | red | blue")
+    request = await agent.next_message(is_method("item/tool/requestUserInput"))
+    assert request["params"]["questions"] == [
+        {"id": "q1", "question": "Which color?", "options": [{"label": "red"}, {"label": "blue"}], "isOther": False}
+    ]
+    await agent.send({"id": request["id"], "result": {"answers": {"q1": {"answers": ["blue"]}}}})
+    messages = await agent.finish_turn(turn_id)
+    assert message_texts(messages, turn_id) == ["Answer: blue"]
+
+
+async def test_todo_and_plan(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    _, messages = await agent.run_turn(thread_id, "@todo read; write; test\n@plan Step one, then two")
+    plans = [m["params"]["plan"] for m in messages if m["method"] == "turn/plan/updated"]
+    assert [[step["status"] for step in plan] for plan in plans] == [
+        ["pending", "pending", "pending"],
+        ["inProgress", "pending", "pending"],
+        ["completed", "pending", "pending"],
+        ["completed", "inProgress", "pending"],
+        ["completed", "completed", "pending"],
+        ["completed", "completed", "inProgress"],
+        ["completed", "completed", "completed"],
+    ]
+    assert [step["step"] for step in plans[-1]] == ["read", "write", "test"]
+    deltas = "".join(m["params"]["delta"] for m in messages if m["method"] == "item/plan/delta")
+    assert deltas == "Step one, then two"
+    [plan] = completed_items(messages, "plan")
+    assert plan["text"] == deltas
+
+
+async def test_subagent(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id, messages = await agent.run_turn(thread_id, "@subagent look around\n@reply back")
+    [call] = completed_items(messages, "collabAgentToolCall")
+    child_id = call["childTurnId"]
+    assert (call["prompt"], call["status"]) == ("look around", "completed")
+    names = [(m["method"], m["params"].get("turn", {}).get("id")) for m in messages]
+    assert names.index(("turn/started", child_id)) < names.index(("turn/completed", child_id)) < len(names) - 1
+    child_done = messages[names.index(("turn/completed", child_id))]["params"]["turn"]
+    assert child_done == {"id": child_id, "parentTurnId": turn_id, "status": "completed", "error": None}
+    assert message_texts(messages, child_id) == ["Subagent: look around"]
+    assert message_texts(messages, turn_id) == ["back"]
+    assert completion(messages) == {"id": turn_id, "status": "completed", "error": None}
+
+
+async def test_resume_across_processes(tmp_path: Path, cwd: Path) -> None:
+    first = await AgentProcess.start(tmp_path / "state")
+    try:
+        thread_id = await first.new_thread(cwd)
+        turn_id, _ = await first.run_turn(thread_id, "hello")
+    finally:
+        await first.stop()  # kill -9
+    assert first.proc.returncode == -9
+
+    second = await AgentProcess.start(tmp_path / "state")
+    try:
+        assert (await second.error("turn/start", {"threadId": thread_id, "input": []}))["code"] == -32001
+        resumed = await second.request("thread/resume", {"threadId": thread_id})
+        assert resumed == {"thread": {"id": thread_id, "cwd": str(cwd), "turns": 1}}
+        read = await second.request("thread/read", {"threadId": thread_id})
+        assert read["thread"]["turns"] == [
+            {"id": turn_id, "input": "hello", "output": "You said: hello", "status": "completed"}
+        ]
+        _, messages = await second.run_turn(thread_id, "again")
+        assert completion(messages)["status"] == "completed"
+        assert (await second.request("thread/resume", {"threadId": thread_id}))["thread"]["turns"] == 2
+        missing = await second.error("thread/resume", {"threadId": "no-such-thread"})
+        assert missing == {"code": -32001, "message": "no thread no-such-thread"}
+    finally:
+        await second.stop()
+
+
+async def test_resume_after_crash_marks_the_turn_interrupted(tmp_path: Path, cwd: Path) -> None:
+    first = await AgentProcess.start(tmp_path / "state")
+    try:
+        thread_id = await first.new_thread(cwd)
+        await first.start_turn(thread_id, "@crash")
+        assert await asyncio.wait_for(first.proc.wait(), 5) == 17
+    finally:
+        await first.stop()
+    second = await AgentProcess.start(tmp_path / "state")
+    try:
+        await second.request("thread/resume", {"threadId": thread_id})
+        read = await second.request("thread/read", {"threadId": thread_id})
+        assert [turn["status"] for turn in read["thread"]["turns"]] == ["interrupted"]
+    finally:
+        await second.stop()
+
+
+async def test_write_outside_cwd_is_refused(agent: AgentProcess, cwd: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (cwd / "link").symlink_to(outside)
+    thread_id = await agent.new_thread(cwd)
+    script = "\n".join(
+        [
+            "@write ../escape.txt nope",
+            f"@write {tmp_path / 'absolute.txt'} nope",
+            "@write link/through.txt nope",
+            f"@write {cwd / 'inside.txt'} yes",
+            "@reply still here",
+        ]
+    )
+    turn_id, messages = await agent.run_turn(thread_id, script)
+    statuses = [item["status"] for item in completed_items(messages, "fileChange")]
+    assert statuses == ["failed", "failed", "failed", "completed"]
+    assert not (tmp_path / "escape.txt").exists()
+    assert not (tmp_path / "absolute.txt").exists()
+    assert not (outside / "through.txt").exists()
+    assert (cwd / "inside.txt").read_text() == "yes"
+    assert message_texts(messages, turn_id) == ["still here"]
+    assert completion(messages)["status"] == "completed"
+
+
+async def test_one_turn_per_thread_and_threads_run_concurrently(agent: AgentProcess, cwd: Path) -> None:
+    held = await agent.new_thread(cwd)
+    held_turn = await agent.start_turn(held, "@approval true")
+    request = await agent.next_message(is_method("item/commandExecution/requestApproval"))
+    error = await agent.error("turn/start", {"threadId": held, "input": [{"type": "text", "text": "again"}]})
+    assert error == {"code": -32004, "message": "turn already running"}
+
+    other = await agent.new_thread(cwd)
+    _, messages = await agent.run_turn(other, "meanwhile")
+    assert completion(messages)["status"] == "completed"
+
+    await agent.send({"id": request["id"], "result": {"decision": "accept"}})
+    assert completion(await agent.finish_turn(held_turn))["status"] == "completed"
+
+
+async def test_concurrent_turns_keep_lines_whole(agent: AgentProcess, cwd: Path) -> None:
+    threads = [await agent.new_thread(cwd) for _ in range(6)]
+    script = "@tool seq 1 20000\n@reply " + " ".join(["word"] * 200)
+    turns = [await agent.start_turn(thread_id, script) for thread_id in threads]
+    completed: set[str] = set()
+
+    def all_completed(m: Message) -> bool:
+        if m.get("method") == "turn/completed":
+            assert m["params"]["turn"]["status"] == "completed"
+            completed.add(m["params"]["turn"]["id"])
+        return completed == set(turns)
+
+    await agent.next_message(all_completed, within=10)
+    # Every line parsed as JSON (the reader asserts it); each command's output arrived whole and in order.
+    expected = "".join(f"{n}\n" for n in range(1, 20001))
+    for turn_id in turns:
+        output = "".join(
+            m["params"]["delta"]
+            for m in agent.messages
+            if m.get("method") == "item/commandExecution/outputDelta" and m["params"]["turnId"] == turn_id
+        )
+        assert output == expected
+
+
+async def test_bad_requests(agent: AgentProcess) -> None:
+    assert (await agent.error("thread/fork", {}))["code"] == -32601
+    assert (await agent.error("turn/start", {"threadId": "nope", "input": []}))["code"] == -32001
+    assert (await agent.error("thread/read", {}))["code"] == -32602
+    await agent.send({"method": "initialized"})  # client notifications are ignored
+    assert agent.proc.stdin is not None
+    agent.proc.stdin.write(b"not json\n")
+    parse_error = await agent.next_message(lambda m: m.get("error", {}).get("code") == -32700)
+    assert parse_error["id"] is None
+    assert "result" in await agent.call("initialize", {})
+
+
+async def test_closing_stdin_cancels_and_exits_0(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "@tool echo started; sleep 30")
+    await agent.next_message(is_method("item/commandExecution/outputDelta", turnId=turn_id))
+    started = time.monotonic()
+    assert await agent.close_stdin() == 0
+    assert time.monotonic() - started < 5
