@@ -23,15 +23,12 @@ import argparse
 import asyncio
 import os
 import re
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,6 +37,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+from common import REPO, bench_tmp, create_database, embedded_postgres
 
 from threadloom.api import ids
 from threadloom.domain.changes import Change
@@ -50,16 +48,13 @@ from threadloom.domain.statuses import TokenScope
 from threadloom.domain.threads import create_thread
 from threadloom.store import log, migrate, tokens
 from threadloom.store.db import Database
-from threadloom.store.embedded import asyncpg_url, start_embedded
-
-REPO = Path(__file__).resolve().parents[1]
 
 QUERY = (
     "query($p: ID!, $n: Int) { threads(projectId: $p, first: $n) { edges { cursor node { "
     "id title status latestSequence providerInstanceId model runtimeMode queueHeld archivedAt "
     "createdAt updatedAt project { id name } } } pageInfo { hasNextPage endCursor } } }"
 )
-SQL_TIMING = re.compile(r'sql;dur=[0-9.]+;desc="(\d+) statements"')
+SQL_TIMING = re.compile(r'sql;(?:dur=[0-9.]+;)?desc="(\d+) statements"')  # the dur was dropped in 816396e
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +73,6 @@ class Stats:
 
 
 # ---------------------------------------------------------------- setup
-
-
-async def create_database(socket_dir: str, name: str) -> None:
-    conn = await asyncpg.connect(host=socket_dir, user="postgres", database="postgres")
-    try:
-        await conn.execute(f"CREATE DATABASE {name}")
-    finally:
-        await conn.close()
 
 
 async def analyze(socket_dir: str, database: str) -> None:
@@ -229,11 +216,10 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     from tests.support.server import ServerProcess, free_port
 
     t_start = time.perf_counter()
-    pg: Any = start_embedded(tmp)
-    try:
-        socket_dir = asyncpg_url(pg).split("host=")[1]
+    with embedded_postgres(tmp) as pg:
+        socket_dir = pg.socket_dir
         database = "tl_bench"
-        url = asyncpg_url(pg, database)
+        url = pg.url(database)
         asyncio.run(create_database(socket_dir, database))
         project_id, token = asyncio.run(populate(url, args.threads, args.batch))
         asyncio.run(analyze(socket_dir, database))
@@ -288,9 +274,6 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         finally:
             server.stop()
             stop_process(floor)
-    finally:
-        pg.stop()  # cleanup() alone does not stop a server started with cleanup_mode=None
-        pg.cleanup()
 
     equal = "equal" if sql_small == sql_large else "NOT EQUAL: the statement count grows with the page"
     print()
@@ -313,12 +296,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--requests", type=int, default=200)
     args = parser.parse_args()
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    tmp = Path(tempfile.mkdtemp(prefix="threadloom-bench-", dir="/tmp"))
-    try:
+    with bench_tmp() as tmp:
         run(args, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -60,3 +60,33 @@ async def test_fifty_creates_over_two_processes(
         assert len(positions) == len(set(positions)) == 50 + 1 + 30 + 1  # threads, contended thread, renames, project
     finally:
         await db.dispose()
+
+
+async def test_concurrent_sends_over_two_processes(
+    server: ServerProcess, second_server: ServerProcess, client: Client, database_url: str, tmp_path: Path
+) -> None:
+    from tests.support.graphql import CREATE_PROJECT
+    from tests.support.runs import finished, send
+
+    other = Client(second_server.url, client.token)
+    try:
+        data = await client.gql(CREATE_PROJECT, {"name": "busy", "root": str(tmp_path / "ws")})
+        thread = await make_thread(client, data["createProject"]["project"]["id"], "busy")
+        clients = [client, other]
+        sent = await asyncio.gather(*(send(clients[i % 2], thread["id"], f"message {i}") for i in range(50)))
+        assert all(s["userErrors"] == [] for s in sent)
+        assert sorted(s["run"]["ordinal"] for s in sent) == list(range(1, 51))
+        runs = [await finished(clients[i % 2], s["run"]["id"], within=120) for i, s in enumerate(sent)]
+    finally:
+        await other.aclose()
+    runs.sort(key=lambda r: r["ordinal"])
+    assert all(r["status"] == "COMPLETED" for r in runs)
+    # Never two active at once, and the queue drained in ordinal order.
+    for before, after in zip(runs, runs[1:], strict=False):
+        assert after["startedAt"] >= before["completedAt"]
+    db = Database.from_url(database_url, pool_size=1)
+    try:
+        per_thread = await sequences(db)
+        assert all(seqs == list(range(1, len(seqs) + 1)) for seqs in per_thread.values())
+    finally:
+        await db.dispose()

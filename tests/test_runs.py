@@ -155,6 +155,14 @@ async def test_tool_and_write(client: Client, thread_id: str, workspace: Path) -
     graph = done["executionGraph"]
     root_id = done["rootNode"]["id"]
     assert {e["to"] for e in graph["edges"] if e["from"] == root_id} == {c["id"] for c in children}
+    filtered = await client.gql(
+        """query($t: ID!, $r: ID!, $n: ID!) { thread(id: $t) {
+             activities(runId: $r, nodeId: $n) { totalCount edges { node { kind runId nodeId } } } } }""",
+        {"t": thread_id, "r": done["id"], "n": tools[0]["id"]},
+    )
+    acts = filtered["thread"]["activities"]
+    assert [a["node"]["kind"] for a in acts["edges"]] == ["tool.started", "tool.completed"]
+    assert all(a["node"]["runId"] == done["id"] and a["node"]["nodeId"] == tools[0]["id"] for a in acts["edges"])
 
 
 async def test_failure_holds_the_queue(client: Client, thread_id: str) -> None:

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from threadloom.config import Settings
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.clock import SystemClock
+from threadloom.providers.registry import ConfigError, load_instances
 from threadloom.store import migrate, tokens
 from threadloom.store.db import Database
 
@@ -67,6 +68,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env(host=args.host, port=args.port, data_dir=args.data_dir)
     logs.configure(settings.log_level)
+    try:
+        load_instances(settings.providers_file)
+    except ConfigError as error:
+        print(f"threadloom: {error}", file=sys.stderr)
+        return 2
     url, server = _database_url(settings)
     admin = asyncio.run(_prepare(url, embedded=server is not None))
     print(f"Threadloom: http://{settings.host}:{settings.port}/graphql", flush=True)

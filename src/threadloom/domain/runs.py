@@ -44,6 +44,7 @@ from threadloom.domain.statuses import (
 
 MAX_MESSAGE = 200_000
 START_EFFECT = "provider-turn.start"
+ENSURE_THREAD_EFFECT = "provider-thread.ensure"
 
 NewId = Callable[[], uuid.UUID]
 
@@ -359,7 +360,6 @@ _TURN_AFTER_TURN = {
     RunStatus.FAILED: ProviderTurnStatus.FAILED,
     RunStatus.CANCELLED: ProviderTurnStatus.FAILED,
 }
-HOLDING_REASONS = frozenset({"provider_error", "provider_crashed"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,10 +12,11 @@ from datetime import datetime
 from threadloom.domain import projects as project_rules
 from threadloom.domain import threads as thread_rules
 from threadloom.domain.access import Principal
-from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.changes import Change, Effect, Outcome
 from threadloom.domain.entities import AppThread
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.ids import new_id
+from threadloom.domain.runs import ENSURE_THREAD_EFFECT
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.store import threads as thread_store
@@ -23,10 +24,18 @@ from threadloom.store.db import Reader
 
 
 class Catalog:
-    def __init__(self, pipeline: Pipeline, *, provider_instances: Collection[str], default_instance: str) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        provider_instances: Collection[str],
+        default_instance: str,
+        eager_instances: Collection[str] = (),
+    ) -> None:
         self.pipeline = pipeline
         self.provider_instances = provider_instances
         self.default_instance = default_instance
+        self.eager_instances = frozenset(eager_instances)
 
     async def create_project(
         self, principal: Principal, *, name: str, workspace_root: str, key: str | None
@@ -73,7 +82,10 @@ class Catalog:
                 runtime_mode=runtime_mode,
                 now=now,
             )
-            return Outcome([change], result={"threadId": str(change.entity.id)}, project_id=project.id)
+            effects = []
+            if instance in self.eager_instances:  # the instance wants its provider thread now
+                effects.append(Effect(ENSURE_THREAD_EFFECT, {"threadId": str(change.entity.id)}))
+            return Outcome([change], effects, result={"threadId": str(change.entity.id)}, project_id=project.id)
 
         data = {
             "projectId": str(project_id),

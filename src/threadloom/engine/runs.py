@@ -41,6 +41,16 @@ class Sent:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class _Target:
+    """Where a native thread must exist: the app thread, its workspace, the run asking (if any)."""
+
+    thread_id: uuid.UUID
+    cwd: str
+    run_id: uuid.UUID | None
+    provider_thread: ProviderThread
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Prepared:
     run: Run
     attempt: RunAttempt
@@ -48,6 +58,28 @@ class _Prepared:
     provider_thread: ProviderThread
     text: str
     cwd: str
+
+    @property
+    def target(self) -> _Target:
+        return _Target(self.thread.id, self.cwd, self.run.id, self.provider_thread)
+
+
+def _provider_thread_for(thread: AppThread, current: ProviderThread | None, instance: str, now: Any) -> list[Change]:
+    """The changes that give a thread a (not yet loaded) provider thread of `instance`, if it lacks one."""
+    if current is not None and current.provider_instance_id == instance:
+        return []
+    created = ProviderThread(
+        id=new_id(),
+        provider_instance_id=instance,
+        app_thread_id=thread.id,
+        status=ProviderThreadStatus.NOT_LOADED,
+        created_at=now,
+        updated_at=now,
+    )
+    return [
+        Change("provider_thread.created", created),
+        Change("thread.updated", thread.evolve(active_provider_thread_id=created.id, updated_at=now)),
+    ]
 
 
 class RunEngine:
@@ -181,7 +213,7 @@ class RunEngine:
             return
         try:
             session = await self.sessions.runtime_for(prepared.run.provider_instance_id)
-            provider_thread = await self._ensure_native_thread(session, prepared)
+            provider_thread = await self._ensure_native_thread(session, prepared.target)
         except ProviderError as error:
             await self.finish(run_id, RunStatus.FAILED, "provider_error", hold_reason=f"provider error: {error}")
             return
@@ -251,7 +283,7 @@ class RunEngine:
         await self.pipeline.execute(Command("turn.prepare", None, None, {}, decide, thread_id))
         return found.get("p")
 
-    async def _ensure_native_thread(self, session: LiveSession, p: _Prepared) -> ProviderThread:
+    async def _ensure_native_thread(self, session: LiveSession, p: _Target) -> ProviderThread:
         """Lazily create the native thread, or resume it in this runtime (Follow-Up Turns)."""
         pt = p.provider_thread
         runtime = session.runtime
@@ -274,12 +306,12 @@ class RunEngine:
             p, pt.evolve(session_id=session.session_id, status=ProviderThreadStatus.ACTIVE), warning
         )
 
-    async def _replace_provider_thread(self, p: _Prepared, broken: ProviderThread) -> ProviderThread:
+    async def _replace_provider_thread(self, p: _Target, broken: ProviderThread) -> ProviderThread:
         now = self.now
         replacement = ProviderThread(
             id=new_id(),
             provider_instance_id=broken.provider_instance_id,
-            app_thread_id=p.thread.id,
+            app_thread_id=p.thread_id,
             status=ProviderThreadStatus.NOT_LOADED,
             created_at=now,
             updated_at=now,
@@ -295,21 +327,21 @@ class RunEngine:
                 ]
             )
 
-        await self.pipeline.execute(Command("provider_thread.replace", None, None, {}, decide, p.thread.id))
+        await self.pipeline.execute(Command("provider_thread.replace", None, None, {}, decide, p.thread_id))
         return replacement
 
-    async def _record_provider_thread(self, p: _Prepared, pt: ProviderThread, warning: str | None) -> ProviderThread:
+    async def _record_provider_thread(self, p: _Target, pt: ProviderThread, warning: str | None) -> ProviderThread:
         now = self.now
 
         async def decide(db: Reader, thread: AppThread | None) -> Outcome:
             outcome = Outcome([Change("provider_thread.updated", pt.evolve(updated_at=now))])
             if warning:
                 outcome.changes.append(
-                    rules.activity(p.thread.id, "runtime.warning", warning, now, new_id, run_id=p.run.id)
+                    rules.activity(p.thread_id, "runtime.warning", warning, now, new_id, run_id=p.run_id)
                 )
             return outcome
 
-        await self.pipeline.execute(Command("provider_thread.ready", None, None, {}, decide, p.thread.id))
+        await self.pipeline.execute(Command("provider_thread.ready", None, None, {}, decide, p.thread_id))
         return pt
 
     async def _record_turn(self, p: _Prepared, pt: ProviderThread) -> uuid.UUID | None:
@@ -328,6 +360,30 @@ class RunEngine:
 
         await self.pipeline.execute(Command("turn.request", None, None, {}, decide, p.thread.id))
         return found.get("turn")
+
+    async def ensure_thread(self, payload: dict[str, Any]) -> None:
+        """The `provider-thread.ensure` effect: eager provider-thread creation for instances configured so."""
+        thread_id = uuid.UUID(payload["threadId"])
+        now = self.now
+        found: dict[str, _Target] = {}
+
+        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+            assert thread is not None
+            current = await entities.get(db, ProviderThread, thread.active_provider_thread_id)
+            if current is not None and current.native_thread_ref is not None:
+                return Outcome()
+            project = await entities.require(db, Project, thread.project_id)
+            outcome = Outcome(_provider_thread_for(thread, current, thread.provider_instance_id, now))
+            pt = next((c.entity for c in outcome.changes if isinstance(c.entity, ProviderThread)), current)
+            assert pt is not None
+            found["t"] = _Target(thread.id, project.workspace_root, None, pt)
+            return outcome
+
+        await self.pipeline.execute(Command("provider_thread.ensure", None, None, {}, decide, thread_id))
+        target = found.get("t")
+        if target is not None:
+            session = await self.sessions.runtime_for(target.provider_thread.provider_instance_id)
+            await self._ensure_native_thread(session, target)
 
     async def session_lost(self, session: LiveSession, reason: str) -> None:
         """The runtime died: its live turns failed; the provider threads stay resumable."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 
 from threadloom.config import Settings
-from threadloom.domain.runs import START_EFFECT
+from threadloom.domain.runs import ENSURE_THREAD_EFFECT, START_EFFECT
 from threadloom.domain.statuses import RunStatus
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.clock import Clock
@@ -41,7 +42,10 @@ class Services:
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
         pipeline = Pipeline(db, clock)
         catalog = Catalog(
-            pipeline, provider_instances=list(instances), default_instance=settings.default_provider_instance
+            pipeline,
+            provider_instances=list(instances),
+            default_instance=settings.default_provider_instance,
+            eager_instances=[name for name, config in instances.items() if config.eager_thread],
         )
         worker = Worker(db, clock)
         drivers = {name: build_driver(config, settings.data_dir) for name, config in instances.items()}
@@ -49,6 +53,7 @@ class Services:
         run_engine = RunEngine(pipeline, sessions)
         effects = EffectWorker(db, clock, worker.id)
         effects.handlers[START_EFFECT] = run_engine.start_turn
+        effects.handlers[ENSURE_THREAD_EFFECT] = run_engine.ensure_thread
         recovery = Recovery(pipeline, run_engine, worker.id)
         services = cls(settings, db, clock, pipeline, catalog, worker, sessions, run_engine, effects, recovery)
 
@@ -57,8 +62,6 @@ class Services:
                 effects.wake.set()
 
         async def open_ingest(session: LiveSession) -> None:
-            import asyncio
-
             ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost)
             session.task = asyncio.create_task(ingestor.run(), name=f"ingest-{session.instance_id}")
 

@@ -31,5 +31,7 @@ class Worker:
         async with self.db.transaction() as db:
             await worker_store.mark_stopped(db, self.id, self.clock.now())
         if self._conn is not None:
+            # Drop the database session itself (not back to the pool): that releases the lock.
+            await self._conn.invalidate()
             await self._conn.close()
             self._conn = None

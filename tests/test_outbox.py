@@ -1,0 +1,143 @@
+"""The effect outbox and worker liveness, against real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from threadloom.domain.access import Principal
+from threadloom.domain.changes import Effect
+from threadloom.domain.recovery import RecoveryAction, recover_run
+from threadloom.domain.statuses import RunStatus, TokenScope
+from threadloom.engine.effects import EffectWorker, backoff
+from threadloom.engine.services import Services
+from threadloom.engine.workers import Worker
+from threadloom.store import outbox
+from threadloom.store import tables as t
+
+ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
+
+
+async def _threads(services: Services, n: int) -> list[uuid.UUID]:
+    project = await services.catalog.create_project(ADMIN, name="p", workspace_root="/tmp/w", key=None)
+    return [
+        await services.catalog.create_thread(
+            ADMIN,
+            project_id=project,
+            title=f"t{i}",
+            provider_instance_id=None,
+            model=None,
+            runtime_mode="full_access",
+            key=None,
+        )
+        for i in range(n)
+    ]
+
+
+async def _enqueue(services: Services, thread: uuid.UUID, *effects: Effect) -> None:
+    async with services.db.transaction() as db:
+        await outbox.enqueue(db, thread, effects, command_id=None, now=services.clock.now())
+
+
+async def _claim(services: Services, worker: uuid.UUID) -> sa.RowMapping | None:
+    now = services.clock.now()
+    async with services.db.transaction() as db:
+        return await outbox.claim(db, worker, now, now + timedelta(minutes=1))
+
+
+async def _finish(services: Services, effect_id: int) -> None:
+    async with services.db.transaction() as db:
+        await outbox.finish(db, effect_id, services.clock.now())
+
+
+async def test_one_effect_at_a_time_per_thread_in_order(services: Services) -> None:
+    a, b = await _threads(services, 2)
+    await _enqueue(services, a, Effect("x", {"n": 1}), Effect("x", {"n": 2}))
+    await _enqueue(services, b, Effect("x", {"n": 3}))
+    me = uuid.uuid4()
+    first = await _claim(services, me)
+    second = await _claim(services, me)
+    assert first is not None and second is not None
+    assert (first["payload"]["n"], second["payload"]["n"]) == (1, 3)  # a's second waits for its first
+    assert await _claim(services, me) is None
+    await _finish(services, first["id"])
+    third = await _claim(services, me)
+    assert third is not None and third["payload"]["n"] == 2 and third["attempts"] == 1
+
+
+async def test_affinity_follows_the_owner_while_it_lives(services: Services) -> None:
+    (thread,) = await _threads(services, 1)
+    owner = Worker(services.db, services.clock)
+    await owner.start()
+    await _enqueue(services, thread, Effect("x", {}, affinity=owner.id))
+    assert await _claim(services, uuid.uuid4()) is None  # another worker may not take it
+    await owner.stop()  # the owner's lock goes with its connection
+    claimed = await _claim(services, uuid.uuid4())
+    assert claimed is not None
+
+
+async def test_orphans_of_a_dead_worker_are_recovered(services: Services) -> None:
+    (thread,) = await _threads(services, 1)
+    dead = Worker(services.db, services.clock)
+    await dead.start()
+    await _enqueue(services, thread, Effect("safe", {}, replay_safe=True))
+    claimed = await _claim(services, dead.id)
+    assert claimed is not None
+    async with services.db.transaction() as db:
+        assert await outbox.orphaned(db) == []  # its worker is alive
+    await dead.stop()
+    await services.recovery.recover()
+    async with services.db.read() as db:
+        rows = await db.rows(sa.select(t.effects.c.kind, t.effects.c.status))
+    assert [(r["kind"], r["status"]) for r in rows] == [("safe", "pending")]
+    await _enqueue(services, thread, Effect("bound", {}, replay_safe=False))
+    zombie = Worker(services.db, services.clock)
+    await zombie.start()
+    again = await _claim(services, zombie.id)
+    assert again is not None and again["kind"] == "safe"
+    await _finish(services, again["id"])
+    bound = await _claim(services, zombie.id)
+    assert bound is not None and bound["kind"] == "bound"
+    await zombie.stop()
+    await services.recovery.recover()
+    async with services.db.read() as db:
+        status = await db.scalar(sa.select(t.effects.c.status).where(t.effects.c.kind == "bound"))
+    assert status == "cancelled"  # process-bound work is never blindly resent
+
+
+async def test_failed_effects_back_off_and_give_up(services: Services) -> None:
+    (thread,) = await _threads(services, 1)
+    worker = EffectWorker(services.db, services.clock, uuid.uuid4())
+    calls: list[int] = []
+
+    async def broken(payload: dict[str, object]) -> None:
+        calls.append(1)
+        raise RuntimeError("nope")
+
+    worker.handlers["broken"] = broken
+    await _enqueue(services, thread, Effect("broken", {}))
+    assert await worker.run_one() is True
+    async with services.db.read() as db:
+        row = (await db.rows(sa.select(t.effects)))[0]
+    assert row["status"] == "pending" and row["attempts"] == 1 and "nope" in row["last_error"]
+    assert row["available_at"] > services.clock.now()
+    assert await worker.run_one() is False  # not due yet
+    assert calls == [1]
+    assert [backoff(n) for n in (1, 2, 3)] == [0.2, 0.4, 0.8] and backoff(50) == 30.0
+
+
+def test_recovery_decisions() -> None:
+    assert recover_run(RunStatus.PREPARING, start_pending=True, turn_recorded=False, owner_alive=None) == (
+        RecoveryAction.NONE
+    )
+    assert recover_run(RunStatus.PREPARING, start_pending=False, turn_recorded=False, owner_alive=None) == (
+        RecoveryAction.REQUEUE_START
+    )
+    assert recover_run(RunStatus.STARTING, start_pending=False, turn_recorded=True, owner_alive=False) == (
+        RecoveryAction.FAIL
+    )
+    assert recover_run(RunStatus.RUNNING, start_pending=False, turn_recorded=True, owner_alive=True) == (
+        RecoveryAction.NONE
+    )
