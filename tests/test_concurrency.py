@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.support.db import sequences
-from tests.support.graphql import CREATE_THREAD, make_project, make_thread
+from tests.support.graphql import CREATE_PROJECT, CREATE_THREAD, make_project, make_thread
+from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
 from threadloom.store import tables as t
 from threadloom.store.db import Database
@@ -65,9 +67,6 @@ async def test_fifty_creates_over_two_processes(
 async def test_concurrent_sends_over_two_processes(
     server: ServerProcess, second_server: ServerProcess, client: Client, database_url: str, tmp_path: Path
 ) -> None:
-    from tests.support.graphql import CREATE_PROJECT
-    from tests.support.runs import finished, send
-
     other = Client(second_server.url, client.token)
     try:
         data = await client.gql(CREATE_PROJECT, {"name": "busy", "root": str(tmp_path / "ws")})
@@ -82,7 +81,7 @@ async def test_concurrent_sends_over_two_processes(
     runs.sort(key=lambda r: r["ordinal"])
     assert all(r["status"] == "COMPLETED" for r in runs)
     # Never two active at once, and the queue drained in ordinal order.
-    for before, after in zip(runs, runs[1:], strict=False):
+    for before, after in itertools.pairwise(runs):
         assert after["startedAt"] >= before["completedAt"]
     db = Database.from_url(database_url, pool_size=1)
     try:
