@@ -481,6 +481,8 @@ async def main_async(args: argparse.Namespace, tmp: Path, pg: EmbeddedPostgres) 
     poll_counter = SqlCounter(poller.engine)
     services = Services.build(Settings.from_env(data_dir=str(tmp / "data")), db, SystemClock(), load_instances(None))
     await services.start()
+    if not args.recovery_loop:
+        await services.recovery.stop()  # the startup pass has run; no periodic passes
     bench = Bench(services, poller, counter, pg)
     phases = [Phase("main", args.threads, args.runs)]
     if args.single_runs:
@@ -522,6 +524,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=10, help="threads in the main phase")
     parser.add_argument("--single-runs", type=int, default=50, help="runs on one thread (0: skip)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds per phase before giving up")
+    parser.add_argument(
+        "--no-recovery-loop",
+        dest="recovery_loop",
+        action="store_false",
+        help="stop the engine's periodic recovery pass after startup (see the module docstring)",
+    )
     parser.add_argument("--profile", metavar="PATH", help="cProfile the main phase; write the stats to PATH")
     args = parser.parse_args()
     if args.threads < 1 or args.runs < args.threads or args.runs % args.threads:

@@ -140,6 +140,9 @@ async def test_queued_turn(client: Client, thread_id: str) -> None:
     assert one["status"] == two["status"] == "COMPLETED"
     assert two["startedAt"] >= one["completedAt"]
     assert two["queuePosition"] is None
+    idle = await send(client, thread_id, "nothing runs", d={"queueAfterActive": True})
+    assert idle["appliedDispatch"] == "START_IMMEDIATELY"  # nothing to queue behind
+    assert (await finished(client, idle["run"]["id"]))["status"] == "COMPLETED"
 
 
 async def test_tool_and_write(client: Client, thread_id: str, workspace: Path) -> None:
