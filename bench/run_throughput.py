@@ -16,7 +16,14 @@ Phases, each on fresh threads:
   run per thread, the rest queue), round-robin over the threads;
 - single: `--single-runs` messages on one thread, sent up front: the serial figure.
 A phase ends when the `runs` table (polled every 50 ms on a separate connection) shows
-all its runs terminal; any run that is not `completed` fails the benchmark.
+all its runs terminal; any run that is not `completed` fails the benchmark, printing its
+reason and event trail. (At the time of writing the engine's periodic recovery pass fails
+a few healthy runs per 500 with `provider_lost`: it decides on a run status read before its
+other reads. `--no-recovery-loop` stops that pass after startup to measure the rest.)
+
+Sending up front has a cost of its own, reported separately: each run start renumbers
+every run still queued on its thread (one `run.updated` event and projection row each), so
+with 50 queued messages per thread about 40% of the event rows are queue renumbering.
 
 Counting: a SQLAlchemy listener on the engine counts every statement it sends (the
 effect worker's and recovery's polling included; claims are reported separately), rows
@@ -35,9 +42,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import io
 import pstats
 import re
+import sys
 import time
 import uuid
 from collections import Counter
@@ -73,6 +82,7 @@ CLAIM = "claim effect (WITH next AS ... UPDATE effects)"
 # ---------------------------------------------------------------- counting statements
 
 
+@functools.lru_cache(maxsize=1024)  # the listener runs inside the measured process: keep it cheap
 def shape(statement: str) -> str:
     """A statement's kind: verb and table ("upsert runs", "select threads for update", ...)."""
     s = " ".join(statement.split())
@@ -127,7 +137,9 @@ class SqlCounter:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.tally = Tally()
+        self.connections = 0  # new DBAPI connections (their setup queries bypass the listeners)
         sync = engine.sync_engine
+        event.listen(sync, "connect", self._connect)
         event.listen(sync, "before_cursor_execute", self._execute)
         event.listen(sync, "commit", self._commit)
         event.listen(sync, "rollback", self._rollback)
@@ -138,6 +150,9 @@ class SqlCounter:
         self.tally.shapes[kind] += 1
         self.tally.rows[kind] += len(params) if executemany else 1
 
+    def _connect(self, dbapi_conn: Any, record: Any) -> None:
+        self.connections += 1
+
     def _commit(self, conn: Any) -> None:
         self.tally.commits += 1
 
@@ -146,6 +161,60 @@ class SqlCounter:
 
     def snapshot(self) -> Tally:
         return self.tally.copy()
+
+
+# ---------------------------------------------------------------- time by command
+
+
+@dataclass(slots=True)
+class Busy:
+    count: Counter[str] = field(default_factory=Counter)
+    seconds: Counter[str] = field(default_factory=Counter)
+
+    def copy(self) -> Busy:
+        return Busy(Counter(self.count), Counter(self.seconds))
+
+    def __sub__(self, other: Busy) -> Busy:
+        return Busy(self.count - other.count, self.seconds - other.seconds)
+
+
+class CommandTimer:
+    """Wall time inside `Pipeline.execute` per command type and inside each effect handler.
+
+    An observer wrapped around the instances' methods; the engine's code is unchanged. The
+    ingestor of the (single) provider session applies its commands one at a time (events,
+    then `run.finish` at the end of a turn), so their sum is how busy that one task is.
+    """
+
+    def __init__(self, services: Services) -> None:
+        self.busy = Busy()
+        original = services.pipeline.execute
+
+        async def execute(command: Any, counter: Any = None) -> dict[str, Any]:
+            t = time.perf_counter()
+            try:
+                return await original(command, counter)
+            finally:
+                self.busy.count[command.command_type] += 1
+                self.busy.seconds[command.command_type] += time.perf_counter() - t
+
+        services.pipeline.execute = execute  # type: ignore[method-assign]
+        for kind, handler in list(services.effects.handlers.items()):
+            services.effects.handlers[kind] = self._timed(f"effect {kind}", handler)
+
+    def _timed(self, name: str, handler: Any) -> Any:
+        async def timed(payload: dict[str, Any]) -> None:
+            t = time.perf_counter()
+            try:
+                await handler(payload)
+            finally:
+                self.busy.count[name] += 1
+                self.busy.seconds[name] += time.perf_counter() - t
+
+        return timed
+
+    def snapshot(self) -> Busy:
+        return self.busy.copy()
 
 
 # ---------------------------------------------------------------- CPU by process
@@ -193,9 +262,11 @@ class Phase:
     wall: float = 0.0  # first send → last completed_at
     send_time: float = 0.0  # time to send every message
     tally: Tally = field(default_factory=Tally)
+    busy: Busy = field(default_factory=Busy)
     cpu: Cpu = Cpu(0, 0, 0)
     events: int = 0
     event_types: Counter[str] = field(default_factory=Counter)
+    renumbering: int = 0  # run.updated events of still-queued runs (queue_position changes)
     payload_bytes: float = 0.0
     run_ms: float = 0.0  # median started → completed
     samples: list[tuple[Any, ...]] = field(default_factory=list)
@@ -209,6 +280,7 @@ class Phase:
 class Bench:
     def __init__(self, services: Services, poller: Database, counter: SqlCounter, pg: EmbeddedPostgres) -> None:
         self.services = services
+        self.timer = CommandTimer(services)
         self.poller = poller
         self.counter = counter
         self.pg = pg
@@ -256,26 +328,48 @@ class Bench:
                 counts = {r["status"]: r["n"] for r in await db.rows(query, {"ids": thread_ids})}
             bad = {s: n for s, n in counts.items() if s in ("failed", "cancelled", "interrupted", "rolled_back")}
             if bad:
-                async with self.poller.read() as db:
-                    row = await db.one_or_none(
-                        sa.text(
-                            "SELECT ordinal, status, status_reason FROM runs WHERE thread_id = ANY(:ids) "
-                            "AND status <> 'completed' AND status IN ('failed','cancelled','interrupted',"
-                            "'rolled_back') ORDER BY requested_at LIMIT 1"
-                        ),
-                        {"ids": thread_ids},
-                    )
-                raise RuntimeError(f"runs did not complete: {bad}; first: {dict(row) if row else None}")
+                raise RuntimeError(f"runs did not complete: {bad}\n{await self.explain_failure(thread_ids)}")
             if counts.get("completed", 0) >= expected:
                 return
             await asyncio.sleep(POLL)
         raise TimeoutError(f"after {limit:.0f} s: {counts} (expected {expected} completed)")
 
+    async def explain_failure(self, thread_ids: list[uuid.UUID]) -> str:
+        """The first failed run, its reason and its event trail (what the run went through)."""
+        async with self.poller.read() as db:
+            run = await db.one_or_none(
+                sa.text(
+                    "SELECT id, ordinal, status, status_reason FROM runs WHERE thread_id = ANY(:ids) "
+                    "AND status IN ('failed', 'cancelled', 'interrupted', 'rolled_back') ORDER BY requested_at LIMIT 1"
+                ),
+                {"ids": thread_ids},
+            )
+            if run is None:
+                return ""
+            trail = await db.rows(
+                sa.text(
+                    "SELECT e.occurred_at, e.command_id, e.event_type, e.payload->>'status' AS status FROM events e "
+                    "WHERE e.run_id = :id OR e.entity_id = :id ORDER BY e.position"
+                ),
+                {"id": run["id"]},
+            )
+        t0 = trail[0]["occurred_at"] if trail else None
+        lines = [
+            f"  +{(r['occurred_at'] - t0).total_seconds() * 1000:7.1f} ms  {r['event_type']:<24} {r['status'] or ''}"
+            for r in trail
+        ]
+        return (
+            f"first: run {run['id']} (ordinal {run['ordinal']}) {run['status']}: {run['status_reason']}\n"
+            + "\n".join(lines)
+            + "\n(if the reason is provider_lost: the periodic recovery pass misjudged a live run; "
+            "--no-recovery-loop measures without that pass)"
+        )
+
     async def run_phase(self, phase: Phase, limit: float, profile: cProfile.Profile | None = None) -> None:
         thread_ids = await self.new_threads(phase.threads, phase.name)
         per_thread = phase.runs // phase.threads
         t0 = datetime.now(UTC)
-        before, cpu0 = self.counter.snapshot(), cpu_now(self.postmaster)
+        before, busy0, cpu0 = self.counter.snapshot(), self.timer.snapshot(), cpu_now(self.postmaster)
         p0 = time.perf_counter()
         if profile is not None:
             profile.enable()
@@ -287,6 +381,7 @@ class Bench:
         if profile is not None:
             profile.disable()
         phase.tally, phase.cpu = self.counter.snapshot() - before, cpu_now(self.postmaster) - cpu0
+        phase.busy = self.timer.snapshot() - busy0
         await self.read_results(phase, thread_ids, t0)
 
     async def read_results(self, phase: Phase, thread_ids: list[uuid.UUID], t0: datetime) -> None:
@@ -302,8 +397,9 @@ class Bench:
             )
             types = await db.rows(
                 sa.text(
-                    "SELECT event_type, count(*) AS n, sum(length(payload::text)) AS bytes FROM events "
-                    "WHERE thread_id = ANY(:ids) AND occurred_at >= :t0 GROUP BY event_type"
+                    "SELECT event_type, count(*) AS n, sum(length(payload::text)) AS bytes, "
+                    "count(*) FILTER (WHERE payload->>'status' = 'queued' AND event_type = 'run.updated') AS renum "
+                    "FROM events WHERE thread_id = ANY(:ids) AND occurred_at >= :t0 GROUP BY event_type"
                 ),
                 args,
             )
@@ -322,6 +418,7 @@ class Bench:
         phase.run_ms = float(timing["run_s"]) * 1000
         phase.event_types = Counter({r["event_type"]: int(r["n"]) for r in types})
         phase.events = sum(phase.event_types.values())
+        phase.renumbering = sum(int(r["renum"]) for r in types)
         phase.payload_bytes = sum(int(r["bytes"]) for r in types) / max(1, phase.events)
 
 
@@ -364,12 +461,11 @@ async def floor(pg: EmbeddedPostgres, phase: Phase, rows_per_run: int) -> None:
 # ---------------------------------------------------------------- PostgreSQL's own count
 
 
-async def pg_transactions(pg: EmbeddedPostgres) -> int:
-    """xact_commit + xact_rollback of the bench database, once no other session is connected.
+async def pg_transactions(pg: EmbeddedPostgres) -> tuple[int, int]:
+    """(xact_commit, xact_rollback) of the bench database, once no other session is connected.
 
     Backends flush their statistics when they exit, so waiting for them to go makes the
-    (asynchronously updated) counter exact. Costs this session's one transaction, which is
-    flushed when it closes.
+    (asynchronously updated) counters exact. This session is on another database.
     """
     conn = await pg.connect("postgres")
     try:
@@ -382,9 +478,11 @@ async def pg_transactions(pg: EmbeddedPostgres) -> int:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)
         await conn.execute("SELECT pg_stat_clear_snapshot()")
-        return int(
-            await conn.fetchval("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", DATABASE)
+        row = await conn.fetchrow(
+            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = $1", DATABASE
         )
+        assert row is not None
+        return int(row["xact_commit"]), int(row["xact_rollback"])
     finally:
         await conn.close()
 
@@ -411,10 +509,23 @@ def wrap(text: str, indent: str, width: int = 110) -> Iterable[str]:
     yield line.rstrip(", ")
 
 
-def report(phases: list[Phase], pg_check: tuple[int, int, int], total: float) -> None:
+@dataclass(frozen=True, slots=True)
+class PgCheck:
+    commits: int  # pg_stat_database deltas over the engine's lifetime
+    rollbacks: int
+    engine: Tally  # what the listeners saw over the same time
+    poller: Tally
+    connections: int  # opened by the engine and the poller
+
+
+def report(phases: list[Phase], check: PgCheck, args: argparse.Namespace, total: float) -> None:
+    if not args.recovery_loop:
+        print()
+        print("NOTE: --no-recovery-loop: the engine's periodic recovery pass was stopped after startup")
     for p in phases:
         t = p.tally
         claims = t.shapes[CLAIM]
+        empty = claims - sum(n for k, n in p.busy.count.items() if k.startswith("effect "))
         rows = p.floor_rows
         engine_rate, floor_rate = p.runs / p.wall, p.runs / p.floor_wall
         print()
@@ -424,7 +535,8 @@ def report(phases: list[Phase], pg_check: tuple[int, int, int], total: float) ->
         )
         print(
             f"  engine  {engine_rate:6.1f} runs/s  {1000 * p.wall / p.runs:5.1f} ms/run   "
-            f"statements/run {p.per_run(t.statements):.1f} (claims {p.per_run(claims):.1f})   "
+            f"statements/run {p.per_run(t.statements):.1f} (claims {p.per_run(claims):.1f}, "
+            f"{p.per_run(empty):.1f} empty)   "
             f"transactions/run {p.per_run(t.transactions):.1f} ({p.per_run(t.commits):.1f} write, "
             f"{p.per_run(t.rollbacks):.1f} read)   events/run {p.per_run(p.events):.1f}"
         )
@@ -449,16 +561,38 @@ def report(phases: list[Phase], pg_check: tuple[int, int, int], total: float) ->
             f"    rows/run: {p.per_run(p.events):.1f} event rows + {p.per_run(t.projection_rows()):.1f} projection "
             f"upserts = floor's {rows}; event payload {p.payload_bytes:.0f} B avg"
         )
-        breakdown = (("statements/run", top(t.shapes, p.runs, 9)), ("events/run", top(p.event_types, p.runs, 8)))
+        print(
+            f"    queue renumbering: {p.per_run(p.renumbering):.1f} of the events/run (run.updated of a run still "
+            f"queued); {p.per_run(p.events - p.renumbering):.1f} without them"
+        )
+        b = p.busy
+        commands = ", ".join(
+            f"{k} {b.count[k] / p.runs:.1f} x {1000 * b.seconds[k] / b.count[k]:.1f} ms"
+            for k, _ in b.seconds.most_common(None if args.verbose else 6)
+        )
+        print("    commands and effects per run (count x mean wall time):")
+        for line in wrap(commands, " " * 6):
+            print(line)
+        effects = sum(v for k, v in b.seconds.items() if k.startswith("effect "))
+        ingest = b.seconds["ingest"] + b.seconds["run.finish"]
+        print(
+            f"    busy: the ingest task {100 * ingest / p.wall:.0f}% of the wall (its ingest + run.finish commands; "
+            f"one task applies every thread's agent events in turn); effect handlers {effects / p.wall:.2f} "
+            f"of {args.effect_loops} loops"
+        )
+        n = 100 if args.verbose else 9
+        breakdown = (("statements/run", top(t.shapes, p.runs, n)), ("events/run", top(p.event_types, p.runs, n)))
         for label, text in breakdown:
             print(f"    {label}:")
             for line in wrap(text, " " * 6):
                 print(line)
-    seen_pg, engine_tx, poller_tx = pg_check
+    e, q = check.engine, check.poller
     print()
     print(
-        f"pg_stat_database over the engine's lifetime: {seen_pg} transactions; SQLAlchemy counted {engine_tx} "
-        f"(engine) + {poller_tx} (this benchmark's poller) = {engine_tx + poller_tx}"
+        f"cross-check over the engine's lifetime: pg_stat_database {check.commits} commits + {check.rollbacks} "
+        f"rollbacks; SQLAlchemy listeners {e.commits + q.commits} + {e.rollbacks + q.rollbacks} "
+        f"(engine {e.commits} + {e.rollbacks}, this benchmark's poller {q.commits} + {q.rollbacks}); "
+        f"{check.connections} connections were opened, whose setup queries the listeners do not see"
     )
     print(f"total run time {total:.1f} s")
 
@@ -473,7 +607,7 @@ async def main_async(args: argparse.Namespace, tmp: Path, pg: EmbeddedPostgres) 
     setup_db = Database.from_url(url, pool_size=1)
     await migrate.upgrade(setup_db.engine)
     await setup_db.dispose()
-    tx_before = await pg_transactions(pg)
+    before = await pg_transactions(pg)
 
     db = Database.from_url(url)
     counter = SqlCounter(db.engine)
@@ -483,6 +617,7 @@ async def main_async(args: argparse.Namespace, tmp: Path, pg: EmbeddedPostgres) 
     await services.start()
     if not args.recovery_loop:
         await services.recovery.stop()  # the startup pass has run; no periodic passes
+    args.effect_loops = services.effects.concurrency
     bench = Bench(services, poller, counter, pg)
     phases = [Phase("main", args.threads, args.runs)]
     if args.single_runs:
@@ -500,22 +635,54 @@ async def main_async(args: argparse.Namespace, tmp: Path, pg: EmbeddedPostgres) 
         await services.stop()
         await db.dispose()
         await poller.dispose()
-    tx_after = await pg_transactions(pg)
-    pg_check = (tx_after - tx_before, counter.tally.transactions, poll_counter.tally.transactions)
+    after = await pg_transactions(pg)
+    check = PgCheck(
+        after[0] - before[0],
+        after[1] - before[1],
+        counter.snapshot(),
+        poll_counter.snapshot(),
+        counter.connections + poll_counter.connections,
+    )
 
     for phase in phases:
         rows = round((phase.events + phase.tally.projection_rows()) / phase.runs)
         await floor(pg, phase, rows)
-    report(phases, pg_check, time.perf_counter() - t_start)
-
+    report(phases, check, args, time.perf_counter() - t_start)
     if profile is not None:
-        out = io.StringIO()
-        stats = pstats.Stats(profile, stream=out)
-        stats.dump_stats(args.profile)
-        stats.sort_stats("tottime").print_stats(25)
-        print()
-        print(f"cProfile of the main phase (engine process only; full dump in {args.profile}), by own time:")
-        print("\n".join(out.getvalue().splitlines()[-40:]))
+        print_profile(profile, args.profile)
+
+
+def print_profile(profile: cProfile.Profile, path: str) -> None:
+    """Own time of the main phase by package, then the top functions (cProfile roughly doubles the time)."""
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    stats.dump_stats(path)
+    by_package: Counter[str] = Counter()
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    for (filename, _, name), (_, _, own, _, _) in raw.items():
+        if "sqlalchemy" in filename:
+            key = "sqlalchemy"
+        elif "asyncpg" in filename:
+            key = "asyncpg"
+        elif "/asyncio/" in filename or "selectors" in filename or "epoll" in name:
+            key = "asyncio event loop (incl. waiting in epoll)"
+        elif "threadloom" in filename:
+            key = "threadloom/" + filename.split("/threadloom/")[-1]
+        elif filename == "~":
+            key = "builtins: " + name
+        else:
+            key = Path(filename).name
+        by_package[key] += own
+    total = sum(by_package.values())
+    print()
+    print(f"cProfile of the main phase, engine process (dump: {path}); own time {total:.1f} s by where it is spent:")
+    for key, own in by_package.most_common(12):
+        print(f"  {100 * own / total:5.1f}%  {key}")
+    stats.sort_stats("tottime").print_stats(15)
+    lines = out.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
+    print("top functions by own time:")
+    print("\n".join(line[:160] for line in lines[start:] if line.strip()))
 
 
 def main() -> int:
@@ -530,12 +697,17 @@ def main() -> int:
         action="store_false",
         help="stop the engine's periodic recovery pass after startup (see the module docstring)",
     )
+    parser.add_argument("--verbose", action="store_true", help="every statement shape and event type")
     parser.add_argument("--profile", metavar="PATH", help="cProfile the main phase; write the stats to PATH")
     args = parser.parse_args()
     if args.threads < 1 or args.runs < args.threads or args.runs % args.threads:
         parser.error("--runs must be a positive multiple of --threads")
     with bench_tmp() as tmp, embedded_postgres(tmp) as pg:
-        asyncio.run(main_async(args, tmp, pg))
+        try:
+            asyncio.run(main_async(args, tmp, pg))
+        except (RuntimeError, TimeoutError) as error:  # a run failed or hung: say so, no traceback
+            print(f"FAILED: {error}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -20,6 +20,7 @@ from threadloom.engine.services import Services
 from threadloom.providers.registry import load_instances
 from threadloom.store import migrate
 from threadloom.store.db import Database
+from threadloom.streams.live import Live, StreamLimits
 
 
 async def open_services(settings: Settings, database_url: str, clock: Clock | None = None) -> Services:
@@ -39,15 +40,20 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         services = await open_services(settings, database_url, clock)
+        limits = settings.limits
+        live = Live(services.db, settings.broadcast_url, StreamLimits(limits.max_replay, limits.subscriber_queue))
+        await live.start()
+        services.pipeline.listeners.append(live.on_commit)
         await services.start()
         holder["services"] = services
-        view = GraphQLView(services, build_schema(settings.limits, dev=settings.dev))
+        view = GraphQLView(services, build_schema(settings.limits, dev=settings.dev), live)
         endpoint = Gate(view, services)
         app.router.routes += [Route("/graphql", endpoint), WebSocketRoute("/graphql", endpoint)]
         try:
             yield
         finally:
             await services.stop()
+            await live.stop()
             await services.db.dispose()
 
     async def healthz(request: Request) -> JSONResponse:

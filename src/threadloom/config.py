@@ -2,7 +2,8 @@
 
 `DATABASE_URL` (external PostgreSQL; absent → embedded server in the data dir),
 `THREADLOOM_DATA_DIR`, `BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_HOST`/`PORT`,
-`THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`, `THREADLOOM_PROVIDERS` (provider instances, TOML).
+`THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`, `THREADLOOM_PROVIDERS` (provider instances, TOML),
+`THREADLOOM_MAX_SUBSCRIPTIONS` (per connection), `THREADLOOM_MAX_REPLAY` (events), `THREADLOOM_SUBSCRIBER_QUEUE`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ class Limits:
     max_tokens: int = 5000
     max_body_bytes: int = 256 * 1024
     max_page_size: int = 100
+    max_subscriptions_per_connection: int = 100
+    max_replay: int = 10_000
+    subscriber_queue: int = 1_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +57,12 @@ class Settings:
             "log_level": env.get("THREADLOOM_LOG_LEVEL", "INFO"),
             "providers_file": Path(env["THREADLOOM_PROVIDERS"]) if env.get("THREADLOOM_PROVIDERS") else None,
         }
+        limits = {
+            "max_subscriptions_per_connection": env.get("THREADLOOM_MAX_SUBSCRIPTIONS"),
+            "max_replay": env.get("THREADLOOM_MAX_REPLAY"),
+            "subscriber_queue": env.get("THREADLOOM_SUBSCRIBER_QUEUE"),
+        }
+        values["limits"] = Limits(**{k: int(v) for k, v in limits.items() if v})
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):
             values["data_dir"] = Path(values["data_dir"]).absolute()

@@ -11,9 +11,15 @@ import strawberry
 
 from threadloom.api.loaders import Loaders
 from threadloom.domain.access import Principal
+from threadloom.domain.statuses import TokenScope
 from threadloom.engine.services import Services
 from threadloom.store import tables as t
 from threadloom.store.db import StatementCounter
+from threadloom.streams.live import Live
+
+# Until a WebSocket's connection_init is checked, its context belongs to nobody: a
+# principal bound to a project that cannot exist sees nothing and may do nothing.
+NOBODY = Principal(uuid.UUID(int=0), TokenScope.READ, uuid.UUID(int=0))
 
 
 @dataclasses.dataclass(slots=True)
@@ -24,6 +30,8 @@ class Context:
     counter: StatementCounter
     request: Any = None
     response: Any = None
+    live: Live | None = None
+    connection_params: dict[str, Any] | None = None
 
     @classmethod
     def create(
@@ -33,9 +41,10 @@ class Context:
         request: Any = None,
         response: Any = None,
         counter: StatementCounter | None = None,
+        live: Live | None = None,
     ) -> Context:
         counter = counter or StatementCounter()
-        return cls(principal, services, Loaders(services.db, counter), counter, request, response)
+        return cls(principal, services, Loaders(services.db, counter), counter, request, response, live)
 
     async def project_of(self, table: sa.Table, row: sa.RowMapping) -> uuid.UUID | None:
         """The project an object belongs to (None for global objects such as provider sessions)."""

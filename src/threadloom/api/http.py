@@ -8,7 +8,8 @@ with `application/json` it gets 200, for older clients.
 from __future__ import annotations
 
 import contextvars
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
 
 import orjson
 from cross_web import HTTPException
@@ -16,12 +17,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http import GraphQLHTTPResponse
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types.execution import ExecutionResult
+from strawberry.types.unset import UNSET, UnsetType
 
-from threadloom.api.context import Context
+from threadloom.api.context import NOBODY, Context
+from threadloom.api.gate import bearer
 from threadloom.engine.services import Services
+from threadloom.store import tokens
+from threadloom.streams.live import Live
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 JSON = "application/json"
@@ -34,7 +40,7 @@ def negotiate(accept: str) -> str:
 
 
 class GraphQLView(GraphQL[Context, None]):
-    def __init__(self, services: Services, schema: Any) -> None:
+    def __init__(self, services: Services, schema: Any, live: Live | None = None) -> None:
         settings = services.settings
         super().__init__(
             schema,
@@ -42,8 +48,11 @@ class GraphQLView(GraphQL[Context, None]):
             allow_queries_via_get=True,
             subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
             allowed_origins=settings.allowed_origins,
+            max_subscriptions_per_connection=settings.limits.max_subscriptions_per_connection,
+            connection_init_wait_timeout=timedelta(seconds=10),
         )
         self.services = services
+        self.live = live
 
     def encode_json(self, data: object) -> bytes:
         return orjson.dumps(data)
@@ -55,7 +64,22 @@ class GraphQLView(GraphQL[Context, None]):
         state = request.scope.setdefault("state", {})
         _media.set(negotiate(request.headers.get("accept", "")))
         state["sub_response"] = response
-        return Context.create(state["principal"], self.services, request, response, state.get("counter"))
+        principal = state.get("principal") or NOBODY
+        return Context.create(principal, self.services, request, response, state.get("counter"), self.live)
+
+    async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
+        """The token travels in connection_init: `{"authorization": "Bearer tl_…"}` (or `{"token": …}`)."""
+        params = context.connection_params or {}
+        raw = params.get("authorization") or params.get("Authorization") or ""
+        token = bearer(str(raw)) if raw else (str(params["token"]) if params.get("token") else None)
+        principal = None
+        if token is not None:
+            async with self.services.db.read(context.counter) as db:
+                principal = await tokens.authenticate(db, token)
+        if principal is None:
+            raise ConnectionRejectionError()
+        context.principal = principal
+        return cast(UnsetType, UNSET)
 
     async def execute_single(self, *args: Any, **kwargs: Any) -> Any:
         """GraphQL-over-HTTP: a mutation sent with GET is 405, not 400."""

@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Generic, TypeVar
 
-import sqlalchemy as sa
 import strawberry
 
 from threadloom.api.context import Info
@@ -92,7 +91,7 @@ async def connect(
     info: Info,
     relation: str,
     parent: Hashable,
-    build: Callable[[sa.RowMapping], T],
+    build: Callable[[Any], T],
     *,
     first: int | None,
     after: str | None,

@@ -7,17 +7,36 @@ hitting (per-request factories would make new rule classes each time, ~25 times 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import strawberry
 import strawberry.tools
 from strawberry.extensions import AddValidationRules, MaxTokensLimiter, max_aliases, query_depth_limiter
 from strawberry.schema.config import StrawberryConfig
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
 from threadloom.api.errors import CodedErrors, RecordOperation
 from threadloom.api.mutations import Mutation, RunMutation
 from threadloom.api.query import Query
+from threadloom.api.subscriptions import Subscription
 from threadloom.api.types import NODE_TYPES
 from threadloom.config import Limits
+
+
+class FreshMemoExecutionContext(StrawberryGraphQLCoreExecutionContext):
+    """Gives every subscription event a fresh field memo.
+
+    graphql-core 3.3.2's per-event executor is a shallow copy that shares the parent's
+    `_relevant_sub_fields` memo; each event adds an entry keyed by a fresh id that never
+    hits again, so a long subscription grows by ~2.4 KB per event. A fresh memo per
+    event keeps memory flat (and is cheaper).
+    """
+
+    def build_per_event_executor(self, payload: Any) -> Any:
+        executor = super().build_per_event_executor(payload)
+        executor._relevant_sub_fields = {}
+        executor._stream_usages = type(self._stream_usages)()
+        return executor
 
 
 @functools.cache
@@ -33,6 +52,8 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
     return strawberry.Schema(
         query=Query,
         mutation=strawberry.tools.merge_types("Mutation", (Mutation, RunMutation)),
+        subscription=Subscription,
+        execution_context_class=FreshMemoExecutionContext,
         types=list(NODE_TYPES.values()),
         extensions=[
             functools.partial(AddValidationRules, _rules(limits.max_depth, limits.max_aliases)),

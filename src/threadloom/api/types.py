@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -19,11 +20,13 @@ from strawberry.scalars import JSON
 from threadloom.api import enums
 from threadloom.api import ids as gid
 from threadloom.api.context import Info
+from threadloom.api.feed_cursor import encode_feed_cursor
 from threadloom.api.pagination import Connection, connect
 from threadloom.domain import entities as e
 from threadloom.domain.records import Record
 from threadloom.domain.threads import thread_status
 from threadloom.store import tables as t
+from threadloom.store.events import project_head
 
 E = TypeVar("E", bound="_Entity")
 
@@ -44,7 +47,7 @@ class _Entity:
         return t.PROJECTIONS[cls._record]
 
     @classmethod
-    def from_row(cls, row: sa.RowMapping) -> Self:
+    def from_row(cls, row: Mapping[Any, Any]) -> Self:
         rec = cls._record.from_mapping(row)
         names = cls.__dict__.get("_init_names")
         if names is None:
@@ -106,6 +109,12 @@ class Project(Node, _Entity):
             before=before,
             filters={"include_archived": include_archived},
         )
+
+    @strawberry.field(description="The projectThreads position now: query, then subscribe with after: feedCursor.")
+    async def feed_cursor(self, info: Info) -> str:
+        async with info.context.services.db.read(info.context.counter) as db:
+            head = await project_head(db, self.rec.id)
+        return encode_feed_cursor(head)
 
 
 @strawberry.type

@@ -81,21 +81,30 @@ class Recovery:
             return True
         return owner in await worker_store.alive(db, [owner])
 
+    async def _decide(self, db: Reader, run: Run) -> RecoveryAction:
+        attempt = await entities.get(db, RunAttempt, run.active_attempt_id)
+        if attempt is None:
+            return RecoveryAction.NONE
+        pending = [e for e in await outbox.pending_for_run(db, run.id) if e["kind"] == START_EFFECT]
+        return recover_run(
+            run.status,
+            start_pending=bool(pending),
+            turn_recorded=attempt.provider_turn_id is not None,
+            owner_alive=await self._owner_alive(db, attempt),
+        )
+
     async def _check(self, run: Run) -> None:
+        """A first look without the lock; the decision that acts is taken again under it."""
         async with self.pipeline.db.read() as db:
-            attempt = await entities.get(db, RunAttempt, run.active_attempt_id)
-            if attempt is None:
-                return
-            pending = [e for e in await outbox.pending_for_run(db, run.id) if e["kind"] == START_EFFECT]
-            action = recover_run(
-                run.status,
-                start_pending=bool(pending),
-                turn_recorded=attempt.provider_turn_id is not None,
-                owner_alive=await self._owner_alive(db, attempt),
-            )
+            current = await entities.get(db, Run, run.id)
+            action = RecoveryAction.NONE if current is None else await self._decide(db, current)
         if action == RecoveryAction.FAIL:
-            log.warning("run %s lost its provider runtime; failing it", run.id)
-            await self.runs.finish(run.id, RunStatus.FAILED, "provider_lost", attempt_id=attempt.id)
+
+            async def still_lost(db: Reader, locked: Run) -> bool:
+                return await self._decide(db, locked) == RecoveryAction.FAIL
+
+            if await self.runs.finish(run.id, RunStatus.FAILED, "provider_lost", guard=still_lost):
+                log.warning("run %s lost its provider runtime; failed it", run.id)
         elif action == RecoveryAction.REQUEUE_START:
             await self._requeue_start(run)
 
@@ -104,7 +113,7 @@ class Recovery:
             current = await entities.get(db, Run, run.id)
             if current is None or current.status != RunStatus.PREPARING:
                 return Outcome()
-            if any(e["kind"] == START_EFFECT for e in await outbox.pending_for_run(db, run.id)):
+            if await self._decide(db, current) != RecoveryAction.REQUEUE_START:
                 return Outcome()
             payload = {"runId": str(run.id), "attemptId": str(current.active_attempt_id)}
             log.warning("requeueing the turn start of run %s (the provider never saw it)", run.id)

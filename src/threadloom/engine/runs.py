@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from threadloom.domain import runs as rules
@@ -174,8 +175,10 @@ class RunEngine:
         *,
         hold_reason: str | None = None,
         attempt_id: uuid.UUID | None = None,
+        guard: Callable[[Reader, Run], Awaitable[bool]] | None = None,
     ) -> bool:
-        """End a run through the completion barrier. A no-op (False) if it already ended."""
+        """End a run through the completion barrier. A no-op (False) if it already ended,
+        or if `guard`, checked under the thread lock, says no."""
         now = self.now
         done = {"finished": False}
 
@@ -186,6 +189,8 @@ class RunEngine:
                 return Outcome()
             if attempt_id is not None and run.active_attempt_id != attempt_id:
                 return Outcome()  # a late word about a superseded attempt
+            if guard is not None and not await guard(db, run):
+                return Outcome()
             graph = await runs.run_graph(db, thread, run)
             outcome = rules.finish_run(graph, status, reason, now, new_id, hold_reason=hold_reason)
             await self._route(db, thread, outcome)

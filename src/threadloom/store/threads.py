@@ -10,9 +10,17 @@ from threadloom.domain.entities import AppThread, Project
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
+THREAD_LOCK_SPACE = 0x7468
+
 
 async def lock(db: Reader, thread_id: uuid.UUID) -> AppThread | None:
-    """`SELECT … FOR UPDATE` on the thread row: the per-thread serialization across processes."""
+    """Serialize commands on one thread across processes, then read the row `FOR UPDATE`.
+
+    The advisory lock comes first so that a waiting transaction gets its transaction id
+    only once it holds the thread: per thread, transaction ids then follow commit order,
+    which the project feed (ordered by writer transaction id) relies on.
+    """
+    await db.execute(sa.select(sa.func.pg_advisory_xact_lock(THREAD_LOCK_SPACE, sa.func.hashtext(str(thread_id)))))
     row = await db.one_or_none(sa.select(t.threads).where(t.threads.c.id == thread_id).with_for_update())
     return None if row is None else AppThread.from_mapping(row)
 

@@ -1,0 +1,224 @@
+"""Subscriptions (fixed names, DESIGN §5) over graphql-transport-ws.
+
+Every item carries its `sequence`, `runId` and `nodeId`. Access is checked when a
+subscription starts; an invisible or unknown thread is NOT_FOUND, exactly as a query.
+A subscriber that falls behind is ended with SUBSCRIBER_TOO_SLOW and the cursor to
+resume from; a replay over the configured bound gets a `reload_required` item.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+from datetime import datetime
+from typing import Annotated, Any, Union
+
+import strawberry
+from graphql import GraphQLError
+
+from threadloom.api import enums
+from threadloom.api import ids as gid
+from threadloom.api.context import Info
+from threadloom.api.errors import ApiError
+from threadloom.api.feed_cursor import decode_feed_cursor, encode_feed_cursor
+from threadloom.api.types import NODE_TYPES, Activity, Run, Thread
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.store import tables as t
+from threadloom.store.events import LogEvent
+from threadloom.streams.merge import ReloadRequired, Synchronized, TooSlow, project_stream, thread_stream
+
+_BY_ENTITY_TYPE = {cls._record.entity_type: cls for cls in NODE_TYPES.values()}
+Entity = Annotated[Union[tuple(NODE_TYPES.values())], strawberry.union("Entity")]  # type: ignore[valid-type]  # noqa: UP007
+
+
+def _entity(row: LogEvent) -> Any:
+    cls = _BY_ENTITY_TYPE[row.entity_type]
+    payload = dict(row.payload)
+    if row.entity_type == "thread":
+        payload["last_sequence"] = row.sequence
+    return strawberry.cast(cls, cls.from_row(payload))
+
+
+def _gid(type_name: str, value: uuid.UUID | None) -> strawberry.ID | None:
+    return None if value is None else strawberry.ID(gid.encode(type_name, value))
+
+
+@strawberry.type(description="One event of a thread's log, or a marker (`synchronized`, `reload_required`).")
+class ThreadEvent:
+    sequence: int
+    type: str = strawberry.field(description="The event name (`run.updated`, `node.created` …) or a marker.")
+    run_id: strawberry.ID | None
+    node_id: strawberry.ID | None
+    occurred_at: datetime | None
+    entity: Entity | None  # type: ignore[valid-type]
+
+
+@strawberry.type
+class RunStatusUpdate:
+    sequence: int
+    run: Run
+    status: enums.RunStatus
+
+
+@strawberry.type(description="A change of a thread in the project, in feed order.")
+class ProjectThreadUpdate:
+    cursor: str = strawberry.field(description="Pass as `after` to resume right after this item.")
+    sequence: int
+    type: str
+    thread: Thread
+
+
+def _too_slow(error: TooSlow) -> GraphQLError:
+    resume = error.resume_from
+    cursor = encode_feed_cursor(resume) if isinstance(resume, tuple) else resume
+    return GraphQLError(str(error), extensions={"code": "SUBSCRIBER_TOO_SLOW", "resumeFrom": cursor})
+
+
+async def _thread(info: Info, thread_id: str) -> uuid.UUID:
+    entity_id = gid.maybe_as(thread_id, "Thread")
+    row = await info.context.load_visible(t.threads, entity_id)
+    if row is None or entity_id is None:
+        raise ApiError(DomainError(ErrorCode.NOT_FOUND, "no such thread", "threadId"))
+    return entity_id
+
+
+def _filter_ids(run_id: str | None, node_id: str | None) -> tuple[uuid.UUID | None, uuid.UUID | None, bool]:
+    """(run, node, impossible): an id of the wrong kind matches nothing."""
+    run = gid.maybe_as(run_id, "Run") if run_id is not None else None
+    node = gid.maybe_as(node_id, "ExecutionNode") if node_id is not None else None
+    impossible = (run_id is not None and run is None) or (node_id is not None and node is None)
+    return run, node, impossible
+
+
+def _live(info: Info) -> Any:
+    live = info.context.live
+    assert live is not None, "subscriptions need the live hub"
+    return live
+
+
+@strawberry.type
+class Subscription:
+    @strawberry.subscription(description="Replay after `afterSequence` (all when absent), `synchronized`, then live.")
+    async def thread_events(
+        self,
+        info: Info,
+        thread_id: strawberry.ID,
+        after_sequence: int | None = None,
+        run_id: strawberry.ID | None = None,
+        node_id: strawberry.ID | None = None,
+    ) -> AsyncGenerator[ThreadEvent, None]:
+        thread = await _thread(info, thread_id)
+        run, node, impossible = _filter_ids(run_id, node_id)
+
+        def match(row: LogEvent) -> bool:
+            return not impossible and (run is None or row.run_id == run) and (node is None or row.node_id == node)
+
+        live = _live(info)
+        try:
+            async for item in thread_stream(
+                live.hub, live.db, thread, after_sequence, match, max_replay=live.limits.max_replay
+            ):
+                if isinstance(item, Synchronized):
+                    yield ThreadEvent(
+                        sequence=item.sequence,
+                        type="synchronized",
+                        run_id=None,
+                        node_id=None,
+                        occurred_at=None,
+                        entity=None,
+                    )
+                elif isinstance(item, ReloadRequired):
+                    yield ThreadEvent(
+                        sequence=item.latest,
+                        type="reload_required",
+                        run_id=None,
+                        node_id=None,
+                        occurred_at=None,
+                        entity=None,
+                    )
+                else:
+                    yield ThreadEvent(
+                        sequence=item.sequence,
+                        type=item.event_type,
+                        run_id=_gid("Run", item.run_id),
+                        node_id=_gid("ExecutionNode", item.node_id),
+                        occurred_at=item.occurred_at,
+                        entity=_entity(item),
+                    )
+        except TooSlow as error:
+            raise _too_slow(error) from None
+
+    @strawberry.subscription(description="The status of a run (or of each run of the thread) as it changes.")
+    async def run_status(
+        self, info: Info, thread_id: strawberry.ID, run_id: strawberry.ID | None = None
+    ) -> AsyncGenerator[RunStatusUpdate, None]:
+        thread = await _thread(info, thread_id)
+        run_filter, _, impossible = _filter_ids(run_id, None)
+        seen: dict[uuid.UUID, str] = {}
+        live = _live(info)
+        try:
+            async for item in thread_stream(
+                live.hub, live.db, thread, 0, lambda row: row.entity_type == "run", max_replay=2**62
+            ):
+                if not isinstance(item, LogEvent) or impossible:
+                    continue
+                if run_filter is not None and item.entity_id != run_filter:
+                    continue
+                status = str(item.payload["status"])
+                if seen.get(item.entity_id) == status:
+                    continue
+                seen[item.entity_id] = status
+                run_obj = Run.from_row(item.payload)
+                yield RunStatusUpdate(sequence=item.sequence, run=run_obj, status=run_obj.status)
+        except TooSlow as error:
+            raise _too_slow(error) from None
+
+    @strawberry.subscription(description="Activities of a thread: replay after `afterSequence`, then live.")
+    async def activities(
+        self,
+        info: Info,
+        thread_id: strawberry.ID,
+        after_sequence: int | None = None,
+        run_id: strawberry.ID | None = None,
+        node_id: strawberry.ID | None = None,
+    ) -> AsyncGenerator[Activity, None]:
+        thread = await _thread(info, thread_id)
+        run, node, impossible = _filter_ids(run_id, node_id)
+
+        def match(row: LogEvent) -> bool:
+            return (
+                not impossible
+                and row.entity_type == "activity"
+                and (run is None or row.run_id == run)
+                and (node is None or row.node_id == node)
+            )
+
+        live = _live(info)
+        try:
+            async for item in thread_stream(
+                live.hub, live.db, thread, after_sequence, match, max_replay=live.limits.max_replay
+            ):
+                if isinstance(item, LogEvent):
+                    yield Activity.from_row(item.payload)
+        except TooSlow as error:
+            raise _too_slow(error) from None
+
+    @strawberry.subscription(description="Every thread change of a project, for dashboards. Resume with `after`.")
+    async def project_threads(
+        self, info: Info, project_id: strawberry.ID, after: str | None = None
+    ) -> AsyncGenerator[ProjectThreadUpdate, None]:
+        project = gid.maybe_as(project_id, "Project")
+        if project is None or await info.context.load_visible(t.projects, project) is None:
+            raise ApiError(DomainError(ErrorCode.NOT_FOUND, "no such project", "projectId"))
+        cursor = None if after is None else decode_feed_cursor(after)
+        live = _live(info)
+        try:
+            async for row in project_stream(live.hub, live.db, project, cursor):
+                yield ProjectThreadUpdate(
+                    cursor=encode_feed_cursor((row.xid, row.position)),
+                    sequence=row.sequence,
+                    type=row.event_type,
+                    thread=_entity(row),
+                )
+        except TooSlow as error:
+            raise _too_slow(error) from None

@@ -1,0 +1,92 @@
+"""Reading the event log for live streams: per-thread pages by sequence, and the project
+feed ordered by (writer transaction id, position) below the oldest in-flight writer."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from threadloom.store import tables as t
+from threadloom.store.db import Reader
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LogEvent:
+    sequence: int
+    thread_id: uuid.UUID
+    project_id: uuid.UUID | None
+    event_type: str
+    entity_type: str
+    entity_id: uuid.UUID
+    run_id: uuid.UUID | None
+    node_id: uuid.UUID | None
+    occurred_at: datetime
+    payload: dict[str, Any]
+    xid: int = 0
+    position: int = 0
+
+
+_COLUMNS = (
+    t.events.c.sequence,
+    t.events.c.thread_id,
+    t.events.c.project_id,
+    t.events.c.event_type,
+    t.events.c.entity_type,
+    t.events.c.entity_id,
+    t.events.c.run_id,
+    t.events.c.node_id,
+    t.events.c.occurred_at,
+    t.events.c.payload,
+    t.events.c.xid,
+    t.events.c.position,
+)
+
+
+def _event(row: sa.RowMapping) -> LogEvent:
+    return LogEvent(**{k: row[k] for k in row.keys()})  # noqa: SIM118 - RowMapping keys
+
+
+async def thread_events(
+    db: Reader, thread_id: uuid.UUID, after: int, *, before: int | None = None, limit: int = 500
+) -> list[LogEvent]:
+    conds = [t.events.c.thread_id == thread_id, t.events.c.sequence > after]
+    if before is not None:
+        conds.append(t.events.c.sequence < before)
+    rows = await db.rows(sa.select(*_COLUMNS).where(*conds).order_by(t.events.c.sequence).limit(limit))
+    return [_event(r) for r in rows]
+
+
+async def latest_sequence(db: Reader, thread_id: uuid.UUID) -> int:
+    return int(await db.scalar(sa.select(t.threads.c.last_sequence).where(t.threads.c.id == thread_id)) or 0)
+
+
+_VISIBLE = sa.text("events.xid < (pg_snapshot_xmin(pg_current_snapshot())::text)::bigint")
+
+
+async def project_events(
+    db: Reader, project_id: uuid.UUID, after: tuple[int, int], *, entity_type: str = "thread", limit: int = 500
+) -> list[LogEvent]:
+    """Events of a project after the cursor (xid, position), only those no in-flight writer can precede."""
+    cursor = sa.tuple_(t.events.c.xid, t.events.c.position) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1]))
+    rows = await db.rows(
+        sa.select(*_COLUMNS)
+        .where(t.events.c.project_id == project_id, t.events.c.entity_type == entity_type, cursor, _VISIBLE)
+        .order_by(t.events.c.xid, t.events.c.position)
+        .limit(limit)
+    )
+    return [_event(r) for r in rows]
+
+
+async def project_head(db: Reader, project_id: uuid.UUID) -> tuple[int, int]:
+    """The feed position now: the last event no in-flight writer can precede."""
+    row = await db.one_or_none(
+        sa.select(t.events.c.xid, t.events.c.position)
+        .where(t.events.c.project_id == project_id, _VISIBLE)
+        .order_by(t.events.c.xid.desc(), t.events.c.position.desc())
+        .limit(1)
+    )
+    return (0, 0) if row is None else (int(row["xid"]), int(row["position"]))

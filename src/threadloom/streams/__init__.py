@@ -1,0 +1,1 @@
+"""Live streams: wake-ups between processes, an in-process hub, and gapless log readers."""

@@ -1,0 +1,125 @@
+"""Replay-then-live, gapless and exactly once (DESIGN §6).
+
+Attach to the hub first, then replay the log after the client's cursor in pages, then
+deliver live rows in sequence order: rows at or below the last delivered sequence are
+dropped, and a jump in sequence is filled from the log before going on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from threadloom.store import events as log_reader
+from threadloom.store.db import Database
+from threadloom.store.events import LogEvent
+from threadloom.streams.hub import Hub, SlowConsumer
+
+PAGE = 500
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Synchronized:
+    """The replay is over; `sequence` is the last sequence it covered."""
+
+    sequence: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReloadRequired:
+    """The replay would be too long: reload the thread and subscribe from `latest`."""
+
+    latest: int
+
+
+class TooSlow(Exception):
+    """The client fell behind; `resume_from` is its cursor (a sequence, or a feed cursor)."""
+
+    def __init__(self, resume_from: int | tuple[int, int]) -> None:
+        super().__init__(f"subscriber too slow; resume from {resume_from}")
+        self.resume_from = resume_from
+
+
+StreamItem = LogEvent | Synchronized | ReloadRequired
+
+
+async def thread_stream(
+    hub: Hub,
+    db: Database,
+    thread_id: uuid.UUID,
+    after: int | None,
+    match: Callable[[LogEvent], bool],
+    *,
+    max_replay: int,
+) -> AsyncIterator[StreamItem]:
+    box = hub.attach_thread(thread_id)
+    try:
+        last = after or 0
+        async with db.read() as r:
+            latest = await log_reader.latest_sequence(r, thread_id)
+        if latest - last > max_replay:
+            yield ReloadRequired(latest)
+            return
+        while True:
+            async with db.read() as r:
+                rows = await log_reader.thread_events(r, thread_id, last, limit=PAGE)
+            for row in rows:
+                last = row.sequence
+                if match(row):
+                    yield row
+            if len(rows) < PAGE:
+                break
+        yield Synchronized(last)
+        while True:
+            try:
+                row = await box.get()
+            except SlowConsumer:
+                raise TooSlow(last) from None
+            if row.sequence <= last:
+                continue
+            while last < row.sequence - 1:  # a gap: read it from the log
+                async with db.read() as r:
+                    gap = await log_reader.thread_events(r, thread_id, last, before=row.sequence, limit=PAGE)
+                if not gap:
+                    break
+                for missed in gap:
+                    last = missed.sequence
+                    if match(missed):
+                        yield missed
+            last = row.sequence
+            if match(row):
+                yield row
+    finally:
+        hub.detach(box)
+
+
+async def project_stream(
+    hub: Hub, db: Database, project_id: uuid.UUID, after: tuple[int, int] | None
+) -> AsyncIterator[LogEvent]:
+    """Thread changes of a project in feed order (see store.events.project_events)."""
+    box = hub.attach_project(project_id)
+    try:
+        if after is None:
+            async with db.read() as r:
+                after = await log_reader.project_head(r, project_id)
+        cursor = after
+        while True:
+            async with db.read() as r:
+                rows = await log_reader.project_events(r, project_id, cursor, limit=PAGE)
+            for row in rows:
+                cursor = (row.xid, row.position)
+                yield row
+            if len(rows) < PAGE:
+                break
+        while True:
+            try:
+                row = await box.get()
+            except SlowConsumer:
+                raise TooSlow(cursor) from None
+            if (row.xid, row.position) <= cursor:
+                continue
+            cursor = (row.xid, row.position)
+            yield row
+    finally:
+        hub.detach(box)

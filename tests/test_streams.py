@@ -1,0 +1,231 @@
+"""Live subscriptions through real uvicorn processes, real websockets and real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.runs import finished, send
+from tests.support.server import Client, ServerProcess
+from tests.support.ws import WsClient
+from threadloom.api.ids import decode
+from threadloom.store import tables as t
+from threadloom.store.db import Database
+
+EVENTS = """subscription($t: ID!, $after: Int, $run: ID, $node: ID) {
+  threadEvents(threadId: $t, afterSequence: $after, runId: $run, nodeId: $node) {
+    sequence type runId nodeId entity { __typename ... on Run { status } }
+  }
+}"""
+RENAME = "mutation($t: ID!, $n: String!) { renameThread(input: {threadId: $t, title: $n}) { userErrors { code } } }"
+
+
+@pytest.fixture
+async def thread_id(client: Client, tmp_path: Path) -> str:
+    data = await client.gql(CREATE_PROJECT, {"name": "Live", "root": str(tmp_path / "ws")})
+    return str((await make_thread(client, data["createProject"]["project"]["id"], "live"))["id"])
+
+
+async def log_rows(database_url: str, thread_gid: str) -> list[sa.RowMapping]:
+    found = decode(thread_gid)
+    assert found is not None
+    db = Database.from_url(database_url, pool_size=1)
+    try:
+        async with db.read() as r:
+            return await r.rows(
+                sa.select(t.events.c.sequence, t.events.c.event_type, t.events.c.run_id, t.events.c.node_id)
+                .where(t.events.c.thread_id == found[1])
+                .order_by(t.events.c.sequence)
+            )
+    finally:
+        await db.dispose()
+
+
+async def collect(ws: WsClient, op: str, until_sequence: int, within: float = 30.0) -> list[dict[str, Any]]:
+    """`next` payloads of one operation until an item reaches `until_sequence` (markers included)."""
+    items: list[dict[str, Any]] = []
+    while True:
+        message = await ws.receive(within)
+        if message.get("id") != op:
+            continue
+        assert message["type"] == "next", message
+        item = next(iter(message["payload"]["data"].values()))
+        items.append(item)
+        if item["sequence"] >= until_sequence and item["type"] != "synchronized":
+            return items
+
+
+async def until_synchronized(ws: WsClient, op: str) -> list[dict[str, Any]]:
+    """Replayed items of one operation, up to (not including) its `synchronized` marker."""
+    items: list[dict[str, Any]] = []
+    while True:
+        message = await ws.receive()
+        if message.get("id") != op:
+            continue
+        item = next(iter(message["payload"]["data"].values()))
+        if item.get("type") == "synchronized":
+            return items
+        items.append(item)
+
+
+async def latest(client: Client, thread_id: str) -> int:
+    data = await client.gql("query($t: ID!) { thread(id: $t) { latestSequence } }", {"t": thread_id})
+    return int(data["thread"]["latestSequence"])
+
+
+async def test_replay_synchronized_then_live(client: Client, server: ServerProcess, thread_id: str) -> None:
+    ws = await WsClient.connect(server.url, client.token)
+    try:
+        op = await ws.subscribe(EVENTS, {"t": thread_id})
+        first = await ws.receive()
+        assert first["payload"]["data"]["threadEvents"]["type"] == "thread.created"
+        marker = await ws.receive()
+        assert marker["payload"]["data"]["threadEvents"] == {
+            "sequence": 1,
+            "type": "synchronized",
+            "runId": None,
+            "nodeId": None,
+            "entity": None,
+        }
+        await client.gql(RENAME, {"t": thread_id, "n": "renamed"})
+        live = await ws.receive()
+        assert live["id"] == op
+        assert live["payload"]["data"]["threadEvents"]["sequence"] == 2
+        assert live["payload"]["data"]["threadEvents"]["type"] == "thread.renamed"
+        assert live["payload"]["data"]["threadEvents"]["entity"] == {"__typename": "Thread"}
+    finally:
+        await ws.close()
+
+
+async def test_resume_gets_exactly_what_was_missed(
+    client: Client, server: ServerProcess, thread_id: str, database_url: str
+) -> None:
+    ws = await WsClient.connect(server.url, client.token)
+    sent = await send(client, thread_id, "@delay 40\n@reply one two three four five six seven eight")
+    op = await ws.subscribe(EVENTS, {"t": thread_id})
+    seen: list[int] = []
+    while len(seen) < 6:  # part of the run, then drop the connection mid-run
+        message = await ws.receive()
+        item = message["payload"]["data"]["threadEvents"]
+        if item["type"] != "synchronized":
+            seen.append(item["sequence"])
+    await ws.close()
+    assert message["id"] == op
+    await finished(client, sent["run"]["id"])
+    await client.gql(RENAME, {"t": thread_id, "n": "after"})
+    again = await WsClient.connect(server.url, client.token)
+    try:
+        op2 = await again.subscribe(EVENTS, {"t": thread_id, "after": seen[-1]})
+        end = await latest(client, thread_id)
+        replayed = [i["sequence"] for i in await until_synchronized(again, op2)]
+        assert replayed[-1] == end
+        await client.gql(RENAME, {"t": thread_id, "n": "live"})
+        live = await collect(again, op2, end + 1)
+    finally:
+        await again.close()
+    union = seen + replayed + [i["sequence"] for i in live]
+    assert union == [r["sequence"] for r in await log_rows(database_url, thread_id)]  # exactly once, in order
+
+
+async def test_filters_match_the_log_in_replay_and_live(
+    client: Client, server: ServerProcess, thread_id: str, database_url: str
+) -> None:
+    first = await send(client, thread_id, "@tool echo a\n@reply done")
+    await finished(client, first["run"]["id"])
+    run = await client.gql(
+        "query($r: ID!) { run(id: $r) { id rootNode { id children { id kind } } } }", {"r": first["run"]["id"]}
+    )
+    tool = next(c for c in run["run"]["rootNode"]["children"] if c["kind"] == "TOOL_CALL")
+    ws = await WsClient.connect(server.url, client.token)
+    try:
+        by_run = await ws.subscribe(EVENTS, {"t": thread_id, "run": run["run"]["id"]})
+        by_node = await ws.subscribe(EVENTS, {"t": thread_id, "node": tool["id"]})
+        nothing = await ws.subscribe(EVENTS, {"t": thread_id, "run": thread_id})  # a Thread id: matches nothing
+        got: dict[str, list[int]] = {by_run: [], by_node: [], nothing: []}
+        synced: set[str] = set()
+        while len(synced) < 3:
+            message = await ws.receive()
+            item = message["payload"]["data"]["threadEvents"]
+            if item["type"] == "synchronized":
+                synced.add(message["id"])
+            else:
+                got[message["id"]].append(item["sequence"])
+    finally:
+        await ws.close()
+    rows = await log_rows(database_url, thread_id)
+    run_uuid = decode(run["run"]["id"])[1]  # type: ignore[index]
+    node_uuid = decode(tool["id"])[1]  # type: ignore[index]
+    assert got[by_run] == [r["sequence"] for r in rows if r["run_id"] == run_uuid]
+    assert got[by_node] == [r["sequence"] for r in rows if r["node_id"] == node_uuid]
+    assert got[nothing] == []
+
+
+async def test_live_filter_by_run(client: Client, server: ServerProcess, thread_id: str, database_url: str) -> None:
+    ws = await WsClient.connect(server.url, client.token)
+    try:
+        sent = await send(client, thread_id, "@delay 30\n@reply a b c d e")
+        op = await ws.subscribe(EVENTS, {"t": thread_id, "run": sent["run"]["id"]})
+        done = await finished(client, sent["run"]["id"])
+        assert done["status"] == "COMPLETED"
+        rows = [r for r in await log_rows(database_url, thread_id) if r["run_id"] == decode(sent["run"]["id"])[1]]  # type: ignore[index]
+        items = await collect(ws, op, rows[-1]["sequence"])
+    finally:
+        await ws.close()
+    assert [i["sequence"] for i in items if i["type"] != "synchronized"] == [r["sequence"] for r in rows]
+    assert all(i["runId"] == sent["run"]["id"] for i in items if i["type"] != "synchronized")
+
+
+async def test_fanout_to_many_subscribers(client: Client, server: ServerProcess, thread_id: str) -> None:
+    sockets = [await WsClient.connect(server.url, client.token) for _ in range(20)]
+    try:
+        ops = []
+        for ws in sockets:  # 20 sockets x 10 subscriptions = 200 subscribers
+            ops.append([await ws.subscribe(EVENTS, {"t": thread_id}) for _ in range(10)])
+        for i in range(10):
+            await client.gql(RENAME, {"t": thread_id, "n": f"n{i}"})
+        end = await latest(client, thread_id)
+
+        async def drain(ws: WsClient, wanted: list[str]) -> dict[str, list[int]]:
+            got: dict[str, list[int]] = {op: [] for op in wanted}
+            while any(not seqs or seqs[-1] < end for seqs in got.values()):
+                message = await ws.receive()
+                item = message["payload"]["data"]["threadEvents"]
+                if item["type"] != "synchronized":
+                    got[message["id"]].append(item["sequence"])
+            return got
+
+        results = await asyncio.gather(*(drain(ws, wanted) for ws, wanted in zip(sockets, ops, strict=True)))
+    finally:
+        for ws in sockets:
+            await ws.close()
+    sequences = [seqs for result in results for seqs in result.values()]
+    assert len(sequences) == 200
+    assert all(seqs == list(range(1, end + 1)) for seqs in sequences)
+
+
+async def test_auth(client: Client, server: ServerProcess, thread_id: str, database_url: str, tmp_path: Path) -> None:
+    import websockets
+
+    from tests.support.cli import create_token
+
+    for payload in ({}, {"authorization": "Bearer tl_wrong"}):
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            ws = await WsClient.connect(server.url, None, payload=payload)
+            await ws.receive()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+    other = await client.gql(CREATE_PROJECT, {"name": "other", "root": str(tmp_path / "o")})
+    _, token = create_token(database_url, "read", other["createProject"]["project"]["id"])
+    ws = await WsClient.connect(server.url, token)
+    try:
+        op = await ws.subscribe(EVENTS, {"t": thread_id})
+        message = await ws.receive()
+        assert message["id"] == op and message["type"] == "next"
+        assert message["payload"]["data"] is None
+        assert message["payload"]["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+    finally:
+        await ws.close()
