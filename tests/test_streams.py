@@ -229,3 +229,34 @@ async def test_auth(client: Client, server: ServerProcess, thread_id: str, datab
         assert message["payload"]["errors"][0]["extensions"]["code"] == "NOT_FOUND"
     finally:
         await ws.close()
+
+
+async def test_run_status_and_activity_streams(client: Client, server: ServerProcess, thread_id: str) -> None:
+    ws = await WsClient.connect(server.url, client.token)
+    try:
+        status_op = await ws.subscribe(
+            "subscription($t: ID!) { runStatus(threadId: $t) { sequence status run { id ordinal } } }", {"t": thread_id}
+        )
+        activity_op = await ws.subscribe(
+            "subscription($t: ID!) { activities(threadId: $t) { sequence kind runId nodeId } }", {"t": thread_id}
+        )
+        sent = await send(client, thread_id, "@tool echo hi\n@reply ok")
+        statuses: list[str] = []
+        kinds: list[dict[str, Any]] = []
+        while statuses[-1:] != ["COMPLETED"] or not kinds or kinds[-1]["kind"] != "run.completed":
+            message = await ws.receive()
+            data = message["payload"]["data"]
+            if message["id"] == status_op:
+                assert data["runStatus"]["run"]["id"] == sent["run"]["id"]
+                statuses.append(data["runStatus"]["status"])
+            elif message["id"] == activity_op:
+                kinds.append(data["activities"])
+    finally:
+        await ws.close()
+    assert statuses[0] == "QUEUED" and statuses[-1] == "COMPLETED"
+    assert "RUNNING" in statuses and len(statuses) == len(set(statuses))  # each change once
+    assert [k["kind"] for k in kinds][:1] == ["run.preparing"]
+    assert {"tool.started", "tool.completed", "checkpoint.skipped"} <= {k["kind"] for k in kinds}
+    assert all(k["runId"] == sent["run"]["id"] and k["nodeId"] for k in kinds)
+    sequences = [k["sequence"] for k in kinds]
+    assert sequences == sorted(sequences)

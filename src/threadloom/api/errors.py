@@ -47,6 +47,13 @@ class CodedErrors(MaskErrors):
     def __init__(self) -> None:
         super().__init__(should_mask_error=_is_unexpected, error_message="Internal server error")
 
+    def _process_result(self, result: object) -> None:
+        # The library checks a runtime Protocol on every streamed result; an attribute
+        # read is enough and far cheaper on the subscription hot path.
+        errors = getattr(result, "errors", None)
+        if errors:
+            result.errors = self._process_errors(errors)  # type: ignore[attr-defined]
+
     def anonymise_error(self, error: GraphQLError) -> GraphQLError:
         log.error("unexpected error at %s", error.path, exc_info=error.original_error)
         return GraphQLError(

@@ -32,11 +32,15 @@ Entity = Annotated[Union[tuple(NODE_TYPES.values())], strawberry.union("Entity")
 
 
 def _entity(row: LogEvent) -> Any:
-    cls = _BY_ENTITY_TYPE[row.entity_type]
-    payload = dict(row.payload)
-    if row.entity_type == "thread":
-        payload["last_sequence"] = row.sequence
-    return strawberry.cast(cls, cls.from_row(payload))
+    """The GraphQL object of the row's entity, built once per row for all subscribers."""
+    found = row.shared.get("entity")
+    if found is None:
+        cls = _BY_ENTITY_TYPE[row.entity_type]
+        payload = dict(row.payload)
+        if row.entity_type == "thread":
+            payload["last_sequence"] = row.sequence
+        found = row.shared["entity"] = strawberry.cast(cls, cls.from_row(payload))
+    return found
 
 
 def _gid(type_name: str, value: uuid.UUID | None) -> strawberry.ID | None:
@@ -74,6 +78,12 @@ def _too_slow(error: TooSlow) -> GraphQLError:
     return GraphQLError(str(error), extensions={"code": "SUBSCRIBER_TOO_SLOW", "resumeFrom": cursor})
 
 
+def _after(after_sequence: int | None) -> int | None:
+    if after_sequence is not None and after_sequence < 0:
+        raise ApiError(DomainError(ErrorCode.INVALID_INPUT, "afterSequence must not be negative", "afterSequence"))
+    return after_sequence
+
+
 async def _thread(info: Info, thread_id: str) -> uuid.UUID:
     entity_id = gid.maybe_as(thread_id, "Thread")
     row = await info.context.load_visible(t.threads, entity_id)
@@ -108,6 +118,7 @@ class Subscription:
         node_id: strawberry.ID | None = None,
     ) -> AsyncGenerator[ThreadEvent, None]:
         thread = await _thread(info, thread_id)
+        after_sequence = _after(after_sequence)
         run, node, impossible = _filter_ids(run_id, node_id)
 
         def match(row: LogEvent) -> bool:
@@ -183,6 +194,7 @@ class Subscription:
         node_id: strawberry.ID | None = None,
     ) -> AsyncGenerator[Activity, None]:
         thread = await _thread(info, thread_id)
+        after_sequence = _after(after_sequence)
         run, node, impossible = _filter_ids(run_id, node_id)
 
         def match(row: LogEvent) -> bool:

@@ -68,12 +68,18 @@ Delta = ev.TextDelta | ev.OutputDelta
 
 
 class _Batch:
-    """Entities changed while applying some events in one transaction (latest state wins)."""
+    """Entities changed while applying some events in one transaction.
+
+    Coalescing happens here: an entity changed several times in one batch (a message
+    growing by fifty deltas) is written as one event with its latest state, at the place
+    of its first change.
+    """
 
     def __init__(self, db: Reader) -> None:
         self.db = db
         self.cache: dict[uuid.UUID, Record] = {}
         self.outcome = Outcome()
+        self._index: dict[uuid.UUID, int] = {}
 
     async def get(self, cls: type[Any], entity_id: uuid.UUID | None) -> Any:
         if entity_id is None:
@@ -87,6 +93,12 @@ class _Batch:
 
     def put(self, event_type: str, entity: Record, *, node_id: uuid.UUID | None = None) -> None:
         self.cache[entity.id] = entity
+        at = self._index.get(entity.id)
+        if at is not None:
+            earlier = self.outcome.changes[at]
+            self.outcome.changes[at] = Change(earlier.event_type, entity, node_id=earlier.node_id or node_id)
+            return
+        self._index[entity.id] = len(self.outcome.changes)
         self.outcome.changes.append(Change(event_type, entity, node_id=node_id))
 
 

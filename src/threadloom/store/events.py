@@ -28,6 +28,8 @@ class LogEvent:
     payload: dict[str, Any]
     xid: int = 0
     position: int = 0
+    # Objects built from this row once and shared by every subscriber it fans out to.
+    shared: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 _COLUMNS = (

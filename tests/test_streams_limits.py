@@ -1,0 +1,167 @@
+"""Stream limits: slow consumers, replay bound, subscriptions per connection, origins, memory."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import websockets
+
+from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.runs import send
+from tests.support.server import Client, ServerProcess
+from tests.support.ws import PROTOCOL, WsClient
+
+BIG = """subscription($t: ID!, $after: Int) {
+  threadEvents(threadId: $t, afterSequence: $after) {
+    sequence type entity { ... on ConversationMessage { text } }
+  }
+}"""
+
+
+@pytest.fixture
+def small_queue_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    env = {"THREADLOOM_SUBSCRIBER_QUEUE": "20"}
+    server = ServerProcess(database_url, tmp_path / "d", env=env).wait_ready()
+    yield server
+    server.stop()
+    print("\n".join(server.log[-40:]))
+
+
+async def _thread(client: Client, tmp_path: Path) -> str:
+    data = await client.gql(CREATE_PROJECT, {"name": "limits", "root": str(tmp_path / "ws")})
+    return str((await make_thread(client, data["createProject"]["project"]["id"], "x"))["id"])
+
+
+async def _raw_slow_socket(url: str) -> websockets.ClientConnection:
+    """A client that reads as little as the kernel allows: tiny receive buffer, one queued frame."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    ws = await websockets.connect(
+        url.replace("http://", "ws://") + "/graphql",
+        sock=sock,
+        subprotocols=[PROTOCOL],  # type: ignore[list-item]
+        max_queue=1,
+        max_size=None,
+        ping_interval=None,
+    )
+    return ws
+
+
+async def test_slow_consumer_is_completed_and_can_resume(small_queue_server: ServerProcess, tmp_path: Path) -> None:
+    server = small_queue_server
+    client = Client(server.url, server.admin_token)
+    thread = await _thread(client, tmp_path)
+    ws = await _raw_slow_socket(server.url)
+    await ws.send(orjson.dumps({"type": "connection_init", "payload": {"token": server.admin_token}}).decode())
+    assert orjson.loads(await ws.recv())["type"] == "connection_ack"
+    start = (await client.gql("query($t: ID!) { thread(id: $t) { latestSequence } }", {"t": thread}))["thread"]
+    payload = {"query": BIG, "variables": {"t": thread, "after": start["latestSequence"]}}
+    await ws.send(orjson.dumps({"id": "slow", "type": "subscribe", "payload": payload}).decode())
+    busy = await send(client, thread, "@delay 30000\n@reply done")  # keeps the next messages queued
+    big = "x" * 150_000
+    for _ in range(40):  # ~6 MB of queued messages: more than the socket buffers hold
+        queued = await send(client, thread, big)
+        assert queued["appliedDispatch"] == "QUEUE_AFTER_ACTIVE"
+    received: list[int] = []
+    error: dict[str, Any] | None = None
+    while error is None:  # now read what the server managed to send, then its verdict
+        message = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
+        if message["type"] == "next" and message["payload"].get("errors"):
+            error = message["payload"]["errors"][0]
+        elif message["type"] == "next":
+            item = message["payload"]["data"]["threadEvents"]
+            if item["type"] != "synchronized":
+                received.append(item["sequence"])
+        elif message["type"] == "error":
+            error = message["payload"][0]
+    await ws.close()
+    assert error["extensions"]["code"] == "SUBSCRIBER_TOO_SLOW"
+    resume = error["extensions"]["resumeFrom"]
+    assert resume == (received[-1] if received else start["latestSequence"])
+    assert received == list(range(start["latestSequence"] + 1, resume + 1))
+    latest = (await client.gql("query($t: ID!) { thread(id: $t) { latestSequence } }", {"t": thread}))["thread"]
+    assert latest["latestSequence"] - resume > 20  # it really fell behind
+    # Resuming from the cursor yields exactly the rest.
+    rest: list[int] = []
+    cursor = resume
+    while cursor < latest["latestSequence"]:
+        again = await WsClient.connect(server.url, server.admin_token)
+        op = await again.subscribe(BIG, {"t": thread, "after": cursor})
+        while True:
+            item = (await again.receive())["payload"]["data"]["threadEvents"]
+            if item["type"] == "reload_required":
+                pytest.fail("the resume gap should stay under the replay bound here")
+            if item["type"] == "synchronized":
+                break
+            rest.append(item["sequence"])
+        assert op == "1"
+        await again.close()
+        cursor = rest[-1] if rest else latest["latestSequence"]
+    await client.aclose()
+    assert busy["run"]["status"] in ("PREPARING", "QUEUED", "STARTING", "RUNNING")
+    everything = received + rest  # gapless and exactly once, through the point it caught up to
+    assert everything == list(range(start["latestSequence"] + 1, everything[-1] + 1))
+    assert everything[-1] >= latest["latestSequence"]
+
+
+async def test_replay_bound_and_subscription_limit(database_url: str, tmp_path: Path) -> None:
+    env = {"THREADLOOM_MAX_REPLAY": "3", "THREADLOOM_MAX_SUBSCRIPTIONS": "3"}
+    server = ServerProcess(database_url, tmp_path / "d", env=env).wait_ready()
+    client = Client(server.url, server.admin_token)
+    thread = await _thread(client, tmp_path)
+    rename = "mutation($t: ID!, $n: String!) { renameThread(input: {threadId: $t, title: $n}) { userErrors { code } } }"
+    for i in range(5):
+        await client.gql(rename, {"t": thread, "n": f"n{i}"})
+    await client.aclose()
+    ws = await WsClient.connect(server.url, server.admin_token)
+    try:
+        # A cursor further back than THREADLOOM_MAX_REPLAY is told to reload and resume from latestSequence.
+        op = await ws.subscribe(BIG, {"t": thread, "after": 1})
+        item = (await ws.receive())["payload"]["data"]["threadEvents"]
+        assert item == {"sequence": 6, "type": "reload_required", "entity": None}
+        assert (await ws.receive()) == {"id": op, "type": "complete"}
+        near = await ws.subscribe(BIG, {"t": thread, "after": 3})  # within the bound: replayed
+        got = [(await ws.receive())["payload"]["data"]["threadEvents"]["sequence"] for _ in range(4)]
+        assert got == [4, 5, 6, 6]  # three events, then synchronized at 6
+        await ws.ws.send(orjson.dumps({"id": near, "type": "complete"}).decode())
+        negative = await ws.subscribe(BIG, {"t": thread, "after": -1})
+        refused = await ws.receive()
+        assert refused["id"] == negative
+        assert refused["payload"]["errors"][0]["extensions"]["code"] == "INVALID_INPUT"
+        await ws.close()
+        ws = await WsClient.connect(server.url, server.admin_token)  # a fresh connection for the limit
+        live = [await ws.subscribe(BIG, {"t": thread}) for _ in range(3)]  # THREADLOOM_MAX_SUBSCRIPTIONS=3
+        fourth = await ws.subscribe(BIG, {"t": thread})
+        seen: dict[str, list[str]] = {}
+        while fourth not in seen or len(seen) < 4:
+            message = await ws.receive()
+            seen.setdefault(message["id"], []).append(message["type"])
+        assert seen[fourth] == ["error"]
+        assert all("error" not in seen[o] for o in live)
+    finally:
+        await ws.close()
+        server.stop()
+
+
+async def test_cross_origin_websocket_needs_an_allowed_origin(database_url: str, tmp_path: Path) -> None:
+    url = None
+    allowed = ServerProcess(
+        database_url, tmp_path / "o", env={"THREADLOOM_ALLOWED_ORIGINS": "https://dash.example"}
+    ).wait_ready()
+    try:
+        url = allowed.url.replace("http://", "ws://") + "/graphql"
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(url, subprotocols=[PROTOCOL], origin="https://evil.example")  # type: ignore[list-item,arg-type]
+        assert refused.value.response.status_code == 403
+        ok = await websockets.connect(url, subprotocols=[PROTOCOL], origin="https://dash.example")  # type: ignore[list-item,arg-type]
+        await ok.close()
+    finally:
+        allowed.stop()
