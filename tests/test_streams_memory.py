@@ -122,7 +122,7 @@ async def test_server_memory_is_flat_over_long_subscriptions(pg: PgServer, datab
             last = await write(batch)
         await asyncio.gather(*(drain(ws, last) for ws in sockets))
         before = _rss(server.proc.pid)
-        for batch in range(10, 60):  # 5,000 events × 50 subscribers = 250,000 deliveries
+        for batch in range(10, 60):  # 5,000 events x 50 subscribers = 250,000 deliveries
             last = await write(batch)
             if batch % 10 == 9:
                 await asyncio.gather(*(drain(ws, last) for ws in sockets))
