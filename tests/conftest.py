@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,16 +17,15 @@ from threadloom.engine.services import Services
 from threadloom.providers.registry import load_instances
 from threadloom.store.db import Database
 
-ROOT = Path(tempfile.gettempdir()) / "threadloom-tests"
-
-
 @pytest.fixture(scope="session")
 async def pg() -> AsyncIterator[PgServer]:
-    ROOT.mkdir(parents=True, exist_ok=True)
-    server = PgServer(ROOT / "pg")
+    """A private embedded PostgreSQL per test session, so parallel sessions never meet."""
+    root = Path(tempfile.mkdtemp(prefix="threadloom-tests-"))
+    server = PgServer(root / "pg")
     await server.create_template()
     yield server
     server.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
