@@ -17,6 +17,7 @@ from threadloom.engine.services import Services
 from threadloom.providers.registry import load_instances
 from threadloom.store.db import Database
 
+
 @pytest.fixture(scope="session")
 async def pg() -> AsyncIterator[PgServer]:
     """A private embedded PostgreSQL per test session, so parallel sessions never meet."""

@@ -15,6 +15,8 @@ async def test_tour_blocks_run_as_written(client: Client) -> None:
     assert len(blocks) >= 6
     ids: dict[str, str] = {}
     for block in blocks:
+        if block.lstrip().startswith("subscription"):
+            continue  # subscriptions are covered by the stream tests
         for name, value in ids.items():
             block = block.replace(name, value)
         data = await client.gql(block)
