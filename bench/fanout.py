@@ -287,7 +287,8 @@ class Worker:
             "last_received": t.last_received,
             "hist": list(t.hist.items()),
             "ended": dict(Counter(s.ended for s in self.subs if s.ended is not None).most_common(3)),
-            "closed_early": self.closed_early,
+            "n_ended": sum(s.ended is not None for s in self.subs),
+            "sockets_closed": self.closed_early,
         }
 
     async def close(self) -> dict[str, Any]:
@@ -400,34 +401,35 @@ def cpu_snapshot(server: int, clients: list[int], postmaster: int) -> dict[str, 
     }
 
 
-def start_floor(port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "bench.ws_floor_app:app",
-            "--ws",
-            "websockets-sansio",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+def start_floor(port: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as err:  # a file, not a pipe nobody reads
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "bench.ws_floor_app:app",
+                "--ws",
+                "websockets-sansio",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
 
 
-def wait_floor(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def wait_floor(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            err = log.read_text(errors="replace")
             raise RuntimeError(f"floor server exited {proc.returncode}:\n{err[-3000:]}")
         try:
             if httpx.get(url + "/readyz", timeout=1).status_code == 200:
@@ -464,8 +466,27 @@ class Target:
     async def latest(self, http: httpx.AsyncClient, topics: list[str]) -> dict[str, int]:
         return dict.fromkeys(topics, 0)
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
+        """Stop it; the warnings and errors it logged, counted by kind."""
         raise NotImplementedError
+
+
+def error_kinds(lines: list[str]) -> list[str]:
+    """Threadloom's JSON log lines at warning and above (a floor's ERROR lines), counted by message + exception."""
+    kinds: Counter[str] = Counter()
+    for line in lines:
+        if line.startswith("{"):
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if record.get("level") in ("warning", "error", "critical"):
+                exc = str(record.get("exc", "")).strip().splitlines()
+                text = f"{record['level']} {record.get('logger')}: {record.get('msg', '')}"
+                kinds[(text + (f" -> {exc[-1]}" if exc else ""))[:240]] += 1
+        elif line.startswith(("ERROR", "Traceback")):
+            kinds[line[:200]] += 1
+    return [f"{n} x {kind}" for kind, n in kinds.most_common(3)]
 
 
 class Threadloom(Target):
@@ -491,25 +512,28 @@ class Threadloom(Target):
         nodes = response.json()["data"]["nodes"]
         return {n["id"]: n["latestSequence"] for n in nodes}
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
         self.server.stop()
+        return error_kinds(self.server.log)
 
 
 class Floor(Target):
     name = "floor"
 
-    def __init__(self) -> None:
+    def __init__(self, log: Path) -> None:
         port = free_port()
-        self.proc = start_floor(port)
+        self.log = log
+        self.proc = start_floor(port, log)
         self.url, self.pid = f"http://127.0.0.1:{port}", self.proc.pid
-        wait_floor(self.url, self.proc)
+        wait_floor(self.url, self.proc, log)
 
     async def produce(self, http: httpx.AsyncClient, topic: str, n: int) -> None:
         response = await http.post(self.url + "/publish", content=orjson.dumps({"t": topic}))
         response.raise_for_status()
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
         stop_process(self.proc)
+        return error_kinds(self.log.read_text(errors="replace").splitlines())
 
 
 # ---------------------------------------------------------------- one phase
@@ -654,7 +678,7 @@ class Bench:
             return await asyncio.to_thread(
                 Threadloom, self.database_url, self.tmp / "data", self.token, self.args.per_socket
             )
-        return await asyncio.to_thread(Floor)
+        return await asyncio.to_thread(Floor, self.tmp / "floor.log")
 
     async def run(self, system: str, k: int, topics: list[str], per_thread: int) -> Phase:
         args = self.args
@@ -728,15 +752,19 @@ class Bench:
                 hist.update({int(key): count for key, count in r["hist"]})
             phase.latency_ms = percentiles(hist, (0.5, 0.99))
             if phase.received < phase.expected:
-                ended = [str(r["ended"]) for r in results if r["ended"]]
-                phase.problems.append(
-                    f"delivered {phase.received:,} of {phase.expected:,} within the timeout {' '.join(ended)}".strip()
-                )
+                phase.problems.append(f"delivered {phase.received:,} of {phase.expected:,} messages")
             if phase.gaps:
                 phase.problems.append(f"{phase.gaps} items out of sequence")
+            ended = sum(r["n_ended"] for r in results)
+            if ended:
+                reasons = "; ".join(str(r["ended"]) for r in results if r["ended"])[:300]
+                closed = sum(r["sockets_closed"] for r in results)
+                phase.problems.append(f"{ended} subscriptions ended, {closed} sockets closed by the server ({reasons})")
         finally:
             await asyncio.gather(*(w.call("close") for w in self.workers), return_exceptions=True)
-            await asyncio.to_thread(target.stop)
+            errors = await asyncio.to_thread(target.stop)
+            if errors:
+                phase.problems.append("server logged: " + "; ".join(errors))
         return phase
 
 
@@ -901,9 +929,9 @@ async def main_async(args: argparse.Namespace, tmp: Path, pg: EmbeddedPostgres) 
     finally:
         await bench.close()
     print_summary(pairs, stop_reason)
-    held = [tl.k for tl, _ in pairs if tl.held]
+    held = [k for k in dict.fromkeys(tl.k for tl, _ in pairs) if all(tl.held for tl, _ in pairs if tl.k == k)]
     if held:
-        print(f"  largest K that held here: {max(held):,}")
+        print(f"  largest K that held here (both layouts): {max(held):,}")
     print(
         f"  clients: {args.clients} processes, {args.per_socket} subscription(s) per socket, "
         f"permessage-deflate {'on' if args.deflate else 'off'}; producers: {args.producers} HTTP tasks"

@@ -72,7 +72,9 @@ async def test_concurrent_sends_over_two_processes(
         data = await client.gql(CREATE_PROJECT, {"name": "busy", "root": str(tmp_path / "ws")})
         thread = await make_thread(client, data["createProject"]["project"]["id"], "busy")
         clients = [client, other]
-        sent = await asyncio.gather(*(send(clients[i % 2], thread["id"], f"message {i}") for i in range(50)))
+        sent = await asyncio.gather(
+            *(send(clients[i % 2], thread["id"], f"message {i}", d={"queueAfterActive": True}) for i in range(50))
+        )
         assert all(s["userErrors"] == [] for s in sent)
         assert sorted(s["run"]["ordinal"] for s in sent) == list(range(1, 51))
         runs = [await finished(clients[i % 2], s["run"]["id"], within=120) for i, s in enumerate(sent)]

@@ -126,7 +126,7 @@ async def test_multi_turn_reuses_the_provider_thread(client: Client, thread_id: 
 
 async def test_queued_turn(client: Client, thread_id: str) -> None:
     first = await send(client, thread_id, "@delay 150\n@reply one two three four")
-    second = await send(client, thread_id, "next")
+    second = await send(client, thread_id, "next", d={"queueAfterActive": True})
     assert first["appliedDispatch"] == "START_IMMEDIATELY"
     assert second["appliedDispatch"] == "QUEUE_AFTER_ACTIVE"
     assert second["run"]["status"] == "QUEUED" and second["run"]["queuePosition"] == 1
@@ -170,7 +170,7 @@ async def test_tool_and_write(client: Client, thread_id: str, workspace: Path) -
 
 async def test_failure_holds_the_queue(client: Client, thread_id: str) -> None:
     failing = await send(client, thread_id, "@delay 100\n@reply trying\n@fail boom")
-    queued = await send(client, thread_id, "after the failure")
+    queued = await send(client, thread_id, "after the failure", d={"queueAfterActive": True})
     assert queued["appliedDispatch"] == "QUEUE_AFTER_ACTIVE"
     done = await finished(client, failing["run"]["id"])
     assert done["status"] == "FAILED" and done["statusReason"] == "boom"
@@ -242,7 +242,13 @@ async def test_bad_send_input(client: Client, thread_id: str, database_url: str)
     )
     assert two.json()["errors"][0]["extensions"]["code"] == "GRAPHQL_VALIDATION_FAILED"
     steer = await send(client, thread_id, "x", d={"steerActive": {"targetRunId": thread_id}})
-    assert steer["userErrors"][0]["code"] == "NOT_STEERABLE"
+    assert steer["userErrors"] == [
+        {
+            "code": "INVALID_ID",
+            "field": "dispatch.steerActive.targetRunId",
+            "message": "dispatch.steerActive.targetRunId is a Thread id; a Run id is needed",
+        }
+    ]
     assert await _db_scalar(database_url, sa.select(sa.func.count()).select_from(t.runs)) == 0
 
 
@@ -250,7 +256,7 @@ async def test_server_crash_mid_run(
     server: ServerProcess, client: Client, thread_id: str, workspace: Path, database_url: str, data_dir: Path
 ) -> None:
     sent = await send(client, thread_id, "@tool echo once >> ran.txt\n@delay 20000\n@reply never")
-    queued = await send(client, thread_id, "afterwards")
+    queued = await send(client, thread_id, "afterwards", d={"queueAfterActive": True})
 
     async def tool_done() -> bool:
         acts = await client.gql(

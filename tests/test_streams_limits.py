@@ -68,7 +68,7 @@ async def test_slow_consumer_is_completed_and_can_resume(small_queue_server: Ser
     busy = await send(client, thread, "@delay 30000\n@reply done")  # keeps the next messages queued
     big = "x" * 150_000
     for _ in range(40):  # ~6 MB of queued messages: more than the socket buffers hold
-        queued = await send(client, thread, big)
+        queued = await send(client, thread, big, d={"queueAfterActive": True})
         assert queued["appliedDispatch"] == "QUEUE_AFTER_ACTIVE"
     received: list[int] = []
     error: dict[str, Any] | None = None

@@ -112,7 +112,7 @@ async def test_server_memory_is_flat_over_long_subscriptions(pg: PgServer, datab
         async def drain(ws: WsClient, until: int) -> None:
             done: dict[str, int] = {}
             while len(done) < 10 or min(done.values()) < until:
-                message = await ws.receive()
+                message = await ws.receive(within=120)
                 item = message["payload"]["data"]["threadEvents"]
                 if item["type"] != "synchronized":
                     done[message["id"]] = item["sequence"]

@@ -13,6 +13,7 @@ from threadloom.api.context import Info
 from threadloom.api.enums import AppliedDispatch
 from threadloom.api.errors import UserError
 from threadloom.api.types import ConversationMessage, Project, Run, Thread
+from threadloom.domain.dispatch import Dispatch
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.runs import DispatchMode
 from threadloom.engine.runs import Sent
@@ -190,20 +191,32 @@ class DispatchInput:
     restart_active: RestartActiveInput | None = strawberry.UNSET
 
 
-def dispatch_mode(dispatch: DispatchInput | None) -> DispatchMode:
+def dispatch_of(dispatch: DispatchInput | None) -> Dispatch:
+    """The one field set in the @oneOf input, with its target ids decoded."""
     if dispatch is None:
-        return DispatchMode.AUTO
+        return Dispatch()
+    steer = dispatch.steer_active
+    if steer is not strawberry.UNSET and steer is not None:
+        return Dispatch(
+            DispatchMode.STEER_ACTIVE,
+            gid.decode_as(steer.target_run_id, "Run", "dispatch.steerActive.targetRunId"),
+            None
+            if steer.expected_attempt_id is None
+            else gid.decode_as(steer.expected_attempt_id, "RunAttempt", "dispatch.steerActive.expectedAttemptId"),
+        )
+    restart = dispatch.restart_active
+    if restart is not strawberry.UNSET and restart is not None:
+        return Dispatch(
+            DispatchMode.RESTART_ACTIVE,
+            gid.decode_as(restart.target_run_id, "Run", "dispatch.restartActive.targetRunId"),
+        )
     for name, mode in (
-        ("auto", DispatchMode.AUTO),
         ("start_immediately", DispatchMode.START_IMMEDIATELY),
         ("queue_after_active", DispatchMode.QUEUE_AFTER_ACTIVE),
-        ("steer_active", DispatchMode.STEER_ACTIVE),
-        ("restart_active", DispatchMode.RESTART_ACTIVE),
     ):
-        value = getattr(dispatch, name)
-        if value is not strawberry.UNSET and value is not None and value is not False:
-            return mode
-    return DispatchMode.AUTO
+        if getattr(dispatch, name) is True:
+            return Dispatch(mode)
+    return Dispatch()
 
 
 @strawberry.input
@@ -246,7 +259,7 @@ class RunMutation:
                 ctx.principal,
                 gid.decode_as(input.thread_id, "Thread", "threadId"),
                 text=input.text,
-                mode=dispatch_mode(input.dispatch),
+                dispatch=dispatch_of(input.dispatch),
                 provider_instance_id=input.provider_instance_id,
                 model=input.model,
                 client_message_id=input.client_message_id,
@@ -270,3 +283,125 @@ class RunMutation:
             return await ctx.services.runs.resume_queue(ctx.principal, thread_id, _key(input.client_mutation_id))
 
         return await _thread_payload(info, act, input.client_mutation_id)
+
+
+@strawberry.type
+class RunPayload:
+    run: Run | None
+    user_errors: list[UserError]
+    client_mutation_id: str | None
+
+
+@strawberry.input
+class InterruptRunInput:
+    run_id: strawberry.ID
+    hold_queue: bool = strawberry.field(default=False, description="Also hold the queue: the Stop button.")
+    client_mutation_id: str | None = None
+
+
+@strawberry.input
+class StopThreadInput:
+    thread_id: strawberry.ID
+    client_mutation_id: str | None = None
+
+
+@strawberry.input
+class QueuedRunInput:
+    run_id: strawberry.ID
+    client_mutation_id: str | None = None
+
+
+@strawberry.input
+class ReorderQueuedRunInput:
+    run_id: strawberry.ID
+    position: int = strawberry.field(description="The new 1-based place in the queue.")
+    client_mutation_id: str | None = None
+
+
+@strawberry.input
+class EditQueuedRunInput:
+    run_id: strawberry.ID
+    text: str
+    client_mutation_id: str | None = None
+
+
+async def _run_payload(
+    info: Info, act: Callable[[], Awaitable[uuid.UUID]], client_mutation_id: str | None
+) -> RunPayload:
+    run_id, errors = await _attempt(act)
+    return RunPayload(run=await _load(info, Run, run_id), user_errors=errors, client_mutation_id=client_mutation_id)
+
+
+def _run_id(value: str) -> uuid.UUID:
+    return gid.decode_as(value, "Run", "runId")
+
+
+@strawberry.type
+class ControlMutation:
+    @strawberry.mutation(
+        description="Ask the provider to interrupt a run (a queued run is cancelled). The run ends when the "
+        "provider says so; with holdQueue it is the Stop button."
+    )
+    async def interrupt_run(self, info: Info, input: InterruptRunInput) -> RunPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            return await ctx.services.control.interrupt_run(
+                ctx.principal, _run_id(input.run_id), hold_queue=input.hold_queue, key=_key(input.client_mutation_id)
+            )
+
+        return await _run_payload(info, act, input.client_mutation_id)
+
+    @strawberry.mutation(description="Stop: hold the queue, interrupt the active run, stop every delegated task.")
+    async def stop_thread(self, info: Info, input: StopThreadInput) -> ThreadPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            thread_id = gid.decode_as(input.thread_id, "Thread", "threadId")
+            return await ctx.services.control.stop_thread(ctx.principal, thread_id, _key(input.client_mutation_id))
+
+        return await _thread_payload(info, act, input.client_mutation_id)
+
+    @strawberry.mutation
+    async def cancel_queued_run(self, info: Info, input: QueuedRunInput) -> RunPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            return await ctx.services.control.cancel_queued(
+                ctx.principal, _run_id(input.run_id), _key(input.client_mutation_id)
+            )
+
+        return await _run_payload(info, act, input.client_mutation_id)
+
+    @strawberry.mutation
+    async def reorder_queued_run(self, info: Info, input: ReorderQueuedRunInput) -> RunPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            return await ctx.services.control.reorder_queued(
+                ctx.principal, _run_id(input.run_id), input.position, _key(input.client_mutation_id)
+            )
+
+        return await _run_payload(info, act, input.client_mutation_id)
+
+    @strawberry.mutation
+    async def edit_queued_run(self, info: Info, input: EditQueuedRunInput) -> RunPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            return await ctx.services.control.edit_queued(
+                ctx.principal, _run_id(input.run_id), input.text, _key(input.client_mutation_id)
+            )
+
+        return await _run_payload(info, act, input.client_mutation_id)
+
+    @strawberry.mutation(description="The queued run's message steers the active run instead; the queued run ends.")
+    async def promote_queued_run_to_steer(self, info: Info, input: QueuedRunInput) -> RunPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            return await ctx.services.control.promote_to_steer(
+                ctx.principal, _run_id(input.run_id), _key(input.client_mutation_id)
+            )
+
+        return await _run_payload(info, act, input.client_mutation_id)

@@ -108,40 +108,25 @@ def clean_text(text: str) -> str:
     return text
 
 
-def choose_dispatch(mode: DispatchMode, state: ThreadState) -> AppliedDispatch:
-    """The spec's policy for a new message, before steering exists: start when idle, else queue."""
-    if state.thread.archived_at is not None:
-        raise DomainError(ErrorCode.THREAD_ARCHIVED, "the thread is archived; unarchive it first", "threadId")
-    if mode in (DispatchMode.STEER_ACTIVE, DispatchMode.RESTART_ACTIVE):
-        raise DomainError(ErrorCode.NOT_STEERABLE, "steering is not available on this server yet", "dispatch")
-    idle = state.active is None
-    if mode == DispatchMode.START_IMMEDIATELY:
-        if not idle:
-            raise DomainError(ErrorCode.THREAD_BUSY, "a run is active; queue the message or stop the run", "dispatch")
-        return AppliedDispatch.START_IMMEDIATELY
-    if mode == DispatchMode.QUEUE_AFTER_ACTIVE:
-        blocked = not idle or (state.thread.queue_held and bool(state.queue))
-        return AppliedDispatch.QUEUE_AFTER_ACTIVE if blocked else AppliedDispatch.START_IMMEDIATELY
-    # auto: start when nothing runs and nothing waits ahead of it
-    return AppliedDispatch.START_IMMEDIATELY if idle and not state.queue else AppliedDispatch.QUEUE_AFTER_ACTIVE
-
-
-def send_message(
+def new_run(
     state: ThreadState,
     *,
+    applied: AppliedDispatch,
     text: str,
-    mode: DispatchMode,
     provider_instance_id: str,
     model: str | None,
     client_message_id: str | None,
     now: datetime,
     new_id: NewId,
-) -> tuple[Outcome, AppliedDispatch]:
-    """A user message becomes a run: message → run(queued) → root node → initial attempt."""
-    applied = choose_dispatch(mode, state)
+    message_id: uuid.UUID | None = None,
+) -> Outcome:
+    """A user message becomes a run: message → run(queued) → root node → initial attempt, started
+    now or queued. `message_id` reuses an existing message (a late steer turned into a run)."""
     thread = state.thread
     text = clean_text(text)
-    run_id, node_id, attempt_id, message_id = new_id(), new_id(), new_id(), new_id()
+    run_id, node_id, attempt_id = new_id(), new_id(), new_id()
+    reused = message_id is not None
+    message_id = message_id or new_id()
     starting = applied == AppliedDispatch.START_IMMEDIATELY
     message = ConversationMessage(
         id=message_id,
@@ -193,7 +178,7 @@ def send_message(
     )
     outcome = Outcome(
         [
-            Change("message.created", message),
+            Change("message.updated" if reused else "message.created", message),
             Change("run.created", run),
             Change("node.created", root),
             Change("attempt.created", attempt),
@@ -213,7 +198,7 @@ def send_message(
                 run_id=run_id,
             )
         )
-    return outcome, applied
+    return outcome
 
 
 def _title(text: str) -> str:

@@ -11,16 +11,27 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from threadloom.domain import dispatch as dispatch_rules
 from threadloom.domain import runs as rules
+from threadloom.domain import steering
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change, Outcome
-from threadloom.domain.entities import AppThread, ConversationMessage, Project, ProviderThread, Run, RunAttempt
+from threadloom.domain.entities import (
+    AppThread,
+    ConversationMessage,
+    Project,
+    ProviderThread,
+    ProviderTurn,
+    Run,
+    RunAttempt,
+)
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import (
     AttemptStatus,
     ProviderSessionStatus,
     ProviderThreadStatus,
+    ProviderTurnStatus,
     RunStatus,
     TokenScope,
 )
@@ -32,6 +43,7 @@ from threadloom.store import entities, runs
 from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.runs")
+TURN_END_WAIT = 30.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,13 +106,21 @@ class RunEngine:
 
     # ---- commands ---------------------------------------------------------------------
 
+    def ability(self, instance_id: str) -> dispatch_rules.SteerAbility:
+        driver = self.sessions.drivers.get(instance_id)
+        caps = driver.capabilities() if driver is not None else None
+        return dispatch_rules.SteerAbility(
+            native=bool(caps and caps.supports_active_steering),
+            restart=bool(caps and caps.supports_steering_by_interrupt_restart),
+        )
+
     async def send_message(
         self,
         principal: Principal,
         thread_id: uuid.UUID,
         *,
         text: str,
-        mode: rules.DispatchMode,
+        dispatch: dispatch_rules.Dispatch,
         provider_instance_id: str | None,
         model: str | None,
         client_message_id: str | None,
@@ -117,30 +137,60 @@ class RunEngine:
                     "providerInstanceId",
                 )
             state = await runs.thread_state(db, thread)
-            outcome, _ = rules.send_message(
-                state,
-                text=text,
-                mode=mode,
-                provider_instance_id=thread.provider_instance_id,
-                model=clean_model(model),
-                client_message_id=client_message_id,
-                now=now,
-                new_id=new_id,
-            )
-            await self._route(db, thread, outcome)
+            applied = dispatch_rules.choose(dispatch, state, self.ability(thread.provider_instance_id))
+            if applied == rules.AppliedDispatch.STEER_ACTIVE:
+                assert state.active is not None
+                outcome = steering.steer(thread, state.active, text, client_message_id, now, new_id)
+            elif applied == rules.AppliedDispatch.RESTART_ACTIVE:
+                assert state.active is not None
+                outcome = await self._restart(db, thread, state.active, text, client_message_id)
+            else:
+                outcome = rules.new_run(
+                    state,
+                    applied=applied,
+                    text=text,
+                    provider_instance_id=thread.provider_instance_id,
+                    model=clean_model(model),
+                    client_message_id=client_message_id,
+                    now=now,
+                    new_id=new_id,
+                )
+            await self.route(db, thread, outcome)
             return outcome
 
         key = None if client_message_id is None else f"{thread_id}/{client_message_id}"
         data = {
             "threadId": str(thread_id),
             "text": text,
-            "mode": mode.value,
+            "mode": dispatch.mode.value,
+            "target": str(dispatch.target_run_id),
+            "expected": str(dispatch.expected_attempt_id),
             "providerInstanceId": provider_instance_id,
             "model": model,
         }
         result = await self.pipeline.execute(Command("sendMessage", principal, key, data, decide, thread_id))
         return Sent(
-            uuid.UUID(result["runId"]), uuid.UUID(result["messageId"]), rules.AppliedDispatch(result["appliedDispatch"])
+            uuid.UUID(result["runId"]),
+            uuid.UUID(result["messageId"]),
+            rules.AppliedDispatch(result["appliedDispatch"]),
+        )
+
+    async def _restart(
+        self, db: Reader, thread: AppThread, run: Run, text: str, client_message_id: str | None
+    ) -> Outcome:
+        graph = await runs.run_graph(db, thread, run)
+        original = await runs.run_input(db, run)
+        return steering.restart(
+            thread,
+            run,
+            graph.attempt,
+            graph.root,
+            graph.open_children,
+            original,
+            text,
+            client_message_id,
+            self.now,
+            new_id,
         )
 
     async def resume_queue(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
@@ -150,7 +200,7 @@ class RunEngine:
             assert thread is not None
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
             outcome = rules.resume_queue(await runs.thread_state(db, thread), now, new_id)
-            await self._route(db, thread, outcome)
+            await self.route(db, thread, outcome)
             outcome.result = {"threadId": str(thread.id)}
             return outcome
 
@@ -159,7 +209,7 @@ class RunEngine:
         )
         return thread_id
 
-    async def _route(self, db: Reader, thread: AppThread, outcome: Outcome) -> None:
+    async def route(self, db: Reader, thread: AppThread, outcome: Outcome) -> None:
         """Send turn starts to the worker whose live runtime holds the thread's provider thread."""
         if not outcome.effects:
             return
@@ -188,12 +238,12 @@ class RunEngine:
             if run is None or not rules.is_active(run):
                 return Outcome()
             if attempt_id is not None and run.active_attempt_id != attempt_id:
-                return Outcome()  # a late word about a superseded attempt
+                return await self._close_superseded_turn(db, attempt_id, status)
             if guard is not None and not await guard(db, run):
                 return Outcome()
             graph = await runs.run_graph(db, thread, run)
             outcome = rules.finish_run(graph, status, reason, now, new_id, hold_reason=hold_reason)
-            await self._route(db, thread, outcome)
+            await self.route(db, thread, outcome)
             done["finished"] = True
             return outcome
 
@@ -202,6 +252,15 @@ class RunEngine:
             return False
         await self.pipeline.execute(Command("run.finish", None, None, {}, decide, thread_id))
         return done["finished"]
+
+    async def _close_superseded_turn(self, db: Reader, attempt_id: uuid.UUID, status: RunStatus) -> Outcome:
+        """The provider ended the turn of a superseded attempt: record that, and nothing else."""
+        attempt = await entities.get(db, RunAttempt, attempt_id)
+        turn = await entities.get(db, ProviderTurn, attempt.provider_turn_id if attempt else None)
+        if turn is None or turn.status not in (ProviderTurnStatus.PENDING, ProviderTurnStatus.RUNNING):
+            return Outcome()
+        ended = ProviderTurnStatus.INTERRUPTED if status == RunStatus.INTERRUPTED else ProviderTurnStatus.COMPLETED
+        return Outcome([Change("provider_turn.updated", turn.evolve(status=ended, completed_at=self.now))])
 
     async def _thread_of_run(self, run_id: uuid.UUID) -> uuid.UUID | None:
         async with self.pipeline.db.read() as db:
@@ -213,7 +272,7 @@ class RunEngine:
     async def start_turn(self, payload: dict[str, Any]) -> None:
         """ensure session → ensure provider thread → record the turn → start it."""
         run_id = uuid.UUID(payload["runId"])
-        prepared = await self._prepare(run_id)
+        prepared = await self._prepare(run_id, payload.get("input"))
         if prepared is None:
             return
         try:
@@ -221,6 +280,14 @@ class RunEngine:
             provider_thread = await self._ensure_native_thread(session, prepared.target)
         except ProviderError as error:
             await self.finish(run_id, RunStatus.FAILED, "provider_error", hold_reason=f"provider error: {error}")
+            return
+        previous = session.bindings.get(str(provider_thread.native_thread_ref))
+        superseded = previous if previous is not None and previous.attempt_id != prepared.attempt.id else None
+        # A restart: the superseded attempt's turn must end before the new one starts.
+        if superseded is not None and not await session.wait_unbound(superseded.native_thread, TURN_END_WAIT):
+            await self.finish(
+                run_id, RunStatus.FAILED, "provider_error", hold_reason="the interrupted turn did not end in time"
+            )
             return
         turn = await self._record_turn(prepared, provider_thread)
         if turn is None:
@@ -248,7 +315,7 @@ class RunEngine:
             return
         binding.native_turn = binding.native_turn or native_turn
 
-    async def _prepare(self, run_id: uuid.UUID) -> _Prepared | None:
+    async def _prepare(self, run_id: uuid.UUID, text: str | None = None) -> _Prepared | None:
         now = self.now
         found: dict[str, _Prepared] = {}
 
@@ -279,7 +346,7 @@ class RunEngine:
                         "thread.updated", thread.evolve(active_provider_thread_id=provider_thread.id, updated_at=now)
                     ),
                 ]
-            found["p"] = _Prepared(run, attempt, thread, provider_thread, message.text, project.workspace_root)
+            found["p"] = _Prepared(run, attempt, thread, provider_thread, text or message.text, project.workspace_root)
             return outcome
 
         thread_id = await self._thread_of_run(run_id)
@@ -400,4 +467,5 @@ class RunEngine:
                 hold_reason=f"agent process exited: {reason}",
                 attempt_id=binding.attempt_id,
             )
-        await self.sessions.mark(session, ProviderSessionStatus.ERROR, reason)
+        if not session.stopping:
+            await self.sessions.mark(session, ProviderSessionStatus.ERROR, reason)

@@ -7,10 +7,13 @@ import dataclasses
 import logging
 
 from threadloom.config import Settings
+from threadloom.domain.interruption import STOP_SESSION_EFFECT, STOP_TASKS_EFFECT, UnsupportedPolicy
 from threadloom.domain.runs import ENSURE_THREAD_EFFECT, START_EFFECT
 from threadloom.domain.statuses import RunStatus
+from threadloom.domain.steering import INTERRUPT_EFFECT, STEER_EFFECT
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.clock import Clock
+from threadloom.engine.control import Control
 from threadloom.engine.effects import EffectWorker
 from threadloom.engine.ingest import Ingestor
 from threadloom.engine.pipeline import Committed, Pipeline
@@ -36,6 +39,7 @@ class Services:
     runs: RunEngine
     effects: EffectWorker
     recovery: Recovery
+    control: Control
     started: bool = False
 
     @classmethod
@@ -55,7 +59,16 @@ class Services:
         effects.handlers[START_EFFECT] = run_engine.start_turn
         effects.handlers[ENSURE_THREAD_EFFECT] = run_engine.ensure_thread
         recovery = Recovery(pipeline, run_engine, worker.id)
-        services = cls(settings, db, clock, pipeline, catalog, worker, sessions, run_engine, effects, recovery)
+        policies = {
+            name: UnsupportedPolicy(str(config.options.get("interrupt_unsupported", "reject")))
+            for name, config in instances.items()
+        }
+        control = Control(pipeline, sessions, run_engine, policies)
+        effects.handlers[STEER_EFFECT] = control.steer_effect
+        effects.handlers[INTERRUPT_EFFECT] = control.interrupt_effect
+        effects.handlers[STOP_SESSION_EFFECT] = control.stop_session_effect
+        effects.handlers[STOP_TASKS_EFFECT] = control.stop_tasks_effect
+        services = cls(settings, db, clock, pipeline, catalog, worker, sessions, run_engine, effects, recovery, control)
 
         async def wake(committed: Committed) -> None:
             if committed.effects:

@@ -53,12 +53,33 @@ class LiveSession:
     loaded: set[str] = dataclasses.field(default_factory=set)
     bindings: dict[str, TurnBinding] = dataclasses.field(default_factory=dict)
     task: asyncio.Task[None] | None = None
+    stopping: bool = False  # closed on purpose (interrupt policy), not crashed
+    _changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def bind(self, binding: TurnBinding) -> None:
         self.bindings[binding.native_thread] = binding
 
     def unbind(self, native_thread: str) -> None:
         self.bindings.pop(native_thread, None)
+        self._changed.set()
+
+    def binding_of_attempt(self, attempt_id: uuid.UUID) -> TurnBinding | None:
+        return next((b for b in self.bindings.values() if b.attempt_id == attempt_id), None)
+
+    async def wait_unbound(self, native_thread: str, within: float) -> bool:
+        """Wait until no turn is bound to the native thread; False after `within` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while native_thread in self.bindings:
+            self._changed.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
 
 
 class SessionManager:
@@ -126,6 +147,13 @@ class SessionManager:
             return Outcome([Change(event_type, record)])
 
         await self.pipeline.execute(Command(event_type, None, None, {}, decide))
+
+    def binding_of_attempt(self, attempt_id: uuid.UUID) -> tuple[LiveSession, TurnBinding] | None:
+        for session in self.live.values():
+            binding = session.binding_of_attempt(attempt_id)
+            if binding is not None:
+                return session, binding
+        return None
 
     async def owner_of(self, db: Reader, provider_thread_id: uuid.UUID | None) -> uuid.UUID | None:
         """The live worker holding this provider thread's runtime, if any."""

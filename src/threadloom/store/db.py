@@ -82,6 +82,10 @@ class Reader:
         result = await self.execute(stmt, params)
         return result.mappings().one_or_none()
 
+    async def scalars_all(self, stmt: sa.Executable, params: Any = None) -> list[Any]:
+        result = await self.execute(stmt, params)
+        return list(result.scalars().all())
+
     async def scalar(self, stmt: sa.Executable, params: Any = None) -> Any:
         result = await self.execute(stmt, params)
         return result.scalar()

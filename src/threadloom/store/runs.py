@@ -100,3 +100,15 @@ async def active_runs(db: Reader) -> list[Run]:
         ),
         order_by=[t.runs.c.id],
     )
+
+
+async def run_input(db: Reader, run: Run) -> str:
+    """What the run was asked so far: its user message and every steer or restart message after it."""
+    messages = await entities.where(
+        db,
+        ConversationMessage,
+        t.conversation_messages.c.run_id == run.id,
+        t.conversation_messages.c.role == "user",
+        order_by=[t.conversation_messages.c.id],
+    )
+    return "\n\n".join(m.text for m in messages)

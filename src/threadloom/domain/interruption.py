@@ -1,0 +1,84 @@
+"""Interruption and Stop (spec: "Interruption").
+
+The request only marks "interrupt requested" and asks the provider; the terminal state
+comes from the provider's lifecycle. Before the provider has the turn, the run ends at
+once. A provider that cannot interrupt is handled by policy: stop its session and end
+the run, or refuse with INTERRUPT_UNSUPPORTED and leave the run active.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from threadloom.domain.changes import Change, Effect, Outcome
+from threadloom.domain.entities import AppThread, Run
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.runs import NewId, activity, is_active
+from threadloom.domain.statuses import RunStatus
+from threadloom.domain.steering import INTERRUPT_EFFECT
+
+STOP_SESSION_EFFECT = "provider-session.stop"
+STOP_TASKS_EFFECT = "delegated-tasks.stop"
+STOP_HOLD_REASON = "stopped by the user"
+
+
+class UnsupportedPolicy(StrEnum):
+    STOP_SESSION = "stop_session"
+    REJECT = "reject"
+
+
+class Plan(StrEnum):
+    """What an interrupt request does to a run."""
+
+    CANCEL_QUEUED = "cancel_queued"  # not started: it simply will not run
+    END_NOW = "end_now"  # the provider never got the turn
+    ASK_PROVIDER = "ask_provider"  # mark requested; the provider's terminal ends it
+    STOP_SESSION = "stop_session"  # no interrupt support: stop the runtime, end the run by policy
+
+
+def plan_interrupt(run: Run, *, turn_recorded: bool, supports_interrupt: bool, policy: UnsupportedPolicy) -> Plan:
+    if run.status == RunStatus.QUEUED:
+        return Plan.CANCEL_QUEUED
+    if not is_active(run):
+        raise DomainError(ErrorCode.RUN_NOT_ACTIVE, f"run {run.ordinal} already ended ({run.status})", "runId")
+    if not turn_recorded:
+        return Plan.END_NOW
+    if supports_interrupt:
+        return Plan.ASK_PROVIDER
+    if policy == UnsupportedPolicy.STOP_SESSION:
+        return Plan.STOP_SESSION
+    raise DomainError(
+        ErrorCode.INTERRUPT_UNSUPPORTED, "this provider cannot interrupt a turn; the run goes on", "runId"
+    )
+
+
+def requested(thread: AppThread, run: Run, now: datetime, new_id: NewId) -> Outcome:
+    """Mark the request and ask the provider. The run is not terminal because of this."""
+    if run.interrupt_requested_at is not None:
+        return Outcome(result={"runId": str(run.id)})
+    return Outcome(
+        [
+            Change("run.updated", run.evolve(interrupt_requested_at=now)),
+            activity(
+                thread.id,
+                "run.interrupt_requested",
+                f"interrupt of run {run.ordinal} requested",
+                now,
+                new_id,
+                run_id=run.id,
+                node_id=run.root_node_id,
+            ),
+        ],
+        [Effect(INTERRUPT_EFFECT, {"runId": str(run.id), "attemptId": str(run.active_attempt_id)}, replay_safe=False)],
+        result={"runId": str(run.id)},
+    )
+
+
+def hold(thread: AppThread, now: datetime, new_id: NewId, reason: str = STOP_HOLD_REASON) -> list[Change]:
+    if thread.queue_held:
+        return []
+    return [
+        Change("thread.updated", thread.evolve(queue_held=True, queue_hold_reason=reason, updated_at=now)),
+        activity(thread.id, "queue.held", reason, now, new_id),
+    ]

@@ -1,0 +1,313 @@
+"""Steering, restart attempts, interruption, Stop and queue management, through real agents."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import finished, run, send
+from tests.support.server import Client, ServerProcess
+from tests.support.waiting import until
+from threadloom.domain.access import Principal
+from threadloom.domain.dispatch import Dispatch
+from threadloom.domain.statuses import TokenScope
+from threadloom.engine.services import Services
+from threadloom.store import tables as t
+
+PROVIDERS = """
+[instances.nosteer]
+driver = "scripted"
+supports_active_steering = false
+
+[instances.reject]
+driver = "scripted"
+supports_active_steering = false
+supports_interrupt = false
+interrupt_unsupported = "reject"
+
+[instances.stopper]
+driver = "scripted"
+supports_active_steering = false
+supports_interrupt = false
+interrupt_unsupported = "stop_session"
+"""
+INTERRUPT = """mutation($r: ID!, $hold: Boolean!) { interruptRun(input: {runId: $r, holdQueue: $hold}) {
+  run { id status interruptRequestedAt } userErrors { code message } } }"""
+
+
+@pytest.fixture
+def server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    config = tmp_path / "providers.toml"
+    config.write_text(PROVIDERS)
+    proc = ServerProcess(database_url, data_dir, env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
+    yield proc
+    proc.stop()
+    print("\n".join(proc.log[-60:]))
+
+
+async def _thread(client: Client, tmp_path: Path, instance: str = "scripted") -> str:
+    data = await client.gql(CREATE_PROJECT, {"name": "steer", "root": str(tmp_path / "ws")})
+    created = await client.gql(
+        """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
+             thread { id } userErrors { code } } }""",
+        {"p": data["createProject"]["project"]["id"], "i": instance},
+    )
+    return str(created["createThread"]["thread"]["id"])
+
+
+async def _running(client: Client, run_id: str) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        found = await run(client, run_id)
+        return found if found["status"] == "RUNNING" else None
+
+    return await until(check)
+
+
+async def _messages(client: Client, thread: str) -> list[dict[str, Any]]:
+    data = await client.gql(
+        """query($t: ID!) { thread(id: $t) { messages(first: 100) { edges { node { role text run { id } } } } } }""",
+        {"t": thread},
+    )
+    return [e["node"] for e in data["thread"]["messages"]["edges"]]
+
+
+async def test_message_steering(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path)
+    first = await send(client, thread, "@delay 250\n@reply one two three four five six")
+    await _running(client, first["run"]["id"])
+    steer = await send(client, thread, "@reply steered here")
+    assert steer["userErrors"] == []
+    assert steer["appliedDispatch"] == "STEER_ACTIVE"
+    assert steer["run"]["id"] == first["run"]["id"]  # the same run
+    done = await finished(client, first["run"]["id"])
+    assert done["status"] == "COMPLETED" and len(done["attempts"]) == 1
+    messages = await _messages(client, thread)
+    assert [m["role"] for m in messages].count("USER") == 2
+    assert all(m["run"]["id"] == first["run"]["id"] for m in messages), messages
+    assert any("steered here" in m["text"] for m in messages if m["role"] == "ASSISTANT")
+    runs = await client.gql("query($t: ID!) { thread(id: $t) { runs { totalCount } } }", {"t": thread})
+    assert runs["thread"]["runs"]["totalCount"] == 1
+
+
+async def test_steering_restart_fallback(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path, "nosteer")
+    first = await send(client, thread, "@delay 250\n@reply one two three four five six seven eight")
+    await _running(client, first["run"]["id"])
+    restart = await send(client, thread, "@reply after the restart")
+    assert restart["appliedDispatch"] == "RESTART_ACTIVE"
+    assert restart["run"]["id"] == first["run"]["id"]
+    done = await finished(client, first["run"]["id"])
+    assert done["status"] == "COMPLETED"
+    attempts = done["attempts"]
+    assert [(a["attemptOrdinal"], a["reason"], a["status"]) for a in attempts] == [
+        (1, "INITIAL", "SUPERSEDED"),
+        (2, "STEERING_RESTART", "COMPLETED"),
+    ]
+    assert done["activeAttempt"]["id"] == attempts[1]["id"]
+    roots = [n for n in done["executionGraph"]["nodes"] if n["kind"] == "ROOT_TURN"]
+    assert sorted(n["status"] for n in roots) == ["COMPLETED", "INTERRUPTED"]
+    assert done["rootNode"]["id"] == attempts[1]["rootNode"]["id"]
+    turns = [pt["status"] for a in attempts for pt in a["providerTurns"]]
+    assert turns == ["INTERRUPTED", "COMPLETED"]
+    messages = await _messages(client, thread)
+    assert any("after the restart" in m["text"] for m in messages if m["role"] == "ASSISTANT")
+
+
+async def test_late_steer_becomes_a_run(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path)
+    first = await send(client, thread, "quick")
+    await finished(client, first["run"]["id"])
+    late = await send(client, thread, "too late", d={"steerActive": {"targetRunId": first["run"]["id"]}})
+    assert late["appliedDispatch"] == "START_IMMEDIATELY"
+    assert late["run"]["id"] != first["run"]["id"] and late["run"]["ordinal"] == 2
+    assert (await finished(client, late["run"]["id"]))["status"] == "COMPLETED"
+
+
+async def test_expected_attempt_mismatch(client: Client, tmp_path: Path, database_url: str) -> None:
+    thread = await _thread(client, tmp_path)
+    old = await send(client, thread, "first")
+    old_run = await finished(client, old["run"]["id"])
+    busy = await send(client, thread, "@delay 250\n@reply a b c d e f g h")
+    await _running(client, busy["run"]["id"])
+    stale = old_run["attempts"][0]["id"]
+    before = len(await _messages(client, thread))
+    refused = await send(
+        client, thread, "steer", d={"steerActive": {"targetRunId": busy["run"]["id"], "expectedAttemptId": stale}}
+    )
+    assert refused["userErrors"][0]["code"] == "EXPECTED_ATTEMPT_MISMATCH" and refused["run"] is None
+    assert len(await _messages(client, thread)) == before  # nothing added
+    current = (await run(client, busy["run"]["id"]))["activeAttempt"]["id"]
+    accepted = await send(
+        client, thread, "steer", d={"steerActive": {"targetRunId": busy["run"]["id"], "expectedAttemptId": current}}
+    )
+    assert accepted["appliedDispatch"] == "STEER_ACTIVE"
+    await finished(client, busy["run"]["id"])
+
+
+async def test_turn_interrupt_ack_is_not_terminal(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path)
+    sent = await send(client, thread, "@delay 10000\n@reply never")
+    await _running(client, sent["run"]["id"])
+    ack = (await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False}))["interruptRun"]
+    assert ack["userErrors"] == []
+    assert ack["run"]["status"] == "RUNNING" and ack["run"]["interruptRequestedAt"] is not None
+    done = await finished(client, sent["run"]["id"])
+    assert done["status"] == "INTERRUPTED"
+    assert done["attempts"][0]["status"] == "INTERRUPTED"
+    assert done["rootNode"]["status"] == "INTERRUPTED"
+    again = (await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False}))["interruptRun"]
+    assert again["userErrors"][0]["code"] == "RUN_NOT_ACTIVE"
+
+
+async def test_interrupt_mid_tool(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path)
+    sent = await send(client, thread, "@tool sleep 30\n@reply never")
+
+    async def tool_running() -> bool:
+        found = await run(client, sent["run"]["id"])
+        return any(c["kind"] == "TOOL_CALL" for c in found["rootNode"]["children"])
+
+    await until(tool_running)
+    await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False})
+    done = await finished(client, sent["run"]["id"])
+    assert done["status"] == "INTERRUPTED"
+    tool = next(c for c in done["rootNode"]["children"] if c["kind"] == "TOOL_CALL")
+    assert tool["status"] == "INTERRUPTED"
+
+
+async def test_interrupt_unsupported_reject(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path, "reject")
+    sent = await send(client, thread, "@delay 250\n@reply a b c d e")
+    await _running(client, sent["run"]["id"])
+    refused = (await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False}))["interruptRun"]
+    assert refused["userErrors"][0]["code"] == "INTERRUPT_UNSUPPORTED"
+    assert refused["run"] is None
+    assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"  # left to run
+
+
+async def test_interrupt_unsupported_stop_session(client: Client, tmp_path: Path, database_url: str) -> None:
+    thread = await _thread(client, tmp_path, "stopper")
+    sent = await send(client, thread, "@delay 10000\n@reply never")
+    await _running(client, sent["run"]["id"])
+    stopped = (await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False}))["interruptRun"]
+    assert stopped["userErrors"] == []
+    assert stopped["run"]["status"] == "INTERRUPTED"  # by policy, at once
+    db_sessions: list[Any] = []
+
+    async def session_stopped() -> bool:
+        from threadloom.store.db import Database
+
+        db = Database.from_url(database_url, pool_size=1)
+        try:
+            async with db.read() as r:
+                db_sessions[:] = await r.rows(sa.select(t.provider_sessions.c.status))
+        finally:
+            await db.dispose()
+        return [s["status"] for s in db_sessions] == ["stopped"]
+
+    await until(session_stopped)
+    after = await send(client, thread, "hello again")  # a new session resumes the provider thread
+    assert (await finished(client, after["run"]["id"]))["status"] == "COMPLETED"
+
+
+async def test_queue_edit_reorder_cancel_promote(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path)
+    busy = await send(client, thread, "@delay 250\n@reply a b c d e f g h i j")
+    queued = [
+        (await send(client, thread, f"@reply queued {i}", d={"queueAfterActive": True}))["run"]["id"] for i in range(3)
+    ]
+    mutate = """mutation($r: ID!, $p: Int!, $text: String!) {
+      reorderQueuedRun(input: {runId: $r, position: $p}) { userErrors { code } }
+      editQueuedRun(input: {runId: $r, text: $text}) { run { userMessage { text } } userErrors { code } }
+    }"""
+    changed = await client.gql(mutate, {"r": queued[2], "p": 1, "text": "@reply edited"})
+    assert changed["reorderQueuedRun"]["userErrors"] == []
+    assert changed["editQueuedRun"]["run"]["userMessage"]["text"] == "@reply edited"
+    cancel = await client.gql(
+        "mutation($r: ID!) { cancelQueuedRun(input: {runId: $r}) { run { status } } }", {"r": queued[0]}
+    )
+    assert cancel["cancelQueuedRun"]["run"]["status"] == "CANCELLED"
+    queue = await client.gql("query($t: ID!) { thread(id: $t) { queue { id queuePosition } } }", {"t": thread})
+    assert queue["thread"]["queue"] == [
+        {"id": queued[2], "queuePosition": 1},
+        {"id": queued[1], "queuePosition": 2},
+    ]
+    bad = await client.gql(
+        "mutation($r: ID!) { reorderQueuedRun(input: {runId: $r, position: 9}) { userErrors { code field } } }",
+        {"r": queued[2]},
+    )
+    assert bad["reorderQueuedRun"]["userErrors"] == [{"code": "INVALID_INPUT", "field": "position"}]
+    promoted = await client.gql(
+        """mutation($r: ID!) { promoteQueuedRunToSteer(input: {runId: $r}) {
+             run { status statusReason } userErrors { code } } }""",
+        {"r": queued[1]},
+    )
+    assert promoted["promoteQueuedRunToSteer"]["run"]["status"] == "CANCELLED"
+    not_queued = await client.gql(
+        "mutation($r: ID!) { cancelQueuedRun(input: {runId: $r}) { userErrors { code } } }", {"r": busy["run"]["id"]}
+    )
+    assert not_queued["cancelQueuedRun"]["userErrors"] == [{"code": "RUN_NOT_QUEUED"}]
+    done = await finished(client, busy["run"]["id"])
+    assert done["status"] == "COMPLETED"
+    edited = await finished(client, queued[2])
+    assert edited["status"] == "COMPLETED" and edited["userMessage"]["text"] == "@reply edited"
+    messages = await _messages(client, thread)
+    assert any(
+        m["text"].endswith("queued 1")
+        for m in messages
+        if m["role"] == "ASSISTANT" and m["run"]["id"] == busy["run"]["id"]
+    )  # the promoted message steered the busy run
+
+
+async def test_stop_thread_holds_the_queue(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path)
+    busy = await send(client, thread, "@delay 10000\n@reply never")
+    waiting = await send(client, thread, "later", d={"queueAfterActive": True})
+    await _running(client, busy["run"]["id"])
+    stopped = await client.gql(
+        """mutation($t: ID!) { stopThread(input: {threadId: $t}) {
+             thread { queueHeld queueHoldReason } userErrors { code } } }""",
+        {"t": thread},
+    )
+    assert stopped["stopThread"]["thread"] == {"queueHeld": True, "queueHoldReason": "stopped by the user"}
+    assert (await finished(client, busy["run"]["id"]))["status"] == "INTERRUPTED"
+    assert (await run(client, waiting["run"]["id"]))["status"] == "QUEUED"  # nothing restarts on its own
+
+
+async def test_interrupt_before_the_provider_starts(services: Services, tmp_path: Path) -> None:
+    """With no effect worker running yet, the run is preparing and the provider has nothing: it ends at once."""
+    admin = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
+    project = await services.catalog.create_project(admin, name="p", workspace_root=str(tmp_path), key=None)
+    thread = await services.catalog.create_thread(
+        admin,
+        project_id=project,
+        title="t",
+        provider_instance_id=None,
+        model=None,
+        runtime_mode="full_access",
+        key=None,
+    )
+    sent = await services.runs.send_message(
+        admin, thread, text="hello", dispatch=Dispatch(), provider_instance_id=None, model=None, client_message_id=None
+    )
+    await services.control.interrupt_run(admin, sent.run_id, hold_queue=False, key=None)
+    async with services.db.read() as db:
+        status = await db.scalar(sa.select(t.runs.c.status).where(t.runs.c.id == sent.run_id))
+    assert status == "interrupted"
+    await services.start()  # the start effect now finds nothing to start
+
+    async def effects_done() -> bool:
+        async with services.db.read() as db:
+            return set(await db.scalars_all(sa.select(t.effects.c.status))) == {"done"}
+
+    await until(effects_done)
+    async with services.db.read() as db:
+        turns = await db.scalar(sa.select(sa.func.count()).select_from(t.provider_turns))
+        sessions = await db.scalar(sa.select(sa.func.count()).select_from(t.provider_sessions))
+    assert turns == 0 and sessions == 0  # no agent was ever asked
