@@ -30,9 +30,10 @@ Subscribers are real websockets in `--clients` client subprocesses (this script 
 `--worker`), `--per-socket` subscriptions per socket (10 by default: a client app
 multiplexes its subscriptions over one socket, and opening a socket costs Threadloom about
 as much as a subscription; `--per-socket 1` for one socket per subscription; the server's
-per-connection limit is raised to match), permessage-deflate negotiated as a browser would
-(both servers are uvicorn with its default, compression on; `--no-deflate` turns it off in
-the clients). The producer runs in this process. Every subscription waits for its
+per-connection limit is raised to match). The clients offer permessage-deflate, as browsers
+do (`--no-deflate`: they don't); the floor's uvicorn is started with whatever Threadloom's
+answered in the warm-up (it declines since it turned compression off). The producer runs in
+this process. Every subscription waits for its
 `synchronized` item before any event is produced. (Threadloom sends its messages as binary
 frames, since its encode_json returns bytes; the floor sends text frames of the same JSON.)
 
@@ -401,7 +402,7 @@ def cpu_snapshot(server: int, clients: list[int], postmaster: int) -> dict[str, 
     }
 
 
-def start_floor(port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_floor(port: int, log: Path, deflate: bool) -> subprocess.Popen[bytes]:
     with log.open("wb") as err:  # a file, not a pipe nobody reads
         return subprocess.Popen(
             [
@@ -418,6 +419,8 @@ def start_floor(port: int, log: Path) -> subprocess.Popen[bytes]:
                 "--no-access-log",
                 "--log-level",
                 "warning",
+                "--ws-per-message-deflate",
+                "true" if deflate else "false",
             ],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
@@ -466,27 +469,34 @@ class Target:
     async def latest(self, http: httpx.AsyncClient, topics: list[str]) -> dict[str, int]:
         return dict.fromkeys(topics, 0)
 
-    def stop(self) -> list[str]:
+    def stop(self) -> ServerLog:
         """Stop it; the warnings and errors it logged, counted by kind."""
         raise NotImplementedError
 
 
-def error_kinds(lines: list[str]) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class ServerLog:
+    errors: list[str]  # "N x <level> <logger>: <message> -> <exception>", the most frequent first
+    warnings: list[str]
+
+
+def read_log(lines: list[str]) -> ServerLog:
     """Threadloom's JSON log lines at warning and above (a floor's ERROR lines), counted by message + exception."""
-    kinds: Counter[str] = Counter()
+    kinds: dict[str, Counter[str]] = {"errors": Counter(), "warnings": Counter()}
     for line in lines:
         if line.startswith("{"):
             try:
                 record = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
-            if record.get("level") in ("warning", "error", "critical"):
+            level = record.get("level")
+            if level in ("warning", "error", "critical"):
                 exc = str(record.get("exc", "")).strip().splitlines()
-                text = f"{record['level']} {record.get('logger')}: {record.get('msg', '')}"
-                kinds[(text + (f" -> {exc[-1]}" if exc else ""))[:240]] += 1
+                text = f"{record.get('logger')}: {record.get('msg', '')}" + (f" -> {exc[-1]}" if exc else "")
+                kinds["warnings" if level == "warning" else "errors"][text[:240]] += 1
         elif line.startswith(("ERROR", "Traceback")):
-            kinds[line[:200]] += 1
-    return [f"{n} x {kind}" for kind, n in kinds.most_common(3)]
+            kinds["errors"][line[:200]] += 1
+    return ServerLog(*([f"{n} x {kind}" for kind, n in kinds[key].most_common(3)] for key in ("errors", "warnings")))
 
 
 class Threadloom(Target):
@@ -512,18 +522,18 @@ class Threadloom(Target):
         nodes = response.json()["data"]["nodes"]
         return {n["id"]: n["latestSequence"] for n in nodes}
 
-    def stop(self) -> list[str]:
+    def stop(self) -> ServerLog:
         self.server.stop()
-        return error_kinds(self.server.log)
+        return read_log(self.server.log)
 
 
 class Floor(Target):
     name = "floor"
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, deflate: bool) -> None:
         port = free_port()
         self.log = log
-        self.proc = start_floor(port, log)
+        self.proc = start_floor(port, log, deflate)
         self.url, self.pid = f"http://127.0.0.1:{port}", self.proc.pid
         wait_floor(self.url, self.proc, log)
 
@@ -531,9 +541,9 @@ class Floor(Target):
         response = await http.post(self.url + "/publish", content=orjson.dumps({"t": topic}))
         response.raise_for_status()
 
-    def stop(self) -> list[str]:
+    def stop(self) -> ServerLog:
         stop_process(self.proc)
-        return error_kinds(self.log.read_text(errors="replace").splitlines())
+        return read_log(self.log.read_text(errors="replace").splitlines())
 
 
 # ---------------------------------------------------------------- one phase
@@ -558,7 +568,8 @@ class Phase:
     latency_ms: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
     cpu_wall: float = 0.0
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # any: this K did not hold
+    notes: list[str] = field(default_factory=list)
 
     @property
     def events(self) -> int:
@@ -594,10 +605,15 @@ def percentiles(hist: Counter[int], qs: tuple[float, ...]) -> dict[str, float]:
     return out
 
 
-async def warm_up(target: Target, http: httpx.AsyncClient, token: str, topic: str) -> None:
-    """One subscription, one event: imports, caches and code paths are warm before the baseline RSS."""
+async def warm_up(target: Target, http: httpx.AsyncClient, token: str, topic: str) -> bool:
+    """One subscription, one event: imports, caches and code paths are warm before the baseline RSS.
+
+    Returns whether the server accepted permessage-deflate (the client offers it, as browsers do).
+    """
     url = target.url.replace("http://", "ws://") + "/graphql"
     async with websockets.connect(url, subprotocols=[PROTOCOL], max_size=None) as ws:  # type: ignore[list-item]
+        assert ws.response is not None
+        deflate = "permessage-deflate" in ws.response.headers.get("Sec-WebSocket-Extensions", "")
         init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
         await ws.send(orjson.dumps(init).decode())
         assert orjson.loads(await ws.recv())["type"] == "connection_ack"
@@ -610,6 +626,7 @@ async def warm_up(target: Target, http: httpx.AsyncClient, token: str, topic: st
         await target.produce(http, topic, -1)
         item = orjson.loads(await asyncio.wait_for(ws.recv(), 30))["payload"]["data"]["threadEvents"]
         assert item["type"] != "synchronized", item
+    return deflate
 
 
 async def produce_all(
@@ -643,6 +660,7 @@ class Bench:
         self.token = ""
         self.threads: list[str] = []
         self.workers: list[WorkerProc] = []
+        self.server_deflate = True  # whether Threadloom's server accepts permessage-deflate (seen in the warm-up)
         self.http = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=args.producers + 2))
 
     async def setup(self) -> None:
@@ -678,14 +696,16 @@ class Bench:
             return await asyncio.to_thread(
                 Threadloom, self.database_url, self.tmp / "data", self.token, self.args.per_socket
             )
-        return await asyncio.to_thread(Floor, self.tmp / "floor.log")
+        return await asyncio.to_thread(Floor, self.tmp / "floor.log", self.server_deflate)
 
     async def run(self, system: str, k: int, topics: list[str], per_thread: int) -> Phase:
         args = self.args
         phase = Phase(system, k, len(topics), per_thread)
         target = await self.start(system)
         try:
-            await warm_up(target, self.http, self.token, topics[0])
+            deflate = await warm_up(target, self.http, self.token, topics[0])
+            if system == "threadloom":
+                self.server_deflate = deflate  # the floor's uvicorn is started with the same setting
             latest = await target.latest(self.http, topics)
             await asyncio.sleep(0.5)
             phase.rss_before = rss_kib(target.pid)
@@ -762,9 +782,11 @@ class Bench:
                 phase.problems.append(f"{ended} subscriptions ended, {closed} sockets closed by the server ({reasons})")
         finally:
             await asyncio.gather(*(w.call("close") for w in self.workers), return_exceptions=True)
-            errors = await asyncio.to_thread(target.stop)
-            if errors:
-                phase.problems.append("server logged: " + "; ".join(errors))
+            logged = await asyncio.to_thread(target.stop)
+            if logged.errors:
+                phase.problems.append("server logged errors: " + "; ".join(logged.errors))
+            if logged.warnings:
+                phase.notes.append("server logged warnings: " + "; ".join(logged.warnings))
         return phase
 
 
@@ -814,6 +836,8 @@ def print_pair(tl: Phase, fl: Phase) -> None:
     for p in (tl, fl):
         for problem in p.problems:
             print(f"  PROBLEM ({p.system}): {problem}")
+        for note in p.notes:
+            print(f"  note ({p.system}): {note}")
 
 
 def print_summary(pairs: list[tuple[Phase, Phase]], stop_reason: str) -> None:
@@ -932,11 +956,14 @@ async def main_async(args: argparse.Namespace, tmp: Path, pg: EmbeddedPostgres) 
     held = [k for k in dict.fromkeys(tl.k for tl, _ in pairs) if all(tl.held for tl, _ in pairs if tl.k == k)]
     if held:
         print(f"  largest K that held here (both layouts): {max(held):,}")
-    print(
-        f"  clients: {args.clients} processes, {args.per_socket} subscription(s) per socket, "
-        f"permessage-deflate {'on' if args.deflate else 'off'}; producers: {args.producers} HTTP tasks"
-        + (f" paced at {args.rate:g} events/s" if args.rate else " unpaced")
-    )
+    if args.deflate:
+        answer = "accepted" if bench.server_deflate else "declined"
+        compression = f"permessage-deflate offered by the clients, {answer} by Threadloom (and so by the floor)"
+    else:
+        compression = "permessage-deflate not offered by the clients"
+    pacing = f"paced at {args.rate:g} events/s" if args.rate else "unpaced"
+    print(f"  clients: {args.clients} processes, {args.per_socket} subscription(s) per socket; {compression}")
+    print(f"  producers: {args.producers} HTTP tasks, {pacing}")
     print(f"total run time {time.perf_counter() - t_start:.1f} s")
 
 

@@ -9,7 +9,7 @@ resume from; a replay over the configured bound gets a `reload_required` item.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any, Union
 
@@ -106,6 +106,35 @@ def _live(info: Info) -> Any:
     return live
 
 
+async def _filtered(
+    info: Info,
+    thread_id: str,
+    after_sequence: int | None,
+    run_id: str | None,
+    node_id: str | None,
+    entity_type: str | None = None,
+) -> AsyncIterator[Any]:
+    """The thread's stream with the runId/nodeId (and entity type) filters applied to replay and live."""
+    thread = await _thread(info, thread_id)
+    after = _after(after_sequence)
+    run, node, impossible = _filter_ids(run_id, node_id)
+
+    def match(row: LogEvent) -> bool:
+        return (
+            not impossible
+            and (entity_type is None or row.entity_type == entity_type)
+            and (run is None or row.run_id == run)
+            and (node is None or row.node_id == node)
+        )
+
+    live = _live(info)
+    try:
+        async for item in thread_stream(live.hub, live.db, thread, after, match, max_replay=live.limits.max_replay):
+            yield item
+    except TooSlow as error:
+        raise _too_slow(error) from None
+
+
 @strawberry.type
 class Subscription:
     @strawberry.subscription(description="Replay after `afterSequence` (all when absent), `synchronized`, then live.")
@@ -117,47 +146,34 @@ class Subscription:
         run_id: strawberry.ID | None = None,
         node_id: strawberry.ID | None = None,
     ) -> AsyncGenerator[ThreadEvent, None]:
-        thread = await _thread(info, thread_id)
-        after_sequence = _after(after_sequence)
-        run, node, impossible = _filter_ids(run_id, node_id)
-
-        def match(row: LogEvent) -> bool:
-            return not impossible and (run is None or row.run_id == run) and (node is None or row.node_id == node)
-
-        live = _live(info)
-        try:
-            async for item in thread_stream(
-                live.hub, live.db, thread, after_sequence, match, max_replay=live.limits.max_replay
-            ):
-                if isinstance(item, Synchronized):
-                    yield ThreadEvent(
-                        sequence=item.sequence,
-                        type="synchronized",
-                        run_id=None,
-                        node_id=None,
-                        occurred_at=None,
-                        entity=None,
-                    )
-                elif isinstance(item, ReloadRequired):
-                    yield ThreadEvent(
-                        sequence=item.latest,
-                        type="reload_required",
-                        run_id=None,
-                        node_id=None,
-                        occurred_at=None,
-                        entity=None,
-                    )
-                else:
-                    yield ThreadEvent(
-                        sequence=item.sequence,
-                        type=item.event_type,
-                        run_id=_gid("Run", item.run_id),
-                        node_id=_gid("ExecutionNode", item.node_id),
-                        occurred_at=item.occurred_at,
-                        entity=_entity(item),
-                    )
-        except TooSlow as error:
-            raise _too_slow(error) from None
+        async for item in _filtered(info, thread_id, after_sequence, run_id, node_id):
+            if isinstance(item, Synchronized):
+                yield ThreadEvent(
+                    sequence=item.sequence,
+                    type="synchronized",
+                    run_id=None,
+                    node_id=None,
+                    occurred_at=None,
+                    entity=None,
+                )
+            elif isinstance(item, ReloadRequired):
+                yield ThreadEvent(
+                    sequence=item.latest,
+                    type="reload_required",
+                    run_id=None,
+                    node_id=None,
+                    occurred_at=None,
+                    entity=None,
+                )
+            else:
+                yield ThreadEvent(
+                    sequence=item.sequence,
+                    type=item.event_type,
+                    run_id=_gid("Run", item.run_id),
+                    node_id=_gid("ExecutionNode", item.node_id),
+                    occurred_at=item.occurred_at,
+                    entity=_entity(item),
+                )
 
     @strawberry.subscription(description="The status of a run (or of each run of the thread) as it changes.")
     async def run_status(
@@ -193,27 +209,9 @@ class Subscription:
         run_id: strawberry.ID | None = None,
         node_id: strawberry.ID | None = None,
     ) -> AsyncGenerator[Activity, None]:
-        thread = await _thread(info, thread_id)
-        after_sequence = _after(after_sequence)
-        run, node, impossible = _filter_ids(run_id, node_id)
-
-        def match(row: LogEvent) -> bool:
-            return (
-                not impossible
-                and row.entity_type == "activity"
-                and (run is None or row.run_id == run)
-                and (node is None or row.node_id == node)
-            )
-
-        live = _live(info)
-        try:
-            async for item in thread_stream(
-                live.hub, live.db, thread, after_sequence, match, max_replay=live.limits.max_replay
-            ):
-                if isinstance(item, LogEvent):
-                    yield Activity.from_row(item.payload)
-        except TooSlow as error:
-            raise _too_slow(error) from None
+        async for item in _filtered(info, thread_id, after_sequence, run_id, node_id, entity_type="activity"):
+            if isinstance(item, LogEvent):
+                yield Activity.from_row(item.payload)
 
     @strawberry.subscription(description="Every thread change of a project, for dashboards. Resume with `after`.")
     async def project_threads(
