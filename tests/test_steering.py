@@ -25,6 +25,11 @@ PROVIDERS = """
 driver = "scripted"
 supports_active_steering = false
 
+[instances.newrun]
+driver = "scripted"
+supports_active_steering = false
+restart_as = "new_run"
+
 [instances.reject]
 driver = "scripted"
 supports_active_steering = false
@@ -117,6 +122,21 @@ async def test_steering_restart_fallback(client: Client, tmp_path: Path) -> None
     assert turns == ["INTERRUPTED", "COMPLETED"]
     messages = await _messages(client, thread)
     assert any("after the restart" in m["text"] for m in messages if m["role"] == "ASSISTANT")
+
+
+async def test_restart_as_a_new_run_linked_by_supersedes(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path, "newrun")
+    first = await send(client, thread, "@delay 250\n@reply one two three four five six seven eight")
+    await _running(client, first["run"]["id"])
+    restart = await send(client, thread, "@reply instead")
+    assert restart["appliedDispatch"] == "RESTART_ACTIVE"
+    assert restart["run"]["id"] != first["run"]["id"] and restart["run"]["queuePosition"] == 1
+    old = await finished(client, first["run"]["id"])
+    assert old["status"] == "INTERRUPTED" and len(old["attempts"]) == 1
+    new = await finished(client, restart["run"]["id"])
+    assert new["status"] == "COMPLETED" and new["ordinal"] == 2
+    linked = await client.gql("query($r: ID!) { run(id: $r) { supersedesRun { id } } }", {"r": new["id"]})
+    assert linked["run"]["supersedesRun"] == {"id": first["run"]["id"]}
 
 
 async def test_late_steer_becomes_a_run(client: Client, tmp_path: Path) -> None:

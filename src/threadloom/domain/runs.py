@@ -119,6 +119,7 @@ def new_run(
     now: datetime,
     new_id: NewId,
     message_id: uuid.UUID | None = None,
+    supersedes: Run | None = None,
 ) -> Outcome:
     """A user message becomes a run: message → run(queued) → root node → initial attempt, started
     now or queued. `message_id` reuses an existing message (a late steer turned into a run)."""
@@ -149,7 +150,8 @@ def new_run(
         user_message_id=message_id,
         root_node_id=node_id,
         active_attempt_id=attempt_id,
-        queue_position=len(state.queue) + 1,
+        queue_position=1 if supersedes is not None else len(state.queue) + 1,
+        supersedes_run_id=None if supersedes is None else supersedes.id,
         requested_at=now,
     )
     root = ExecutionNode(
@@ -185,6 +187,10 @@ def new_run(
         ],
         result={"runId": str(run_id), "messageId": str(message_id), "appliedDispatch": applied.value},
     )
+    if supersedes is not None:  # it goes first in the queue: the others move down by one
+        outcome.changes += [
+            Change("run.updated", r.evolve(queue_position=position)) for position, r in enumerate(state.queue, start=2)
+        ]
     if starting:
         _start(outcome, thread.evolve(queue_held=False, queue_hold_reason=None), run, now, new_id)
     else:

@@ -14,7 +14,15 @@ from datetime import datetime
 
 from threadloom.domain.changes import Change, Effect, Outcome
 from threadloom.domain.entities import AppThread, ConversationMessage, ExecutionNode, Run, RunAttempt
-from threadloom.domain.runs import START_EFFECT, AppliedDispatch, NewId, activity, clean_text
+from threadloom.domain.runs import (
+    START_EFFECT,
+    AppliedDispatch,
+    NewId,
+    ThreadState,
+    activity,
+    clean_text,
+    new_run,
+)
 from threadloom.domain.statuses import (
     AttemptReason,
     AttemptStatus,
@@ -171,3 +179,38 @@ def restart(
 
 def steer_target(run: Run | None) -> uuid.UUID | None:
     return None if run is None else run.id
+
+
+def restart_as_new_run(
+    state: ThreadState,
+    active: Run,
+    text: str,
+    client_message_id: str | None,
+    model: str | None,
+    now: datetime,
+    new_id: NewId,
+) -> Outcome:
+    """The alternative representation: the interrupted run stays a counted turn (it ends `interrupted`), and
+    the steering message becomes a new run, first in the queue, linked by `supersedesRunId`."""
+    outcome = new_run(
+        state,
+        applied=AppliedDispatch.QUEUE_AFTER_ACTIVE,
+        text=text,
+        provider_instance_id=active.provider_instance_id,
+        model=model,
+        client_message_id=client_message_id,
+        now=now,
+        new_id=new_id,
+        supersedes=active,
+    )
+    outcome.result["appliedDispatch"] = AppliedDispatch.RESTART_ACTIVE.value
+    if active.interrupt_requested_at is None:
+        outcome.changes.append(Change("run.updated", active.evolve(interrupt_requested_at=now)))
+        outcome.effects.append(
+            Effect(
+                INTERRUPT_EFFECT,
+                {"runId": str(active.id), "attemptId": str(active.active_attempt_id)},
+                replay_safe=False,
+            )
+        )
+    return outcome

@@ -96,9 +96,12 @@ def _provider_thread_for(thread: AppThread, current: ProviderThread | None, inst
 
 
 class RunEngine:
-    def __init__(self, pipeline: Pipeline, sessions: SessionManager) -> None:
+    def __init__(
+        self, pipeline: Pipeline, sessions: SessionManager, restart_as_run: frozenset[str] = frozenset()
+    ) -> None:
         self.pipeline = pipeline
         self.sessions = sessions
+        self.restart_as_run = restart_as_run  # instances whose restarts are new runs (supersedesRunId)
 
     @property
     def now(self) -> Any:
@@ -141,6 +144,11 @@ class RunEngine:
             if applied == rules.AppliedDispatch.STEER_ACTIVE:
                 assert state.active is not None
                 outcome = steering.steer(thread, state.active, text, client_message_id, now, new_id)
+            elif applied == rules.AppliedDispatch.RESTART_ACTIVE and thread.provider_instance_id in self.restart_as_run:
+                assert state.active is not None
+                outcome = steering.restart_as_new_run(
+                    state, state.active, text, client_message_id, clean_model(model), now, new_id
+                )
             elif applied == rules.AppliedDispatch.RESTART_ACTIVE:
                 assert state.active is not None
                 outcome = await self._restart(db, thread, state.active, text, client_message_id)

@@ -54,7 +54,10 @@ class Services:
         worker = Worker(db, clock)
         drivers = {name: build_driver(config, settings.data_dir) for name, config in instances.items()}
         sessions = SessionManager(pipeline, drivers, worker.id)
-        run_engine = RunEngine(pipeline, sessions)
+        restart_as_run = frozenset(
+            name for name, config in instances.items() if config.options.get("restart_as") == "new_run"
+        )
+        run_engine = RunEngine(pipeline, sessions, restart_as_run)
         effects = EffectWorker(db, clock, worker.id)
         effects.handlers[START_EFFECT] = run_engine.start_turn
         effects.handlers[ENSURE_THREAD_EFFECT] = run_engine.ensure_thread
