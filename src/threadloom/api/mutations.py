@@ -12,7 +12,7 @@ from threadloom.api import ids as gid
 from threadloom.api.context import Info
 from threadloom.api.enums import AppliedDispatch
 from threadloom.api.errors import UserError
-from threadloom.api.types import ConversationMessage, Project, Run, Thread
+from threadloom.api.types import ConversationMessage, ExecutionNode, Project, Run, Thread
 from threadloom.domain.dispatch import Dispatch
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.runs import DispatchMode
@@ -300,6 +300,20 @@ class InterruptRunInput:
 
 
 @strawberry.input
+class InterruptNodeInput:
+    node_id: strawberry.ID
+    hold_queue: bool = False
+    client_mutation_id: str | None = None
+
+
+@strawberry.type
+class NodePayload:
+    node: ExecutionNode | None
+    user_errors: list[UserError]
+    client_mutation_id: str | None
+
+
+@strawberry.input
 class StopThreadInput:
     thread_id: strawberry.ID
     client_mutation_id: str | None = None
@@ -351,6 +365,26 @@ class ControlMutation:
             )
 
         return await _run_payload(info, act, input.client_mutation_id)
+
+    @strawberry.mutation(
+        description="Interrupt by node: a root turn node interrupts its run, a delegated subagent node stops its "
+        "child thread; other nodes are NOT_INTERRUPTIBLE."
+    )
+    async def interrupt_node(self, info: Info, input: InterruptNodeInput) -> NodePayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            node = gid.decode_as(input.node_id, "ExecutionNode", "nodeId")
+            return await ctx.services.control.interrupt_node(
+                ctx.principal, node, hold_queue=input.hold_queue, key=_key(input.client_mutation_id)
+            )
+
+        node_id, errors = await _attempt(act)
+        return NodePayload(
+            node=await _load(info, ExecutionNode, node_id),
+            user_errors=errors,
+            client_mutation_id=input.client_mutation_id,
+        )
 
     @strawberry.mutation(description="Stop: hold the queue, interrupt the active run, stop every delegated task.")
     async def stop_thread(self, info: Info, input: StopThreadInput) -> ThreadPayload:
@@ -405,3 +439,29 @@ class ControlMutation:
             )
 
         return await _run_payload(info, act, input.client_mutation_id)
+
+
+@strawberry.input
+class DelegateTaskInput:
+    thread_id: strawberry.ID = strawberry.field(description="The parent thread.")
+    text: str = strawberry.field(description="The task: the child thread's first message.")
+    title: str | None = None
+    client_mutation_id: str | None = None
+
+
+@strawberry.type
+class DelegationMutation:
+    @strawberry.mutation(
+        description="Delegate a task to a new child thread (lineage `subagent`). Each run's result comes back to "
+        "the parent as a `subagent_result` transfer and a system message; stopThread on the parent stops it too."
+    )
+    async def delegate_task(self, info: Info, input: DelegateTaskInput) -> ThreadPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            parent = gid.decode_as(input.thread_id, "Thread", "threadId")
+            return await ctx.services.delegation.delegate(
+                ctx.principal, parent, text=input.text, title=input.title, key=_key(input.client_mutation_id)
+            )
+
+        return await _thread_payload(info, act, input.client_mutation_id)

@@ -32,6 +32,7 @@ from threadloom.domain.statuses import (
     AttemptReason,
     AttemptStatus,
     InputIntent,
+    LineageRelationship,
     MessageRole,
     NodeKind,
     NodeStatus,
@@ -45,6 +46,7 @@ from threadloom.domain.statuses import (
 MAX_MESSAGE = 200_000
 START_EFFECT = "provider-turn.start"
 ENSURE_THREAD_EFFECT = "provider-thread.ensure"
+DELIVER_EFFECT = "subagent.deliver"  # a delegated thread's run ended: tell its parent
 
 NewId = Callable[[], uuid.UUID]
 
@@ -437,6 +439,17 @@ def finish_run(
     drained = drain_queue(after, graph.queue, now, new_id)
     out.changes += drained.changes
     out.effects += drained.effects
+    if after.parent_thread_id is not None and after.lineage_relationship == LineageRelationship.SUBAGENT:
+        out.effects.append(
+            Effect(
+                DELIVER_EFFECT,
+                {
+                    "parentThreadId": str(after.parent_thread_id),
+                    "childThreadId": str(after.id),
+                    "runId": str(run.id),
+                },
+            )
+        )
     return out
 
 

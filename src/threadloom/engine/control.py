@@ -139,6 +139,27 @@ class Control:
         outcome.effects.append(Effect(interruption.STOP_SESSION_EFFECT, {"instance": instance}))
         return outcome
 
+    async def interrupt_node(
+        self, principal: Principal, node_id: uuid.UUID, *, hold_queue: bool, key: str | None
+    ) -> uuid.UUID:
+        """A root turn node interrupts its run; a delegated subagent node stops its child thread."""
+        async with self.pipeline.db.read() as db:
+            node = await entities.get(db, ExecutionNode, node_id)
+            thread = await entities.get(db, AppThread, node.thread_id if node else None)
+        if node is None or thread is None or not principal.sees(thread.project_id):
+            raise DomainError(ErrorCode.NOT_FOUND, "no such node", "nodeId")
+        if node.counts_for_run:
+            await self.interrupt_run(principal, node.run_id, hold_queue=hold_queue, key=key)
+            return node_id
+        if node.child_thread_id is not None:
+            await self.stop_thread(principal, node.child_thread_id, key)
+            return node_id
+        raise DomainError(
+            ErrorCode.NOT_INTERRUPTIBLE,
+            f"a {node.kind} node cannot be interrupted on its own; interrupt its run",
+            "nodeId",
+        )
+
     async def stop_thread(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
         """Stop: hold the queue, interrupt the active run, then stop every delegated task (after commit)."""
         now = self.pipeline.clock.now()

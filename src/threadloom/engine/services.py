@@ -8,12 +8,13 @@ import logging
 
 from threadloom.config import Settings
 from threadloom.domain.interruption import STOP_SESSION_EFFECT, STOP_TASKS_EFFECT, UnsupportedPolicy
-from threadloom.domain.runs import ENSURE_THREAD_EFFECT, START_EFFECT
+from threadloom.domain.runs import DELIVER_EFFECT, ENSURE_THREAD_EFFECT, START_EFFECT
 from threadloom.domain.statuses import RunStatus
 from threadloom.domain.steering import INTERRUPT_EFFECT, STEER_EFFECT
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.clock import Clock
 from threadloom.engine.control import Control
+from threadloom.engine.delegation import Delegation
 from threadloom.engine.effects import EffectWorker
 from threadloom.engine.ingest import Ingestor
 from threadloom.engine.pipeline import Committed, Pipeline
@@ -40,6 +41,7 @@ class Services:
     effects: EffectWorker
     recovery: Recovery
     control: Control
+    delegation: Delegation
     started: bool = False
 
     @classmethod
@@ -71,7 +73,22 @@ class Services:
         effects.handlers[INTERRUPT_EFFECT] = control.interrupt_effect
         effects.handlers[STOP_SESSION_EFFECT] = control.stop_session_effect
         effects.handlers[STOP_TASKS_EFFECT] = control.stop_tasks_effect
-        services = cls(settings, db, clock, pipeline, catalog, worker, sessions, run_engine, effects, recovery, control)
+        delegation = Delegation(pipeline, run_engine)
+        effects.handlers[DELIVER_EFFECT] = delegation.deliver_effect
+        services = cls(
+            settings,
+            db,
+            clock,
+            pipeline,
+            catalog,
+            worker,
+            sessions,
+            run_engine,
+            effects,
+            recovery,
+            control,
+            delegation,
+        )
 
         async def wake(committed: Committed) -> None:
             if committed.effects:

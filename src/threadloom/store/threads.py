@@ -28,3 +28,8 @@ async def lock(db: Reader, thread_id: uuid.UUID) -> AppThread | None:
 async def get_project(db: Reader, project_id: uuid.UUID) -> Project | None:
     row = await db.one_or_none(sa.select(t.projects).where(t.projects.c.id == project_id))
     return None if row is None else Project.from_mapping(row)
+
+
+async def get_thread(db: Reader, thread_id: uuid.UUID) -> AppThread | None:
+    row = await db.one_or_none(sa.select(t.threads).where(t.threads.c.id == thread_id))
+    return None if row is None else AppThread.from_mapping(row)

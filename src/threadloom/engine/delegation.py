@@ -1,0 +1,114 @@
+"""App-owned delegated tasks: child threads with lineage `subagent` (rules in `domain.delegation`)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from threadloom.domain import delegation
+from threadloom.domain import runs as rules
+from threadloom.domain.access import Principal
+from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.entities import AppThread, ContextTransfer, ConversationMessage, ExecutionNode, Run
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.ids import new_id
+from threadloom.domain.statuses import TokenScope
+from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.engine.runs import RunEngine
+from threadloom.store import entities
+from threadloom.store import tables as t
+from threadloom.store import threads as thread_store
+from threadloom.store.db import Reader
+
+
+class Delegation:
+    def __init__(self, pipeline: Pipeline, run_engine: RunEngine) -> None:
+        self.pipeline = pipeline
+        self.runs = run_engine
+
+    async def delegate(
+        self, principal: Principal, parent_id: uuid.UUID, *, text: str, title: str | None, key: str | None
+    ) -> uuid.UUID:
+        """Create the child thread and start the task as its first run, then mark it on the parent."""
+        now = self.pipeline.clock.now()
+        child_id = new_id()
+
+        async def create_child(db: Reader, _: AppThread | None) -> Outcome:
+            parent = await thread_store.get_thread(db, parent_id)
+            if parent is None or not principal.sees(parent.project_id):
+                raise DomainError(ErrorCode.NOT_FOUND, "no such thread", "threadId")
+            principal.require(TokenScope.OPERATE)
+            child = delegation.child_thread(parent, child_id, title or text.strip().splitlines()[0][:80], now)
+            state = rules.ThreadState(thread=child, active=None, queue=(), last_ordinal=0)
+            first = rules.new_run(
+                state,
+                applied=rules.AppliedDispatch.START_IMMEDIATELY,
+                text=text,
+                provider_instance_id=child.provider_instance_id,
+                model=child.model,
+                client_message_id=None,
+                now=now,
+                new_id=new_id,
+            )
+            outcome = Outcome(
+                [
+                    Change("thread.created", child),
+                    delegation.spawn_transfer(parent, child, text, now, new_id),
+                    *first.changes,
+                ],
+                first.effects,
+                result={"threadId": str(child.id)},
+                project_id=parent.project_id,
+            )
+            return outcome
+
+        data = {"threadId": str(parent_id), "text": text, "title": title}
+        result = await self.pipeline.execute(Command("delegateTask", principal, key, data, create_child))
+        created = uuid.UUID(result["threadId"])
+        if created == child_id:  # not a replay of an earlier request: mark it on the parent
+
+            async def on_parent(db: Reader, parent: AppThread | None) -> Outcome:
+                assert parent is not None
+                child = await entities.require(db, AppThread, created)
+                active = await entities.get(db, Run, parent.active_run_id)
+                return delegation.parent_node(parent, active, child, now, new_id)
+
+            await self.pipeline.execute(Command("delegateTask.parent", None, None, {}, on_parent, parent_id))
+        return created
+
+    async def deliver_effect(self, payload: dict[str, Any]) -> None:
+        """The completion delivery: the child's result reaches the parent thread."""
+        parent_id, child_id = uuid.UUID(payload["parentThreadId"]), uuid.UUID(payload["childThreadId"])
+        run_id = uuid.UUID(payload["runId"])
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, parent: AppThread | None) -> Outcome:
+            assert parent is not None
+            done = await entities.where(
+                db,
+                ContextTransfer,
+                t.context_transfers.c.target_thread_id == parent.id,
+                t.context_transfers.c.type == "subagent_result",
+                t.context_transfers.c.source_point["runId"].astext == str(run_id),
+            )
+            if done:
+                return Outcome()  # delivered already (the effect may be replayed)
+            child = await entities.require(db, AppThread, child_id)
+            run = await entities.require(db, Run, run_id)
+            answers = await entities.where(
+                db,
+                ConversationMessage,
+                t.conversation_messages.c.run_id == run_id,
+                t.conversation_messages.c.role == "assistant",
+                order_by=[t.conversation_messages.c.id],
+            )
+            nodes = await entities.where(
+                db,
+                ExecutionNode,
+                t.execution_nodes.c.thread_id == parent.id,
+                t.execution_nodes.c.child_thread_id == child_id,
+            )
+            answer = "\n".join(m.text for m in answers).strip()
+            return delegation.deliver(parent, child, run, answer, nodes[0] if nodes else None, now, new_id)
+
+        await self.pipeline.execute(Command("subagent.deliver", None, None, {}, decide, parent_id))

@@ -1,0 +1,123 @@
+"""App-owned delegated tasks: child threads with lineage `subagent`, results back to the parent, Stop cascades."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.runs import finished, run, send
+from tests.support.server import Client
+from tests.support.waiting import until
+from threadloom.store import tables as t
+from threadloom.store.db import Database
+
+DELEGATE = """mutation($t: ID!, $text: String!) { delegateTask(input: {threadId: $t, text: $text}) {
+  thread { id title lineage { relationship parentThread { id } rootThread { id } }
+           runs(first: 1) { edges { node { id status } } } }
+  userErrors { code field } } }"""
+THREAD = """query($t: ID!) { thread(id: $t) { status queueHeld activeRun { id status }
+  runs(first: 5) { edges { node { id status } } }
+  messages(first: 50) { edges { node { role text } } }
+  activities(last: 100) { edges { node { kind sequence nodeId payload } } } } }"""
+
+
+async def _parent(client: Client, tmp_path: Path) -> str:
+    data = await client.gql(CREATE_PROJECT, {"name": "tree", "root": str(tmp_path / "ws")})
+    return str((await make_thread(client, data["createProject"]["project"]["id"], "parent"))["id"])
+
+
+async def _delegate(client: Client, parent: str, text: str) -> dict[str, Any]:
+    data = await client.gql(DELEGATE, {"t": parent, "text": text})
+    assert data["delegateTask"]["userErrors"] == []
+    return data["delegateTask"]["thread"]  # type: ignore[no-any-return]
+
+
+async def _running(client: Client, run_id: str) -> None:
+    async def check() -> bool:
+        return (await run(client, run_id))["status"] == "RUNNING"
+
+    await until(check)
+
+
+async def test_delegated_task_reports_to_its_parent(client: Client, tmp_path: Path, database_url: str) -> None:
+    parent = await _parent(client, tmp_path)
+    busy = await send(client, parent, "@delay 300\n@reply parent one two three four five")
+    await _running(client, busy["run"]["id"])
+    child = await _delegate(client, parent, "@reply child answer")
+    assert child["lineage"] == {
+        "relationship": "SUBAGENT",
+        "parentThread": {"id": parent},
+        "rootThread": {"id": parent},
+    }
+    child_run = child["runs"]["edges"][0]["node"]["id"]
+    assert (await finished(client, child_run))["status"] == "COMPLETED"
+
+    async def delivered() -> dict[str, Any] | None:
+        found = (await client.gql(THREAD, {"t": parent}))["thread"]
+        kinds = [a["node"]["kind"] for a in found["activities"]["edges"]]
+        return found if "subagent.completed" in kinds else None
+
+    state = await until(delivered)
+    system = [m["node"]["text"] for m in state["messages"]["edges"] if m["node"]["role"] == "SYSTEM"]
+    assert len(system) == 1 and "child answer" in system[0]
+    parent_run = await finished(client, busy["run"]["id"])
+    assert parent_run["status"] == "COMPLETED"
+    subagent = [n for n in parent_run["rootNode"]["children"] if n["kind"] == "SUBAGENT"]
+    assert len(subagent) == 1 and subagent[0]["status"] == "COMPLETED"
+    runs = (await client.gql(THREAD, {"t": parent}))["thread"]["runs"]["edges"]
+    assert len(runs) == 1  # the child's completion started nothing on the parent
+    db = Database.from_url(database_url, pool_size=1)
+    try:
+        async with db.read() as r:
+            transfers = await r.rows(sa.select(t.context_transfers.c.type, t.context_transfers.c.status))
+    finally:
+        await db.dispose()
+    assert sorted((x["type"], x["status"]) for x in transfers) == [
+        ("subagent_result", "resolved_portable"),
+        ("subagent_spawn", "consumed"),
+    ]
+
+
+async def test_stop_cascades_depth_first_through_three_levels(client: Client, tmp_path: Path) -> None:
+    parent = await _parent(client, tmp_path)
+    top = await send(client, parent, "@delay 20000\n@reply never")
+    child = await _delegate(client, parent, "@delay 20000\n@reply never")
+    grandchild = await _delegate(client, child["id"], "@delay 20000\n@reply never")
+    runs = [top["run"]["id"], child["runs"]["edges"][0]["node"]["id"], grandchild["runs"]["edges"][0]["node"]["id"]]
+    for run_id in runs:
+        await _running(client, run_id)
+    stopped = await client.gql(
+        "mutation($t: ID!) { stopThread(input: {threadId: $t}) { thread { queueHeld } userErrors { code } } }",
+        {"t": parent},
+    )
+    assert stopped["stopThread"] == {"thread": {"queueHeld": True}, "userErrors": []}
+    for run_id in runs:
+        assert (await finished(client, run_id))["status"] == "INTERRUPTED"
+    for thread in (parent, child["id"], grandchild["id"]):
+        state = (await client.gql(THREAD, {"t": thread}))["thread"]
+        assert state["queueHeld"] is True and state["activeRun"] is None
+
+
+async def test_interrupt_by_node(client: Client, tmp_path: Path) -> None:
+    parent = await _parent(client, tmp_path)
+    busy = await send(client, parent, "@delay 20000\n@reply never")
+    await _running(client, busy["run"]["id"])
+    child = await _delegate(client, parent, "@delay 20000\n@reply never")
+    child_run = child["runs"]["edges"][0]["node"]["id"]
+    await _running(client, child_run)
+    nodes = (await run(client, busy["run"]["id"]))["rootNode"]["children"]
+    subagent = next(n for n in nodes if n["kind"] == "SUBAGENT")
+    node_interrupt = (
+        """mutation($n: ID!) { interruptNode(input: {nodeId: $n}) { node { id kind } userErrors { code } } }"""
+    )
+    stopped = (await client.gql(node_interrupt, {"n": subagent["id"]}))["interruptNode"]
+    assert stopped == {"node": {"id": subagent["id"], "kind": "SUBAGENT"}, "userErrors": []}
+    assert (await finished(client, child_run))["status"] == "INTERRUPTED"  # the delegated child stopped
+    assert (await run(client, busy["run"]["id"]))["status"] == "RUNNING"  # the parent goes on
+    root = (await run(client, busy["run"]["id"]))["rootNode"]["id"]
+    ended = (await client.gql(node_interrupt, {"n": root}))["interruptNode"]
+    assert ended["userErrors"] == []
+    assert (await finished(client, busy["run"]["id"]))["status"] == "INTERRUPTED"
