@@ -33,6 +33,7 @@ class WsClient:
     async def receive(self, within: float = 30.0) -> dict[str, Any]:
         while True:
             raw = await asyncio.wait_for(self.ws.recv(), within)
+            assert isinstance(raw, str), "graphql-transport-ws messages must be text frames"
             message: dict[str, Any] = orjson.loads(raw)
             if message.get("type") == "ping":
                 await self.ws.send(orjson.dumps({"type": "pong"}).decode())

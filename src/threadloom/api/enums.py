@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import strawberry
 
+from threadloom.domain import requests as q
 from threadloom.domain import runs as r
 from threadloom.domain import statuses as s
 
 for _enum in (
     r.AppliedDispatch,
+    q.Decision,
     s.RunStatus,
     s.ThreadStatus,
     s.AttemptReason,
@@ -65,3 +67,4 @@ PlanKind = s.PlanKind
 PlanStatus = s.PlanStatus
 TokenScope = s.TokenScope
 AppliedDispatch = r.AppliedDispatch
+Decision = q.Decision

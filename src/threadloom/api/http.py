@@ -54,8 +54,10 @@ class GraphQLView(GraphQL[Context, None]):
         self.services = services
         self.live = live
 
-    def encode_json(self, data: object) -> bytes:
-        return orjson.dumps(data)
+    def encode_json(self, data: object) -> str:
+        # A str, not bytes: WebSocket messages must go out as text frames (browser clients
+        # parse `event.data` as a string); for HTTP bodies the decode is nearly free.
+        return orjson.dumps(data).decode()
 
     def decode_json(self, data: str | bytes) -> object:
         return orjson.loads(data)

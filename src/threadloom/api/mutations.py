@@ -10,9 +10,9 @@ import strawberry
 
 from threadloom.api import ids as gid
 from threadloom.api.context import Info
-from threadloom.api.enums import AppliedDispatch
+from threadloom.api.enums import AppliedDispatch, Decision
 from threadloom.api.errors import UserError
-from threadloom.api.types import ConversationMessage, ExecutionNode, Project, Run, Thread
+from threadloom.api.types import ConversationMessage, ExecutionNode, Project, Run, RuntimeRequest, Thread
 from threadloom.domain.dispatch import Dispatch
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.runs import DispatchMode
@@ -465,3 +465,75 @@ class DelegationMutation:
             )
 
         return await _thread_payload(info, act, input.client_mutation_id)
+
+
+@strawberry.input
+class RespondToApprovalInput:
+    request_id: strawberry.ID
+    decision: Decision
+    client_mutation_id: str | None = None
+
+
+@strawberry.input
+class QuestionAnswer:
+    question_id: str
+    answers: list[str]
+
+
+@strawberry.input
+class RespondToUserInputInput:
+    request_id: strawberry.ID
+    answers: list[QuestionAnswer]
+    client_mutation_id: str | None = None
+
+
+@strawberry.type
+class RuntimeRequestPayload:
+    request: RuntimeRequest | None
+    user_errors: list[UserError]
+    client_mutation_id: str | None
+
+
+async def _request_payload(
+    info: Info, act: Callable[[], Awaitable[uuid.UUID]], client_mutation_id: str | None
+) -> RuntimeRequestPayload:
+    request_id, errors = await _attempt(act)
+    return RuntimeRequestPayload(
+        request=await _load(info, RuntimeRequest, request_id),
+        user_errors=errors,
+        client_mutation_id=client_mutation_id,
+    )
+
+
+@strawberry.type
+class RequestMutation:
+    @strawberry.mutation(description="Answer an approval. NOT_RESUMABLE when the provider's callback is gone.")
+    async def respond_to_approval(self, info: Info, input: RespondToApprovalInput) -> RuntimeRequestPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            request = gid.decode_as(input.request_id, "RuntimeRequest", "requestId")
+            return await ctx.services.requests.respond_to_approval(
+                ctx.principal, request, Decision(input.decision), _key(input.client_mutation_id)
+            )
+
+        return await _request_payload(info, act, input.client_mutation_id)
+
+    @strawberry.mutation(description="Answer a question: every question once, options as offered.")
+    async def respond_to_user_input(self, info: Info, input: RespondToUserInputInput) -> RuntimeRequestPayload:
+        ctx = info.context
+
+        async def act() -> uuid.UUID:
+            request = gid.decode_as(input.request_id, "RuntimeRequest", "requestId")
+            answers: dict[str, list[str]] = {}
+            for item in input.answers:
+                if item.question_id in answers:
+                    raise DomainError(
+                        ErrorCode.INVALID_INPUT, f"question {item.question_id!r} answered twice", "answers"
+                    )
+                answers[item.question_id] = list(item.answers)
+            return await ctx.services.requests.respond_to_user_input(
+                ctx.principal, request, answers, _key(input.client_mutation_id)
+            )
+
+        return await _request_payload(info, act, input.client_mutation_id)

@@ -16,7 +16,13 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
 from threadloom.api.errors import CodedErrors, RecordOperation
-from threadloom.api.mutations import ControlMutation, DelegationMutation, Mutation, RunMutation
+from threadloom.api.mutations import (
+    ControlMutation,
+    DelegationMutation,
+    Mutation,
+    RequestMutation,
+    RunMutation,
+)
 from threadloom.api.query import Query
 from threadloom.api.subscriptions import Subscription
 from threadloom.api.types import NODE_TYPES
@@ -51,7 +57,9 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
     limits = limits or Limits()
     return strawberry.Schema(
         query=Query,
-        mutation=strawberry.tools.merge_types("Mutation", (Mutation, RunMutation, ControlMutation, DelegationMutation)),
+        mutation=strawberry.tools.merge_types(
+            "Mutation", (Mutation, RunMutation, ControlMutation, DelegationMutation, RequestMutation)
+        ),
         subscription=Subscription,
         execution_context_class=FreshMemoExecutionContext,
         types=list(NODE_TYPES.values()),

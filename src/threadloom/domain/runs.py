@@ -25,6 +25,7 @@ from threadloom.domain.entities import (
     ProviderTurn,
     Run,
     RunAttempt,
+    RuntimeRequest,
 )
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.statuses import (
@@ -40,7 +41,9 @@ from threadloom.domain.statuses import (
     PlanStatus,
     ProviderThreadStatus,
     ProviderTurnStatus,
+    ResponseCapability,
     RunStatus,
+    RuntimeRequestStatus,
 )
 
 MAX_MESSAGE = 200_000
@@ -369,6 +372,7 @@ class RunGraph:
     open_children: Sequence[ExecutionNode]
     active_plans: Sequence[PlanArtifact]
     queue: Sequence[Run]
+    pending_requests: Sequence[RuntimeRequest] = ()
 
 
 def finish_run(
@@ -388,6 +392,20 @@ def finish_run(
     """
     run, thread = graph.run, graph.thread
     out = Outcome()
+    gone = {"provider_crashed": "the agent process exited", "provider_lost": "the server that held the turn is gone"}
+    for request in graph.pending_requests:  # the provider's callback ends with its turn
+        out.changes.append(
+            Change(
+                "request.updated",
+                request.evolve(
+                    status=RuntimeRequestStatus.EXPIRED,
+                    response_capability=ResponseCapability.NOT_RESUMABLE,
+                    not_resumable_reason=gone.get(reason or "", "the turn ended"),
+                    resolved_at=now,
+                ),
+                node_id=request.node_id,
+            )
+        )
     for message in graph.open_messages:
         out.changes.append(Change("message.updated", message.evolve(streaming=False, updated_at=now)))
     for plan in graph.active_plans:

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from threadloom.domain import requests as request_rules
 from threadloom.domain import runs as rules
 from threadloom.domain.changes import Change, Outcome
 from threadloom.domain.entities import (
@@ -179,10 +180,6 @@ class Ingestor:
                 attempt_id=binding.attempt_id,
             )
             return False
-        if isinstance(event, ev.RequestOpened):
-            await self._apply(binding, [event])
-            await self._decline(event)
-            return False
         await self._apply(binding, [event])
         return False
 
@@ -254,17 +251,22 @@ class Ingestor:
         elif isinstance(event, ev.TodoUpdated):
             await self._todo(b, binding, event, now)
         elif isinstance(event, ev.RequestOpened):
-            b.put(
-                *_activity(
-                    thread_id,
-                    "runtime.warning",
-                    f"{event.kind} request declined: this server does not answer provider requests yet",
-                    now,
-                    run_id,
-                    binding.root_node_id,
-                    {"request": event.payload},
-                )
+            run = await b.get(Run, run_id)
+            outcome, request = request_rules.open_request(
+                run=run,
+                thread=await b.get(AppThread, thread_id),
+                parent_node_id=self._parent_of(binding, event.native_turn),
+                root_node_id=binding.root_node_id,
+                attempt_id=binding.attempt_id,
+                kind=event.kind,
+                native_ref=event.request_ref,
+                payload=event.payload,
+                now=now,
+                new_id=new_id,
             )
+            binding.requests[event.request_ref] = request.id
+            for change in outcome.changes:
+                b.put(change.event_type, change.entity, node_id=change.node_id)
         elif isinstance(event, ev.Warning):
             b.put(*_activity(thread_id, "runtime.warning", event.message, now, run_id, None))
 
@@ -433,13 +435,6 @@ class Ingestor:
                 {"items": items},
             )
         )
-
-    async def _decline(self, event: ev.RequestOpened) -> None:
-        response: dict[str, Any] = {"decision": "decline"} if "approval" in event.kind else {"answers": {}}
-        try:
-            await self.session.runtime.respond_to_request(event.request_ref, response)
-        except Exception:
-            log.exception("could not answer provider request %s", event.request_ref)
 
 
 def _activity(

@@ -8,6 +8,7 @@ import logging
 
 from threadloom.config import Settings
 from threadloom.domain.interruption import STOP_SESSION_EFFECT, STOP_TASKS_EFFECT, UnsupportedPolicy
+from threadloom.domain.requests import RESPOND_EFFECT
 from threadloom.domain.runs import DELIVER_EFFECT, ENSURE_THREAD_EFFECT, START_EFFECT
 from threadloom.domain.statuses import RunStatus
 from threadloom.domain.steering import INTERRUPT_EFFECT, STEER_EFFECT
@@ -19,6 +20,7 @@ from threadloom.engine.effects import EffectWorker
 from threadloom.engine.ingest import Ingestor
 from threadloom.engine.pipeline import Committed, Pipeline
 from threadloom.engine.recovery import Recovery
+from threadloom.engine.requests import Requests
 from threadloom.engine.runs import RunEngine
 from threadloom.engine.sessions import LiveSession, SessionManager
 from threadloom.engine.workers import Worker
@@ -42,6 +44,7 @@ class Services:
     recovery: Recovery
     control: Control
     delegation: Delegation
+    requests: Requests
     started: bool = False
 
     @classmethod
@@ -75,6 +78,8 @@ class Services:
         effects.handlers[STOP_TASKS_EFFECT] = control.stop_tasks_effect
         delegation = Delegation(pipeline, run_engine)
         effects.handlers[DELIVER_EFFECT] = delegation.deliver_effect
+        requests = Requests(pipeline, sessions, run_engine)
+        effects.handlers[RESPOND_EFFECT] = requests.respond_effect
         services = cls(
             settings,
             db,
@@ -88,6 +93,7 @@ class Services:
             recovery,
             control,
             delegation,
+            requests,
         )
 
         async def wake(committed: Committed) -> None:

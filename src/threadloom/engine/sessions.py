@@ -43,6 +43,7 @@ class TurnBinding:
     messages: dict[str, uuid.UUID] = dataclasses.field(default_factory=dict)  # native item → message
     child_turns: dict[str, uuid.UUID] = dataclasses.field(default_factory=dict)  # native child turn → node
     todo_plans: dict[uuid.UUID, uuid.UUID] = dataclasses.field(default_factory=dict)  # node → plan artifact
+    requests: dict[str, uuid.UUID] = dataclasses.field(default_factory=dict)  # provider request ref → request
 
 
 @dataclasses.dataclass(slots=True)

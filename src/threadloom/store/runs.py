@@ -15,9 +15,10 @@ from threadloom.domain.entities import (
     ProviderTurn,
     Run,
     RunAttempt,
+    RuntimeRequest,
 )
 from threadloom.domain.runs import RunGraph, ThreadState
-from threadloom.domain.statuses import NodeStatus, PlanStatus, RunStatus
+from threadloom.domain.statuses import NodeStatus, PlanStatus, RunStatus, RuntimeRequestStatus
 from threadloom.store import entities
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
@@ -79,6 +80,13 @@ async def run_graph(db: Reader, thread: AppThread, run: Run) -> RunGraph:
             order_by=[t.plan_artifacts.c.id],
         ),
         queue=await queue(db, thread.id),
+        pending_requests=await entities.where(
+            db,
+            RuntimeRequest,
+            t.runtime_requests.c.run_id == run.id,
+            t.runtime_requests.c.status == RuntimeRequestStatus.PENDING.value,
+            order_by=[t.runtime_requests.c.id],
+        ),
     )
 
 

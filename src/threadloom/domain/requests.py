@@ -1,0 +1,258 @@
+"""Runtime requests: approvals and questions (spec: "Approvals", "Ask Questions / User Input").
+
+A provider's request becomes an app-owned RuntimeRequest (the provider's id is a ref), a
+node under the node that asked, and — for questions — a question artifact; the run waits.
+A response is validated here, recorded, and sent to the provider by an effect. When the
+provider's callback is gone (turn ended, agent died, server restarted) a pending request
+expires as `not_resumable`, and responding to it is refused with NOT_RESUMABLE.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from threadloom.domain.changes import Change, Effect, Outcome
+from threadloom.domain.entities import AppThread, ExecutionNode, PlanArtifact, Run, RuntimeRequest
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.runs import NewId, activity
+from threadloom.domain.statuses import (
+    NodeKind,
+    NodeStatus,
+    PlanKind,
+    PlanStatus,
+    ResponseCapability,
+    RunStatus,
+    RuntimeRequestKind,
+    RuntimeRequestStatus,
+)
+
+RESPOND_EFFECT = "runtime-request.respond"
+
+
+class Decision(StrEnum):
+    ACCEPT = "accept"
+    ACCEPT_FOR_SESSION = "accept_for_session"
+    DECLINE = "decline"
+    CANCEL = "cancel"
+
+
+_NATIVE_DECISION = {
+    Decision.ACCEPT: "accept",
+    Decision.ACCEPT_FOR_SESSION: "acceptForSession",
+    Decision.DECLINE: "decline",
+    Decision.CANCEL: "cancel",
+}
+_KINDS = {
+    "command_approval": RuntimeRequestKind.COMMAND_APPROVAL,
+    "file_change_approval": RuntimeRequestKind.FILE_CHANGE_APPROVAL,
+    "permission": RuntimeRequestKind.PERMISSION,
+    "user_input": RuntimeRequestKind.USER_INPUT,
+}
+
+
+def open_request(
+    thread: AppThread,
+    run: Run,
+    parent_node_id: uuid.UUID,
+    root_node_id: uuid.UUID,
+    attempt_id: uuid.UUID,
+    kind: str,
+    native_ref: str,
+    payload: dict[str, Any],
+    now: datetime,
+    new_id: NewId,
+) -> tuple[Outcome, RuntimeRequest]:
+    request_kind = _KINDS.get(kind, RuntimeRequestKind.PERMISSION)
+    is_question = request_kind == RuntimeRequestKind.USER_INPUT
+    request_id, node_id = new_id(), new_id()
+    request = RuntimeRequest(
+        id=request_id,
+        thread_id=thread.id,
+        run_id=run.id,
+        node_id=node_id,
+        native_request_ref=native_ref,
+        kind=request_kind,
+        status=RuntimeRequestStatus.PENDING,
+        response_capability=ResponseCapability.LIVE,
+        payload=payload,
+        created_at=now,
+    )
+    title = payload.get("command") or (
+        "; ".join(str(q.get("question")) for q in payload.get("questions") or []) if is_question else kind
+    )
+    node = ExecutionNode(
+        id=node_id,
+        thread_id=thread.id,
+        run_id=run.id,
+        attempt_id=attempt_id,
+        parent_node_id=parent_node_id,
+        root_node_id=root_node_id,
+        kind=NodeKind.USER_INPUT_REQUEST if is_question else NodeKind.APPROVAL_REQUEST,
+        status=NodeStatus.WAITING,
+        runtime_request_id=request_id,
+        title=str(title)[:200],
+        created_at=now,
+        updated_at=now,
+    )
+    changes = [Change("node.created", node), Change("request.created", request, node_id=node_id)]
+    if is_question:
+        changes.append(
+            Change(
+                "plan.created",
+                PlanArtifact(
+                    id=new_id(),
+                    thread_id=thread.id,
+                    run_id=run.id,
+                    node_id=node_id,
+                    kind=PlanKind.QUESTIONS,
+                    items=list(payload.get("questions") or []),
+                    status=PlanStatus.ACTIVE,
+                    created_at=now,
+                    updated_at=now,
+                ),
+                node_id=node_id,
+            )
+        )
+    if run.status == RunStatus.RUNNING:
+        changes.append(Change("run.updated", run.evolve(status=RunStatus.WAITING)))
+    kind_name = "question.asked" if is_question else "approval.requested"
+    changes.append(
+        activity(
+            thread.id,
+            kind_name,
+            str(title)[:200],
+            now,
+            new_id,
+            run_id=run.id,
+            node_id=node_id,
+            payload={"requestId": str(request_id), "kind": request_kind.value},
+        )
+    )
+    return Outcome(changes), request
+
+
+def require_open(request: RuntimeRequest) -> None:
+    gone = request.response_capability == ResponseCapability.NOT_RESUMABLE
+    if gone or request.status == RuntimeRequestStatus.EXPIRED:
+        raise DomainError(
+            ErrorCode.NOT_RESUMABLE,
+            f"the provider can no longer take this answer: {request.not_resumable_reason or 'its callback is gone'}",
+            "requestId",
+        )
+    if request.status != RuntimeRequestStatus.PENDING:
+        raise DomainError(ErrorCode.REQUEST_NOT_PENDING, f"the request is already {request.status}", "requestId")
+
+
+def validate_answers(questions: Sequence[dict[str, Any]], answers: dict[str, list[str]]) -> None:
+    known = {str(q.get("id")): q for q in questions}
+    for question_id in answers:
+        if question_id not in known:
+            raise DomainError(ErrorCode.INVALID_INPUT, f"no question {question_id!r}", "answers")
+    for question_id, question in known.items():
+        given = answers.get(question_id)
+        if not given:
+            raise DomainError(ErrorCode.INVALID_INPUT, f"question {question_id!r} needs an answer", "answers")
+        offered = {str(o.get("label")) for o in question.get("options") or []}
+        if offered and not question.get("isOther"):
+            unknown = [a for a in given if a not in offered]
+            if unknown:
+                raise DomainError(
+                    ErrorCode.INVALID_INPUT,
+                    f"{unknown[0]!r} is not an option of question {question_id!r}: {sorted(offered)}",
+                    "answers",
+                )
+
+
+def respond(
+    thread: AppThread,
+    run: Run,
+    request: RuntimeRequest,
+    node: ExecutionNode,
+    other_pending: int,
+    response: dict[str, Any],
+    native_response: dict[str, Any],
+    accepted: bool,
+    now: datetime,
+    new_id: NewId,
+) -> Outcome:
+    """Record the answer, close the node, let the run go on, and send the answer after commit."""
+    resolved = request.evolve(status=RuntimeRequestStatus.RESOLVED, response=response, resolved_at=now)
+    changes = [
+        Change("request.updated", resolved, node_id=node.id),
+        Change(
+            "node.updated",
+            node.evolve(
+                status=NodeStatus.COMPLETED if accepted else NodeStatus.CANCELLED, updated_at=now, completed_at=now
+            ),
+        ),
+    ]
+    if run.status == RunStatus.WAITING and other_pending == 0:
+        changes.append(Change("run.updated", run.evolve(status=RunStatus.RUNNING)))
+    kind = "question.answered" if request.kind == RuntimeRequestKind.USER_INPUT else "approval.resolved"
+    changes.append(
+        activity(
+            thread.id,
+            kind,
+            f"{request.kind}: {response}",
+            now,
+            new_id,
+            run_id=run.id,
+            node_id=node.id,
+            payload={"requestId": str(request.id), "response": response},
+        )
+    )
+    effect = Effect(
+        RESPOND_EFFECT,
+        {
+            "requestId": str(request.id),
+            "runId": str(run.id),
+            "attemptId": str(node.attempt_id),
+            "nativeRef": request.native_request_ref,
+            "response": native_response,
+        },
+        replay_safe=False,
+    )
+    return Outcome(changes, [effect], result={"requestId": str(request.id)})
+
+
+def approval(decision: Decision) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(recorded response, what the provider gets, accepted?)"""
+    return (
+        {"decision": decision.value},
+        {"decision": _NATIVE_DECISION[decision]},
+        decision in (Decision.ACCEPT, Decision.ACCEPT_FOR_SESSION),
+    )
+
+
+def answered(answers: dict[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    native = {"answers": {qid: {"answers": list(values)} for qid, values in answers.items()}}
+    return {"answers": answers}, native, True
+
+
+def same_response(request: RuntimeRequest, response: dict[str, Any]) -> bool:
+    """A repeat of the answer already given: answered the same, sent once."""
+    return request.status == RuntimeRequestStatus.RESOLVED and request.response == response
+
+
+def expire(request: RuntimeRequest, node: ExecutionNode | None, reason: str, now: datetime) -> list[Change]:
+    changes = [
+        Change(
+            "request.updated",
+            request.evolve(
+                status=RuntimeRequestStatus.EXPIRED,
+                response_capability=ResponseCapability.NOT_RESUMABLE,
+                not_resumable_reason=reason,
+                resolved_at=now,
+            ),
+            node_id=request.node_id,
+        )
+    ]
+    if node is not None and node.status in (NodeStatus.WAITING, NodeStatus.RUNNING, NodeStatus.PENDING):
+        changes.append(
+            Change("node.updated", node.evolve(status=NodeStatus.CANCELLED, updated_at=now, completed_at=now))
+        )
+    return changes

@@ -1,0 +1,173 @@
+"""Approvals, questions and todo lists through the real scripted agent."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.runs import finished, run, send
+from tests.support.server import Client, ServerProcess
+from tests.support.waiting import until
+
+PENDING = """query($t: ID!) { thread(id: $t) { status pendingRequests {
+  id kind status responseCapability notResumableReason payload node { id kind status } run { id status } } } }"""
+APPROVE = """mutation($r: ID!, $d: Decision!) { respondToApproval(input: {requestId: $r, decision: $d}) {
+  request { id status response node { status } } userErrors { code field } } }"""
+ANSWER = """mutation($r: ID!, $a: [QuestionAnswer!]!) { respondToUserInput(input: {requestId: $r, answers: $a}) {
+  request { id status response } userErrors { code field message } } }"""
+REQUEST = """query($r: ID!) { node(id: $r) { ... on RuntimeRequest { status responseCapability notResumableReason
+  node { status } } } }"""
+
+
+@pytest.fixture
+async def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "ws"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+async def thread_id(client: Client, workspace: Path) -> str:
+    data = await client.gql(CREATE_PROJECT, {"name": "ask", "root": str(workspace)})
+    return str((await make_thread(client, data["createProject"]["project"]["id"], "t"))["id"])
+
+
+async def _pending(client: Client, thread: str) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        found = (await client.gql(PENDING, {"t": thread}))["thread"]
+        return found if found["pendingRequests"] else None
+
+    return await until(check)
+
+
+async def _activities(client: Client, thread: str) -> list[dict[str, Any]]:
+    data = await client.gql(
+        "query($t: ID!) { thread(id: $t) { activities(last: 100) { edges { node { kind runId nodeId } } } } }",
+        {"t": thread},
+    )
+    return [e["node"] for e in data["thread"]["activities"]["edges"]]
+
+
+async def test_approval_accept(client: Client, thread_id: str, workspace: Path) -> None:
+    sent = await send(client, thread_id, "@approval echo approved > ok.txt\n@reply done")
+    state = await _pending(client, thread_id)
+    assert state["status"] == "WAITING"
+    request = state["pendingRequests"][0]
+    assert request["kind"] == "COMMAND_APPROVAL" and request["status"] == "PENDING"
+    assert request["responseCapability"] == "LIVE" and request["payload"]["command"] == "echo approved > ok.txt"
+    assert request["node"]["kind"] == "APPROVAL_REQUEST" and request["node"]["status"] == "WAITING"
+    assert request["run"] == {"id": sent["run"]["id"], "status": "WAITING"}
+    answer = (await client.gql(APPROVE, {"r": request["id"], "d": "ACCEPT"}))["respondToApproval"]
+    assert answer["userErrors"] == []
+    assert answer["request"]["status"] == "RESOLVED" and answer["request"]["node"]["status"] == "COMPLETED"
+    assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"
+    assert (workspace / "ok.txt").read_text() == "approved\n"
+    acts = [a for a in await _activities(client, thread_id) if a["kind"].startswith("approval.")]
+    assert [a["kind"] for a in acts] == ["approval.requested", "approval.resolved"]
+    assert all(a["runId"] == sent["run"]["id"] and a["nodeId"] == request["node"]["id"] for a in acts)
+
+
+async def test_approval_decline_and_double_response(client: Client, thread_id: str, workspace: Path) -> None:
+    sent = await send(client, thread_id, "@approval echo no > no.txt\n@reply went on")
+    request = (await _pending(client, thread_id))["pendingRequests"][0]
+    first = (await client.gql(APPROVE, {"r": request["id"], "d": "DECLINE"}))["respondToApproval"]
+    again = (await client.gql(APPROVE, {"r": request["id"], "d": "DECLINE"}))["respondToApproval"]
+    assert first == again  # the same answer twice is answered the same (and sent once)
+    assert first["request"]["node"]["status"] == "CANCELLED"
+    other = (await client.gql(APPROVE, {"r": request["id"], "d": "ACCEPT"}))["respondToApproval"]
+    assert other["userErrors"] == [{"code": "REQUEST_NOT_PENDING", "field": "requestId"}]
+    assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"
+    assert not (workspace / "no.txt").exists()
+
+
+async def test_approval_after_agent_crash_is_not_resumable(
+    client: Client, server: ServerProcess, thread_id: str, data_dir: Path
+) -> None:
+    sent = await send(client, thread_id, "@approval echo x\n@reply done")
+    request = (await _pending(client, thread_id))["pendingRequests"][0]
+    agents = [p for p in os.listdir("/proc") if p.isdigit() and _is_agent(p, data_dir)]
+    assert len(agents) == 1
+    os.kill(int(agents[0]), signal.SIGKILL)
+    assert (await finished(client, sent["run"]["id"]))["statusReason"] == "provider_crashed"
+    expired = (await client.gql(REQUEST, {"r": request["id"]}))["node"]
+    assert expired["status"] == "EXPIRED" and expired["responseCapability"] == "NOT_RESUMABLE"
+    assert "agent process exited" in expired["notResumableReason"]
+    refused = (await client.gql(APPROVE, {"r": request["id"], "d": "ACCEPT"}))["respondToApproval"]
+    assert refused["userErrors"] == [{"code": "NOT_RESUMABLE", "field": "requestId"}]
+    assert (await client.gql(REQUEST, {"r": request["id"]}))["node"]["status"] == "EXPIRED"  # nothing changed
+
+
+def _is_agent(pid: str, data_dir: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"threadloom.agent" in cmdline and any(str(data_dir).encode() in part for part in cmdline)
+
+
+async def test_approval_after_server_restart_is_reconciled(
+    client: Client, server: ServerProcess, thread_id: str, database_url: str, data_dir: Path
+) -> None:
+    sent = await send(client, thread_id, "@approval echo x\n@reply done")
+    request = (await _pending(client, thread_id))["pendingRequests"][0]
+    server.kill()
+    again = ServerProcess(database_url, data_dir).wait_ready()
+    try:
+        other = Client(again.url, client.token)
+        assert (await finished(other, sent["run"]["id"]))["statusReason"] == "provider_lost"
+        expired = (await other.gql(REQUEST, {"r": request["id"]}))["node"]
+        assert expired["status"] == "EXPIRED" and expired["responseCapability"] == "NOT_RESUMABLE"
+        refused = (await other.gql(APPROVE, {"r": request["id"], "d": "ACCEPT"}))["respondToApproval"]
+        assert refused["userErrors"] == [{"code": "NOT_RESUMABLE", "field": "requestId"}]
+        await other.aclose()
+    finally:
+        again.stop()
+
+
+async def test_question_answer_and_bad_answers(client: Client, thread_id: str) -> None:
+    sent = await send(client, thread_id, "@ask Which color? | red | blue")
+    request = (await _pending(client, thread_id))["pendingRequests"][0]
+    assert request["kind"] == "USER_INPUT" and request["node"]["kind"] == "USER_INPUT_REQUEST"
+    assert request["payload"]["questions"][0]["question"] == "Which color?"
+    plans = (await run(client, sent["run"]["id"]))["plans"]
+    assert [p["kind"] for p in plans] == ["QUESTIONS"]
+    for answers, message in (
+        ([{"questionId": "q9", "answers": ["red"]}], "no question"),
+        ([], "needs an answer"),
+        ([{"questionId": "q1", "answers": ["green"]}], "not an option"),
+    ):
+        bad = (await client.gql(ANSWER, {"r": request["id"], "a": answers}))["respondToUserInput"]
+        assert bad["userErrors"][0]["code"] == "INVALID_INPUT" and message in bad["userErrors"][0]["message"]
+    assert (await _pending(client, thread_id))["pendingRequests"][0]["status"] == "PENDING"  # nothing changed
+    good = await client.gql(ANSWER, {"r": request["id"], "a": [{"questionId": "q1", "answers": ["blue"]}]})
+    assert good["respondToUserInput"]["request"]["status"] == "RESOLVED"
+    assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"
+    texts = await client.gql(
+        "query($t: ID!) { thread(id: $t) { messages(last: 1) { edges { node { text } } } } }", {"t": thread_id}
+    )
+    assert texts["thread"]["messages"]["edges"][0]["node"]["text"] == "Answer: blue"
+
+
+async def test_todo_progress_is_finalized_at_the_barrier(client: Client, thread_id: str) -> None:
+    done = await finished(client, (await send(client, thread_id, "@todo write; test; ship"))["run"]["id"])
+    todo = next(p for p in done["plans"] if p["kind"] == "TODO_LIST")
+    assert todo["status"] == "FINALIZED"
+    assert [i["status"] for i in todo["items"]] == ["completed", "completed", "completed"]
+    stopped = await send(client, thread_id, "@delay 300\n@todo one; two; three")
+
+    async def has_todo() -> bool:
+        return any(p["kind"] == "TODO_LIST" for p in (await run(client, stopped["run"]["id"]))["plans"])
+
+    await until(has_todo)
+    await client.gql(
+        "mutation($r: ID!) { interruptRun(input: {runId: $r}) { userErrors { code } } }", {"r": stopped["run"]["id"]}
+    )
+    ended = await finished(client, stopped["run"]["id"])
+    todo = next(p for p in ended["plans"] if p["kind"] == "TODO_LIST")
+    assert todo["status"] == "FINALIZED"
+    assert "interrupted" in [i["status"] for i in todo["items"]]  # open items end as the run ended
