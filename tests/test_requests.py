@@ -171,3 +171,36 @@ async def test_todo_progress_is_finalized_at_the_barrier(client: Client, thread_
     todo = next(p for p in ended["plans"] if p["kind"] == "TODO_LIST")
     assert todo["status"] == "FINALIZED"
     assert "interrupted" in [i["status"] for i in todo["items"]]  # open items end as the run ended
+
+
+IMPLEMENT = """mutation($p: ID!, $t: PlanTarget!) { implementPlan(input: {planId: $p, target: $t}) {
+  plan { status } thread { id lineage { relationship } } run { id ordinal } userErrors { code field } } }"""
+
+
+async def test_proposed_plan_implement_both_targets(client: Client, thread_id: str) -> None:
+    done = await finished(client, (await send(client, thread_id, "@plan Step one then step two"))["run"]["id"])
+    plan = next(p for p in done["plans"] if p["kind"] == "PROPOSED_PLAN")
+    plan_id = (await client.gql("query($r: ID!) { run(id: $r) { plans { id kind text } } }", {"r": done["id"]}))["run"][
+        "plans"
+    ][0]
+    assert plan["status"] == "FINALIZED" and plan_id["text"] == "Step one then step two"
+    as_run = (await client.gql(IMPLEMENT, {"p": plan_id["id"], "t": "NEW_RUN"}))["implementPlan"]
+    assert as_run["userErrors"] == [] and as_run["plan"]["status"] == "IMPLEMENTED"
+    assert as_run["thread"]["id"] == thread_id and as_run["run"]["ordinal"] == 2
+    implemented = await finished(client, as_run["run"]["id"])
+    assert implemented["userMessage"]["text"].endswith("Step one then step two")
+    again = (await client.gql(IMPLEMENT, {"p": plan_id["id"], "t": "NEW_RUN"}))["implementPlan"]
+    assert again["userErrors"] == [{"code": "PLAN_ALREADY_IMPLEMENTED", "field": "planId"}]
+    second = await finished(client, (await send(client, thread_id, "@plan Another plan"))["run"]["id"])
+    other = await client.gql("query($r: ID!) { run(id: $r) { plans { id } } }", {"r": second["id"]})
+    as_thread = (await client.gql(IMPLEMENT, {"p": other["run"]["plans"][0]["id"], "t": "NEW_THREAD"}))["implementPlan"]
+    assert as_thread["userErrors"] == [] and as_thread["thread"]["id"] != thread_id
+    assert as_thread["run"]["ordinal"] == 1
+    assert (await finished(client, as_thread["run"]["id"]))["status"] == "COMPLETED"
+
+
+async def test_root_todo_list_drives_the_thread_plan_view(client: Client, thread_id: str) -> None:
+    await finished(client, (await send(client, thread_id, "@todo alpha; beta"))["run"]["id"])
+    view = await client.gql("query($t: ID!) { thread(id: $t) { todoList { kind items status } } }", {"t": thread_id})
+    assert view["thread"]["todoList"]["kind"] == "TODO_LIST"
+    assert [i["step"] for i in view["thread"]["todoList"]["items"]] == ["alpha", "beta"]

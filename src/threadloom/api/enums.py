@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import strawberry
 
+from threadloom.domain import plans as p
 from threadloom.domain import requests as q
 from threadloom.domain import runs as r
 from threadloom.domain import statuses as s
@@ -15,6 +16,7 @@ from threadloom.domain import statuses as s
 for _enum in (
     r.AppliedDispatch,
     q.Decision,
+    p.PlanTarget,
     s.RunStatus,
     s.ThreadStatus,
     s.AttemptReason,
@@ -68,3 +70,4 @@ PlanStatus = s.PlanStatus
 TokenScope = s.TokenScope
 AppliedDispatch = r.AppliedDispatch
 Decision = q.Decision
+PlanTarget = p.PlanTarget

@@ -70,6 +70,7 @@ LISTS: dict[str, tuple[sa.Table, str, str, list[sa.ColumnElement[bool]]]] = {
     "thread.queue": (t.runs, "thread_id", "queue_position", _queued),
     "thread.pendingRequests": (t.runtime_requests, "thread_id", "id", _pending),
     "thread.providerThreads": (t.provider_threads, "app_thread_id", "id", []),
+    "thread.todoLists": (t.plan_artifacts, "thread_id", "id", [t.plan_artifacts.c.kind == "todo_list"]),
     "run.attempts": (t.run_attempts, "run_id", "attempt_ordinal", []),
     "run.nodes": (t.execution_nodes, "run_id", "id", []),
     "run.plans": (t.plan_artifacts, "run_id", "id", []),

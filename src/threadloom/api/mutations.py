@@ -10,9 +10,17 @@ import strawberry
 
 from threadloom.api import ids as gid
 from threadloom.api.context import Info
-from threadloom.api.enums import AppliedDispatch, Decision
+from threadloom.api.enums import AppliedDispatch, Decision, PlanTarget
 from threadloom.api.errors import UserError
-from threadloom.api.types import ConversationMessage, ExecutionNode, Project, Run, RuntimeRequest, Thread
+from threadloom.api.types import (
+    ConversationMessage,
+    ExecutionNode,
+    PlanArtifact,
+    Project,
+    Run,
+    RuntimeRequest,
+    Thread,
+)
 from threadloom.domain.dispatch import Dispatch
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.runs import DispatchMode
@@ -537,3 +545,45 @@ class RequestMutation:
             )
 
         return await _request_payload(info, act, input.client_mutation_id)
+
+
+@strawberry.input
+class ImplementPlanInput:
+    plan_id: strawberry.ID
+    target: PlanTarget = strawberry.field(description="NEW_RUN on the plan's thread, or a NEW_THREAD.")
+    client_mutation_id: str | None = None
+
+
+@strawberry.type
+class ImplementPlanPayload:
+    plan: PlanArtifact | None
+    thread: Thread | None
+    run: Run | None
+    user_errors: list[UserError]
+    client_mutation_id: str | None
+
+
+@strawberry.type
+class PlanMutation:
+    @strawberry.mutation(
+        description="Start implementing a proposed plan: a new run (queued behind an active one) "
+        "or a new thread in the same project."
+    )
+    async def implement_plan(self, info: Info, input: ImplementPlanInput) -> ImplementPlanPayload:
+        ctx = info.context
+
+        async def act() -> tuple[uuid.UUID, uuid.UUID]:
+            plan = gid.decode_as(input.plan_id, "PlanArtifact", "planId")
+            return await ctx.services.plans.implement(
+                ctx.principal, plan, PlanTarget(input.target), _key(input.client_mutation_id)
+            )
+
+        done, errors = await _attempt(act)
+        plan_id = gid.maybe_as(input.plan_id, "PlanArtifact") if not errors else None
+        return ImplementPlanPayload(
+            plan=await _load(info, PlanArtifact, plan_id),
+            thread=await _load(info, Thread, done[0] if done else None),
+            run=await _load(info, Run, done[1] if done else None),
+            user_errors=errors,
+            client_mutation_id=input.client_mutation_id,
+        )

@@ -20,6 +20,7 @@ from threadloom.api.mutations import (
     ControlMutation,
     DelegationMutation,
     Mutation,
+    PlanMutation,
     RequestMutation,
     RunMutation,
 )
@@ -58,7 +59,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
     return strawberry.Schema(
         query=Query,
         mutation=strawberry.tools.merge_types(
-            "Mutation", (Mutation, RunMutation, ControlMutation, DelegationMutation, RequestMutation)
+            "Mutation", (Mutation, RunMutation, ControlMutation, DelegationMutation, RequestMutation, PlanMutation)
         ),
         subscription=Subscription,
         execution_context_class=FreshMemoExecutionContext,

@@ -240,6 +240,14 @@ class Thread(Node, _Entity):
     async def pending_requests(self, info: Info) -> list[RuntimeRequest]:
         return await _children(info, RuntimeRequest, "thread.pendingRequests", self.rec.id)
 
+    @strawberry.field(description="The thread's plan view: the newest todo list of a run's root turn.")
+    async def todo_list(self, info: Info) -> PlanArtifact | None:
+        for plan in reversed(await _children(info, PlanArtifact, "thread.todoLists", self.rec.id)):
+            run = await _load(info, Run, plan.rec.run_id)
+            if run is not None and plan.rec.node_id == run.rec.root_node_id:
+                return plan
+        return None
+
     @strawberry.field
     async def provider_threads(self, info: Info) -> list[ProviderThread]:
         return await _children(info, ProviderThread, "thread.providerThreads", self.rec.id)

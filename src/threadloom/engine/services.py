@@ -19,6 +19,7 @@ from threadloom.engine.delegation import Delegation
 from threadloom.engine.effects import EffectWorker
 from threadloom.engine.ingest import Ingestor
 from threadloom.engine.pipeline import Committed, Pipeline
+from threadloom.engine.plans import Plans
 from threadloom.engine.recovery import Recovery
 from threadloom.engine.requests import Requests
 from threadloom.engine.runs import RunEngine
@@ -45,6 +46,7 @@ class Services:
     control: Control
     delegation: Delegation
     requests: Requests
+    plans: Plans
     started: bool = False
 
     @classmethod
@@ -94,6 +96,7 @@ class Services:
             control,
             delegation,
             requests,
+            Plans(pipeline, catalog, run_engine),
         )
 
         async def wake(committed: Committed) -> None:
