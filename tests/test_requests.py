@@ -204,3 +204,17 @@ async def test_root_todo_list_drives_the_thread_plan_view(client: Client, thread
     view = await client.gql("query($t: ID!) { thread(id: $t) { todoList { kind items status } } }", {"t": thread_id})
     assert view["thread"]["todoList"]["kind"] == "TODO_LIST"
     assert [i["step"] for i in view["thread"]["todoList"]["items"]] == ["alpha", "beta"]
+
+
+async def test_approval_from_a_subagent_is_actionable(client: Client, thread_id: str, workspace: Path) -> None:
+    sent = await send(client, thread_id, "@subagent @approval echo from-child > child.txt\n@reply parent done")
+    request = (await _pending(client, thread_id))["pendingRequests"][0]
+    graph = (await run(client, sent["run"]["id"]))["executionGraph"]
+    parents = {n["id"]: n["parent"] for n in graph["nodes"]}
+    kinds = {n["id"]: n["kind"] for n in graph["nodes"]}
+    assert kinds[parents[request["node"]["id"]]["id"]] == "SUBAGENT"  # asked by the child turn, nested under it
+    answer = (await client.gql(APPROVE, {"r": request["id"], "d": "ACCEPT"}))["respondToApproval"]
+    assert answer["userErrors"] == []
+    done = await finished(client, sent["run"]["id"])
+    assert done["status"] == "COMPLETED"
+    assert (workspace / "child.txt").read_text() == "from-child\n"

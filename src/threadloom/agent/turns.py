@@ -207,7 +207,8 @@ class Turn:
         if turn_id == self.id:
             self._messages.append(text)
 
-    async def _tool(self, command: str, item_id: str) -> None:
+    async def _tool(self, command: str, item_id: str, turn_id: str | None = None) -> None:
+        turn_id = turn_id or self.id
         item: Message = {
             "type": "commandExecution",
             "id": item_id,
@@ -217,7 +218,7 @@ class Turn:
             "exitCode": None,
             "aggregatedOutput": None,
         }
-        await self._notify("item/started", self.id, item=item)
+        await self._notify("item/started", turn_id, item=item)
         output: list[str] = []
 
         async def on_output(text: str) -> None:
@@ -258,9 +259,10 @@ class Turn:
                 log.warning("@write %s failed: %s", path, exc)
         await self._notify("item/completed", self.id, item={**item, "status": status})
 
-    async def _approval(self, command: str) -> None:
+    async def _approval(self, command: str, turn_id: str | None = None) -> None:
+        turn_id = turn_id or self.id
         item_id = self.io.new_item_id()
-        params = {"threadId": self.thread_id, "turnId": self.id, "itemId": item_id, "command": command, "cwd": self.cwd}
+        params = {"threadId": self.thread_id, "turnId": turn_id, "itemId": item_id, "command": command, "cwd": self.cwd}
         try:
             answer = await self.io.peer.request("item/commandExecution/requestApproval", params)
             decision = answer.get("decision")
@@ -268,7 +270,7 @@ class Turn:
             log.warning("approval request failed (%s); treated as declined", exc)
             decision = "decline"
         if decision in APPROVED:
-            await self._tool(command, item_id)
+            await self._tool(command, item_id, turn_id)
             return
         item = {
             "type": "commandExecution",
@@ -279,7 +281,7 @@ class Turn:
             "exitCode": None,
             "aggregatedOutput": None,
         }
-        await self._notify("item/completed", self.id, item=item)
+        await self._notify("item/completed", turn_id, item=item)
 
     async def _ask(self, question: str, options: tuple[str, ...]) -> None:
         questions = [
@@ -331,6 +333,8 @@ class Turn:
         child = {"id": child_id, "parentTurnId": self.id}
         await self._send("turn/started", {"threadId": self.thread_id, "turn": child})
         try:
+            if prompt.startswith("@approval "):  # the child turn asks for approval itself
+                await self._approval(prompt.removeprefix("@approval ").strip(), child_id)
             await self._reply(child_id, f"Subagent: {prompt}")
         except asyncio.CancelledError:
             # An interrupt ends the child turn too, before the parent's.
