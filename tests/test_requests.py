@@ -218,3 +218,43 @@ async def test_approval_from_a_subagent_is_actionable(client: Client, thread_id:
     done = await finished(client, sent["run"]["id"])
     assert done["status"] == "COMPLETED"
     assert (workspace / "child.txt").read_text() == "from-child\n"
+
+
+async def test_provider_without_structured_questions(database_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "providers.toml"
+    config.write_text('[instances.plain]\ndriver = "scripted"\nsupports_structured_questions = false\n')
+    server = ServerProcess(database_url, tmp_path / "d", env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
+    client = Client(server.url, server.admin_token)
+    try:
+        data = await client.gql(CREATE_PROJECT, {"name": "plain", "root": str(tmp_path / "ws")})
+        created = await client.gql(
+            """mutation($p: ID!) { createThread(input: {projectId: $p, providerInstanceId: "plain"}) {
+                 thread { id } } }""",
+            {"p": data["createProject"]["project"]["id"]},
+        )
+        thread = created["createThread"]["thread"]["id"]
+        done = await finished(client, (await send(client, thread, "@ask Which one? | left | right"))["run"]["id"])
+        assert done["status"] == "COMPLETED"
+        messages = await client.gql(
+            """query($t: ID!) { thread(id: $t) {
+                 pendingRequests { id } messages(first: 10) { edges { node { role text } } } } }""",
+            {"t": thread},
+        )
+        assert messages["thread"]["pendingRequests"] == []
+        edges = messages["thread"]["messages"]["edges"]
+        texts = [m["node"]["text"] for m in edges if m["node"]["role"] == "ASSISTANT"]
+        assert texts[0] == "Which one?\n- left\n- right"  # a plain message, nothing to answer
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+async def test_request_activities_carry_run_and_node(client: Client, thread_id: str) -> None:
+    sent = await send(client, thread_id, "@todo a; b\n@ask Sure? | yes | no")
+    request = (await _pending(client, thread_id))["pendingRequests"][0]
+    await client.gql(ANSWER, {"r": request["id"], "a": [{"questionId": "q1", "answers": ["yes"]}]})
+    await finished(client, sent["run"]["id"])
+    acts = await _activities(client, thread_id)
+    scenario = [a for a in acts if a["kind"].split(".")[0] in ("approval", "question", "plan", "tool", "subagent")]
+    assert {a["kind"] for a in scenario} >= {"question.asked", "question.answered", "plan.updated"}
+    assert all(a["runId"] == sent["run"]["id"] and a["nodeId"] for a in scenario)

@@ -117,6 +117,8 @@ class Ingestor:
         self.on_exit = on_exit
         self.deltas: dict[str, list[Delta]] = {}
         self.first_delta_at: float | None = None
+        self.structured_questions = session.runtime.capabilities.supports_structured_questions
+        self.unanswerable: list[str] = []  # provider requests to release with an empty answer
 
     async def run(self) -> None:
         queue: asyncio.Queue[ev.ProviderEvent] = asyncio.Queue()
@@ -181,6 +183,12 @@ class Ingestor:
             )
             return False
         await self._apply(binding, [event])
+        while self.unanswerable:  # release the provider: it asked something nobody can answer here
+            ref = self.unanswerable.pop()
+            try:
+                await self.session.runtime.respond_to_request(ref, {"answers": {}})
+            except Exception:
+                log.exception("could not release provider request %s", ref)
         return False
 
     async def flush_all(self) -> None:
@@ -250,6 +258,9 @@ class Ingestor:
             await self._item_completed(b, binding, event, now)
         elif isinstance(event, ev.TodoUpdated):
             await self._todo(b, binding, event, now)
+        elif isinstance(event, ev.RequestOpened) and event.kind == "user_input" and not self.structured_questions:
+            # No structured questions: the question is shown as a plain message, with nothing to answer.
+            await self._plain_question(b, binding, event, now)
         elif isinstance(event, ev.RequestOpened):
             run = await b.get(Run, run_id)
             outcome, request = request_rules.open_request(
@@ -269,6 +280,23 @@ class Ingestor:
                 b.put(change.event_type, change.entity, node_id=change.node_id)
         elif isinstance(event, ev.Warning):
             b.put(*_activity(thread_id, "runtime.warning", event.message, now, run_id, None))
+
+    async def _plain_question(self, b: _Batch, binding: TurnBinding, event: ev.RequestOpened, now: Any) -> None:
+        questions = event.payload.get("questions") or []
+        text = "\n".join(
+            str(q.get("question")) + "".join(f"\n- {o.get('label')}" for o in q.get("options") or []) for q in questions
+        )
+        message = ConversationMessage(
+            id=new_id(),
+            thread_id=binding.thread_id,
+            run_id=binding.run_id,
+            role=MessageRole.ASSISTANT,
+            text=text,
+            created_at=now,
+            updated_at=now,
+        )
+        b.put("message.created", message)
+        self.unanswerable.append(event.request_ref)
 
     def _parent_of(self, binding: TurnBinding, native_turn: str) -> uuid.UUID:
         return binding.child_turns.get(native_turn, binding.root_node_id)

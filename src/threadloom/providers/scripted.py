@@ -160,6 +160,7 @@ class ScriptedDriver:
         self.chunk_delay_ms = int(options.get("chunk_delay_ms", 0))
         self.steering = bool(options.get("supports_active_steering", True))
         self.interrupt = bool(options.get("supports_interrupt", True))
+        self.questions = bool(options.get("supports_structured_questions", True))
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -167,7 +168,7 @@ class ScriptedDriver:
             supports_interrupt=self.interrupt,
             supports_steering_by_interrupt_restart=self.interrupt,
             can_read_thread_snapshot=True,
-            supports_structured_questions=True,
+            supports_structured_questions=self.questions,
             emits_todo_list=True,
             supports_subagents=True,
             pending_requests_survive_restart=False,
