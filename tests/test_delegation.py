@@ -89,6 +89,8 @@ async def test_stop_cascades_depth_first_through_three_levels(client: Client, tm
     runs = [top["run"]["id"], child["runs"]["edges"][0]["node"]["id"], grandchild["runs"]["edges"][0]["node"]["id"]]
     for run_id in runs:
         await _running(client, run_id)
+    waiting = await send(client, parent, "@reply after the stop", d={"queueAfterActive": True})
+    assert waiting["appliedDispatch"] == "QUEUE_AFTER_ACTIVE"
     stopped = await client.gql(
         "mutation($t: ID!) { stopThread(input: {threadId: $t}) { thread { queueHeld } userErrors { code } } }",
         {"t": parent},
@@ -99,6 +101,9 @@ async def test_stop_cascades_depth_first_through_three_levels(client: Client, tm
     for thread in (parent, child["id"], grandchild["id"]):
         state = (await client.gql(THREAD, {"t": thread}))["thread"]
         assert state["queueHeld"] is True and state["activeRun"] is None
+    assert (await run(client, waiting["run"]["id"]))["status"] == "QUEUED"  # held: nothing restarts on its own
+    await client.gql("mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }", {"t": parent})
+    assert (await finished(client, waiting["run"]["id"]))["status"] == "COMPLETED"
 
 
 async def test_interrupt_by_node(client: Client, tmp_path: Path) -> None:

@@ -216,6 +216,8 @@ async def test_subagent_completion_never_completes_the_run(client: Client, threa
     assert done["status"] == "COMPLETED"
     subagents = [c for c in done["rootNode"]["children"] if c["kind"] == "SUBAGENT"]
     assert len(subagents) == 1 and subagents[0]["status"] == "COMPLETED"
+    nested = [n for n in done["executionGraph"]["nodes"] if (n["parent"] or {}).get("id") == subagents[0]["id"]]
+    assert [n["kind"] for n in nested] == ["ASSISTANT_MESSAGE"]  # the child turn's reply, under the subagent
     activities = await client.gql(
         """query($t: ID!) { thread(id: $t) { activities(first: 100) { edges { node { kind sequence } } } } }""",
         {"t": thread_id},
