@@ -37,6 +37,16 @@ async def thread_id(client: Client, workspace: Path) -> str:
     return str((await make_thread(client, data["createProject"]["project"]["id"], "t"))["id"])
 
 
+@pytest.fixture
+async def activity_ids(client: Client, thread_id: str) -> Any:
+    """After the scenario: every request, plan, tool and subagent activity names its run and node."""
+    yield
+    acts = await _activities(client, thread_id)
+    scenario = [a for a in acts if a["kind"].split(".")[0] in ("approval", "question", "plan", "tool", "subagent")]
+    assert scenario, "the scenario produced no activity to check"
+    assert all(a["runId"] and a["nodeId"] for a in scenario), scenario
+
+
 async def _pending(client: Client, thread: str) -> dict[str, Any]:
     async def check() -> dict[str, Any] | None:
         found = (await client.gql(PENDING, {"t": thread}))["thread"]
@@ -53,6 +63,7 @@ async def _activities(client: Client, thread: str) -> list[dict[str, Any]]:
     return [e["node"] for e in data["thread"]["activities"]["edges"]]
 
 
+@pytest.mark.usefixtures("activity_ids")
 async def test_approval_accept(client: Client, thread_id: str, workspace: Path) -> None:
     sent = await send(client, thread_id, "@approval echo approved > ok.txt\n@reply done")
     state = await _pending(client, thread_id)
@@ -72,6 +83,7 @@ async def test_approval_accept(client: Client, thread_id: str, workspace: Path) 
     assert all(a["runId"] == sent["run"]["id"] and a["nodeId"] == request["node"]["id"] for a in acts)
 
 
+@pytest.mark.usefixtures("activity_ids")
 async def test_approval_decline_and_double_response(client: Client, thread_id: str, workspace: Path) -> None:
     sent = await send(client, thread_id, "@approval echo no > no.txt\n@reply went on")
     request = (await _pending(client, thread_id))["pendingRequests"][0]
@@ -85,6 +97,7 @@ async def test_approval_decline_and_double_response(client: Client, thread_id: s
     assert not (workspace / "no.txt").exists()
 
 
+@pytest.mark.usefixtures("activity_ids")
 async def test_approval_after_agent_crash_is_not_resumable(
     client: Client, server: ServerProcess, thread_id: str, data_dir: Path
 ) -> None:
@@ -129,6 +142,7 @@ async def test_approval_after_server_restart_is_reconciled(
         again.stop()
 
 
+@pytest.mark.usefixtures("activity_ids")
 async def test_question_answer_and_bad_answers(client: Client, thread_id: str) -> None:
     sent = await send(client, thread_id, "@ask Which color? | red | blue")
     request = (await _pending(client, thread_id))["pendingRequests"][0]
@@ -153,6 +167,7 @@ async def test_question_answer_and_bad_answers(client: Client, thread_id: str) -
     assert texts["thread"]["messages"]["edges"][0]["node"]["text"] == "Answer: blue"
 
 
+@pytest.mark.usefixtures("activity_ids")
 async def test_todo_progress_is_finalized_at_the_barrier(client: Client, thread_id: str) -> None:
     done = await finished(client, (await send(client, thread_id, "@todo write; test; ship"))["run"]["id"])
     todo = next(p for p in done["plans"] if p["kind"] == "TODO_LIST")
@@ -206,6 +221,7 @@ async def test_root_todo_list_drives_the_thread_plan_view(client: Client, thread
     assert [i["step"] for i in view["thread"]["todoList"]["items"]] == ["alpha", "beta"]
 
 
+@pytest.mark.usefixtures("activity_ids")
 async def test_approval_from_a_subagent_is_actionable(client: Client, thread_id: str, workspace: Path) -> None:
     sent = await send(client, thread_id, "@subagent @approval echo from-child > child.txt\n@reply parent done")
     request = (await _pending(client, thread_id))["pendingRequests"][0]
