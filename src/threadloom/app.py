@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 
 import sqlalchemy as sa
@@ -34,6 +35,17 @@ async def open_services(settings: Settings, database_url: str, clock: Clock | No
     return Services.build(settings, db, clock or SystemClock(), load_instances(settings.providers_file))
 
 
+def settle_garbage_collector() -> None:
+    """Move everything alive after startup out of the collector's sight and collect young objects less often.
+
+    A request allocates many short-lived objects; with the default thresholds the full collections that
+    follow walk the whole (large, long-lived) import-time heap and showed up as ~150 ms pauses at p95.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 1_000)
+
+
 def create_app(settings: Settings, database_url: str, clock: Clock | None = None) -> Starlette:
     holder: dict[str, Services] = {}
 
@@ -47,6 +59,7 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         await services.start()
         holder["services"] = services
         view = GraphQLView(services, build_schema(settings.limits, dev=settings.dev), live)
+        settle_garbage_collector()
         endpoint = Gate(view, services)
         app.router.routes += [Route("/graphql", endpoint), WebSocketRoute("/graphql", endpoint)]
         try:
