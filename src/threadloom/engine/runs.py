@@ -38,7 +38,7 @@ from threadloom.domain.statuses import (
 from threadloom.domain.threads import clean_model
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
-from threadloom.providers.contract import ProviderError
+from threadloom.providers.contract import ProviderError, ThreadSettings
 from threadloom.store import entities, runs
 from threadloom.store.db import Reader
 
@@ -58,7 +58,7 @@ class _Target:
     """Where a native thread must exist: the app thread, its workspace, the run asking (if any)."""
 
     thread_id: uuid.UUID
-    cwd: str
+    settings: ThreadSettings
     run_id: uuid.UUID | None
     provider_thread: ProviderThread
 
@@ -74,7 +74,11 @@ class _Prepared:
 
     @property
     def target(self) -> _Target:
-        return _Target(self.thread.id, self.cwd, self.run.id, self.provider_thread)
+        return _Target(self.thread.id, _settings(self.thread, self.cwd), self.run.id, self.provider_thread)
+
+
+def _settings(thread: AppThread, cwd: str) -> ThreadSettings:
+    return ThreadSettings(cwd=cwd, runtime_mode=thread.runtime_mode, model=thread.model)
 
 
 def _provider_thread_for(thread: AppThread, current: ProviderThread | None, instance: str, now: Any) -> list[Change]:
@@ -370,7 +374,7 @@ class RunEngine:
         warning: str | None = None
         if pt.native_thread_ref is not None and pt.native_thread_ref not in session.loaded:
             try:
-                await runtime.resume_thread(pt.native_thread_ref, p.cwd)
+                await runtime.resume_thread(pt.native_thread_ref, p.settings)
             except ProviderError as error:
                 if error.code == "exited":
                     raise
@@ -378,8 +382,8 @@ class RunEngine:
                 pt = await self._replace_provider_thread(p, pt)
         if pt.native_thread_ref is None:
             with contextlib.suppress(OSError):
-                os.makedirs(p.cwd, exist_ok=True)
-            ref = await runtime.start_thread(p.cwd)
+                os.makedirs(p.settings.cwd, exist_ok=True)
+            ref = await runtime.start_thread(p.settings)
             pt = pt.evolve(native_thread_ref=ref)
         session.loaded.add(str(pt.native_thread_ref))
         return await self._record_provider_thread(
@@ -456,7 +460,7 @@ class RunEngine:
             outcome = Outcome(_provider_thread_for(thread, current, thread.provider_instance_id, now))
             pt = next((c.entity for c in outcome.changes if isinstance(c.entity, ProviderThread)), current)
             assert pt is not None
-            found["t"] = _Target(thread.id, project.workspace_root, None, pt)
+            found["t"] = _Target(thread.id, _settings(thread, project.workspace_root), None, pt)
             return outcome
 
         await self.pipeline.execute(Command("provider_thread.ensure", None, None, {}, decide, thread_id))

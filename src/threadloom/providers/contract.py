@@ -39,6 +39,19 @@ class ProviderError(Exception):
         self.message = message
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ThreadSettings:
+    """What a native thread is opened or resumed with: the workspace and the app thread's runtime mode.
+
+    `runtime_mode` is one of full_access, approval_required, read_only; each driver maps it to its
+    own approval policy and sandbox. `model` overrides the instance's default model.
+    """
+
+    cwd: str
+    runtime_mode: str = "full_access"
+    model: str | None = None
+
+
 # ---- normalized events -------------------------------------------------------------
 
 ItemKind = Literal["assistant_message", "tool_call", "file_change", "plan", "reasoning", "subagent", "other"]
@@ -158,11 +171,11 @@ class ProviderRuntime(Protocol):
 
     def events(self) -> AsyncIterator[ProviderEvent]: ...
 
-    async def start_thread(self, cwd: str) -> str:
+    async def start_thread(self, settings: ThreadSettings) -> str:
         """A new native thread; returns its ref (the resume cursor)."""
         ...
 
-    async def resume_thread(self, native_thread: str, cwd: str) -> None:
+    async def resume_thread(self, native_thread: str, settings: ThreadSettings) -> None:
         """Load an existing native thread into this runtime; raises ProviderError if it cannot."""
         ...
 

@@ -21,6 +21,7 @@ from threadloom.providers.contract import (
     RequestOpened,
     RuntimeExited,
     TextDelta,
+    ThreadSettings,
     TodoUpdated,
     TurnCompleted,
     TurnStarted,
@@ -112,11 +113,11 @@ class ScriptedRuntime:
             if event is not None:
                 yield event
 
-    async def start_thread(self, cwd: str) -> str:
-        result = await self.process.request("thread/start", {"cwd": cwd})
+    async def start_thread(self, settings: ThreadSettings) -> str:
+        result = await self.process.request("thread/start", {"cwd": settings.cwd})
         return str(result["thread"]["id"])
 
-    async def resume_thread(self, native_thread: str, cwd: str) -> None:
+    async def resume_thread(self, native_thread: str, settings: ThreadSettings) -> None:
         await self.process.request("thread/resume", {"threadId": native_thread})
 
     async def start_turn(self, native_thread: str, text: str) -> str:

@@ -1,0 +1,80 @@
+"""Finding an agent CLI and building the environment it runs in.
+
+The CLIs are pinned npm dependencies of this repository (package.json; `npm ci`), so
+they are looked up in `node_modules/.bin` next to the project before PATH. A missing
+CLI is a `ProviderError` with code `cli_missing` that names the install command.
+
+Agent processes get a small environment: the basics a CLI needs, the API-key variable
+the instance names, and the instance's own variables. The server's other secrets
+(database URL, tokens) never reach an agent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from threadloom.providers.contract import ProviderError
+
+PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL")
+
+
+def _node_bin_dirs() -> list[Path]:
+    """`node_modules/.bin` in the working directory and above the installed package, nearest first."""
+    seen: list[Path] = []
+    for start in (Path.cwd(), Path(__file__).resolve().parent):
+        for folder in (start, *start.parents):
+            candidate = folder / "node_modules" / ".bin"
+            if candidate.is_dir() and candidate not in seen:
+                seen.append(candidate)
+    return seen
+
+
+def find_cli(name: str, configured: str | None, package: str) -> str:
+    """The executable for `name`: the configured path or name, else node_modules/.bin, else PATH."""
+    if configured:
+        path = Path(configured)
+        if path.is_absolute() or os.sep in configured:
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+            raise ProviderError("cli_missing", f"{name} CLI not found at {configured}")
+        found = shutil.which(configured)
+        if found:
+            return found
+        raise ProviderError("cli_missing", f"{name} CLI {configured!r} is not on PATH")
+    for folder in _node_bin_dirs():
+        candidate = folder / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise ProviderError(
+        "cli_missing",
+        f"the {name} CLI is not installed: run `npm ci` in the Threadloom checkout (it installs the pinned "
+        f"{package}), or set `binary` for this provider instance",
+    )
+
+
+def child_env(api_key_env: str | None, extra: Mapping[str, str], *, require_key: bool = True) -> dict[str, str]:
+    """The environment of an agent process (see module docstring)."""
+    env = {k: v for k, v in os.environ.items() if k in PASSED_THROUGH or k.startswith("LC_")}
+    if api_key_env:
+        value = os.environ.get(api_key_env)
+        if value is None and require_key:
+            raise ProviderError("missing_api_key", f"environment variable {api_key_env} is not set")
+        if value is not None:
+            env[api_key_env] = value
+    env.update(extra)
+    return env
+
+
+def redact(text: str, env: Mapping[str, str], names: tuple[str, ...]) -> str:
+    """`text` with the values of the named variables replaced, for log lines and errors."""
+    for name in names:
+        value = env.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, "***")
+    return text

@@ -1,0 +1,186 @@
+"""A local fake model server for the real agent CLIs (the only replaced part in their tests).
+
+It serves the OpenAI Responses API (`POST /v1/responses`, for Codex) and the Anthropic
+Messages API (`POST /v1/messages`, for Claude Code) as SSE on 127.0.0.1:<free port>, in
+its own thread and event loop so a test may block without stalling it. Replies are
+scripted by keywords in the last user message (see `Script`); every request body is
+recorded so tests can assert what the CLI sent (history after a resume, a steer, ...).
+
+Keywords (one per message, first match wins):
+- `RUN: <shell command>`  a shell tool call; after its result, a reply quoting the output.
+- `WRITE: <path> <text>`  a file edit (Codex apply_patch / Claude Write).
+- `ASK: <question>`       Codex: a request_user_input tool call (plan mode); Claude: AskUserQuestion.
+- `PLAN: <text>`          Codex: a `<proposed_plan>` reply.
+- `HOLD`                  stream one chunk, then wait until the test calls `release()`
+                          (or the client goes away): a turn that is reliably still running.
+- anything else           a streamed reply `echo: <message>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Script:
+    """What the fake model does for one request, decided from the conversation it was sent."""
+
+    action: str  # reply | run | write | ask | plan | hold | after_tool
+    text: str
+    arg: str = ""
+
+    @staticmethod
+    def of(last_user_text: str, tool_output: str | None) -> Script:
+        if tool_output is not None:
+            return Script("after_tool", f"tool said: {tool_output.strip()[:200]}")
+        text = last_user_text.strip()
+        for line in text.splitlines():
+            line = line.strip()
+            if m := re.match(r"^RUN:\s*(.+)$", line):
+                return Script("run", text, m.group(1))
+            if m := re.match(r"^WRITE:\s*(\S+)\s+(.*)$", line):
+                return Script("write", m.group(2), m.group(1))
+            if m := re.match(r"^ASK:\s*(.+)$", line):
+                return Script("ask", text, m.group(1))
+            if m := re.match(r"^PLAN:\s*(.+)$", line):
+                return Script("plan", m.group(1))
+            if line == "HOLD":
+                return Script("hold", text)
+        return Script("reply", f"echo: {text}")
+
+
+def chunks(text: str, size: int = 8) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+Handler = Callable[["FakeModel", dict[str, Any]], AsyncIterator[bytes]]
+
+
+class FakeModel:
+    """Start with `FakeModel(handlers).start()`; `url` is `http://127.0.0.1:PORT`."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []  # {"path": ..., "body": ...} in arrival order
+        self._lock = threading.Condition()
+        self._released = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # ---- control from the test -------------------------------------------------------
+
+    def release(self) -> None:
+        """Let every HOLD stream (present and future) finish."""
+        self._released.set()
+
+    def reset_hold(self) -> None:
+        self._released.clear()
+
+    async def held(self) -> None:
+        """Inside a handler: wait for `release()` without blocking the server's loop."""
+        while not self._released.is_set():
+            await asyncio.sleep(0.02)
+
+    def bodies(self, path: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r["body"] for r in self.requests if r["path"] == path]
+
+    def wait_requests(self, path: str, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """Block until `count` requests reached `path`; returns their bodies."""
+        with self._lock:
+            ok = self._lock.wait_for(lambda: len([r for r in self.requests if r["path"] == path]) >= count, timeout)
+            if not ok:
+                raise TimeoutError(f"{path}: {count} requests expected, {len(self.requests)} seen in all")
+            return [r["body"] for r in self.requests if r["path"] == path]
+
+    # ---- the server -----------------------------------------------------------------
+
+    def _record(self, path: str, body: dict[str, Any]) -> None:
+        with self._lock:
+            self.requests.append({"path": path, "body": body})
+            self._lock.notify_all()
+
+    def app(self) -> Starlette:
+        async def responses(request: Request) -> Response:
+            from tests.support import fake_openai
+
+            body = orjson.loads(await request.body())
+            self._record("/v1/responses", body)
+            return StreamingResponse(fake_openai.stream(self, body), media_type="text/event-stream")
+
+        async def messages(request: Request) -> Response:
+            from tests.support import fake_anthropic
+
+            body = orjson.loads(await request.body())
+            self._record("/v1/messages", body)
+            if not body.get("stream"):
+                return Response(orjson.dumps(fake_anthropic.complete(body)), media_type="application/json")
+            return StreamingResponse(fake_anthropic.stream(self, body), media_type="text/event-stream")
+
+        async def root(request: Request) -> Response:
+            return Response(b"", status_code=200)
+
+        async def other(request: Request) -> Response:
+            self._record(request.url.path, {})
+            return Response(b'{"error":{"message":"not served by the fake model"}}', status_code=404)
+
+        return Starlette(
+            routes=[
+                Route("/v1/responses", responses, methods=["POST"]),
+                Route("/v1/messages", messages, methods=["POST"]),
+                Route("/", root, methods=["GET", "HEAD"]),
+                Route("/{rest:path}", other, methods=["GET", "POST", "HEAD"]),
+            ]
+        )
+
+    def start(self) -> FakeModel:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        started = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            assert self._server is not None
+            task = loop.create_task(self._server.serve(sockets=[sock]))
+            loop.call_soon(started.set)
+            loop.run_until_complete(task)
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="fake-model", daemon=True)
+        self._thread.start()
+        started.wait(10)
+        return self
+
+    def stop(self) -> None:
+        self.release()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
