@@ -100,8 +100,7 @@ class FakeModel:
 
     async def held(self) -> None:
         """Inside a handler: wait for `release()` without blocking the server's loop."""
-        while not self._released.is_set():
-            await asyncio.sleep(0.02)
+        await asyncio.get_running_loop().run_in_executor(None, self._released.wait)
 
     def bodies(self, path: str) -> list[dict[str, Any]]:
         with self._lock:
