@@ -1,12 +1,19 @@
 """Provider instances from configuration.
 
-A `scripted` instance exists with no configuration at all. More instances come from a
-TOML file named by `THREADLOOM_PROVIDERS` (see docs/providers.md):
+`scripted`, `codex` and `claude` exist with no configuration at all (the real CLIs only
+start on first use, and need their API-key variable then). More instances, or other
+options for these, come from a TOML file named by `THREADLOOM_PROVIDERS`
+(see docs/providers.md):
 
     [instances.scripted-slow]
     driver = "scripted"
     chunk_delay_ms = 20
     supports_active_steering = false
+
+    [instances.codex]
+    driver = "codex"
+    model = "gpt-5.5"
+    api_key_env = "OPENAI_API_KEY"
 """
 
 from __future__ import annotations
@@ -16,10 +23,27 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from threadloom.providers.claude import ClaudeDriver
+from threadloom.providers.codex import CodexDriver
 from threadloom.providers.contract import ProviderDriver
 from threadloom.providers.scripted import ScriptedDriver
 
-DEFAULT_INSTANCES: dict[str, dict[str, Any]] = {"scripted": {"driver": "scripted"}}
+DEFAULT_INSTANCES: dict[str, dict[str, Any]] = {
+    "scripted": {"driver": "scripted"},
+    "codex": {"driver": "codex"},
+    "claude": {"driver": "claude"},
+}
+
+
+ENGINE_OPTIONS = frozenset({"restart_as", "interrupt_unsupported"})  # read by the engine, any driver
+_CLI_OPTIONS = frozenset({"binary", "model", "base_url", "api_key_env", "env"})
+DRIVER_OPTIONS: dict[str, frozenset[str]] = {
+    "scripted": frozenset(
+        {"chunk_delay_ms", "supports_active_steering", "supports_interrupt", "supports_structured_questions"}
+    ),
+    "codex": _CLI_OPTIONS,
+    "claude": _CLI_OPTIONS,
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,6 +75,12 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
         eager = bool(options.pop("eager_thread", False))
         if driver not in DRIVERS:
             raise ConfigError(f"provider instance {name!r}: unknown driver {driver!r}")
+        unknown = sorted(set(options) - ENGINE_OPTIONS - DRIVER_OPTIONS[driver])
+        if unknown:
+            raise ConfigError(f"provider instance {name!r}: unknown option(s) {', '.join(unknown)} for {driver!r}")
+        env = options.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise ConfigError(f"provider instance {name!r}: `env` must be a table of strings")
         out[name] = InstanceConfig(name, driver, options, eager)
     return out
 
@@ -59,7 +89,15 @@ def _scripted(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
     return ScriptedDriver(config.id, data_dir / "agents" / config.id, config.options)
 
 
-DRIVERS = {"scripted": _scripted}
+def _codex(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
+    return CodexDriver(config.id, data_dir / "agents" / config.id, config.options)
+
+
+def _claude(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
+    return ClaudeDriver(config.id, data_dir / "agents" / config.id, config.options)
+
+
+DRIVERS = {"scripted": _scripted, "codex": _codex, "claude": _claude}
 
 
 def build_driver(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
