@@ -83,4 +83,12 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
     missing = tmp_path / "missing.toml"
     with pytest.raises(ConfigError, match="cannot read"):
         load_instances(missing)
-    assert set(load_instances(None)) == {"scripted"}
+    assert set(load_instances(None)) == {"scripted", "codex", "claude"}
+    typo = tmp_path / "typo.toml"
+    typo.write_text('[instances.codex]\ndriver = "codex"\napi_key = "sk-inline"\n')
+    with pytest.raises(ConfigError, match=r"unknown option.*api_key"):
+        load_instances(typo)
+    env = tmp_path / "env.toml"
+    env.write_text('[instances.claude]\ndriver = "claude"\nenv = {X = 1}\n')
+    with pytest.raises(ConfigError, match="table of strings"):
+        load_instances(env)

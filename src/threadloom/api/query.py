@@ -13,6 +13,7 @@ from threadloom.api import ids as gid
 from threadloom.api.context import Info
 from threadloom.api.errors import ApiError
 from threadloom.api.pagination import Connection, connect
+from threadloom.api.providers import ProviderInstance, provider_instances
 from threadloom.api.types import NODE_TYPES, Node, Project, Run, Thread
 from threadloom.domain.errors import DomainError, ErrorCode
 
@@ -53,6 +54,10 @@ class Query:
         if len(ids) > limit:
             raise ApiError(DomainError(ErrorCode.PAGE_SIZE_EXCEEDED, f"at most {limit} ids at once", "ids"))
         return list(await asyncio.gather(*(resolve_node(info, i) for i in ids)))
+
+    @strawberry.field(description="The configured provider instances and their capabilities, by id.")
+    def provider_instances(self, info: Info) -> list[ProviderInstance]:
+        return provider_instances(info)
 
     @strawberry.field
     def viewer(self, info: Info) -> Viewer:

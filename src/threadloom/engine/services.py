@@ -47,6 +47,7 @@ class Services:
     delegation: Delegation
     requests: Requests
     plans: Plans
+    instances: dict[str, InstanceConfig] = dataclasses.field(default_factory=dict)
     started: bool = False
 
     @classmethod
@@ -97,6 +98,7 @@ class Services:
             delegation,
             requests,
             Plans(pipeline, catalog, run_engine),
+            dict(instances),
         )
 
         async def wake(committed: Committed) -> None:

@@ -9,6 +9,7 @@ work opens a new one and resumes the provider thread from its `nativeThreadRef`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -26,6 +27,7 @@ from threadloom.store import workers as worker_store
 from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.sessions")
+SETTLE_SECONDS = 10.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -96,6 +98,9 @@ class SessionManager:
         lock = self._locks.setdefault(instance_id, asyncio.Lock())
         async with lock:
             session = self.live.get(instance_id)
+            if session is not None and not session.runtime.alive:
+                await self._settle(session)  # died, maybe unnoticed yet: its ingestor fails its turns first
+                session = self.live.get(instance_id)
             if session is not None:
                 return session
             driver = self.drivers.get(instance_id)
@@ -131,6 +136,14 @@ class SessionManager:
             if self.on_open is not None:
                 await self.on_open(session)
             return session
+
+    async def _settle(self, session: LiveSession) -> None:
+        """Let a dead runtime's ingestor handle its exit (RuntimeExited → session lost), then forget it."""
+        if session.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(session.task), SETTLE_SECONDS)
+        if self.live.get(session.instance_id) is session:
+            await self.mark(session, ProviderSessionStatus.ERROR, "the agent process exited")
 
     async def mark(self, session: LiveSession, status: ProviderSessionStatus, error: str | None = None) -> None:
         if self.live.get(session.instance_id) is session:

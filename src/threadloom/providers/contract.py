@@ -169,6 +169,11 @@ class ProviderRuntime(Protocol):
 
     capabilities: Capabilities
 
+    @property
+    def alive(self) -> bool:
+        """False once the runtime's process is gone (its `events()` then ends with RuntimeExited)."""
+        ...
+
     def events(self) -> AsyncIterator[ProviderEvent]: ...
 
     async def start_thread(self, settings: ThreadSettings) -> str:

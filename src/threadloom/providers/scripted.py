@@ -103,6 +103,10 @@ class ScriptedRuntime:
         self.process = process
         self.capabilities = capabilities
 
+    @property
+    def alive(self) -> bool:
+        return self.process.alive
+
     async def events(self) -> AsyncIterator[ProviderEvent]:
         while True:
             message = await self.process.incoming.get()

@@ -1,0 +1,65 @@
+"""`providerInstances`: what a client may pick for `createThread`, and what each can do.
+
+Front ends use the capabilities to show or hide controls (steer, interrupt, fork, rollback)
+before asking; the engine plans with the same values.
+"""
+
+from __future__ import annotations
+
+import strawberry
+
+from threadloom.api.context import Info
+from threadloom.providers.contract import Capabilities
+
+
+@strawberry.type(description="What a provider instance's driver can do natively (DESIGN §7).")
+class ProviderCapabilities:
+    supports_active_steering: bool
+    supports_interrupt: bool
+    supports_steering_by_interrupt_restart: bool
+    can_fork_thread: bool
+    can_fork_from_turn: bool
+    can_rollback_thread: bool
+    can_read_thread_snapshot: bool
+    supports_structured_questions: bool
+    emits_todo_list: bool
+    supports_subagents: bool
+    pending_requests_survive_restart: bool
+
+    @staticmethod
+    def of(caps: Capabilities) -> ProviderCapabilities:
+        return ProviderCapabilities(
+            supports_active_steering=caps.supports_active_steering,
+            supports_interrupt=caps.supports_interrupt,
+            supports_steering_by_interrupt_restart=caps.supports_steering_by_interrupt_restart,
+            can_fork_thread=caps.can_fork_thread,
+            can_fork_from_turn=caps.can_fork_from_turn,
+            can_rollback_thread=caps.can_rollback_thread,
+            can_read_thread_snapshot=caps.can_read_thread_snapshot,
+            supports_structured_questions=caps.supports_structured_questions,
+            emits_todo_list=caps.emits_todo_list,
+            supports_subagents=caps.supports_subagents,
+            pending_requests_survive_restart=caps.pending_requests_survive_restart,
+        )
+
+
+@strawberry.type(description="A configured provider instance (docs/providers.md).")
+class ProviderInstance:
+    id: str
+    driver: str = strawberry.field(description="scripted, codex or claude.")
+    is_default: bool = strawberry.field(description="Used by createThread when no providerInstanceId is given.")
+    capabilities: ProviderCapabilities
+
+
+def provider_instances(info: Info) -> list[ProviderInstance]:
+    services = info.context.services
+    default = services.catalog.default_instance
+    return [
+        ProviderInstance(
+            id=name,
+            driver=config.driver,
+            is_default=name == default,
+            capabilities=ProviderCapabilities.of(services.sessions.drivers[name].capabilities()),
+        )
+        for name, config in sorted(services.instances.items())
+    ]

@@ -1,0 +1,331 @@
+"""The `codex` driver: the real OpenAI Codex CLI, driven over `codex app-server` (JSON lines on stdio).
+
+Why: Codex's app-server already speaks in threads, turns, items and server-side requests
+(approvals, questions), so this driver is mostly a translation (`codex_events`) plus process
+care. What it does:
+
+- One runtime = one `codex app-server` child with its own CODEX_HOME
+  (`<instance home>/codex-home`, persistent so threads resume across processes). A
+  `config.toml` is written there on every `open_session` from the instance options; the
+  API key is never written: the model provider names the variable (`env_key`) and only
+  that variable (plus the basics of `agent_cli.child_env`) reaches the child.
+- `runtime_mode` → Codex thread policy: full_access = approval "never" + sandbox
+  "danger-full-access"; approval_required = approval "untrusted" (Codex asks before every
+  command that is not on its small known-safe list, including `touch x`) + sandbox
+  "workspace-write" (Codex's bundled bubblewrap works in this container; writes outside the
+  workspace and /tmp are refused); read_only = approval "never" + sandbox "read-only".
+- Structured questions (`request_user_input`) are Plan-mode only in 0.171 unless the
+  (under development) feature `default_mode_request_user_input` is on; it is, so any turn
+  can ask, and its "unstable feature" warning is suppressed.
+- Server requests (approvals, permission grants, questions) become `RequestOpened` with
+  `request_ref = str(json id)`; the original id (an int) is kept to answer with.
+- Quirks handled: after `turn/interrupt` the items that were started never complete, so the
+  still-open items of a turn are closed (as interrupted) before its `TurnCompleted`;
+  `thread/started` arrives after the `thread/start` response and is ignored.
+
+Instance options (all optional): `binary` (path or name of the codex executable), `model`
+(default "gpt-5.5"), `base_url` (default https://api.openai.com/v1), `api_key_env` (default
+"OPENAI_API_KEY"; must be set in the server's environment), `env` (extra variables for the
+child; HOME defaults to the private `<instance home>/home`, so the agent's login shells do
+not run the server user's profile).
+
+The model provider is always the custom Responses-API provider "threadloom" (no retries,
+`env_key` = `api_key_env`), also for api.openai.com: 0.171's built-in OpenAI provider sends no
+key from the environment in app-server mode (it expects `codex login`, which would store the
+key in CODEX_HOME/auth.json), while a custom provider sends `Authorization: Bearer $env_key`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from threadloom.providers.agent_cli import child_env, find_cli, redact
+from threadloom.providers.codex_events import SERVER_NOTIFICATIONS, SERVER_REQUESTS, Translator
+from threadloom.providers.contract import Capabilities, ProviderError, ProviderEvent, RuntimeExited, ThreadSettings
+from threadloom.providers.jsonlines import LINE_LIMIT, JsonLinesProcess
+
+__all__ = ["CLIENT_METHODS", "SERVER_NOTIFICATIONS", "SERVER_REQUESTS", "CodexDriver", "CodexRuntime"]
+
+log = logging.getLogger("threadloom.providers.codex")
+
+PACKAGE = "@openai/codex"
+DEFAULT_MODEL = "gpt-5.5"
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+# Requests and notifications this driver sends (checked against the CLI's schema in tests).
+CLIENT_METHODS = (
+    "initialize",
+    "initialized",
+    "thread/start",
+    "thread/resume",
+    "thread/fork",
+    "thread/revert",
+    "thread/read",
+    "turn/start",
+    "turn/steer",
+    "turn/interrupt",
+)
+
+# runtime_mode → (approvalPolicy, sandbox); see the module docstring for why.
+MODE_POLICIES: dict[str, tuple[str, str]] = {
+    "full_access": ("never", "danger-full-access"),
+    "approval_required": ("untrusted", "workspace-write"),
+    "read_only": ("never", "read-only"),
+}
+
+CAPABILITIES = Capabilities(
+    supports_active_steering=True,
+    supports_interrupt=True,
+    supports_steering_by_interrupt_restart=True,
+    can_fork_thread=True,
+    can_fork_from_turn=True,
+    can_rollback_thread=True,
+    can_read_thread_snapshot=True,
+    supports_structured_questions=True,
+    emits_todo_list=True,
+    supports_subagents=True,
+    pending_requests_survive_restart=False,
+    supports_empty_thread_creation=True,
+)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class CodexProcess(JsonLinesProcess):
+    """The app-server peer: stderr is logged redacted and its tail kept for the exit reason."""
+
+    def __init__(
+        self, proc: asyncio.subprocess.Process, name: str, secrets: Mapping[str, str], secret_names: tuple[str, ...]
+    ) -> None:
+        self.secrets = secrets
+        self.secret_names = secret_names
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=5)
+        super().__init__(proc, name)
+
+    async def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            text = redact(ANSI.sub("", line.decode(errors="replace")).strip(), self.secrets, self.secret_names)
+            if text:
+                self.stderr_tail.append(text)
+                log.debug("%s: %s", self.name, text)
+
+    async def respond_error(self, request_id: Any, message: str) -> None:
+        await self._write({"id": request_id, "error": {"code": -32601, "message": message}})
+
+
+def _text_input(text: str) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": text, "text_elements": []}]
+
+
+class CodexRuntime:
+    """One live `codex app-server`; many native threads can share it."""
+
+    def __init__(self, process: CodexProcess, model: str, env: Mapping[str, str], secret_names: tuple[str, ...]):
+        self.process = process
+        self.capabilities = CAPABILITIES
+        self.model = model
+        self._env = env
+        self._secret_names = secret_names
+        self._translator = Translator(self._redact)
+        self._settings: dict[str, ThreadSettings] = {}
+
+    @property
+    def alive(self) -> bool:
+        return self.process.alive
+
+    async def initialize(self) -> None:
+        """The handshake: `initialize` (with the experimental API, as the reference setup uses), then `initialized`."""
+        client = {"name": "threadloom", "title": "Threadloom", "version": "0.1.0"}
+        await self._request("initialize", {"clientInfo": client, "capabilities": {"experimentalApi": True}})
+        await self.process.notify("initialized")
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._env, self._secret_names)
+
+    async def _request(self, method: str, params: dict[str, Any], wait_s: float = 60.0) -> Any:
+        try:
+            return await self.process.request(method, params, wait_s)
+        except ProviderError as error:
+            raise ProviderError(error.code, self._redact(f"codex {method}: {error.message}")) from error
+
+    async def events(self) -> AsyncIterator[ProviderEvent]:
+        while True:
+            message = await self.process.incoming.get()
+            if message is None:
+                for event in self._translator.close_all("interrupted"):
+                    yield event
+                tail = "; ".join(self.process.stderr_tail)
+                reason = "codex app-server exited" + (f": {tail}" if tail else "")
+                yield RuntimeExited(self._redact(reason), self.process.exit_code)
+                return
+            if "id" in message and "method" in message and message["method"] not in SERVER_REQUESTS:
+                with contextlib.suppress(ProviderError):  # if it is gone, the None that follows says so
+                    await self.process.respond_error(message["id"], f"threadloom does not handle {message['method']}")
+                continue
+            auto = self._translator.auto_answer(message)
+            if auto is not None:
+                with contextlib.suppress(ProviderError):
+                    await self.process.respond(message["id"], auto)
+                continue
+            for event in self._translator.translate(message):
+                yield event
+
+    def _thread_params(self, settings: ThreadSettings) -> dict[str, Any]:
+        if settings.runtime_mode not in MODE_POLICIES:
+            raise ProviderError("bad_settings", f"unknown runtime mode {settings.runtime_mode!r}")
+        approval, sandbox = MODE_POLICIES[settings.runtime_mode]
+        return {
+            "cwd": settings.cwd,
+            "approvalPolicy": approval,
+            "sandbox": sandbox,
+            "model": settings.model or self.model,
+        }
+
+    async def start_thread(self, settings: ThreadSettings) -> str:
+        result = await self._request("thread/start", self._thread_params(settings))
+        thread = str(result["thread"]["id"])
+        self._settings[thread] = settings
+        return thread
+
+    async def resume_thread(self, native_thread: str, settings: ThreadSettings) -> None:
+        await self._request("thread/resume", {"threadId": native_thread, **self._thread_params(settings)})
+        self._settings[native_thread] = settings
+
+    async def start_turn(self, native_thread: str, text: str) -> str:
+        result = await self._request("turn/start", {"threadId": native_thread, "input": _text_input(text)})
+        return str(result["turn"]["id"])
+
+    async def steer_turn(self, native_thread: str, native_turn: str, text: str) -> None:
+        params = {"threadId": native_thread, "expectedTurnId": native_turn, "input": _text_input(text)}
+        await self._request("turn/steer", params)
+
+    async def interrupt_turn(self, native_thread: str, native_turn: str) -> None:
+        await self._request("turn/interrupt", {"threadId": native_thread, "turnId": native_turn})
+
+    async def respond_to_request(self, request_ref: str, response: dict[str, Any]) -> None:
+        request_id, result = self._translator.answer(request_ref, response)
+        try:
+            await self.process.respond(request_id, result)
+        except ProviderError as error:
+            raise ProviderError(error.code, self._redact(error.message)) from error
+
+    async def fork_thread(self, native_thread: str, native_turn: str | None) -> str:
+        params: dict[str, Any] = {"threadId": native_thread}
+        settings = self._settings.get(native_thread)
+        if settings is not None:
+            params.update(self._thread_params(settings))
+        if native_turn is not None:
+            params["lastTurnId"] = native_turn
+        result = await self._request("thread/fork", params)
+        thread = str(result["thread"]["id"])
+        if settings is not None:
+            self._settings[thread] = settings
+        return thread
+
+    async def rollback_thread(self, native_thread: str, before_turn: str) -> None:
+        await self._request("thread/revert", {"threadId": native_thread, "beforeTurnId": before_turn})
+
+    async def read_thread_snapshot(self, native_thread: str) -> dict[str, Any]:
+        result = await self._request("thread/read", {"threadId": native_thread, "includeTurns": True})
+        return dict(result["thread"])
+
+    async def close(self) -> None:
+        await self.process.close()
+
+
+def _toml(value: str) -> str:
+    """A TOML basic string (JSON string escapes are valid TOML)."""
+    return json.dumps(value)
+
+
+class CodexDriver:
+    """One configured `codex` instance: where its CODEX_HOME lives and how the CLI is configured."""
+
+    def __init__(self, instance_id: str, home: Path, options: dict[str, Any]) -> None:
+        self.instance_id = instance_id
+        self.home = home
+        self.binary: str | None = options.get("binary")
+        self.model = str(options.get("model") or DEFAULT_MODEL)
+        self.base_url: str | None = options.get("base_url")
+        self.api_key_env = str(options.get("api_key_env") or DEFAULT_API_KEY_ENV)
+        self.extra_env = {str(k): str(v) for k, v in (options.get("env") or {}).items()}
+
+    @property
+    def codex_home(self) -> Path:
+        return self.home / "codex-home"
+
+    def capabilities(self) -> Capabilities:
+        return CAPABILITIES
+
+    def config_toml(self) -> str:
+        """The generated config.toml: model, provider (by env var name, never the key), no update checks."""
+        return "\n".join(
+            [
+                f"model = {_toml(self.model)}",
+                'model_provider = "threadloom"',
+                "check_for_update_on_startup = false",
+                "suppress_unstable_features_warning = true",
+                "",
+                "[model_providers.threadloom]",
+                'name = "Threadloom"',
+                f"base_url = {_toml(self.base_url or OPENAI_BASE_URL)}",
+                'wire_api = "responses"',
+                f"env_key = {_toml(self.api_key_env)}",
+                "request_max_retries = 0",
+                "stream_max_retries = 0",
+                "",
+                "[features]",
+                "plugins = false",
+                "apps = false",
+                "remote_plugin = false",
+                "default_mode_request_user_input = true",
+                "",
+            ]
+        )
+
+    def prepare(self, agent_home: Path) -> None:
+        """Create CODEX_HOME and the agent's HOME; (re)write config.toml from the options."""
+        self.codex_home.mkdir(parents=True, exist_ok=True)
+        agent_home.mkdir(parents=True, exist_ok=True)
+        (self.codex_home / "config.toml").write_text(self.config_toml())
+
+    def argv(self) -> Sequence[str]:
+        return [find_cli("codex", self.binary, PACKAGE), "app-server"]
+
+    async def open_session(self) -> CodexRuntime:
+        argv = self.argv()
+        extra = {"HOME": str(self.home / "home"), **self.extra_env, "CODEX_HOME": str(self.codex_home)}
+        env = child_env(self.api_key_env, extra)
+        self.prepare(Path(extra["HOME"]))
+        secret_names = (self.api_key_env, *(k for k in self.extra_env if k != "HOME"))
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                limit=LINE_LIMIT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise ProviderError("cli_missing", f"cannot start {argv[0]}: {error.strerror}") from error
+        process = CodexProcess(proc, f"codex:{self.instance_id}", env, secret_names)
+        runtime = CodexRuntime(process, self.model, env, secret_names)
+        try:
+            await runtime.initialize()
+        except ProviderError:
+            await process.close()
+            raise
+        return runtime

@@ -1,0 +1,280 @@
+"""The real Codex and Claude CLIs driven through the whole service: GraphQL in, runs out.
+
+Each test starts a fake model server (the only replaced part), a real `threadloom serve`
+configured with a `codex` and a `claude` instance pointing at it, and talks GraphQL.
+The driver-level protocol cases live in test_codex_driver.py and test_claude_driver.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.support.fake_model import FakeModel
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import finished, run, send
+from tests.support.server import Client, ServerProcess
+from tests.support.waiting import until
+from threadloom.store import tables as t
+from threadloom.store.db import Database
+
+PROVIDERS = ["codex", "claude"]
+MODEL_PATH = {"codex": "/v1/responses", "claude": "/v1/messages"}
+THREAD = """mutation($p: ID!, $i: String!, $m: String!) {
+  createThread(input: {projectId: $p, providerInstanceId: $i, runtimeMode: $m, title: "t"}) {
+    thread { id providerInstanceId runtimeMode } userErrors { code message } } }"""
+MESSAGES = """query($t: ID!) { thread(id: $t) {
+  messages(first: 50) { edges { node { role text run { id } } } }
+  providerThreads { nativeThreadRef status providerInstanceId } } }"""
+PENDING = """query($t: ID!) { thread(id: $t) { status pendingRequests { id kind status payload } } }"""
+APPROVE = """mutation($r: ID!, $d: Decision!) { respondToApproval(input: {requestId: $r, decision: $d}) {
+  request { id status } userErrors { code message } } }"""
+INTERRUPT = """mutation($r: ID!) { interruptRun(input: {runId: $r, holdQueue: false}) {
+  run { id status } userErrors { code message } } }"""
+INSTANCES = """{ providerInstances { id driver isDefault capabilities {
+  supportsActiveSteering supportsInterrupt supportsSteeringByInterruptRestart canForkThread canRollbackThread
+  canReadThreadSnapshot pendingRequestsSurviveRestart } } }"""
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeModel]:
+    model = FakeModel().start()
+    yield model
+    model.stop()
+
+
+@pytest.fixture
+def agents_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterator[ServerProcess]:
+    config = tmp_path / "providers.toml"
+    config.write_text(
+        f"""
+[instances.codex]
+driver = "codex"
+base_url = "{fake.url}/v1"
+api_key_env = "FAKE_OPENAI_API_KEY"
+
+[instances.claude]
+driver = "claude"
+base_url = "{fake.url}"
+api_key_env = "FAKE_ANTHROPIC_API_KEY"
+"""
+    )
+    env = {
+        "THREADLOOM_PROVIDERS": str(config),
+        "FAKE_OPENAI_API_KEY": "sk-fake-openai-SECRET",
+        "FAKE_ANTHROPIC_API_KEY": "sk-fake-anthropic-SECRET",
+    }
+    proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    yield proc
+    proc.stop()
+    assert not any("SECRET" in line for line in proc.log), "an API key reached the server log"
+    print("\n".join(proc.log[-80:]))
+
+
+@pytest.fixture
+async def api(agents_server: ServerProcess) -> Any:
+    client = Client(agents_server.url, agents_server.admin_token)
+    yield client
+    await client.aclose()
+
+
+async def _thread(client: Client, tmp_path: Path, provider: str, mode: str = "full_access") -> tuple[str, Path]:
+    workspace = tmp_path / f"ws-{provider}"
+    workspace.mkdir(exist_ok=True)
+    project = (await client.gql(CREATE_PROJECT, {"name": provider, "root": str(workspace)}))["createProject"]
+    made = (await client.gql(THREAD, {"p": project["project"]["id"], "i": provider, "m": mode}))["createThread"]
+    assert made["userErrors"] == []
+    return str(made["thread"]["id"]), workspace
+
+
+async def _messages(client: Client, thread: str) -> dict[str, Any]:
+    return (await client.gql(MESSAGES, {"t": thread}))["thread"]  # type: ignore[no-any-return]
+
+
+def _assistant_texts(state: dict[str, Any]) -> list[str]:
+    return [e["node"]["text"] for e in state["messages"]["edges"] if e["node"]["role"] == "ASSISTANT"]
+
+
+def _said(fake: FakeModel, provider: str, text: str) -> bool:
+    """Did any model request of this provider carry `text` (anywhere in its conversation)?"""
+    return any(text in str(body) for body in fake.bodies(MODEL_PATH[provider]))
+
+
+async def _model_saw(fake: FakeModel, provider: str, text: str) -> None:
+    async def check() -> bool:
+        return _said(fake, provider, text)
+
+    await until(check, within=60)
+
+
+async def _model_requests_beyond(fake: FakeModel, provider: str, seen: int) -> None:
+    async def check() -> bool:
+        return len(fake.bodies(MODEL_PATH[provider])) > seen
+
+    await until(check, within=60)
+
+
+async def _running(client: Client, run_id: str) -> None:
+    async def check() -> bool:
+        return (await run(client, run_id))["status"] == "RUNNING"
+
+    await until(check, within=60)
+
+
+async def test_provider_instances_report_their_capabilities(api: Client) -> None:
+    found = {i["id"]: i for i in (await api.gql(INSTANCES))["providerInstances"]}
+    assert set(found) == {"scripted", "codex", "claude"}
+    assert found["scripted"]["isDefault"] and found["codex"]["driver"] == "codex"
+    codex, claude = found["codex"]["capabilities"], found["claude"]["capabilities"]
+    assert codex["supportsSteeringByInterruptRestart"] and not claude["supportsSteeringByInterruptRestart"]
+    assert codex["canRollbackThread"] and not claude["canRollbackThread"]
+    assert codex["canReadThreadSnapshot"] and not claude["canReadThreadSnapshot"]
+    for caps in (codex, claude):
+        assert caps["supportsActiveSteering"] and caps["supportsInterrupt"] and caps["canForkThread"]
+        assert not caps["pendingRequestsSurviveRestart"]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_conversation_on_one_provider_thread(
+    api: Client, fake: FakeModel, tmp_path: Path, database_url: str, provider: str
+) -> None:
+    thread, _ = await _thread(api, tmp_path, provider)
+    first = await send(api, thread, "first words")
+    assert (await finished(api, first["run"]["id"], within=90))["status"] == "COMPLETED"
+    second = await send(api, thread, "second words")
+    done = await finished(api, second["run"]["id"], within=90)
+    assert done["status"] == "COMPLETED"
+    state = await _messages(api, thread)
+    assert _assistant_texts(state) == ["echo: first words", "echo: second words"]
+    assert [p["status"] for p in state["providerThreads"]] == ["IDLE"]  # one provider thread, between turns
+    native = state["providerThreads"][0]["nativeThreadRef"]
+    assert done["providerThread"]["nativeThreadRef"] == native
+    last = fake.bodies(MODEL_PATH[provider])[-1]
+    assert "first words" in str(last) and "echo: first words" in str(last)  # the history went along
+    db = Database.from_url(database_url, pool_size=1)
+    try:
+        async with db.read() as r:
+            logged = await r.rows(sa.select(t.events.c.payload))
+    finally:
+        await db.dispose()
+    assert logged and not any("SECRET" in str(row["payload"]) for row in logged)  # no key in the log
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_approvals_decide_whether_the_command_runs(
+    api: Client, fake: FakeModel, tmp_path: Path, provider: str
+) -> None:
+    thread, workspace = await _thread(api, tmp_path, provider, "approval_required")
+    for decision, name in (("ACCEPT", "yes.txt"), ("DECLINE", "no.txt")):
+        sent = await send(api, thread, f"RUN: echo {decision} > {name}")
+
+        async def pending() -> dict[str, Any] | None:
+            state = (await api.gql(PENDING, {"t": thread}))["thread"]
+            return state if state["pendingRequests"] else None
+
+        state = await until(pending, within=90)
+        request = state["pendingRequests"][0]
+        assert request["kind"] == "COMMAND_APPROVAL" and f"echo {decision}" in request["payload"]["command"]
+        answer = (await api.gql(APPROVE, {"r": request["id"], "d": decision}))["respondToApproval"]
+        assert answer["userErrors"] == [] and answer["request"]["status"] == "RESOLVED"
+        done = await finished(api, sent["run"]["id"], within=90)
+        assert done["status"] == "COMPLETED"
+        tools = [c for c in done["rootNode"]["children"] if c["kind"] == "TOOL_CALL"]
+        assert tools, done["rootNode"]["children"]
+    assert (workspace / "yes.txt").read_text().strip() == "ACCEPT"
+    assert not (workspace / "no.txt").exists()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_steer_then_interrupt(api: Client, fake: FakeModel, tmp_path: Path, provider: str) -> None:
+    thread, _ = await _thread(api, tmp_path, provider)
+    held = await send(api, thread, "HOLD")
+    await _running(api, held["run"]["id"])
+    await _model_saw(fake, provider, "HOLD")
+    steer = await send(api, thread, "STEERED-7731")
+    assert steer["appliedDispatch"] == "STEER_ACTIVE", steer
+    fake.release()
+    done = await finished(api, held["run"]["id"], within=90)
+    assert done["status"] == "COMPLETED"
+    assert _said(fake, provider, "STEERED-7731")
+    assert "echo: STEERED-7731" in _assistant_texts(await _messages(api, thread))
+
+    fake.reset_hold()
+    seen = len(fake.bodies(MODEL_PATH[provider]))
+    stopped = await send(api, thread, "HOLD")
+    await _model_requests_beyond(fake, provider, seen)
+    await _running(api, stopped["run"]["id"])
+    ack = (await api.gql(INTERRUPT, {"r": stopped["run"]["id"]}))["interruptRun"]
+    assert ack["userErrors"] == []
+    assert (await finished(api, stopped["run"]["id"], within=60))["status"] == "INTERRUPTED"
+    fake.release()
+    after = await send(api, thread, "after the stop")
+    assert (await finished(api, after["run"]["id"], within=90))["status"] == "COMPLETED"
+
+
+def _agent_process_groups(server: ServerProcess) -> list[int]:
+    """Process groups of the agent CLIs the server started (each driver starts its own session)."""
+    groups = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat[1])
+        if ppid == server.proc.pid and (b"codex" in cmdline or b"claude" in cmdline):
+            groups.add(os.getpgid(int(entry.name)))
+    return sorted(groups)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_killed_agent_is_resumed_with_its_history(
+    api: Client, agents_server: ServerProcess, fake: FakeModel, tmp_path: Path, provider: str
+) -> None:
+    thread, _ = await _thread(api, tmp_path, provider)
+    first = await send(api, thread, "remember ALPHA-42")
+    assert (await finished(api, first["run"]["id"], within=90))["status"] == "COMPLETED"
+    groups = _agent_process_groups(agents_server)
+    assert groups, "no agent process found"
+    for group in groups:
+        os.killpg(group, signal.SIGKILL)
+    second = await send(api, thread, "what did I say?")
+    done = await finished(api, second["run"]["id"], within=90)
+    assert done["status"] == "COMPLETED", done
+    state = await _messages(api, thread)
+    assert [p["status"] for p in state["providerThreads"]] == ["IDLE"]  # one provider thread, between turns
+    before = (await run(api, first["run"]["id"]))["providerThread"]["nativeThreadRef"]
+    assert done["providerThread"]["nativeThreadRef"] == before  # the same native thread, resumed
+    last = fake.bodies(MODEL_PATH[provider])[-1]
+    assert "remember ALPHA-42" in str(last) and "what did I say?" in str(last)
+
+
+async def test_a_missing_cli_fails_the_run_with_the_install_command(
+    database_url: str, tmp_path: Path, fake: FakeModel
+) -> None:
+    config = tmp_path / "providers.toml"
+    config.write_text(
+        '[instances.nocodex]\ndriver = "codex"\nbinary = "codex-not-installed-here"\napi_key_env = "K"\n'
+        '[instances.nokey]\ndriver = "claude"\napi_key_env = "THREADLOOM_TEST_UNSET_KEY"\n'
+    )
+    server = ServerProcess(database_url, tmp_path / "d", env={"THREADLOOM_PROVIDERS": str(config), "K": "x"})
+    client = Client(server.wait_ready().url, server.admin_token)
+    try:
+        for instance, expected in (("nocodex", "codex-not-installed-here"), ("nokey", "THREADLOOM_TEST_UNSET_KEY")):
+            thread, _ = await _thread(client, tmp_path, instance)
+            sent = await send(client, thread, "hello")
+            done = await finished(client, sent["run"]["id"])
+            assert (done["status"], done["statusReason"]) == ("FAILED", "provider_error")
+            state = await client.gql("query($t: ID!) { thread(id: $t) { queueHeld queueHoldReason } }", {"t": thread})
+            assert state["thread"]["queueHeld"] and expected in state["thread"]["queueHoldReason"]
+    finally:
+        await client.aclose()
+        server.stop()
