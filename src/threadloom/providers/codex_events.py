@@ -1,5 +1,8 @@
 """Codex app-server messages → normalized provider events (the translation half of the codex driver).
 
+The scripted agent speaks the same protocol (plus `parentTurnId` on the turns of its
+subagents), so its driver uses this translation too.
+
 A `Translator` is stateful because Codex needs it: it remembers which items of a turn are
 still open (after an interrupt Codex never completes them, so they are closed when the turn
 ends) and which server requests wait for an answer (to answer with their original JSON id,
@@ -138,7 +141,8 @@ class Translator:
         if "id" in message and method in REQUEST_KINDS:
             return [self._request(message["id"], method, thread, turn, params)]
         if method == "turn/started":
-            return [TurnStarted(thread, str((params.get("turn") or {}).get("id")))]
+            started = params.get("turn") or {}
+            return [TurnStarted(thread, str(started.get("id")), started.get("parentTurnId"))]
         if method == "turn/completed":
             return self._turn_completed(thread, params.get("turn") or {})
         if method == "item/started":
@@ -182,7 +186,7 @@ class Translator:
             del self.requests[ref]  # Codex resolved them with the turn; a late answer is refused
         message = (turn.get("error") or {}).get("message")
         error = self.redact(str(message)) if message else None
-        events.append(TurnCompleted(thread, turn_id, status, error))
+        events.append(TurnCompleted(thread, turn_id, status, error, turn.get("parentTurnId")))
         return events
 
     def _close_items(self, thread: str, turn: str, status: ItemStatus) -> list[ProviderEvent]:

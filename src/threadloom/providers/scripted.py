@@ -1,4 +1,7 @@
-"""The `scripted` driver: runs `python -m threadloom.agent` and speaks its Codex-shaped protocol."""
+"""The `scripted` driver: runs `python -m threadloom.agent` and speaks its Codex-shaped protocol.
+
+Its messages are translated by the codex driver's `Translator`: one translation of one protocol.
+"""
 
 from __future__ import annotations
 
@@ -6,102 +9,26 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
+from threadloom.providers.codex_events import Translator
 from threadloom.providers.contract import (
     Capabilities,
-    ItemCompleted,
-    ItemKind,
-    ItemStarted,
-    OutputDelta,
     ProviderError,
     ProviderEvent,
-    RequestOpened,
     RuntimeExited,
-    TextDelta,
     ThreadSettings,
-    TodoUpdated,
-    TurnCompleted,
-    TurnStarted,
-    Warning,
 )
 from threadloom.providers.jsonlines import JsonLinesProcess
-
-_ITEM_KINDS: dict[str, ItemKind] = {
-    "agentMessage": "assistant_message",
-    "commandExecution": "tool_call",
-    "fileChange": "file_change",
-    "plan": "plan",
-    "reasoning": "reasoning",
-    "collabAgentToolCall": "subagent",
-}
-_ITEM_STATUSES: dict[str, Literal["completed", "failed", "declined", "interrupted"]] = {
-    "completed": "completed",
-    "failed": "failed",
-    "declined": "declined",
-    "interrupted": "interrupted",
-}
-_REQUEST_KINDS = {
-    "item/commandExecution/requestApproval": "command_approval",
-    "item/fileChange/requestApproval": "file_change_approval",
-    "item/tool/requestUserInput": "user_input",
-}
-
-
-def _item_title(item: dict[str, Any]) -> str | None:
-    kind = item.get("type")
-    if kind == "commandExecution":
-        return str(item.get("command"))
-    if kind == "fileChange":
-        return ", ".join(str(c.get("path")) for c in item.get("changes") or [])
-    if kind == "collabAgentToolCall":
-        return str(item.get("prompt"))
-    return None
-
-
-def _item_detail(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in item.items() if k not in ("id", "type", "text")}
-
-
-def translate(message: dict[str, Any]) -> ProviderEvent | None:
-    """One agent notification or request → one normalized event (None: ignored noise)."""
-    method = message.get("method")
-    params = message.get("params") or {}
-    thread = str(params.get("threadId", ""))
-    turn = str(params.get("turnId", ""))
-    if method == "turn/started":
-        t = params.get("turn") or {}
-        return TurnStarted(thread, str(t.get("id")), t.get("parentTurnId"))
-    if method == "turn/completed":
-        t = params.get("turn") or {}
-        error = (t.get("error") or {}).get("message")
-        return TurnCompleted(thread, str(t.get("id")), t.get("status", "completed"), error, t.get("parentTurnId"))
-    if method in ("item/started", "item/completed"):
-        item = params.get("item") or {}
-        kind = _ITEM_KINDS.get(str(item.get("type")), "other")
-        if method == "item/started":
-            return ItemStarted(thread, turn, str(item.get("id")), kind, _item_title(item), _item_detail(item))
-        status = _ITEM_STATUSES.get(str(item.get("status") or "completed"), "completed")
-        return ItemCompleted(thread, turn, str(item.get("id")), kind, status, item.get("text"), _item_detail(item))
-    if method in ("item/agentMessage/delta", "item/plan/delta"):
-        return TextDelta(thread, turn, str(params.get("itemId")), str(params.get("delta", "")))
-    if method == "item/commandExecution/outputDelta":
-        return OutputDelta(thread, turn, str(params.get("itemId")), str(params.get("delta", "")))
-    if method == "turn/plan/updated":
-        return TodoUpdated(thread, turn, list(params.get("plan") or []))
-    if method in _REQUEST_KINDS and "id" in message:
-        return RequestOpened(thread, turn, str(message["id"]), _REQUEST_KINDS[method], dict(params))
-    if method in ("warning", "error"):
-        return Warning(thread or None, str(params.get("message", method)))
-    return None
 
 
 class ScriptedRuntime:
     def __init__(self, process: JsonLinesProcess, capabilities: Capabilities) -> None:
         self.process = process
         self.capabilities = capabilities
+        self._translator = Translator(lambda text: text)
 
     @property
     def alive(self) -> bool:
@@ -113,8 +40,7 @@ class ScriptedRuntime:
             if message is None:
                 yield RuntimeExited("the scripted agent exited", self.process.exit_code)
                 return
-            event = translate(message)
-            if event is not None:
+            for event in self._translator.translate(message):
                 yield event
 
     async def start_thread(self, settings: ThreadSettings) -> str:
@@ -140,7 +66,8 @@ class ScriptedRuntime:
         await self.process.request("turn/interrupt", {"threadId": native_thread, "turnId": native_turn})
 
     async def respond_to_request(self, request_ref: str, response: dict[str, Any]) -> None:
-        await self.process.respond(request_ref, response)
+        request_id, result = self._translator.answer(request_ref, response)
+        await self.process.respond(request_id, result)
 
     async def fork_thread(self, native_thread: str, native_turn: str | None) -> str:
         raise ProviderError("unsupported", "the scripted agent cannot fork threads")
