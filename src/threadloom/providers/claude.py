@@ -78,6 +78,7 @@ from threadloom.providers.contract import (
     TurnStatus,
     Warning,
 )
+from threadloom.providers.jsonlines import stop_child
 
 log = logging.getLogger("threadloom.providers.claude")
 LINE_LIMIT = 64 * 1024 * 1024
@@ -410,14 +411,7 @@ class ClaudeRuntime:
         await self._write(child, {"type": "control_response", "response": body})
 
     async def _stop(self, child: _Child, grace: float = 5.0) -> None:
-        if child.proc.stdin is not None and not child.proc.stdin.is_closing():
-            child.proc.stdin.close()
-        try:
-            await asyncio.wait_for(child.proc.wait(), grace)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.proc.pid, signal.SIGKILL)
-            await child.proc.wait()
+        await stop_child(child.proc, grace)
         for task in child.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -126,14 +126,19 @@ class JsonLinesProcess:
 
     async def close(self, grace: float = 5.0) -> None:
         """Close stdin (the polite stop), then terminate the process group if it lingers."""
-        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
-            self.proc.stdin.close()
-        try:
-            await asyncio.wait_for(self.proc.wait(), grace)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            await self.proc.wait()
+        await stop_child(self.proc, grace)
         for task in (self._reader, self._stderr):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def stop_child(proc: asyncio.subprocess.Process, grace: float = 5.0) -> None:
+    """Close an agent's stdin (every CLI here ends on EOF), then kill its process group after `grace` s."""
+    if proc.stdin is not None and not proc.stdin.is_closing():
+        proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
