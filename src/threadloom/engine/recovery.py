@@ -3,7 +3,8 @@
 Orphaned effects (running, owner dead) are requeued when replay-safe and cancelled
 otherwise; then every active run is checked with `domain.recovery.recover_run`: it
 goes on, gets its turn start requeued (the provider never saw it), or fails with
-`provider_lost` (it may have run: nothing is executed twice).
+`provider_lost` (it may have run: nothing is executed twice). The periodic pass also
+reaps idle provider runtimes (`SessionManager.reap_idle`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Recovery:
         while True:
             try:
                 await self.recover()
+                await self.runs.sessions.reap_idle()
             except asyncio.CancelledError:
                 raise
             except Exception:

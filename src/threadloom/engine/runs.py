@@ -288,11 +288,14 @@ class RunEngine:
         if prepared is None:
             return
         try:
-            session = await self.sessions.runtime_for(prepared.run.provider_instance_id)
-            provider_thread = await self._ensure_native_thread(session, prepared.target)
+            async with self.sessions.using(prepared.run.provider_instance_id) as session:  # not reaped meanwhile
+                await self._start_on(session, prepared)
         except ProviderError as error:
             await self.finish(run_id, RunStatus.FAILED, "provider_error", hold_reason=f"provider error: {error}")
-            return
+
+    async def _start_on(self, session: LiveSession, prepared: _Prepared) -> None:
+        run_id = prepared.run.id
+        provider_thread = await self._ensure_native_thread(session, prepared.target)
         previous = session.bindings.get(str(provider_thread.native_thread_ref))
         superseded = previous if previous is not None and previous.attempt_id != prepared.attempt.id else None
         # A restart: the superseded attempt's turn must end before the new one starts.
@@ -466,8 +469,8 @@ class RunEngine:
         await self.pipeline.execute(Command("provider_thread.ensure", None, None, {}, decide, thread_id))
         target = found.get("t")
         if target is not None:
-            session = await self.sessions.runtime_for(target.provider_thread.provider_instance_id)
-            await self._ensure_native_thread(session, target)
+            async with self.sessions.using(target.provider_thread.provider_instance_id) as session:
+                await self._ensure_native_thread(session, target)
 
     async def session_lost(self, session: LiveSession, reason: str) -> None:
         """The runtime died: its live turns failed; the provider threads stay resumable."""

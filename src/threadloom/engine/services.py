@@ -29,6 +29,7 @@ from threadloom.providers.registry import InstanceConfig, build_driver
 from threadloom.store.db import Database
 
 log = logging.getLogger("threadloom.services")
+DEFAULT_IDLE_TIMEOUT_S = 600.0  # an agent process with nothing to do for 10 minutes is closed
 
 
 @dataclasses.dataclass(slots=True)
@@ -61,7 +62,11 @@ class Services:
         )
         worker = Worker(db, clock)
         drivers = {name: build_driver(config, settings.data_dir) for name, config in instances.items()}
-        sessions = SessionManager(pipeline, drivers, worker.id)
+        idle = {
+            name: float(config.options.get("idle_timeout_s", DEFAULT_IDLE_TIMEOUT_S))
+            for name, config in instances.items()
+        }
+        sessions = SessionManager(pipeline, drivers, worker.id, idle)
         restart_as_run = frozenset(
             name for name, config in instances.items() if config.options.get("restart_as") == "new_run"
         )

@@ -4,6 +4,10 @@ Sessions open lazily on first work, one runtime per provider instance per proces
 Ownership is recorded on the ProviderSession row (`owner` = this worker, alive while its
 advisory lock is held). A runtime that dies is marked `error` and forgotten; the next
 work opens a new one and resumes the provider thread from its `nativeThreadRef`.
+
+Idle runtimes are reaped: one with no turn bound and nobody using it for the instance's
+`idle_timeout_s` (by the injected clock) is closed and marked `stopped`; the next work
+opens a new one and resumes, exactly as after a crash, minus the failed turn.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 
 from threadloom.domain.changes import Change, Outcome
 from threadloom.domain.entities import AppThread, ProviderSession, ProviderThread
@@ -56,7 +61,9 @@ class LiveSession:
     loaded: set[str] = dataclasses.field(default_factory=set)
     bindings: dict[str, TurnBinding] = dataclasses.field(default_factory=dict)
     task: asyncio.Task[None] | None = None
-    stopping: bool = False  # closed on purpose (interrupt policy), not crashed
+    stopping: bool = False  # closed on purpose (interrupt policy, idle), not crashed
+    busy: int = 0  # callers between `using()` and their turn being bound
+    idle_since: datetime | None = None  # when the last turn ended or the last user left
     _changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def bind(self, binding: TurnBinding) -> None:
@@ -64,7 +71,12 @@ class LiveSession:
 
     def unbind(self, native_thread: str) -> None:
         self.bindings.pop(native_thread, None)
+        self.idle_since = None  # set by the manager's clock on the next reap pass
         self._changed.set()
+
+    @property
+    def in_use(self) -> bool:
+        return bool(self.bindings) or self.busy > 0
 
     def binding_of_attempt(self, attempt_id: uuid.UUID) -> TurnBinding | None:
         return next((b for b in self.bindings.values() if b.attempt_id == attempt_id), None)
@@ -86,13 +98,57 @@ class LiveSession:
 
 
 class SessionManager:
-    def __init__(self, pipeline: Pipeline, drivers: dict[str, ProviderDriver], worker_id: uuid.UUID) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        drivers: dict[str, ProviderDriver],
+        worker_id: uuid.UUID,
+        idle_timeouts: dict[str, float] | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.drivers = drivers
         self.worker_id = worker_id
+        self.idle_timeouts = idle_timeouts or {}  # instance → seconds; absent or 0: never reaped
         self.live: dict[str, LiveSession] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.on_open: Callable[[LiveSession], Awaitable[None]] | None = None
+
+    @contextlib.asynccontextmanager
+    async def using(self, instance_id: str) -> AsyncIterator[LiveSession]:
+        """The live runtime of an instance, kept from the reaper until the block ends."""
+        session = await self.runtime_for(instance_id)
+        session.busy += 1
+        try:
+            yield session
+        finally:
+            session.busy -= 1
+            session.idle_since = None
+
+    async def reap_idle(self) -> list[str]:
+        """Close the runtimes idle for longer than their instance's timeout; returns their instances."""
+        now = self.pipeline.clock.now()
+        reaped = []
+        for instance_id, session in list(self.live.items()):
+            timeout = self.idle_timeouts.get(instance_id, 0)
+            if timeout <= 0 or session.in_use:
+                continue
+            if session.idle_since is None:
+                session.idle_since = now
+                continue
+            if (now - session.idle_since).total_seconds() < timeout:
+                continue
+            async with self._locks.setdefault(instance_id, asyncio.Lock()):
+                if self.live.get(instance_id) is not session or session.in_use:
+                    continue
+                session.stopping = True
+                del self.live[instance_id]
+            try:
+                await session.runtime.close()
+            except Exception:  # it is forgotten either way
+                log.exception("closing idle %s failed", instance_id)
+            await self.mark(session, ProviderSessionStatus.STOPPED, "idle")
+            reaped.append(instance_id)
+        return reaped
 
     async def runtime_for(self, instance_id: str) -> LiveSession:
         lock = self._locks.setdefault(instance_id, asyncio.Lock())

@@ -35,7 +35,7 @@ DEFAULT_INSTANCES: dict[str, dict[str, Any]] = {
 }
 
 
-ENGINE_OPTIONS = frozenset({"restart_as", "interrupt_unsupported"})  # read by the engine, any driver
+ENGINE_OPTIONS = frozenset({"restart_as", "interrupt_unsupported", "idle_timeout_s"})  # read by the engine
 _CLI_OPTIONS = frozenset({"binary", "model", "base_url", "api_key_env", "env"})
 DRIVER_OPTIONS: dict[str, frozenset[str]] = {
     "scripted": frozenset(
@@ -78,6 +78,9 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
         unknown = sorted(set(options) - ENGINE_OPTIONS - DRIVER_OPTIONS[driver])
         if unknown:
             raise ConfigError(f"provider instance {name!r}: unknown option(s) {', '.join(unknown)} for {driver!r}")
+        idle = options.get("idle_timeout_s", 0)
+        if isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0:
+            raise ConfigError(f"provider instance {name!r}: `idle_timeout_s` must be a number of seconds >= 0")
         env = options.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise ConfigError(f"provider instance {name!r}: `env` must be a table of strings")
