@@ -11,12 +11,14 @@ the instance names, and the instance's own variables. The server's other secrets
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from threadloom.providers.contract import ProviderError
+from threadloom.providers.contract import ProviderError, ProviderEvent
 
 PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL")
 
@@ -78,3 +80,41 @@ def redact(text: str, env: Mapping[str, str], names: tuple[str, ...]) -> str:
         if value and len(value) >= 4:
             text = text.replace(value, "***")
     return text
+
+
+_TEXT_FIELDS = ("delta", "text", "message", "error", "title", "reason")
+_TREE_FIELDS = ("detail", "payload", "items")
+
+
+def _redact_tree(value: Any, redactor: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return redactor(value)
+    if isinstance(value, dict):
+        return {k: _redact_tree(v, redactor) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_tree(v, redactor) for v in value]
+    return value
+
+
+def redact_event(event: ProviderEvent, redactor: Callable[[str], str]) -> ProviderEvent:
+    """The event with every text it carries passed through `redactor`.
+
+    Agents can print what their environment holds (a tool running `env`), so a driver
+    redacts its instance's secrets from everything it emits, not only from its stderr.
+    A secret split across two streamed deltas is not caught here; the completed item's
+    text and output, which replace the streamed ones, are.
+    """
+    changes: dict[str, Any] = {}
+    for field in _TEXT_FIELDS:
+        value = getattr(event, field, None)
+        if isinstance(value, str):
+            cleaned = redactor(value)
+            if cleaned != value:
+                changes[field] = cleaned
+    for field in _TREE_FIELDS:
+        value = getattr(event, field, None)
+        if value:
+            cleaned_tree = _redact_tree(value, redactor)
+            if cleaned_tree != value:
+                changes[field] = cleaned_tree
+    return dataclasses.replace(event, **changes) if changes else event
