@@ -19,7 +19,8 @@ import pytest
 
 from tests.support.fake_model import FakeModel
 from threadloom.providers import agent_cli
-from threadloom.providers.claude import ClaudeDriver, ClaudeRuntime
+from threadloom.providers import claude as claude_module
+from threadloom.providers.claude import ClaudeDriver, ClaudeRuntime, _Child
 from threadloom.providers.contract import (
     ItemCompleted,
     ItemStarted,
@@ -432,3 +433,150 @@ async def test_the_thread_model_is_used(
     turn = await runtime.start_turn(thread, "which model?")
     assert (await events.end_of(turn)).status == "completed"
     assert main_loop(fake)[-1]["model"] == "claude-sonnet-4-5"
+
+
+async def test_secrets_in_tool_output_never_reach_the_events(
+    driver: ClaudeDriver, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-test-RECOGNISABLE-4242-key"
+    monkeypatch.setenv("FAKE_ANTHROPIC_API_KEY", secret)
+    runtime = await driver.open_session()
+    collected = Events(runtime)
+    try:
+        thread = await runtime.start_thread(settings(workspace))
+        turn = await runtime.start_turn(thread, "RUN: echo key=$ANTHROPIC_API_KEY; env")
+        assert (await collected.end_of(turn)).status == "completed"
+        [tool] = [e for e in collected.of(turn) if isinstance(e, ItemCompleted) and e.kind == "tool_call"]
+        assert tool.status == "completed" and "key=***" in tool.detail["output"]  # it ran, with the key
+        assert not [e for e in collected.seen if secret in repr(e)]
+    finally:
+        await runtime.close()
+        await collected.stop()
+
+
+async def test_idle_processes_beyond_the_cap_are_stopped_and_resume(
+    runtime: ClaudeRuntime, events: Events, workspace: Path, fake: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(claude_module, "MAX_IDLE_CHILDREN", 1)
+    first = await runtime.start_thread(settings(workspace))
+    turn = await runtime.start_turn(first, "remember the heron")
+    await events.end_of(turn)
+    child = runtime._threads[first].child
+    assert child is not None
+    second = await runtime.start_thread(settings(workspace))
+    turn = await runtime.start_turn(second, "another thread")
+    await events.end_of(turn)
+    assert runtime.process_id(first) is None and runtime.process_id(second) is not None
+    await asyncio.wait_for(child.proc.wait(), WAIT)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.proc.pid, 0)
+
+    again = await runtime.start_turn(first, "do you remember?")
+    assert (await events.end_of(again)).status == "completed"
+    assert events.messages(again) == ["echo: do you remember?"]
+    body = main_loop(fake)[-1]
+    assert carries(body, "remember the heron") and not carries(body, "another thread")
+    assert runtime.process_id(first) not in (None, child.proc.pid)
+    assert runtime.process_id(second) is None  # now the least recently used idle one
+
+
+async def test_a_process_started_while_closing_is_stopped(
+    runtime: ClaudeRuntime, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    thread = await runtime.start_thread(settings(workspace))
+    spawned: list[_Child] = []
+    spawn = runtime._spawn
+
+    async def spawn_then_close(native: Any) -> _Child:
+        child = await spawn(native)
+        spawned.append(child)
+        await runtime.close()  # close() runs while the process starts
+        return child
+
+    monkeypatch.setattr(runtime, "_spawn", spawn_then_close)
+    with pytest.raises(ProviderError) as error:
+        await runtime.start_turn(thread, "hello")
+    assert error.value.code == "exited"
+    [child] = spawned
+    assert child.proc.returncode is not None
+    assert runtime.process_id(thread) is None
+
+
+async def test_concurrent_turn_starts_spawn_once(
+    runtime: ClaudeRuntime, events: Events, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    thread = await runtime.start_thread(settings(workspace))
+    spawned: list[_Child] = []
+    spawn = runtime._spawn
+
+    async def counting(native: Any) -> _Child:
+        spawned.append(await spawn(native))
+        return spawned[-1]
+
+    monkeypatch.setattr(runtime, "_spawn", counting)
+    results = await asyncio.gather(
+        runtime.start_turn(thread, "one"), runtime.start_turn(thread, "two"), return_exceptions=True
+    )
+    [turn] = [r for r in results if isinstance(r, str)]
+    [refused] = [r for r in results if isinstance(r, ProviderError)]
+    assert refused.code == "turn_active" and len(spawned) == 1
+    assert (await events.end_of(turn)).status == "completed"
+
+
+@pytest.mark.parametrize("where", ["streaming", "prompt"])
+async def test_interrupt_with_a_queued_steer_ends_the_turn_once(
+    runtime: ClaudeRuntime, events: Events, workspace: Path, fake: FakeModel, where: str
+) -> None:
+    if where == "streaming":  # the steer is queued behind the streamed text
+        thread = await runtime.start_thread(settings(workspace))
+        turn = await runtime.start_turn(thread, "HOLD")
+        await events.wait(lambda e: isinstance(e, TextDelta) and e.native_turn == turn)
+    else:  # the steer arrives while a permission prompt waits
+        thread = await runtime.start_thread(settings(workspace, "approval_required"))
+        turn = await runtime.start_turn(thread, "RUN: echo s > steered.txt")
+        await events.request(turn)
+    await runtime.steer_turn(thread, turn, "QUEUED-STEER")
+    await runtime.interrupt_turn(thread, turn)
+    fake.release()
+    assert (await events.end_of(turn)).status == "interrupted"
+
+    after = await runtime.start_turn(thread, "the next message")
+    assert (await events.end_of(after)).status == "completed"
+    assert events.messages(after) == ["echo: the next message"]
+    assert len([e for e in events.seen if isinstance(e, TurnCompleted) and e.native_turn == turn]) == 1
+    assert not (workspace / "steered.txt").exists()
+
+
+async def test_a_prompt_without_a_running_turn_is_denied(
+    runtime: ClaudeRuntime, events: Events, workspace: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    written: list[bytes] = []
+
+    class Stdin:
+        def is_closing(self) -> bool:
+            return False
+
+        def write(self, data: bytes) -> None:
+            written.append(data)
+
+        async def drain(self) -> None:
+            pass
+
+    class Proc:
+        stdin = Stdin()
+        pid = 0
+
+    sid = await runtime.start_thread(settings(workspace, "approval_required"))
+    thread = runtime._threads[sid]
+    child = _Child(Proc())  # type: ignore[arg-type]
+    thread.child = child
+    request = {"subtype": "can_use_tool", "tool_name": "Bash", "input": {"command": "ls"}, "tool_use_id": "toolu_1"}
+    with caplog.at_level("WARNING", "threadloom.providers.claude"):
+        await runtime._on_message(thread, child, {"type": "control_request", "request_id": "r1", "request": request})
+    thread.child = None
+    [line] = written
+    response = orjson.loads(line)["response"]
+    assert response["request_id"] == "r1" and response["response"]["behavior"] == "deny"
+    assert "no turn is running" in response["response"]["message"]
+    assert "no turn is running" in caplog.text
+    assert not [e for e in events.seen if isinstance(e, RequestOpened)]

@@ -167,6 +167,39 @@ async def test_a_tool_call_really_runs_and_its_output_goes_back(codex: Codex) ->
     assert "tool said:" in texts(events) and "wrote-it" in texts(events)
 
 
+async def test_secrets_the_agent_prints_are_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool printing its environment: the instance's secret env values never leave the driver."""
+    monkeypatch.setenv("FAKE_OPENAI_API_KEY", SECRET)
+    fake = FakeModel().start()
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    options = {
+        "base_url": fake.url + "/v1",
+        "api_key_env": "FAKE_OPENAI_API_KEY",
+        "env": {"DEPLOY_PASS": "pw-4711-do-not-show"},
+    }
+    s = await Session.open(CodexDriver("codex-test", tmp_path / "agent", options))
+    try:
+        thread = await s.runtime.start_thread(ThreadSettings(cwd=str(cwd)))
+        _, events = await s.turn(thread, "RUN: env | sort")
+    finally:
+        fake.release()
+        await s.close()
+        fake.stop()
+    tool = [e for e in of_type(events, ev.ItemCompleted) if e.kind == "tool_call"]
+    assert tool and "DEPLOY_PASS=***" in tool[0].detail["aggregatedOutput"]  # printed, then redacted
+    assert not any("pw-4711-do-not-show" in repr(e) or SECRET in repr(e) for e in s.seen)
+
+
+def test_a_malformed_turn_error_still_ends_the_turn() -> None:
+    translator = Translator(lambda text: text)
+    message = {
+        "method": "turn/completed",
+        "params": {"threadId": "t", "turn": {"id": "u", "status": "failed", "error": "plain text"}},
+    }
+    assert translator.translate(message) == [ev.TurnCompleted("t", "u", "failed", "plain text")]
+
+
 async def test_a_patch_edits_a_file(codex: Codex) -> None:
     s = codex.session
     thread = await s.runtime.start_thread(codex.settings())

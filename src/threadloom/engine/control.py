@@ -29,6 +29,7 @@ from threadloom.store import entities, runs
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
+TURN_ID_WAIT = 30.0  # how long an interrupt or steer waits for a turn start in flight to name its turn
 log = logging.getLogger("threadloom.control")
 Decide = Callable[[Reader, AppThread, Run], Awaitable[Outcome]]
 
@@ -187,11 +188,14 @@ class Control:
     async def interrupt_effect(self, payload: dict[str, Any]) -> None:
         """Ask the provider to interrupt; its terminal event (through the ingestor) ends the run."""
         found = self.sessions.binding_of_attempt(uuid.UUID(payload["attemptId"]))
-        if found is None or found[1].native_turn is None:
+        if found is None:
             return  # the turn already ended (or never started here)
         session, binding = found
+        native_turn = await binding.wait_turn(TURN_ID_WAIT)  # a start still in flight names it shortly
+        if native_turn is None or session.bindings.get(binding.native_thread) is not binding:
+            return
         try:
-            await session.runtime.interrupt_turn(binding.native_thread, str(binding.native_turn))
+            await session.runtime.interrupt_turn(binding.native_thread, native_turn)
         except ProviderError as error:
             log.warning("interrupt of %s refused: %s", binding.native_turn, error)
 
@@ -201,10 +205,11 @@ class Control:
         async with self.pipeline.db.read() as db:
             message = await entities.require(db, ConversationMessage, message_id)
         found = self.sessions.binding_of_attempt(uuid.UUID(payload["attemptId"]))
-        if found is not None and found[1].native_turn is not None:
+        native_turn = None if found is None else await found[1].wait_turn(TURN_ID_WAIT)
+        if found is not None and native_turn is not None and found[0].bindings.get(found[1].native_thread) is found[1]:
             session, binding = found
             try:
-                await session.runtime.steer_turn(binding.native_thread, str(binding.native_turn), message.text)
+                await session.runtime.steer_turn(binding.native_thread, native_turn, message.text)
                 return
             except ProviderError as error:
                 log.info("steer of run %s refused (%s); it becomes a new run", run_id, error)

@@ -124,8 +124,17 @@ class Ingestor:
         queue: asyncio.Queue[ev.ProviderEvent] = asyncio.Queue()
 
         async def pump() -> None:
-            async for event in self.session.runtime.events():
-                await queue.put(event)
+            """Feed the queue; a stream that breaks off without RuntimeExited is made one (and closed)."""
+            try:
+                async for event in self.session.runtime.events():
+                    await queue.put(event)
+                    if isinstance(event, ev.RuntimeExited):
+                        return
+            except Exception:
+                log.exception("the %s event stream failed", self.session.instance_id)
+            with contextlib.suppress(Exception):
+                await self.session.runtime.close()
+            await queue.put(ev.RuntimeExited("the provider's event stream broke off"))
 
         pumper = asyncio.create_task(pump())
         try:
@@ -162,6 +171,8 @@ class Ingestor:
             return False
         native_thread = event.native_thread
         if native_thread is None or native_thread not in self.session.bindings:
+            if isinstance(event, ev.RequestOpened):  # nobody can answer it: refuse, or the agent waits forever
+                await self._refuse(event)
             log.debug("dropping %s for an unbound thread", type(event).__name__)
             return False
         binding = self.session.bindings[native_thread]
@@ -190,6 +201,14 @@ class Ingestor:
             except Exception:
                 log.exception("could not release provider request %s", ref)
         return False
+
+    async def _refuse(self, event: ev.RequestOpened) -> None:
+        response: dict[str, Any] = {"answers": {}} if event.kind == "user_input" else {"decision": "decline"}
+        log.warning("declining %s request %s of unbound thread %s", event.kind, event.request_ref, event.native_thread)
+        try:
+            await self.session.runtime.respond_to_request(event.request_ref, response)
+        except Exception:
+            log.exception("could not decline provider request %s", event.request_ref)
 
     async def flush_all(self) -> None:
         for native_thread in list(self.deltas):
@@ -222,7 +241,7 @@ class Ingestor:
         thread_id, run_id = binding.thread_id, binding.run_id
         if isinstance(event, ev.TurnStarted):
             if event.parent_turn is None:
-                binding.native_turn = binding.native_turn or event.native_turn
+                binding.know_turn(event.native_turn)
                 run = await b.get(Run, run_id)
                 attempt = await b.get(RunAttempt, binding.attempt_id)
                 root = await b.get(ExecutionNode, binding.root_node_id)

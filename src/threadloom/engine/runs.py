@@ -328,7 +328,7 @@ class RunEngine:
                 hold_reason=f"{'agent process exited' if crashed else 'provider refused the turn'}: {error}",
             )
             return
-        binding.native_turn = binding.native_turn or native_turn
+        binding.know_turn(native_turn)
 
     async def _prepare(self, run_id: uuid.UUID, text: str | None = None) -> _Prepared | None:
         now = self.now

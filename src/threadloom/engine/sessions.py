@@ -51,6 +51,19 @@ class TurnBinding:
     child_turns: dict[str, uuid.UUID] = dataclasses.field(default_factory=dict)  # native child turn → node
     todo_plans: dict[uuid.UUID, uuid.UUID] = dataclasses.field(default_factory=dict)  # node → plan artifact
     requests: dict[str, uuid.UUID] = dataclasses.field(default_factory=dict)  # provider request ref → request
+    settled: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # turn id known, or unbound
+
+    def know_turn(self, native_turn: str) -> None:
+        """The provider named the turn (start response or turn-started event, whichever is first)."""
+        self.native_turn = self.native_turn or native_turn
+        self.settled.set()
+
+    async def wait_turn(self, within: float) -> str | None:
+        """The native turn id, waiting up to `within` s while the start is in flight; None if it never came."""
+        if self.native_turn is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.settled.wait(), within)
+        return self.native_turn
 
 
 @dataclasses.dataclass(slots=True)
@@ -70,7 +83,9 @@ class LiveSession:
         self.bindings[binding.native_thread] = binding
 
     def unbind(self, native_thread: str) -> None:
-        self.bindings.pop(native_thread, None)
+        binding = self.bindings.pop(native_thread, None)
+        if binding is not None:
+            binding.settled.set()
         self.idle_since = None  # set by the manager's clock on the next reap pass
         self._changed.set()
 

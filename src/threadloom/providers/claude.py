@@ -6,7 +6,17 @@ merges their output into one event stream. The native thread ref is Claude's ses
 Processes start lazily on the first turn; `HOME` and `CLAUDE_CONFIG_DIR` live under the
 instance's folder, so sessions survive processes and server restarts. A small record per
 thread (`<home>/threads/<sid>.json`: cwd, fork origin, last assistant message per turn)
-lets a later runtime resume, fork, or fork from a turn without asking the model.
+lets a later runtime resume, fork, or fork from a turn without asking the model. At most
+`MAX_IDLE_CHILDREN` processes of threads with no running turn are kept; when a turn ends
+beyond that, the least recently used idle ones are stopped (their next turn resumes).
+
+The API key reaches the CLI as ANTHROPIC_API_KEY, and so the environment of its tools: a
+tool running `env` prints it. So every emitted event is passed through `redact_event`
+with the instance's secret variables. (Claude Code's `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1`
+removes the key from tool environments, but in 2.1.197 it also requires bubblewrap -- the
+CLI exits at startup without it -- and runs every Bash command in Claude's sandbox, which
+needs socat and restricts the command; it is not set by default. An instance may set it
+through its `env` option where that sandbox works.)
 
 Behaviour of Claude Code 2.1.197 this relies on (observed against the fake model):
 - `--session-id UUID` names a new session without a model call; its transcript
@@ -30,7 +40,9 @@ Behaviour of Claude Code 2.1.197 this relies on (observed against the fake model
   assistant message, a "[Request interrupted by user]" user line and
   `result/error_during_execution`; the process takes the next message. It does not drop
   queued messages, so after an interrupt every further query of that turn is
-  interrupted at its `system/init` too. An interrupt while idle is a no-op.
+  interrupted at its `system/init` too; each such query still echoes its message, so the
+  turn ends once (observed for steers queued behind streamed text, behind a pending
+  permission prompt, and sent after the interrupt). An interrupt while idle is a no-op.
 - Fork: `--resume SID --fork-session --session-id NEW` forks under a chosen id (no model
   call; the new transcript, with the parent's message uuids, appears with the first
   message). `--resume-session-at <assistant message uuid>` (hidden flag) cuts the
@@ -42,7 +54,8 @@ Behaviour of Claude Code 2.1.197 this relies on (observed against the fake model
   `echo`, Read) run without asking. AskUserQuestion asks through `can_use_tool`; the
   answers go back as `updatedInput.answers` {question text: label, multi-select labels
   comma-separated} (sdk-tools.d.ts `AskUserQuestionInput.answers`; observed to work).
-  When the CLI abandons a prompt it sends `control_cancel_request`.
+  When the CLI abandons a prompt it sends `control_cancel_request`. A prompt while no
+  turn runs could not be routed to anyone, so it is denied at once.
 - This version plans with TaskCreate/TaskUpdate (TodoWrite is still understood); both
   become `TodoUpdated`.
 """
@@ -53,6 +66,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import re
@@ -64,7 +78,7 @@ from typing import Any
 
 import orjson
 
-from threadloom.providers.agent_cli import child_env, find_cli, redact
+from threadloom.providers.agent_cli import child_env, find_cli, redact, redact_event
 from threadloom.providers.claude_events import FILE_TOOLS, ItemStatus, ThreadTranslator
 from threadloom.providers.contract import (
     Capabilities,
@@ -83,6 +97,7 @@ from threadloom.providers.jsonlines import stop_child
 log = logging.getLogger("threadloom.providers.claude")
 LINE_LIMIT = 64 * 1024 * 1024
 PACKAGE = "@anthropic-ai/claude-code"
+MAX_IDLE_CHILDREN = 4  # claude processes (~200 MB each) kept for threads with no running turn
 READ_ONLY_TOOLS = frozenset(
     {"Read", "Glob", "Grep", "LS", "NotebookRead", "TodoWrite", "TaskCreate", "TaskUpdate", "TaskGet", "TaskList"}
 )
@@ -130,6 +145,9 @@ class _Thread:
     child: _Child | None = None
     turn: _Turn | None = None
     allowed: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # accepted for the session
+    used: int = 0  # when a turn last started or ended here (a runtime-wide counter), for MAX_IDLE_CHILDREN
+    spawn_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one turn start at a time
+    stopping: asyncio.Task[None] | None = None  # its idle process being stopped
 
 
 @dataclasses.dataclass(slots=True)
@@ -159,6 +177,8 @@ class ClaudeRuntime:
         self._requests: dict[str, _Request] = {}
         self._closed = False
         self._next_control = 0
+        self._clock = itertools.count(1)
+        self._stopping: set[asyncio.Task[None]] = set()
 
     @property
     def alive(self) -> bool:
@@ -176,9 +196,13 @@ class ClaudeRuntime:
             yield event
 
     def _emit(self, *events: ProviderEvent) -> None:
+        """Queue events, with the instance's secrets (e.g. in a tool's `env` output) redacted."""
         if not self._closed:
             for event in events:
-                self._events.put_nowait(event)
+                self._events.put_nowait(redact_event(event, self._redact))
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._env, self._secrets)
 
     # ---- threads ---------------------------------------------------------------------
 
@@ -342,7 +366,7 @@ class ClaudeRuntime:
     async def _drain_stderr(self, child: _Child) -> None:
         assert child.proc.stderr is not None
         while line := await child.proc.stderr.readline():
-            text = redact(line.decode(errors="replace").rstrip(), self._env, self._secrets)
+            text = self._redact(line.decode(errors="replace").rstrip())
             child.stderr_tail.append(text)
             log.debug("claude: %s", text)
 
@@ -355,7 +379,7 @@ class ClaudeRuntime:
                 except orjson.JSONDecodeError:
                     log.warning(
                         "claude sent a non-JSON line: %r",
-                        redact(line[:200].decode(errors="replace"), self._env, self._secrets),
+                        self._redact(line[:200].decode(errors="replace")),
                     )
                     continue
                 if isinstance(message, dict) and thread.child is child:
@@ -418,7 +442,31 @@ class ClaudeRuntime:
 
     # ---- turns -----------------------------------------------------------------------
 
+    def _trim_idle(self) -> None:
+        """Stop the least recently used idle processes beyond MAX_IDLE_CHILDREN (a later turn resumes)."""
+        idle = sorted(
+            (t for t in self._threads.values() if t.child is not None and t.turn is None), key=lambda t: t.used
+        )
+        for thread in idle[: max(0, len(idle) - max(1, MAX_IDLE_CHILDREN))]:
+            child = thread.child
+            assert child is not None
+            thread.child = None  # its reader now ignores it and its exit ends no turn
+            log.info("claude: stopping the idle process %s of thread %s", child.proc.pid, thread.sid)
+            task = asyncio.create_task(self._stop_quietly(child), name=f"claude-{thread.sid}-stop")
+            thread.stopping = task
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+
+    async def _stop_quietly(self, child: _Child) -> None:
+        try:
+            await self._stop(child)
+        except Exception:
+            log.exception("claude: could not stop process %s", child.proc.pid)
+
     async def _live_child(self, thread: _Thread) -> _Child:
+        if thread.stopping is not None:  # its idle process is on its way out: let it go before resuming
+            await thread.stopping
+            thread.stopping = None
         child = thread.child
         if child is not None and child.proc.returncode is not None:  # dead, its reader not done yet
             for task in child.tasks:
@@ -430,15 +478,21 @@ class ClaudeRuntime:
 
     async def start_turn(self, native_thread: str, text: str) -> str:
         thread = self._thread(native_thread)
-        if self._closed:
-            raise ProviderError("exited", "the claude runtime is closed")
-        if thread.turn is not None:
-            raise ProviderError("turn_active", f"thread {native_thread} already runs turn {thread.turn.id}")
-        child = await self._live_child(thread)
-        turn = _Turn(str(uuid.uuid4()))
-        thread.turn = turn
-        thread.tr.turn = turn.id
-        self._emit(TurnStarted(native_thread, turn.id))
+        async with thread.spawn_lock:  # a concurrent start on this thread waits, then sees the turn
+            if self._closed:
+                raise ProviderError("exited", "the claude runtime is closed")
+            if thread.turn is not None:
+                raise ProviderError("turn_active", f"thread {native_thread} already runs turn {thread.turn.id}")
+            child = await self._live_child(thread)
+            if self._closed:  # close() ran while the process started: it did not see this one
+                thread.child = None
+                await self._stop(child)
+                raise ProviderError("exited", "the claude runtime is closed")
+            turn = _Turn(str(uuid.uuid4()))
+            thread.turn = turn
+            thread.tr.turn = turn.id
+            thread.used = next(self._clock)
+            self._emit(TurnStarted(native_thread, turn.id))
         with contextlib.suppress(ProviderError):  # a dead process ends the turn through its reader
             await self._send_user(child, text)
         return turn.id
@@ -480,7 +534,9 @@ class ClaudeRuntime:
             self._save_record(thread)
         for ref in [r for r, req in self._requests.items() if req.thread is thread]:
             del self._requests[ref]
+        thread.used = next(self._clock)
         self._emit(*events, TurnCompleted(thread.sid, turn.id, status, error))
+        self._trim_idle()
 
     # ---- output ----------------------------------------------------------------------
 
@@ -517,7 +573,7 @@ class ClaudeRuntime:
         else:
             errors = message.get("errors")
             text = message.get("result") or ("; ".join(map(str, errors)) if isinstance(errors, list) else None)
-            self._finish(thread, "failed", redact(str(text or message.get("subtype")), self._env, self._secrets))
+            self._finish(thread, "failed", self._redact(str(text or message.get("subtype"))))
 
     # ---- permissions and questions ---------------------------------------------------
 
@@ -532,6 +588,10 @@ class ClaudeRuntime:
         tool_input = dict(request.get("input") or {})
         tool_use_id = request.get("tool_use_id")
         turn = thread.tr.turn_of_tool(tool_use_id)
+        if thread.turn is None or not turn:  # nobody could answer it, and the CLI would wait forever
+            log.warning("claude: denied %s of thread %s: no turn is running", tool, thread.sid)
+            await self._answer(child, request_id, {"behavior": "deny", "message": "no turn is running"})
+            return
         mode = thread.settings.runtime_mode
         if tool == "AskUserQuestion":
             questions = [
@@ -620,7 +680,8 @@ class ClaudeRuntime:
             return
         self._closed = True
         children = [t.child for t in self._threads.values() if t.child is not None]
-        await asyncio.gather(*(self._stop(c) for c in children), return_exceptions=True)
+        stopping = list(self._stopping)
+        await asyncio.gather(*(self._stop(c) for c in children), *stopping, return_exceptions=True)
         self._requests.clear()
         self._events.put_nowait(None)
 

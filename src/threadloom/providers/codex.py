@@ -47,9 +47,16 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from threadloom.providers.agent_cli import child_env, find_cli, redact
+from threadloom.providers.agent_cli import child_env, find_cli, redact, redact_event
 from threadloom.providers.codex_events import SERVER_NOTIFICATIONS, SERVER_REQUESTS, Translator
-from threadloom.providers.contract import Capabilities, ProviderError, ProviderEvent, RuntimeExited, ThreadSettings
+from threadloom.providers.contract import (
+    Capabilities,
+    ProviderError,
+    ProviderEvent,
+    RuntimeExited,
+    ThreadSettings,
+    Warning,
+)
 from threadloom.providers.jsonlines import LINE_LIMIT, JsonLinesProcess
 
 __all__ = ["CLIENT_METHODS", "SERVER_NOTIFICATIONS", "SERVER_REQUESTS", "CodexDriver", "CodexRuntime"]
@@ -115,10 +122,13 @@ class CodexProcess(JsonLinesProcess):
     async def _drain_stderr(self) -> None:
         assert self.proc.stderr is not None
         while line := await self.proc.stderr.readline():
-            text = redact(ANSI.sub("", line.decode(errors="replace")).strip(), self.secrets, self.secret_names)
+            text = self.scrub(ANSI.sub("", line.decode(errors="replace")).strip())
             if text:
                 self.stderr_tail.append(text)
                 log.debug("%s: %s", self.name, text)
+
+    def scrub(self, text: str) -> str:
+        return redact(text, self.secrets, self.secret_names)
 
     async def respond_error(self, request_id: Any, message: str) -> None:
         await self._write({"id": request_id, "error": {"code": -32601, "message": message}})
@@ -164,7 +174,7 @@ class CodexRuntime:
             message = await self.process.incoming.get()
             if message is None:
                 for event in self._translator.close_all("interrupted"):
-                    yield event
+                    yield redact_event(event, self._redact)
                 tail = "; ".join(self.process.stderr_tail)
                 reason = "codex app-server exited" + (f": {tail}" if tail else "")
                 yield RuntimeExited(self._redact(reason), self.process.exit_code)
@@ -178,8 +188,13 @@ class CodexRuntime:
                 with contextlib.suppress(ProviderError):
                     await self.process.respond(message["id"], auto)
                 continue
-            for event in self._translator.translate(message):
-                yield event
+            try:
+                events = self._translator.translate(message)
+            except Exception:  # one malformed message must not end the stream of every thread
+                log.exception("codex: could not translate %s", message.get("method"))
+                events = [Warning(str((message.get("params") or {}).get("threadId") or "") or None, "unreadable event")]
+            for event in events:
+                yield redact_event(event, self._redact)
 
     def _thread_params(self, settings: ThreadSettings) -> dict[str, Any]:
         if settings.runtime_mode not in MODE_POLICIES:

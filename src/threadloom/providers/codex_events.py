@@ -184,7 +184,8 @@ class Translator:
         events: list[ProviderEvent] = self._close_items(thread, turn_id, status)
         for ref in [r for r, (_, _, t, p) in self.requests.items() if t == turn_id and p.get("threadId") == thread]:
             del self.requests[ref]  # Codex resolved them with the turn; a late answer is refused
-        message = (turn.get("error") or {}).get("message")
+        failure = turn.get("error")
+        message = failure.get("message") if isinstance(failure, dict) else failure
         error = self.redact(str(message)) if message else None
         events.append(TurnCompleted(thread, turn_id, status, error, turn.get("parentTurnId")))
         return events

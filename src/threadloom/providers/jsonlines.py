@@ -55,27 +55,32 @@ class JsonLinesProcess:
     def alive(self) -> bool:
         return self.proc.returncode is None and not self._reader.done()
 
+    def scrub(self, text: str) -> str:
+        """Text about to be logged; subclasses redact their secrets."""
+        return text
+
     async def _read(self) -> None:
+        """Route responses to their requests, everything else to `incoming`.
+
+        Any failure here (an over-long line, a malformed response) kills the child: a peer
+        whose output is no longer read would otherwise look alive while nothing moves.
+        """
         assert self.proc.stdout is not None
         try:
             while line := await self.proc.stdout.readline():
                 try:
                     message = orjson.loads(line)
                 except orjson.JSONDecodeError:
-                    log.warning("%s sent a non-JSON line: %r", self.name, line[:200])
+                    log.warning(
+                        "%s sent a non-JSON line: %r", self.name, self.scrub(line[:200].decode(errors="replace"))
+                    )
                     continue
-                if not isinstance(message, dict):
-                    continue
-                if "method" not in message and "id" in message:
-                    future = self._pending.pop(message["id"], None)
-                    if future is not None and not future.done():
-                        if "error" in message:
-                            err = message["error"] or {}
-                            future.set_exception(ProviderError(str(err.get("code")), str(err.get("message"))))
-                        else:
-                            future.set_result(message.get("result"))
-                    continue
-                await self.incoming.put(message)
+                if isinstance(message, dict):
+                    await self._route(message)
+        except Exception:
+            log.exception("%s: unreadable output; stopping the process", self.name)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         finally:
             self.exit_code = await self.proc.wait()
             for future in self._pending.values():
@@ -83,6 +88,19 @@ class JsonLinesProcess:
                     future.set_exception(ProviderError("exited", f"{self.name} exited ({self.exit_code})"))
             self._pending.clear()
             await self.incoming.put(None)
+
+    async def _route(self, message: dict[str, Any]) -> None:
+        if "method" not in message and "id" in message:
+            request_id = message["id"]
+            future = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
+            if future is not None and not future.done():
+                if "error" in message:
+                    err = message["error"] if isinstance(message["error"], dict) else {"message": message["error"]}
+                    future.set_exception(ProviderError(str(err.get("code")), self.scrub(str(err.get("message")))))
+                else:
+                    future.set_result(message.get("result"))
+            return
+        await self.incoming.put(message)
 
     async def _drain_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -108,7 +126,11 @@ class JsonLinesProcess:
         if not self.alive:
             self._pending.pop(request_id, None)
             raise ProviderError("exited", f"{self.name} is not running")
-        await self._write({"id": request_id, "method": method, "params": params})
+        try:
+            await self._write({"id": request_id, "method": method, "params": params})
+        except ProviderError:
+            self._pending.pop(request_id, None)
+            raise
         try:
             return await asyncio.wait_for(future, wait_s)
         except TimeoutError as error:

@@ -1,0 +1,49 @@
+"""The JSON-lines peer under a misbehaving child: nothing may look alive while nothing moves."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from threadloom.providers import jsonlines
+from threadloom.providers.contract import ProviderError
+from threadloom.providers.jsonlines import JsonLinesProcess
+
+# Answers the first request with a line longer than the reader takes, then waits for ever.
+BAD_PEER = """
+import sys, time
+sys.stdin.readline()
+print('{"id": 1, "result": "' + 'x' * 10000 + '"}', flush=True)
+time.sleep(3600)
+"""
+
+
+async def test_unreadable_output_stops_the_child_and_fails_its_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsonlines, "LINE_LIMIT", 1024)
+    peer = await JsonLinesProcess.spawn([sys.executable, "-c", BAD_PEER], env={}, name="bad-peer")
+    with pytest.raises(ProviderError) as raised:
+        await peer.request("initialize", {}, wait_s=30)
+    assert raised.value.code == "exited"
+    assert await peer.incoming.get() is None  # the end of the stream is announced
+    assert not peer.alive and peer.exit_code is not None
+    await peer.close()
+
+
+# A response nobody asked for (an id that cannot be ours), then an error that is a plain string.
+ODD_PEER = """
+import sys
+sys.stdin.readline()
+print('{"id": [1], "result": {}}', flush=True)
+print('{"id": 1, "error": "nope"}', flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_odd_responses_are_ignored_or_read_as_errors() -> None:
+    peer = await JsonLinesProcess.spawn([sys.executable, "-c", ODD_PEER], env={}, name="odd-peer")
+    with pytest.raises(ProviderError, match="nope"):
+        await peer.request("initialize", {}, wait_s=30)
+    assert peer.alive
+    await peer.close()
+    assert not peer.alive
