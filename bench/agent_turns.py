@@ -26,7 +26,6 @@ import os
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from common import REPO, EmbeddedPostgres, bench_tmp, create_database, embedded_postgres
@@ -34,12 +33,10 @@ from common import REPO, EmbeddedPostgres, bench_tmp, create_database, embedded_
 sys.path.insert(0, str(REPO))  # tests.support.fake_model
 
 from tests.support.fake_model import FakeModel
+from tests.support.inproc import new_thread, send
 
 from threadloom.config import Settings
-from threadloom.domain.access import Principal
-from threadloom.domain.dispatch import Dispatch
 from threadloom.domain.entities import Run
-from threadloom.domain.statuses import TokenScope
 from threadloom.engine.clock import SystemClock
 from threadloom.engine.pipeline import Committed
 from threadloom.engine.services import Services
@@ -48,7 +45,6 @@ from threadloom.providers.registry import InstanceConfig, build_driver, load_ins
 from threadloom.store import entities, migrate
 from threadloom.store.db import Database
 
-ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
 KEYS = {"codex": "BENCH_OPENAI_KEY", "claude": "BENCH_ANTHROPIC_KEY"}
 
 
@@ -114,33 +110,14 @@ async def threadloom(provider: str, fake: FakeModel, tmp: Path, pg: EmbeddedPost
     await services.start()
     samples = []
     try:
-        project = await services.catalog.create_project(
-            ADMIN, name="bench", workspace_root=str(tmp / f"{provider}-ws"), key=None
-        )
-        thread = await services.catalog.create_thread(
-            ADMIN,
-            project_id=project,
-            title="bench",
-            provider_instance_id=provider,
-            model=None,
-            runtime_mode="full_access",
-            key=None,
-        )
+        thread = await new_thread(services, tmp / f"{provider}-ws", provider)
         for i in range(turns):
             started = time.perf_counter()
-            sent = await services.runs.send_message(
-                ADMIN,
-                thread,
-                text=f"hello {i}",
-                dispatch=Dispatch(),
-                provider_instance_id=None,
-                model=None,
-                client_message_id=None,
-            )
+            run_id = await send(services, thread, f"hello {i}")
             while True:
                 changed.clear()
                 async with db.read() as reader:
-                    run = await entities.get(reader, Run, sent.run_id)
+                    run = await entities.get(reader, Run, run_id)
                 if run is not None and run.status.value in ("completed", "failed", "interrupted"):
                     assert run.status.value == "completed", run
                     break

@@ -15,18 +15,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from tests.support.inproc import ADMIN, send
 from tests.support.waiting import until
 from threadloom.config import Settings
-from threadloom.domain.access import Principal
-from threadloom.domain.dispatch import Dispatch
-from threadloom.domain.statuses import TokenScope
 from threadloom.engine.services import Services
 from threadloom.providers.registry import ConfigError, load_instances
 from threadloom.providers.scripted import ScriptedRuntime
 from threadloom.store import tables as t
 from threadloom.store.db import Database
-
-ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
 
 
 class ManualClock:
@@ -52,13 +48,6 @@ async def reaping(database_url: str, tmp_path: Path) -> AsyncIterator[tuple[Serv
     yield services, clock
     await services.stop()
     await db.dispose()
-
-
-async def _send(services: Services, thread: uuid.UUID, text: str) -> uuid.UUID:
-    sent = await services.runs.send_message(
-        ADMIN, thread, text=text, dispatch=Dispatch(), provider_instance_id=None, model=None, client_message_id=None
-    )
-    return sent.run_id
 
 
 async def _status(services: Services, run_id: uuid.UUID) -> str:
@@ -88,7 +77,7 @@ async def test_an_idle_runtime_is_reaped_and_the_thread_resumes(
         runtime_mode="full_access",
         key=None,
     )
-    assert await _finished(services, await _send(services, thread, "@reply first")) == "completed"
+    assert await _finished(services, await send(services, thread, "@reply first")) == "completed"
     runtime = services.sessions.live["scripted"].runtime
     assert isinstance(runtime, ScriptedRuntime)
 
@@ -104,7 +93,7 @@ async def test_an_idle_runtime_is_reaped_and_the_thread_resumes(
         native = await db.scalar(sa.select(t.provider_threads.c.native_thread_ref))
     assert [(r["status"], r["last_error"]) for r in rows] == [("stopped", "idle")]
 
-    second = await _send(services, thread, "@reply second")
+    second = await send(services, thread, "@reply second")
     assert await _finished(services, second) == "completed"
     async with services.db.read() as db:
         rows = await db.rows(sa.select(t.provider_sessions).order_by(t.provider_sessions.c.created_at))
@@ -133,7 +122,7 @@ async def test_a_runtime_with_a_running_turn_is_not_reaped(
         runtime_mode="full_access",
         key=None,
     )
-    busy = await _send(services, thread, "@delay 60000\n@reply a b c")
+    busy = await send(services, thread, "@delay 60000\n@reply a b c")
 
     async def running() -> bool:
         return await _status(services, busy) == "running"

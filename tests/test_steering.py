@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,12 +10,11 @@ import pytest
 import sqlalchemy as sa
 
 from tests.support.graphql import CREATE_PROJECT
+from tests.support.inproc import ADMIN, new_thread
+from tests.support.inproc import send as send_inproc
 from tests.support.runs import finished, run, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
-from threadloom.domain.access import Principal
-from threadloom.domain.dispatch import Dispatch
-from threadloom.domain.statuses import TokenScope
 from threadloom.engine.services import Services
 from threadloom.store import tables as t
 
@@ -302,23 +300,11 @@ async def test_stop_thread_holds_the_queue(client: Client, tmp_path: Path) -> No
 
 async def test_interrupt_before_the_provider_starts(services: Services, tmp_path: Path) -> None:
     """With no effect worker running yet, the run is preparing and the provider has nothing: it ends at once."""
-    admin = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
-    project = await services.catalog.create_project(admin, name="p", workspace_root=str(tmp_path), key=None)
-    thread = await services.catalog.create_thread(
-        admin,
-        project_id=project,
-        title="t",
-        provider_instance_id=None,
-        model=None,
-        runtime_mode="full_access",
-        key=None,
-    )
-    sent = await services.runs.send_message(
-        admin, thread, text="hello", dispatch=Dispatch(), provider_instance_id=None, model=None, client_message_id=None
-    )
-    await services.control.interrupt_run(admin, sent.run_id, hold_queue=False, key=None)
+    thread = await new_thread(services, tmp_path)
+    run_id = await send_inproc(services, thread, "hello")
+    await services.control.interrupt_run(ADMIN, run_id, hold_queue=False, key=None)
     async with services.db.read() as db:
-        status = await db.scalar(sa.select(t.runs.c.status).where(t.runs.c.id == sent.run_id))
+        status = await db.scalar(sa.select(t.runs.c.status).where(t.runs.c.id == run_id))
     assert status == "interrupted"
     await services.start()  # the start effect now finds nothing to start
 
