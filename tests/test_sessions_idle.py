@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.support.inproc import ADMIN, send
+from tests.support.inproc import ADMIN, new_thread, send
 from tests.support.waiting import until
 from threadloom.config import Settings
 from threadloom.engine.services import Services
@@ -67,16 +67,7 @@ async def test_an_idle_runtime_is_reaped_and_the_thread_resumes(
     reaping: tuple[Services, ManualClock], tmp_path: Path
 ) -> None:
     services, clock = reaping
-    project = await services.catalog.create_project(ADMIN, name="p", workspace_root=str(tmp_path / "ws"), key=None)
-    thread = await services.catalog.create_thread(
-        ADMIN,
-        project_id=project,
-        title="t",
-        provider_instance_id=None,
-        model=None,
-        runtime_mode="full_access",
-        key=None,
-    )
+    thread = await new_thread(services, tmp_path / "ws")
     assert await _finished(services, await send(services, thread, "@reply first")) == "completed"
     runtime = services.sessions.live["scripted"].runtime
     assert isinstance(runtime, ScriptedRuntime)
@@ -112,16 +103,7 @@ async def test_a_runtime_with_a_running_turn_is_not_reaped(
     reaping: tuple[Services, ManualClock], tmp_path: Path
 ) -> None:
     services, clock = reaping
-    project = await services.catalog.create_project(ADMIN, name="p", workspace_root=str(tmp_path / "ws"), key=None)
-    thread = await services.catalog.create_thread(
-        ADMIN,
-        project_id=project,
-        title="t",
-        provider_instance_id=None,
-        model=None,
-        runtime_mode="full_access",
-        key=None,
-    )
+    thread = await new_thread(services, tmp_path / "ws")
     busy = await send(services, thread, "@delay 60000\n@reply a b c")
 
     async def running() -> bool:

@@ -29,7 +29,7 @@ from threadloom.providers.contract import (
 
 FILE_TOOLS = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
 SUBAGENT_TOOLS = frozenset({"Task", "Agent"})
-TODO_TOOLS = frozenset({"TodoWrite", "TaskCreate", "TaskUpdate", "TaskGet", "TaskList"})
+TASK_LIST_TOOLS = frozenset({"TodoWrite", "TaskCreate", "TaskUpdate", "TaskGet", "TaskList"})
 ItemStatus = Literal["completed", "failed", "declined", "interrupted"]
 _EXIT_CODE = re.compile(r"^(?:Error: )?Exit code (\d+)")
 
@@ -172,7 +172,7 @@ class ThreadTranslator:
             return []
         tool = _Tool(name, tool_input, turn)
         self._tools[tool_id] = tool
-        if name in TODO_TOOLS:
+        if name in TASK_LIST_TOOLS:
             if name == "TodoWrite":
                 self._tasks = {
                     str(i): {"step": str(t.get("content")), "status": str(t.get("status"))}
@@ -215,7 +215,7 @@ class ThreadTranslator:
             return []
         text = result_text(block)
         is_error = bool(block.get("is_error"))
-        if tool.name in TODO_TOOLS:
+        if tool.name in TASK_LIST_TOOLS:
             return self._task_result(tool, extra, is_error)
         status: ItemStatus = "failed" if is_error else "completed"
         if tool_id in self.declined:
@@ -278,7 +278,7 @@ class ThreadTranslator:
         for item_id, turn in self._texts.items():
             out.append(ItemCompleted(self.thread, turn, item_id, "assistant_message", status))
         for tool_id, tool in self._tools.items():
-            if tool.name in TODO_TOOLS:
+            if tool.name in TASK_LIST_TOOLS:
                 continue
             out.append(ItemCompleted(self.thread, tool.turn, tool_id, tool_kind(tool.name), status))
             if tool.child_turn:
