@@ -106,7 +106,7 @@ def cmd_export_schema(args: argparse.Namespace) -> int:
     from threadloom.api.schema import export_sdl
 
     sdl = export_sdl()
-    if args.out == "-":
+    if args.out is None or args.out == "-":  # stdout by default, as `strawberry export-schema` does
         sys.stdout.write(sdl)
     else:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -179,8 +179,8 @@ def parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
     mig = sub.add_parser("migrate", help="upgrade the database schema to the newest revision")
     mig.set_defaults(func=cmd_migrate)
-    exp = sub.add_parser("export-schema", help="write the GraphQL SDL (sorted)")
-    exp.add_argument("--out", default="schema/schema.graphql")
+    exp = sub.add_parser("export-schema", help="print the GraphQL SDL (sorted), or write it to --out")
+    exp.add_argument("--out", default=None, help="write to this file instead of stdout")
     exp.set_defaults(func=cmd_export_schema)
     tok = sub.add_parser("token", help="manage API tokens")
     tsub = tok.add_subparsers(dest="token_command", required=True)
