@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_checked_in_schema_is_current() -> None:
     checked_in = (ROOT / "schema" / "schema.graphql").read_text()
-    assert checked_in == export_sdl(), "schema/schema.graphql is stale: run `threadloom export-schema --out schema/schema.graphql`"
+    fix = "threadloom export-schema --out schema/schema.graphql"
+    assert checked_in == export_sdl(), f"schema/schema.graphql is stale: run `{fix}`"
 
 
 def test_export_schema_command(tmp_path: Path) -> None:
