@@ -301,12 +301,12 @@ class Turn:
             labels = []
         await self._reply(self.id, f"Answer: {', '.join(labels)}")
 
-    async def _todo(self, steps: tuple[str, ...]) -> None:
+    async def _todo(self, steps: tuple[str, ...], turn_id: str | None = None) -> None:
         statuses = ["pending"] * len(steps)
 
         async def update() -> None:
             plan = [{"step": step, "status": status} for step, status in zip(steps, statuses, strict=True)]
-            await self._notify("turn/plan/updated", self.id, plan=plan)
+            await self._notify("turn/plan/updated", turn_id or self.id, plan=plan)
 
         await update()
         for index in range(len(steps)):
@@ -335,6 +335,9 @@ class Turn:
         try:
             if prompt.startswith("@approval "):  # the child turn asks for approval itself
                 await self._approval(prompt.removeprefix("@approval ").strip(), child_id)
+            elif prompt.startswith("@todo "):  # the child turn keeps its own todo list
+                steps = prompt.removeprefix("@todo ").split(";")
+                await self._todo(tuple(step.strip() for step in steps if step.strip()), child_id)
             await self._reply(child_id, f"Subagent: {prompt}")
         except asyncio.CancelledError:
             # An interrupt ends the child turn too, before the parent's.
