@@ -202,6 +202,20 @@ def message_texts(messages: list[Message], turn_id: str) -> list[str]:
     return list(texts.values())
 
 
+def processes_running(argv: list[str]) -> list[int]:
+    """Host pids of live processes whose command line is exactly `argv`."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes() == wanted and not process_gone(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def process_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -454,13 +468,19 @@ async def test_interrupt_ends_a_running_subagent_first(tmp_path: Path, cwd: Path
 
 async def test_interrupt_kills_the_running_command(agent: AgentProcess, cwd: Path) -> None:
     thread_id = await agent.new_thread(cwd)
-    turn_id = await agent.start_turn(thread_id, "@tool sleep 30 & echo $! > sleeper.pid; echo started; wait")
+    # A unique duration names the background job on the host (inside the sandbox its pid is another).
+    duration = f"30.{os.getpid()}"
+    turn_id = await agent.start_turn(thread_id, f"@tool sleep {duration} & echo started; wait")
     delta = await agent.next_message(is_method("item/commandExecution/outputDelta", turnId=turn_id))
     assert delta["params"]["delta"] == "started\n"
+    deadline = time.monotonic() + 2
+    while not (running := processes_running(["sleep", duration])):  # `&` may not have exec'd sleep yet
+        assert time.monotonic() < deadline, "the background job never started"
+        await asyncio.sleep(0.02)
+    [sleeper] = running
     await agent.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
     messages = await agent.finish_turn(turn_id, within=2)
     assert completion(messages)["status"] == "interrupted"
-    sleeper = int((cwd / "sleeper.pid").read_text())
     deadline = time.monotonic() + 2
     while not process_gone(sleeper):
         assert time.monotonic() < deadline, "the command's background job survived the interrupt"

@@ -69,16 +69,17 @@ async def test_an_idle_runtime_is_reaped_and_the_thread_resumes(
     services, clock = reaping
     thread = await new_thread(services, tmp_path / "ws")
     assert await _finished(services, await send(services, thread, "@reply first")) == "completed"
-    runtime = services.sessions.live["scripted"].runtime
+    [session] = services.sessions.sessions_of("scripted")
+    runtime = session.runtime
     assert isinstance(runtime, ScriptedRuntime)
 
     assert await services.sessions.reap_idle() == []  # idle from now on
     clock.advance(59)
     assert await services.sessions.reap_idle() == []  # not long enough
     clock.advance(2)
-    assert await services.sessions.reap_idle() == ["scripted"]
+    assert await services.sessions.reap_idle() == [session.key]
     assert runtime.process.proc.returncode is not None  # the agent process is gone
-    assert "scripted" not in services.sessions.live
+    assert services.sessions.sessions_of("scripted") == []
     async with services.db.read() as db:
         rows = await db.rows(sa.select(t.provider_sessions).order_by(t.provider_sessions.c.created_at))
         native = await db.scalar(sa.select(t.provider_threads.c.native_thread_ref))
@@ -115,7 +116,8 @@ async def test_a_runtime_with_a_running_turn_is_not_reaped(
         assert await services.sessions.reap_idle() == []
     await services.control.interrupt_run(ADMIN, busy, hold_queue=False, key=None)
     assert await _finished(services, busy) == "interrupted"
-    assert services.sessions.live["scripted"].runtime.alive
+    [session] = services.sessions.sessions_of("scripted")
+    assert session.runtime.alive
 
 
 def test_idle_timeout_must_be_seconds(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
 
 
 async def new_thread(services: Services, root: Path, instance: str | None = None) -> uuid.UUID:
-    """A project at `root` and one full-access thread in it."""
+    """A project at `root` and one thread in it (default runtime mode)."""
     project = await services.catalog.create_project(ADMIN, name="p", workspace_root=str(root), key=None)
     return await services.catalog.create_thread(
         ADMIN,
@@ -22,7 +22,7 @@ async def new_thread(services: Services, root: Path, instance: str | None = None
         title="t",
         provider_instance_id=instance,
         model=None,
-        runtime_mode="full_access",
+        runtime_mode="workspace_write",
         key=None,
     )
 

@@ -1,4 +1,5 @@
-"""Command line: `python -m threadloom.agent --state-dir DIR [--chunk-delay-ms N] [--capabilities JSON]`."""
+"""Command line: `python -m threadloom.agent --state-dir DIR [--workspace DIR] [--allow-network] [--hide DIR]...
+[--chunk-delay-ms N] [--capabilities JSON]`."""
 
 from __future__ import annotations
 
@@ -45,8 +46,24 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument(
         "--capabilities", type=capabilities, default=dict(DEFAULT_CAPABILITIES), help="JSON object of flags"
     )
+    parser.add_argument(
+        "--workspace", type=Path, default=None, help="the only folder threads may use (default: each thread's cwd)"
+    )
+    parser.add_argument(
+        "--allow-network", action="store_true", help="let full_access threads' commands use the network"
+    )
+    parser.add_argument(
+        "--hide", type=Path, action="append", default=[], help="a folder commands must not see (repeatable)"
+    )
     args = parser.parse_args(argv)
-    return Options(state_dir=args.state_dir, chunk_delay_ms=args.chunk_delay_ms, capabilities=args.capabilities)
+    return Options(
+        state_dir=args.state_dir,
+        chunk_delay_ms=args.chunk_delay_ms,
+        capabilities=args.capabilities,
+        workspace=args.workspace,
+        allow_network=args.allow_network,
+        hidden=tuple(args.hide),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

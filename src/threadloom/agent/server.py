@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from threadloom.agent import VERSION
-from threadloom.agent.state import StateError, StateStore, ThreadRecord, TurnRecord
+from threadloom.agent.sandbox import Sandbox
+from threadloom.agent.state import DEFAULT_MODE, StateError, StateStore, ThreadRecord, TurnRecord
 from threadloom.agent.turns import Io, Turn, TurnResult
 from threadloom.agent.wire import (
     CAPABILITY_OFF,
@@ -40,6 +41,8 @@ log = logging.getLogger("threadloom.agent")
 
 SERVER_NAME = "threadloom-scripted"
 SHUTDOWN_GRACE_S = 5.0
+# What a thread's commands may do (docs/scripted-agent.md, "Runtime modes").
+RUNTIME_MODES = ("workspace_write", "full_access", "approval_required", "read_only")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,6 +50,19 @@ class Options:
     state_dir: Path
     chunk_delay_ms: int
     capabilities: dict[str, Any]
+    workspace: Path | None = None  # the one folder threads may work in; None: each thread's own cwd
+    allow_network: bool = False  # `full_access` threads share the network only when this is set
+    hidden: tuple[Path, ...] = ()  # folders covered inside the sandbox even if the workspace contains them
+
+    def sandbox(self, thread: ThreadRecord) -> Sandbox:
+        """How the thread's commands are confined: its workspace, writable unless read-only."""
+        root = self.workspace if self.workspace is not None else Path(thread.cwd)
+        return Sandbox(
+            root,
+            writable=thread.runtime_mode != "read_only",
+            network=self.allow_network and thread.runtime_mode == "full_access",
+            hidden=self.hidden,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -169,7 +185,12 @@ class Server:
         cwd = params.get("cwd")
         if cwd is not None and not isinstance(cwd, str):
             raise RpcError(INVALID_PARAMS, "cwd must be a string")
-        record = ThreadRecord(str(uuid.uuid4()), os.path.abspath(cwd or os.getcwd()))
+        default = str(self.options.workspace) if self.options.workspace is not None else os.getcwd()
+        path = os.path.abspath(cwd or default)
+        workspace = self.options.workspace
+        if workspace is not None and not Path(path).resolve().is_relative_to(workspace.resolve()):
+            raise RpcError(INVALID_PARAMS, f"cwd {path} is outside this agent's workspace {workspace}")
+        record = ThreadRecord(str(uuid.uuid4()), path, runtime_mode=_mode_param(params) or DEFAULT_MODE)
         self.store.save(record)
         self.sessions[record.id] = Session(record)
         started = {"threadId": record.id, "thread": {"id": record.id}}
@@ -184,6 +205,10 @@ class Server:
                 self.store.save(record)
             session = self.sessions[thread_id] = Session(record)
         record = session.record
+        mode = _mode_param(params)
+        if mode is not None and mode != record.runtime_mode:  # the app thread's mode is the truth
+            record.runtime_mode = mode
+            self.store.save(record)
         return Answer({"thread": {"id": record.id, "cwd": record.cwd, "turns": len(record.turns)}})
 
     def _thread_read(self, params: Message) -> Answer:
@@ -227,6 +252,8 @@ class Server:
             turn_id=record.id,
             text=text,
             delay_ms=self.options.chunk_delay_ms,
+            mode=thread.runtime_mode,
+            sandbox=self.options.sandbox(thread),
             on_finish=finish,
         )
         session.active = turn
@@ -288,6 +315,16 @@ def _str_param(params: Message, name: str) -> str:
     if not isinstance(value, str):
         raise RpcError(INVALID_PARAMS, f"{name} must be a string")
     return value
+
+
+def _mode_param(params: Message) -> str | None:
+    """`runtimeMode`, if given; one of RUNTIME_MODES."""
+    mode = params.get("runtimeMode")
+    if mode is None:
+        return None
+    if mode not in RUNTIME_MODES:
+        raise RpcError(INVALID_PARAMS, f"runtimeMode must be one of {', '.join(RUNTIME_MODES)}")
+    return str(mode)
 
 
 def _input_text(params: Message) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 IN_PROGRESS = "inProgress"
 INTERRUPTED = "interrupted"
+DEFAULT_MODE = "workspace_write"
 
 # Thread ids come from clients on resume/read; only plain names may become file names.
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -41,9 +42,11 @@ class ThreadRecord:
     id: str
     cwd: str
     turns: list[TurnRecord] = dataclasses.field(default_factory=list)
+    runtime_mode: str = DEFAULT_MODE  # what its commands may do; see sandbox.py and docs/scripted-agent.md
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "cwd": self.cwd, "turns": [turn.to_json() for turn in self.turns]}
+        turns = [turn.to_json() for turn in self.turns]
+        return {"id": self.id, "cwd": self.cwd, "runtimeMode": self.runtime_mode, "turns": turns}
 
     def settle_stale_turns(self) -> bool:
         """Marks turns a dead process left `inProgress` as `interrupted`; True if any changed."""
@@ -69,7 +72,8 @@ class StateStore:
             turns = [
                 TurnRecord(str(t["id"]), str(t["input"]), str(t["output"]), str(t["status"])) for t in data["turns"]
             ]
-            return ThreadRecord(str(data["id"]), str(data["cwd"]), turns)
+            mode = str(data.get("runtimeMode", DEFAULT_MODE))  # files written before modes existed
+            return ThreadRecord(str(data["id"]), str(data["cwd"]), turns, mode)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StateError(f"cannot read thread {thread_id}: {exc}") from exc
 

@@ -14,6 +14,7 @@ import os
 import uuid
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from threadloom.agent import shell, workspace
@@ -35,6 +36,7 @@ from threadloom.agent.directives import (
     parse,
     parse_steer,
 )
+from threadloom.agent.sandbox import Sandbox
 from threadloom.agent.wire import LineWriter, Message, Peer, PeerError
 
 log = logging.getLogger("threadloom.agent")
@@ -77,8 +79,12 @@ class Turn:
         text: str,
         delay_ms: int,
         on_finish: Callable[[Turn, TurnResult], None],
+        mode: str = "workspace_write",
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.io = io
+        self.mode = mode  # the thread's runtime mode: read_only writes nothing, approval_required asks first
+        self.sandbox = sandbox or Sandbox(Path(cwd), writable=mode != "read_only")
         self.thread_id = thread_id
         self.cwd = cwd
         self.id = turn_id
@@ -172,6 +178,8 @@ class Turn:
             case Delay(ms):
                 self._delay_ms = ms
                 await asyncio.sleep(ms / 1000)
+            case Tool(command) if self.mode == "approval_required":
+                await self._approval(command)  # every command asks first
             case Tool(command):
                 await self._tool(command, self.io.new_item_id())
             case Write(path, text):
@@ -227,7 +235,7 @@ class Turn:
 
         exit_code: int | None
         try:
-            exit_code = await shell.run(command, self.cwd, on_output)
+            exit_code = await shell.run(command, self.cwd, on_output, self.sandbox)
         except OSError as exc:
             exit_code = None
             output.append(f"cannot run command: {exc}\n")
@@ -237,11 +245,14 @@ class Turn:
 
     async def _write(self, path: str, text: str) -> None:
         item_id = self.io.new_item_id()
+        refusal: str | None = None
         try:
             target = workspace.resolve(self.cwd, path)
         except workspace.EscapeError as exc:
-            log.warning("@write refused: %s", exc)
+            refusal = str(exc)
             target = None
+        if refusal is None and self.mode == "read_only":
+            refusal = "this thread is read-only: files cannot be written"
         kind = "update" if target is not None and target.exists() else "add"
         item = {
             "type": "fileChange",
@@ -250,14 +261,31 @@ class Turn:
             "status": "inProgress",
         }
         await self._notify("item/started", self.id, item=item)
+        if refusal is None and self.mode == "approval_required" and not await self._approved_change(item_id):
+            await self._notify("item/completed", self.id, item={**item, "status": "declined"})
+            return
         status = "failed"
-        if target is not None:
+        if target is not None and refusal is None:
             try:
-                workspace.write(target, text)
+                # Written from inside the sandbox: a symlink swapped in meanwhile still cannot lead outside.
+                await shell.write_file(self.sandbox, self.cwd, target, text)
                 status = "completed"
             except OSError as exc:
-                log.warning("@write %s failed: %s", path, exc)
+                refusal = f"cannot write {path}: {exc}"
+        if refusal is not None:
+            log.warning("@write %s refused: %s", path, refusal)
+            await self._notify("item/fileChange/outputDelta", self.id, itemId=item_id, delta=refusal + "\n")
         await self._notify("item/completed", self.id, item={**item, "status": status})
+
+    async def _approved_change(self, item_id: str) -> bool:
+        """Asks `item/fileChange/requestApproval` for the started fileChange item; True if accepted."""
+        params = {"threadId": self.thread_id, "turnId": self.id, "itemId": item_id, "reason": "write a file"}
+        try:
+            answer = await self.io.peer.request("item/fileChange/requestApproval", params)
+        except PeerError as exc:
+            log.warning("approval request failed (%s); treated as declined", exc)
+            return False
+        return answer.get("decision") in APPROVED
 
     async def _approval(self, command: str, turn_id: str | None = None) -> None:
         turn_id = turn_id or self.id

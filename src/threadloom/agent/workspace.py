@@ -1,4 +1,8 @@
-"""`@write`: files the agent may touch are those inside the thread's cwd, after resolving `..` and symlinks."""
+"""`@write`: files the agent may touch are those inside the thread's cwd, after resolving `..` and symlinks.
+
+The write itself happens inside the sandbox (shell.write_file), so this check is the clear refusal, not the
+only barrier.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +26,3 @@ def resolve(cwd: str, path: str) -> Path:
     if not target.is_relative_to(root) or target == root:
         raise EscapeError(f"{path} is outside the working directory {cwd}")
     return target
-
-
-def write(target: Path, text: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")

@@ -75,7 +75,13 @@ class CreateThreadInput:
     )
     model: str | None = None
     runtime_mode: str = strawberry.field(
-        default="full_access", description="full_access | approval_required | read_only"
+        default="workspace_write",
+        description=(
+            "workspace_write (default: no prompts, sandboxed to the project's workspace, no network) | "
+            "approval_required (every command and file change asks first) | read_only (nothing is written) | "
+            "full_access (no prompts, network; only on instances configured with allow_full_access, "
+            "else RUNTIME_MODE_NOT_ALLOWED)"
+        ),
     )
     client_mutation_id: str | None = None
 

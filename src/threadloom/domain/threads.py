@@ -14,7 +14,12 @@ from threadloom.domain.statuses import ThreadStatus
 MAX_TITLE = 200
 MAX_MODEL = 200
 DEFAULT_TITLE = "New thread"
-RUNTIME_MODES = ("full_access", "approval_required", "read_only")
+# What an agent's commands may do (docs/providers.md, "Runtime modes"):
+# workspace_write: run without asking, sandboxed to the project's workspace, no network (the default);
+# approval_required: every command and file change asks first; read_only: nothing is written;
+# full_access: no prompts and the network, only on instances whose configuration allows it.
+RUNTIME_MODES = ("workspace_write", "approval_required", "read_only", "full_access")
+DEFAULT_RUNTIME_MODE = "workspace_write"
 
 
 def clean_title(title: str) -> str:
@@ -44,6 +49,19 @@ def choose_provider_instance(requested: str | None, default: str, known: Collect
             "providerInstanceId",
         )
     return instance
+
+
+def check_runtime_mode(runtime_mode: str, instance: str, full_access_instances: Collection[str]) -> None:
+    """A known mode, and `full_access` only on an instance whose configuration allows it."""
+    if runtime_mode not in RUNTIME_MODES:
+        raise DomainError(ErrorCode.INVALID_INPUT, f"runtimeMode must be one of {RUNTIME_MODES}", "runtimeMode")
+    if runtime_mode == "full_access" and instance not in full_access_instances:
+        raise DomainError(
+            ErrorCode.RUNTIME_MODE_NOT_ALLOWED,
+            f"provider instance {instance!r} does not allow full_access (its configuration must set "
+            "allow_full_access = true)",
+            "runtimeMode",
+        )
 
 
 def create_thread(

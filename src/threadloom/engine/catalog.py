@@ -31,8 +31,10 @@ class Catalog:
         provider_instances: Collection[str],
         default_instance: str,
         eager_instances: Collection[str] = (),
+        full_access_instances: Collection[str] = (),
     ) -> None:
         self.pipeline = pipeline
+        self.full_access_instances = frozenset(full_access_instances)  # may run `full_access` threads
         self.provider_instances = provider_instances
         self.default_instance = default_instance
         self.eager_instances = frozenset(eager_instances)
@@ -73,6 +75,7 @@ class Catalog:
             instance = thread_rules.choose_provider_instance(
                 provider_instance_id, self.default_instance, self.provider_instances
             )
+            thread_rules.check_runtime_mode(runtime_mode, instance, self.full_access_instances)
             change = thread_rules.create_thread(
                 thread_id=new_id(),
                 project=project,

@@ -137,7 +137,8 @@ class Control:
             new_id,
             hold_reason=hold,
         )
-        outcome.effects.append(Effect(interruption.STOP_SESSION_EFFECT, {"instance": instance}))
+        stop = {"instance": instance, "projectId": str(thread.project_id)}  # only this project's runtime
+        outcome.effects.append(Effect(interruption.STOP_SESSION_EFFECT, stop))
         return outcome
 
     async def interrupt_node(
@@ -253,8 +254,10 @@ class Control:
         await self.pipeline.execute(Command("steer.late", None, None, {}, decide, message.thread_id))
 
     async def stop_session_effect(self, payload: dict[str, Any]) -> None:
-        session = self.sessions.live.get(str(payload["instance"]))
-        if session is not None:
+        project = payload.get("projectId")  # absent in effects queued before runtimes were per project
+        for session in self.sessions.sessions_of(
+            str(payload["instance"]), uuid.UUID(project) if project is not None else None
+        ):
             session.stopping = True
             await session.runtime.close()
             await self.sessions.mark(session, ProviderSessionStatus.STOPPED, "stopped to interrupt a turn")

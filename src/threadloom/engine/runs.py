@@ -61,6 +61,7 @@ class _Target:
     settings: ThreadSettings
     run_id: uuid.UUID | None
     provider_thread: ProviderThread
+    project_id: uuid.UUID  # whose runtime serves it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,7 +75,8 @@ class _Prepared:
 
     @property
     def target(self) -> _Target:
-        return _Target(self.thread.id, _settings(self.thread, self.cwd), self.run.id, self.provider_thread)
+        settings = _settings(self.thread, self.cwd)
+        return _Target(self.thread.id, settings, self.run.id, self.provider_thread, self.thread.project_id)
 
 
 def _settings(thread: AppThread, cwd: str) -> ThreadSettings:
@@ -288,7 +290,8 @@ class RunEngine:
         if prepared is None:
             return
         try:
-            async with self.sessions.using(prepared.run.provider_instance_id) as session:  # not reaped meanwhile
+            # The project's own runtime, kept from the reaper meanwhile.
+            async with self.sessions.using(prepared.run.provider_instance_id, prepared.thread.project_id) as session:
                 await self._start_on(session, prepared)
         except ProviderError as error:
             await self.finish(run_id, RunStatus.FAILED, "provider_error", hold_reason=f"provider error: {error}")
@@ -463,13 +466,14 @@ class RunEngine:
             outcome = Outcome(_provider_thread_for(thread, current, thread.provider_instance_id, now))
             pt = next((c.entity for c in outcome.changes if isinstance(c.entity, ProviderThread)), current)
             assert pt is not None
-            found["t"] = _Target(thread.id, _settings(thread, project.workspace_root), None, pt)
+            found["t"] = _Target(thread.id, _settings(thread, project.workspace_root), None, pt, project.id)
             return outcome
 
         await self.pipeline.execute(Command("provider_thread.ensure", None, None, {}, decide, thread_id))
         target = found.get("t")
         if target is not None:
-            async with self.sessions.using(target.provider_thread.provider_instance_id) as session:
+            instance = target.provider_thread.provider_instance_id
+            async with self.sessions.using(instance, target.project_id) as session:
                 await self._ensure_native_thread(session, target)
 
     async def session_lost(self, session: LiveSession, reason: str) -> None:

@@ -25,7 +25,7 @@ from threadloom.engine.requests import Requests
 from threadloom.engine.runs import RunEngine
 from threadloom.engine.sessions import LiveSession, SessionManager
 from threadloom.engine.workers import Worker
-from threadloom.providers.registry import InstanceConfig, build_driver
+from threadloom.providers.registry import InstanceConfig, build_driver, full_access_instances
 from threadloom.store.db import Database
 
 log = logging.getLogger("threadloom.services")
@@ -59,6 +59,7 @@ class Services:
             provider_instances=list(instances),
             default_instance=settings.default_provider_instance,
             eager_instances=[name for name, config in instances.items() if config.eager_thread],
+            full_access_instances=full_access_instances(instances),
         )
         worker = Worker(db, clock)
         drivers = {name: build_driver(config, settings.data_dir) for name, config in instances.items()}

@@ -1,7 +1,8 @@
 """ProviderSessionManager: the live provider runtimes of this process.
 
-Sessions open lazily on first work, one runtime per provider instance per process.
-Ownership is recorded on the ProviderSession row (`owner` = this worker, alive while its
+Sessions open lazily on first work, one runtime per (provider instance, project) per
+process: an agent process serves exactly one project, so its files, its sandbox and its
+crash stay inside that project. Ownership is recorded on the ProviderSession row (`owner` = this worker, alive while its
 advisory lock is held). A runtime that dies is marked `error` and forgotten; the next
 work opens a new one and resumes the provider thread from its `nativeThreadRef`.
 
@@ -19,20 +20,23 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
+from pathlib import Path
 
 from threadloom.domain.changes import Change, Outcome
-from threadloom.domain.entities import AppThread, ProviderSession, ProviderThread
+from threadloom.domain.entities import AppThread, Project, ProviderSession, ProviderThread
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import ProviderSessionStatus
 from threadloom.engine.pipeline import Command, Pipeline
-from threadloom.providers.contract import ProviderDriver, ProviderRuntime
+from threadloom.providers.contract import ProviderDriver, ProviderRuntime, SessionScope
 from threadloom.store import entities
 from threadloom.store import workers as worker_store
 from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.sessions")
 SETTLE_SECONDS = 10.0
+
+SessionKey = tuple[str, uuid.UUID]  # (provider instance, project)
 
 
 @dataclasses.dataclass(slots=True)
@@ -69,6 +73,7 @@ class TurnBinding:
 @dataclasses.dataclass(slots=True)
 class LiveSession:
     instance_id: str
+    project_id: uuid.UUID
     session_id: uuid.UUID
     runtime: ProviderRuntime
     loaded: set[str] = dataclasses.field(default_factory=set)
@@ -78,6 +83,10 @@ class LiveSession:
     busy: int = 0  # callers between `using()` and their turn being bound
     idle_since: datetime | None = None  # when the last turn ended or the last user left
     _changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    @property
+    def key(self) -> SessionKey:
+        return (self.instance_id, self.project_id)
 
     def bind(self, binding: TurnBinding) -> None:
         self.bindings[binding.native_thread] = binding
@@ -124,14 +133,14 @@ class SessionManager:
         self.drivers = drivers
         self.worker_id = worker_id
         self.idle_timeouts = idle_timeouts or {}  # instance → seconds; absent or 0: never reaped
-        self.live: dict[str, LiveSession] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.live: dict[SessionKey, LiveSession] = {}
+        self._locks: dict[SessionKey, asyncio.Lock] = {}
         self.on_open: Callable[[LiveSession], Awaitable[None]] | None = None
 
     @contextlib.asynccontextmanager
-    async def using(self, instance_id: str) -> AsyncIterator[LiveSession]:
-        """The live runtime of an instance, kept from the reaper until the block ends."""
-        session = await self.runtime_for(instance_id)
+    async def using(self, instance_id: str, project_id: uuid.UUID) -> AsyncIterator[LiveSession]:
+        """The live runtime of an instance for one project, kept from the reaper until the block ends."""
+        session = await self.runtime_for(instance_id, project_id)
         session.busy += 1
         try:
             yield session
@@ -139,11 +148,20 @@ class SessionManager:
             session.busy -= 1
             session.idle_since = None
 
-    async def reap_idle(self) -> list[str]:
-        """Close the runtimes idle for longer than their instance's timeout; returns their instances."""
+    def sessions_of(self, instance_id: str, project_id: uuid.UUID | None = None) -> list[LiveSession]:
+        """The live runtimes of an instance (of one project, if given)."""
+        return [
+            s
+            for s in self.live.values()
+            if s.instance_id == instance_id and (project_id is None or s.project_id == project_id)
+        ]
+
+    async def reap_idle(self) -> list[SessionKey]:
+        """Close the runtimes idle for longer than their instance's timeout; returns their keys."""
         now = self.pipeline.clock.now()
-        reaped = []
-        for instance_id, session in list(self.live.items()):
+        reaped: list[SessionKey] = []
+        for key, session in list(self.live.items()):
+            instance_id = key[0]
             timeout = self.idle_timeouts.get(instance_id, 0)
             if timeout <= 0 or session.in_use:
                 continue
@@ -152,31 +170,34 @@ class SessionManager:
                 continue
             if (now - session.idle_since).total_seconds() < timeout:
                 continue
-            async with self._locks.setdefault(instance_id, asyncio.Lock()):
-                if self.live.get(instance_id) is not session or session.in_use:
+            async with self._locks.setdefault(key, asyncio.Lock()):
+                if self.live.get(key) is not session or session.in_use:
                     continue
                 session.stopping = True
-                del self.live[instance_id]
+                del self.live[key]
             try:
                 await session.runtime.close()
             except Exception:  # it is forgotten either way
-                log.exception("closing idle %s failed", instance_id)
+                log.exception("closing idle %s failed", key)
             await self.mark(session, ProviderSessionStatus.STOPPED, "idle")
-            reaped.append(instance_id)
+            reaped.append(key)
         return reaped
 
-    async def runtime_for(self, instance_id: str) -> LiveSession:
-        lock = self._locks.setdefault(instance_id, asyncio.Lock())
+    async def runtime_for(self, instance_id: str, project_id: uuid.UUID) -> LiveSession:
+        """The live runtime serving `project_id` on `instance_id`, opened (or reopened) if needed."""
+        key = (instance_id, project_id)
+        lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            session = self.live.get(instance_id)
+            session = self.live.get(key)
             if session is not None and not session.runtime.alive:
                 await self._settle(session)  # died, maybe unnoticed yet: its ingestor fails its turns first
-                session = self.live.get(instance_id)
+                session = self.live.get(key)
             if session is not None:
                 return session
             driver = self.drivers.get(instance_id)
             if driver is None:
                 raise DomainError(ErrorCode.UNKNOWN_PROVIDER_INSTANCE, f"no provider instance {instance_id!r}")
+            scope = await self._scope(driver, project_id)
             now = self.pipeline.clock.now()
             record = ProviderSession(
                 id=new_id(),
@@ -189,7 +210,7 @@ class SessionManager:
             )
             await self._write(record, "provider_session.created")
             try:
-                runtime = await driver.open_session()
+                runtime = await driver.open_session(scope)
             except Exception as error:
                 await self._write(
                     record.evolve(
@@ -202,23 +223,35 @@ class SessionManager:
                 record.evolve(status=ProviderSessionStatus.READY, updated_at=self.pipeline.clock.now()),
                 "provider_session.updated",
             )
-            session = LiveSession(instance_id, record.id, runtime)
-            self.live[instance_id] = session
+            session = LiveSession(instance_id, project_id, record.id, runtime)
+            self.live[key] = session
             if self.on_open is not None:
                 await self.on_open(session)
             return session
+
+    async def _scope(self, driver: ProviderDriver, project_id: uuid.UUID) -> SessionScope:
+        """What the project's runtime may touch: its workspace, and its own state folder under the driver's."""
+        async with self.pipeline.db.read() as db:
+            project = await entities.get(db, Project, project_id)
+        if project is None:
+            raise DomainError(ErrorCode.NOT_FOUND, "no such project", "projectId")
+        # Drivers keep one state folder per instance; each project gets its own folder inside it.
+        root = getattr(driver, "state_dir", None)
+        if not isinstance(root, Path):
+            raise TypeError(f"driver {type(driver).__name__} has no state_dir")
+        return SessionScope(str(project.id), project.workspace_root, root / str(project.id))
 
     async def _settle(self, session: LiveSession) -> None:
         """Let a dead runtime's ingestor handle its exit (RuntimeExited → session lost), then forget it."""
         if session.task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(session.task), SETTLE_SECONDS)
-        if self.live.get(session.instance_id) is session:
+        if self.live.get(session.key) is session:
             await self.mark(session, ProviderSessionStatus.ERROR, "the agent process exited")
 
     async def mark(self, session: LiveSession, status: ProviderSessionStatus, error: str | None = None) -> None:
-        if self.live.get(session.instance_id) is session:
-            del self.live[session.instance_id]
+        if self.live.get(session.key) is session:
+            del self.live[session.key]
         async with self.pipeline.db.read() as db:
             record = await entities.get(db, ProviderSession, session.session_id)
         if record is not None:
@@ -265,7 +298,7 @@ class SessionManager:
             try:
                 await session.runtime.close()
             except Exception:  # closing must go on for the others
-                log.exception("closing %s failed", session.instance_id)
+                log.exception("closing %s failed", session.key)
             if not bindings:
                 await self.mark(session, ProviderSessionStatus.STOPPED)
             else:

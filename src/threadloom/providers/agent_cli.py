@@ -11,9 +11,12 @@ the instance names, and the instance's own variables. The server's other secrets
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
 import shutil
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -80,6 +83,51 @@ def redact(text: str, env: Mapping[str, str], names: tuple[str, ...]) -> str:
         if value and len(value) >= 4:
             text = text.replace(value, "***")
     return text
+
+
+# Names of variables whose values are secrets wherever they appear (tokens, keys, passwords).
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|AUTH", re.IGNORECASE)
+_SERVER_URLS = ("DATABASE_URL", "BROADCAST_URL")
+MIN_SECRET = 6  # shorter values (ports, counts) would blank ordinary output
+
+
+def known_secrets(api_key_env: str | None = None, extra: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Every secret value an agent's output must never carry into the log, longest first.
+
+    The instance's API key and its `env` table, the server's database and broadcast URLs (and
+    their passwords alone), and any server variable whose name says it holds a secret (a token,
+    key or password) and whose value is not just a number. One list for every driver.
+    """
+    env = os.environ
+    values: set[str] = set()
+    if api_key_env and env.get(api_key_env):
+        values.add(env[api_key_env])
+    values.update(v for v in (extra or {}).values() if v)
+    for name in _SERVER_URLS:
+        url = env.get(name)
+        if not url or "://" not in url or url.startswith("memory://"):
+            continue
+        values.add(url)
+        with contextlib.suppress(ValueError):
+            password = urllib.parse.urlsplit(url).password
+            if password:
+                values.update({password, urllib.parse.unquote(password)})
+    for name, value in env.items():
+        if _SECRET_NAME.search(name) and value and not value.isdigit():
+            values.add(value)
+    return tuple(sorted((v for v in values if len(v) >= MIN_SECRET), key=len, reverse=True))
+
+
+def secret_redactor(secrets: tuple[str, ...]) -> Callable[[str], str]:
+    """A function replacing each of `secrets` (longest first) with `***`."""
+
+    def redactor(text: str) -> str:
+        for value in secrets:
+            if value in text:
+                text = text.replace(value, "***")
+        return text
+
+    return redactor
 
 
 _TEXT_FIELDS = ("delta", "text", "message", "error", "title", "reason")

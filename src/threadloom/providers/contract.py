@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 
@@ -43,13 +44,31 @@ class ProviderError(Exception):
 class ThreadSettings:
     """What a native thread is opened or resumed with: the workspace and the app thread's runtime mode.
 
-    `runtime_mode` is one of full_access, approval_required, read_only; each driver maps it to its
-    own approval policy and sandbox. `model` overrides the instance's default model.
+    `runtime_mode` is one of workspace_write (the default: no prompts, writes only inside the
+    workspace, no network), approval_required (asks before every command and file change),
+    read_only (writes nothing) and full_access (no prompts, network; the engine accepts it only on
+    instances configured with `allow_full_access`); each driver maps it to its own approval policy
+    and sandbox. `model` overrides the instance's default model.
     """
 
     cwd: str
-    runtime_mode: str = "full_access"
+    runtime_mode: str = "workspace_write"
     model: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionScope:
+    """The project a runtime serves. Every agent process belongs to exactly one project.
+
+    A runtime never serves two projects, so one project's agent (its crash, its files, its
+    sandbox) cannot reach another's. `workspace_root` is the only folder the agent may write;
+    `state_dir` is where the driver keeps this project's native agent state (inside the data dir,
+    never visible to the agent's commands).
+    """
+
+    project_id: str
+    workspace_root: str
+    state_dir: Path
 
 
 # ---- normalized events -------------------------------------------------------------
@@ -210,4 +229,6 @@ class ProviderDriver(Protocol):
 
     def capabilities(self) -> Capabilities: ...
 
-    async def open_session(self) -> ProviderRuntime: ...
+    async def open_session(self, scope: SessionScope) -> ProviderRuntime:
+        """A new runtime serving the one project of `scope`."""
+        ...

@@ -14,6 +14,9 @@ options for these, come from a TOML file named by `THREADLOOM_PROVIDERS`
     driver = "codex"
     model = "gpt-5.5"
     api_key_env = "OPENAI_API_KEY"
+
+Threads default to the `workspace_write` runtime mode (sandboxed to the project's workspace).
+`full_access` is accepted only on an instance whose configuration says `allow_full_access = true`.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from threadloom.providers.contract import ProviderDriver
 from threadloom.providers.scripted import ScriptedDriver
 
 DEFAULT_INSTANCES: dict[str, dict[str, Any]] = {
-    "scripted": {"driver": "scripted"},
+    "scripted": {"driver": "scripted", "allow_full_access": False},
     "codex": {"driver": "codex"},
     "claude": {"driver": "claude"},
 }
 
 
-ENGINE_OPTIONS = frozenset({"restart_as", "interrupt_unsupported", "idle_timeout_s"})  # read by the engine
+# Read by the engine (and, for allow_full_access, by the drivers that map it to their sandbox).
+ENGINE_OPTIONS = frozenset({"restart_as", "interrupt_unsupported", "idle_timeout_s", "allow_full_access"})
 _CLI_OPTIONS = frozenset({"binary", "model", "base_url", "api_key_env", "env"})
 DRIVER_OPTIONS: dict[str, frozenset[str]] = {
     "scripted": frozenset(
@@ -81,6 +85,8 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
         idle = options.get("idle_timeout_s", 0)
         if isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0:
             raise ConfigError(f"provider instance {name!r}: `idle_timeout_s` must be a number of seconds >= 0")
+        if not isinstance(options.get("allow_full_access", False), bool):
+            raise ConfigError(f"provider instance {name!r}: `allow_full_access` must be true or false")
         env = options.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise ConfigError(f"provider instance {name!r}: `env` must be a table of strings")
@@ -89,7 +95,8 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
 
 
 def _scripted(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
-    return ScriptedDriver(config.id, data_dir / "agents" / config.id, config.options)
+    # The whole data dir stays invisible to commands, even in a workspace that contains it.
+    return ScriptedDriver(config.id, data_dir / "agents" / config.id, config.options, hidden=(data_dir,))
 
 
 def _codex(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
@@ -101,6 +108,11 @@ def _claude(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
 
 
 DRIVERS = {"scripted": _scripted, "codex": _codex, "claude": _claude}
+
+
+def full_access_instances(instances: dict[str, InstanceConfig]) -> frozenset[str]:
+    """The instances whose admin allowed `full_access` threads."""
+    return frozenset(name for name, config in instances.items() if config.options.get("allow_full_access") is True)
 
 
 def build_driver(config: InstanceConfig, data_dir: Path) -> ProviderDriver:

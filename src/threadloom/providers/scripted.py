@@ -1,11 +1,17 @@
 """The `scripted` driver: runs `python -m threadloom.agent` and speaks its Codex-shaped protocol.
 
 Its messages are translated by the codex driver's `Translator`: one translation of one protocol.
+
+One agent process per project (`open_session(scope)`): it starts with the minimal environment of
+`agent_cli.child_env` (none of the server's variables, no database URL, no tokens), keeps its state in
+the project's own folder, may start threads only inside the project's workspace, and runs every command
+and file write under bubblewrap (agent/sandbox.py) with the data dir hidden. The thread's runtime mode
+travels with `thread/start`/`thread/resume`; `full_access` gets the network only where the instance's
+`allow_full_access` is set. Every event is redacted of the known secret values before the engine sees it.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,22 +19,25 @@ from typing import Any
 
 import orjson
 
+from threadloom.providers.agent_cli import child_env, known_secrets, redact_event, secret_redactor
 from threadloom.providers.codex_events import Translator
 from threadloom.providers.contract import (
     Capabilities,
     ProviderError,
     ProviderEvent,
     RuntimeExited,
+    SessionScope,
     ThreadSettings,
 )
 from threadloom.providers.jsonlines import JsonLinesProcess
 
 
 class ScriptedRuntime:
-    def __init__(self, process: JsonLinesProcess, capabilities: Capabilities) -> None:
+    def __init__(self, process: JsonLinesProcess, capabilities: Capabilities, secrets: tuple[str, ...] = ()) -> None:
         self.process = process
         self.capabilities = capabilities
-        self._translator = Translator(lambda text: text)
+        self._redact = secret_redactor(secrets)
+        self._translator = Translator(self._redact)
 
     @property
     def alive(self) -> bool:
@@ -41,14 +50,15 @@ class ScriptedRuntime:
                 yield RuntimeExited("the scripted agent exited", self.process.exit_code)
                 return
             for event in self._translator.translate(message):
-                yield event
+                yield redact_event(event, self._redact)  # a command may print what it can read
 
     async def start_thread(self, settings: ThreadSettings) -> str:
-        result = await self.process.request("thread/start", {"cwd": settings.cwd})
+        params = {"cwd": settings.cwd, "runtimeMode": settings.runtime_mode}
+        result = await self.process.request("thread/start", params)
         return str(result["thread"]["id"])
 
     async def resume_thread(self, native_thread: str, settings: ThreadSettings) -> None:
-        await self.process.request("thread/resume", {"threadId": native_thread})
+        await self.process.request("thread/resume", {"threadId": native_thread, "runtimeMode": settings.runtime_mode})
 
     async def start_turn(self, native_thread: str, text: str) -> str:
         result = await self.process.request(
@@ -84,11 +94,19 @@ class ScriptedRuntime:
 
 
 class ScriptedDriver:
-    """One configured `scripted` instance: its state folder, chunk delay and capability flags."""
+    """One configured `scripted` instance: its state folder, chunk delay and capability flags.
 
-    def __init__(self, instance_id: str, state_dir: Path, options: dict[str, Any]) -> None:
+    `hidden` are folders the agent's commands must never see even when a workspace contains them
+    (the data dir).
+    """
+
+    def __init__(
+        self, instance_id: str, state_dir: Path, options: dict[str, Any], hidden: tuple[Path, ...] = ()
+    ) -> None:
         self.instance_id = instance_id
         self.state_dir = state_dir
+        self.hidden = hidden
+        self.allow_full_access = bool(options.get("allow_full_access", False))
         self.chunk_delay_ms = int(options.get("chunk_delay_ms", 0))
         self.steering = bool(options.get("supports_active_steering", True))
         self.interrupt = bool(options.get("supports_interrupt", True))
@@ -106,24 +124,31 @@ class ScriptedDriver:
             pending_requests_survive_restart=False,
         )
 
-    async def open_session(self) -> ScriptedRuntime:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+    async def open_session(self, scope: SessionScope) -> ScriptedRuntime:
+        scope.state_dir.mkdir(parents=True, exist_ok=True)
         flags = {"supportsActiveSteering": self.steering, "supportsInterrupt": self.interrupt}
         argv = [
             sys.executable,
             "-m",
             "threadloom.agent",
             "--state-dir",
-            str(self.state_dir),
+            str(scope.state_dir),
+            "--workspace",
+            scope.workspace_root,
             "--chunk-delay-ms",
             str(self.chunk_delay_ms),
             "--capabilities",
             orjson.dumps(flags).decode(),
         ]
-        process = await JsonLinesProcess.spawn(argv, env=os.environ, name=f"scripted:{self.instance_id}")
+        if self.allow_full_access:
+            argv.append("--allow-network")
+        for folder in (*self.hidden, self.state_dir):
+            argv += ["--hide", str(folder)]
+        name = f"scripted:{self.instance_id}:{scope.project_id}"
+        process = await JsonLinesProcess.spawn(argv, env=child_env(None, {}), cwd=str(scope.state_dir), name=name)
         try:
             await process.request("initialize", {"clientInfo": {"name": "threadloom", "version": "0.1.0"}})
         except ProviderError:
             await process.close()
             raise
-        return ScriptedRuntime(process, self.capabilities())
+        return ScriptedRuntime(process, self.capabilities(), known_secrets())
