@@ -10,7 +10,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-async def until(check: Callable[[], Awaitable[T]], *, within: float = 30.0, interval: float = 0.05) -> T:
+async def until(check: Callable[[], Awaitable[T | None]], *, within: float = 30.0, interval: float = 0.05) -> T:
     """The first truthy result of `check()`; fails with the last result after `within` seconds."""
     deadline = time.monotonic() + within
     last: T | None = None
