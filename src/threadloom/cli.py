@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         ws="websockets-sansio",
+        # The HTTP body limit holds for WebSocket messages too: a bigger frame (an unauthenticated
+        # connection_init included) is refused by the protocol layer with close code 1009 before
+        # any of it is parsed or reaches the application.
+        ws_max_size=settings.limits.max_body_bytes,
         # Compressing every small JSON frame costs more CPU on the fan-out path than it saves.
         ws_per_message_deflate=False,
         access_log=False,
@@ -130,14 +136,30 @@ async def _token(args: argparse.Namespace, url: str) -> int:
                     if not exists:
                         print(f"no project {project}", file=sys.stderr)
                         return 2
+                expires_at = None if args.expires_in is None else now + args.expires_in
                 info, secret = await tokens.create_token(
-                    tx, name=args.name, scope=TokenScope(args.scope), project_id=project, now=now
+                    tx,
+                    name=args.name,
+                    scope=TokenScope(args.scope),
+                    project_id=project,
+                    now=now,
+                    expires_at=expires_at,
                 )
-                print(f"created token {info.id} scope={info.scope} project={info.project_id or 'all'}")
+                expiry = "never" if expires_at is None else f"{expires_at:%Y-%m-%dT%H:%M:%SZ}"
+                print(
+                    f"created token {info.id} scope={info.scope} project={info.project_id or 'all'} expires={expiry}"
+                )
                 print(secret)
             elif args.token_command == "list":
                 for t in await tokens.list_tokens(tx):
-                    state = f"revoked {t.revoked_at:%Y-%m-%d}" if t.revoked_at else "active"
+                    if t.revoked_at:
+                        state = f"revoked {t.revoked_at:%Y-%m-%d}"
+                    elif t.expires_at and t.expires_at <= now:
+                        state = f"expired {t.expires_at:%Y-%m-%dT%H:%M:%SZ}"
+                    elif t.expires_at:
+                        state = f"active, expires {t.expires_at:%Y-%m-%dT%H:%M:%SZ}"
+                    else:
+                        state = "active"
                     print(f"{t.id}  {t.scope:<8} project={t.project_id or 'all'}  {state}  {t.name}")
             else:
                 if not await tokens.revoke_token(tx, uuid.UUID(args.id), now):
@@ -168,6 +190,17 @@ def _project_id(value: str) -> str:
         raise argparse.ArgumentTypeError(f"not a project id: {value}") from None
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(value: str) -> timedelta:
+    """`--expires-in`: `90` (seconds), `45s`, `30m`, `1h`, `7d`; positive."""
+    found = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", value.lower())
+    if found is None or int(found[1]) <= 0:
+        raise argparse.ArgumentTypeError(f"not a duration (like 3600, 30m, 1h, 7d): {value}")
+    return timedelta(seconds=int(found[1]) * _UNITS[found[2] or "s"])
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="threadloom", description=__doc__)
     p.add_argument("--data-dir", default=None, help="data folder (env THREADLOOM_DATA_DIR, default ./.threadloom)")
@@ -188,6 +221,9 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--scope", choices=[s.value for s in TokenScope], required=True)
     create.add_argument("--project", type=_project_id, default=None, help="bind to one project")
     create.add_argument("--name", default="cli")
+    create.add_argument(
+        "--expires-in", type=duration, default=None, help="stop working after this long (3600, 30m, 1h, 7d)"
+    )
     tsub.add_parser("list", help="list tokens (never their secrets)")
     revoke = tsub.add_parser("revoke", help="revoke a token by id")
     revoke.add_argument("id")

@@ -3,7 +3,11 @@
 `DATABASE_URL` (external PostgreSQL; absent → embedded server in the data dir),
 `THREADLOOM_DATA_DIR`, `BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_HOST`/`PORT`,
 `THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`, `THREADLOOM_PROVIDERS` (provider instances, TOML),
-`THREADLOOM_MAX_SUBSCRIPTIONS` (per connection), `THREADLOOM_MAX_REPLAY` (events), `THREADLOOM_SUBSCRIBER_QUEUE`.
+`THREADLOOM_MAX_SUBSCRIPTIONS` (per connection), `THREADLOOM_MAX_REPLAY` (events), `THREADLOOM_SUBSCRIBER_QUEUE`,
+and the per-token limits (`THREADLOOM_MAX_CONNECTIONS_PER_TOKEN`, `THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN`,
+`THREADLOOM_MUTATIONS_PER_MINUTE`, `THREADLOOM_MUTATION_BURST`, `THREADLOOM_RUN_STARTS_PER_MINUTE`,
+`THREADLOOM_RUN_START_BURST`). Per-token limits are counted in each process's memory: with several
+processes behind a load balancer each one enforces them on its own share.
 """
 
 from __future__ import annotations
@@ -27,6 +31,14 @@ class Limits:
     max_subscriptions_per_connection: int = 100
     max_replay: int = 10_000
     subscriber_queue: int = 1_000
+    # Per token, in this process (docs/security.md, "Limits").
+    max_connections_per_token: int = 32
+    max_subscriptions_per_token: int = 200
+    # Token buckets: `*_per_minute` refill, `*_burst` the bucket's size.
+    mutations_per_minute: int = 600
+    mutation_burst: int = 300
+    run_starts_per_minute: int = 120
+    run_start_burst: int = 60
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,6 +73,12 @@ class Settings:
             "max_subscriptions_per_connection": env.get("THREADLOOM_MAX_SUBSCRIPTIONS"),
             "max_replay": env.get("THREADLOOM_MAX_REPLAY"),
             "subscriber_queue": env.get("THREADLOOM_SUBSCRIBER_QUEUE"),
+            "max_connections_per_token": env.get("THREADLOOM_MAX_CONNECTIONS_PER_TOKEN"),
+            "max_subscriptions_per_token": env.get("THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN"),
+            "mutations_per_minute": env.get("THREADLOOM_MUTATIONS_PER_MINUTE"),
+            "mutation_burst": env.get("THREADLOOM_MUTATION_BURST"),
+            "run_starts_per_minute": env.get("THREADLOOM_RUN_STARTS_PER_MINUTE"),
+            "run_start_burst": env.get("THREADLOOM_RUN_START_BURST"),
         }
         values["limits"] = Limits(**{k: int(v) for k, v in limits.items() if v})
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -2,12 +2,16 @@
 
 With `Accept: application/graphql-response+json` a request that fails before execution
 (unparseable, invalid, bad variables) gets HTTP 400, as the GraphQL-over-HTTP spec says;
-with `application/json` it gets 200, for older clients.
+with `application/json` it gets 200, for older clients. A subscription sent as a plain HTTP
+request is HTTP 400 `SUBSCRIPTION_OVER_HTTP` (subscriptions speak graphql-transport-ws); a request
+refused by its token's rate limit is HTTP 429 `RATE_LIMITED` with `Retry-After`.
+WebSockets go through `token_guard.GuardedTransportWSHandler` (revocation, per-token caps).
 """
 
 from __future__ import annotations
 
 import contextvars
+import math
 from datetime import timedelta
 from typing import Any, cast
 
@@ -17,14 +21,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
-from strawberry.exceptions import ConnectionRejectionError
+from strawberry.exceptions import ConnectionRejectionError, MissingQueryError
 from strawberry.http import GraphQLHTTPResponse
+from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types.execution import ExecutionResult
+from strawberry.types.graphql import OperationType
 from strawberry.types.unset import UNSET, UnsetType
 
 from threadloom.api.context import NOBODY, Context
 from threadloom.api.gate import bearer
+from threadloom.api.token_guard import STATE_KEY, GuardedTransportWSHandler, TokenGuard
 from threadloom.engine.services import Services
 from threadloom.store import tokens
 from threadloom.streams.live import Live
@@ -39,7 +46,19 @@ def negotiate(accept: str) -> str:
     return GRAPHQL_RESPONSE if GRAPHQL_RESPONSE in accept else JSON
 
 
+class CodedHTTPError(Exception):
+    """A request refused before execution with a status and a stable code (a JSON error body)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
 class GraphQLView(GraphQL[Context, None]):
+    graphql_transport_ws_handler_class = GuardedTransportWSHandler
+
     def __init__(self, services: Services, schema: Any, live: Live | None = None) -> None:
         settings = services.settings
         super().__init__(
@@ -53,6 +72,7 @@ class GraphQLView(GraphQL[Context, None]):
         )
         self.services = services
         self.live = live
+        self.token_guard = TokenGuard(services.db, settings.limits)
 
     def encode_json(self, data: object) -> str:
         # A str, not bytes: WebSocket messages must go out as text frames (browser clients
@@ -66,6 +86,7 @@ class GraphQLView(GraphQL[Context, None]):
         state = request.scope.setdefault("state", {})
         _media.set(negotiate(request.headers.get("accept", "")))
         state["sub_response"] = response
+        state[STATE_KEY] = self.token_guard
         principal = state.get("principal") or NOBODY
         return Context.create(principal, self.services, request, response, state.get("counter"), self.live)
 
@@ -80,17 +101,55 @@ class GraphQLView(GraphQL[Context, None]):
                 principal = await tokens.authenticate(db, token)
         if principal is None:
             raise ConnectionRejectionError()
+        self.token_guard.admit(context, principal)  # TooManyConnections → close 4429
         context.principal = principal
         return cast(UnsetType, UNSET)
 
-    async def execute_single(self, *args: Any, **kwargs: Any) -> Any:
-        """GraphQL-over-HTTP: a mutation sent with GET is 405, not 400."""
+    async def run(self, request: Any, context: Any = UNSET, root_value: Any = UNSET) -> Any:
         try:
-            return await super().execute_single(*args, **kwargs)
-        except HTTPException as error:
-            if error.reason.startswith("mutations are not allowed when using GET"):
-                raise HTTPException(405, "mutations need POST") from error
-            raise
+            return await super().run(request, context, root_value)
+        except CodedHTTPError as error:
+            body = {"errors": [{"message": error.message, "extensions": {"code": error.code}}]}
+            return Response(self.encode_json(body), status_code=error.status, media_type=_media.get())
+
+    async def execute_single(
+        self,
+        request: Any,
+        request_adapter: Any,
+        sub_response: Any,
+        context: Context,
+        root_value: None,
+        request_data: Any,
+    ) -> ExecutionResult:
+        """A plain HTTP request runs queries and mutations only (GraphQL-over-HTTP).
+
+        A mutation sent with GET is 405; a subscription is HTTP 400 SUBSCRIPTION_OVER_HTTP, refused
+        before anything runs. Only a plain request reaches here: one asking for a streaming HTTP
+        transport (multipart subscriptions, once configured) is routed by strawberry to
+        `schema.stream` instead.
+        """
+        method = request_adapter.method
+        allowed = OperationType.from_http(method) - {OperationType.SUBSCRIPTION}
+        try:
+            return await self.schema.execute(
+                request_data.query,
+                root_value=root_value,
+                variable_values=request_data.variables,
+                context_value=context,
+                operation_name=request_data.operation_name,
+                allowed_operation_types=allowed,
+                operation_extensions=request_data.extensions,
+            )
+        except CannotGetOperationTypeError as error:
+            raise HTTPException(400, error.as_http_error_reason()) from error
+        except InvalidOperationTypeError as error:
+            if error.operation_type is OperationType.SUBSCRIPTION:
+                raise CodedHTTPError(
+                    400, "SUBSCRIPTION_OVER_HTTP", "subscriptions need a WebSocket (graphql-transport-ws) on this URL"
+                ) from None
+            raise HTTPException(405, "mutations need POST") from None
+        except MissingQueryError as error:
+            raise HTTPException(400, "No GraphQL query found in the request") from error
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
         processed = await super().process_result(request, result)
@@ -99,6 +158,11 @@ class GraphQLView(GraphQL[Context, None]):
         )
         if failed_before_execution and _media.get() == GRAPHQL_RESPONSE:
             request.scope["state"]["sub_response"].status_code = 400
+        limited = next((e for e in result.errors or [] if (e.extensions or {}).get("code") == "RATE_LIMITED"), None)
+        if limited is not None and result.data is None:
+            sub_response = request.scope["state"]["sub_response"]
+            sub_response.status_code = 429
+            sub_response.headers["retry-after"] = str(math.ceil((limited.extensions or {}).get("retryAfter", 1)))
         return processed
 
     def create_response(self, response_data: Any, sub_response: Response) -> Response:

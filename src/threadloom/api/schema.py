@@ -26,6 +26,7 @@ from threadloom.api.mutations import (
 )
 from threadloom.api.query import Query
 from threadloom.api.subscriptions import Subscription
+from threadloom.api.token_guard import RateLimits
 from threadloom.api.types import NODE_TYPES
 from threadloom.config import Limits
 
@@ -69,6 +70,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
             functools.partial(MaxTokensLimiter, max_token_count=limits.max_tokens),
             CodedErrors,
             RecordOperation,
+            RateLimits,  # per-token mutation and run-start buckets
         ],
         config=StrawberryConfig(sort_schema=True, disable_field_suggestions=not dev),
     )

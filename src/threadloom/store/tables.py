@@ -246,6 +246,7 @@ api_tokens = sa.Table(
     sa.Column("token_hash", sa.Text(), nullable=False, unique=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),  # None: never expires
     sa.CheckConstraint(f"scope IN ({_scopes})", name="scope_valid"),
 )
 

@@ -1,4 +1,9 @@
-"""API tokens: random, shown once, stored as SHA-256."""
+"""API tokens: random, shown once, stored as SHA-256; optionally expiring.
+
+A token authenticates while it is neither revoked nor past its `expires_at`. Both are
+judged by the database's clock, so every server process agrees on the instant a token
+stops working.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import dataclasses
 import hashlib
 import secrets
 import uuid
+from collections.abc import Collection
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -31,14 +37,27 @@ class TokenInfo:
     project_id: uuid.UUID | None
     created_at: datetime
     revoked_at: datetime | None
+    expires_at: datetime | None = None
+
+
+def _usable() -> sa.ColumnElement[bool]:
+    """Not revoked and not expired, by the database's clock."""
+    tokens = t.api_tokens.c
+    return sa.and_(tokens.revoked_at.is_(None), sa.or_(tokens.expires_at.is_(None), tokens.expires_at > sa.func.now()))
 
 
 async def create_token(
-    db: Reader, *, name: str, scope: TokenScope, project_id: uuid.UUID | None, now: datetime
+    db: Reader,
+    *,
+    name: str,
+    scope: TokenScope,
+    project_id: uuid.UUID | None,
+    now: datetime,
+    expires_at: datetime | None = None,
 ) -> tuple[TokenInfo, str]:
     """Returns the stored info and the plaintext token (never stored)."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    info = TokenInfo(new_id(), name, scope, project_id, now, None)
+    info = TokenInfo(new_id(), name, scope, project_id, now, None, expires_at)
     await db.execute(
         sa.insert(t.api_tokens).values(
             id=info.id,
@@ -47,6 +66,7 @@ async def create_token(
             project_id=project_id,
             token_hash=hash_token(token),
             created_at=now,
+            expires_at=expires_at,
         )
     )
     return info, token
@@ -59,7 +79,15 @@ async def count_tokens(db: Reader) -> int:
 async def list_tokens(db: Reader) -> list[TokenInfo]:
     rows = await db.rows(sa.select(t.api_tokens).order_by(t.api_tokens.c.id))
     return [
-        TokenInfo(r["id"], r["name"], TokenScope(r["scope"]), r["project_id"], r["created_at"], r["revoked_at"])
+        TokenInfo(
+            r["id"],
+            r["name"],
+            TokenScope(r["scope"]),
+            r["project_id"],
+            r["created_at"],
+            r["revoked_at"],
+            r["expires_at"],
+        )
         for r in rows
     ]
 
@@ -74,11 +102,20 @@ async def revoke_token(db: Reader, token_id: uuid.UUID, now: datetime) -> bool:
 
 
 async def authenticate(db: Reader, token: str) -> Principal | None:
+    """The principal of a usable token; None for an unknown, revoked or expired one."""
     row = await db.one_or_none(
         sa.select(t.api_tokens.c.id, t.api_tokens.c.scope, t.api_tokens.c.project_id).where(
-            t.api_tokens.c.token_hash == hash_token(token), t.api_tokens.c.revoked_at.is_(None)
+            t.api_tokens.c.token_hash == hash_token(token), _usable()
         )
     )
     if row is None:
         return None
     return Principal(token_id=row["id"], scope=TokenScope(row["scope"]), project_id=row["project_id"])
+
+
+async def still_usable(db: Reader, token_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of these tokens still authenticate: one statement for every open socket's token."""
+    if not token_ids:
+        return set()
+    rows = await db.rows(sa.select(t.api_tokens.c.id).where(t.api_tokens.c.id.in_(list(token_ids)), _usable()))
+    return {r["id"] for r in rows}

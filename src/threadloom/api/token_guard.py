@@ -1,0 +1,256 @@
+"""Per-token guards of one server process: open sockets, revocation, caps and rate limits.
+
+- **Revocation and expiry on open WebSockets.** A socket's token is checked again before every
+  operation it sends, and a watcher asks the database once a second — one statement for the tokens
+  of every open socket — which of them still authenticate. A socket whose token was revoked or has
+  expired has its operations ended and is closed with code 4403, so a revocation takes effect on
+  open sockets within about a second (the CLI that revokes runs in another process, so a periodic
+  check is what reaches every server process without a shared channel).
+- **Caps.** At most `max_connections_per_token` open sockets (a further `connection_init` is
+  closed with 4429) and `max_subscriptions_per_token` running operations over all of a token's
+  sockets (a further `subscribe` gets an `error` message with code TOO_MANY_SUBSCRIPTIONS).
+- **Rate limits.** Token buckets per token for mutations and for run starts (`RateLimits`).
+
+All of it is counted in this process's memory: with several processes each one enforces the
+limits on the sockets and requests it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from graphql import (
+    DocumentNode,
+    FieldNode,
+    FragmentSpreadNode,
+    GraphQLError,
+    InlineFragmentNode,
+    OperationDefinitionNode,
+    SelectionSetNode,
+)
+from graphql import ExecutionResult as GraphQLExecutionResult
+from strawberry.extensions import SchemaExtension
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage, SubscribeMessage
+from strawberry.types.graphql import OperationType
+
+from threadloom.config import Limits
+from threadloom.domain.access import Principal
+from threadloom.domain.rate_limits import Bucket, Rate, take_all
+from threadloom.store import tokens
+from threadloom.store.db import Database
+
+if TYPE_CHECKING:
+    from threadloom.api.context import Context
+
+log = logging.getLogger("threadloom.api.tokens")
+
+CLOSE_REVOKED = 4403
+CLOSE_TOO_MANY_CONNECTIONS = 4429
+RECHECK_SECONDS = 1.0
+STATE_KEY = "token_guard"
+
+# Mutations that start agent work: each also takes one token from the run-start bucket.
+RUN_STARTING_FIELDS = frozenset({"sendMessage", "delegateTask", "implementPlan", "resumeQueue"})
+
+
+class TooManyConnections(Exception):
+    """Raised by the view's connection check; the socket handler closes with 4429."""
+
+
+class TokenGuard:
+    def __init__(self, db: Database, limits: Limits) -> None:
+        self.db = db
+        self.limits = limits
+        # token id → {socket context → its handler (None until the connection is acknowledged)}
+        self._sockets: dict[uuid.UUID, dict[int, GuardedTransportWSHandler | None]] = {}
+        self._watcher: asyncio.Task[None] | None = None
+        self._mutations = Rate(limits.mutations_per_minute, limits.mutation_burst)
+        self._run_starts = Rate(limits.run_starts_per_minute, limits.run_start_burst)
+        self._buckets: dict[uuid.UUID, tuple[Bucket, Bucket]] = {}
+
+    # -- sockets ----------------------------------------------------------------------------
+
+    def admit(self, context: Context, principal: Principal) -> None:
+        """Count a new socket of this token, or raise TooManyConnections (check and add: no await between)."""
+        sockets = self._sockets.setdefault(principal.token_id, {})
+        if len(sockets) >= self.limits.max_connections_per_token:
+            raise TooManyConnections(f"at most {self.limits.max_connections_per_token} connections per token")
+        sockets[id(context)] = None
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._watch(), name="token-guard")
+
+    def attach(self, token_id: uuid.UUID, context: Context, handler: GuardedTransportWSHandler) -> None:
+        sockets = self._sockets.get(token_id)
+        if sockets is not None and id(context) in sockets:
+            sockets[id(context)] = handler
+
+    def release(self, token_id: uuid.UUID, context: Context) -> None:
+        sockets = self._sockets.get(token_id)
+        if sockets is not None:
+            sockets.pop(id(context), None)
+            if not sockets:
+                del self._sockets[token_id]
+
+    def operations(self, token_id: uuid.UUID) -> int:
+        """Running operations (subscriptions, and queries or mutations in flight) over the token's sockets."""
+        return sum(len(h.operations) for h in self._sockets.get(token_id, {}).values() if h is not None)
+
+    async def usable(self, token_id: uuid.UUID) -> bool:
+        async with self.db.read() as db:
+            return bool(await tokens.still_usable(db, [token_id]))
+
+    async def _watch(self) -> None:
+        """Once a second, one statement: close the sockets whose token no longer authenticates."""
+        while self._sockets:
+            await asyncio.sleep(RECHECK_SECONDS)
+            ids = set(self._sockets)
+            if not ids:
+                break
+            try:
+                async with self.db.read() as db:
+                    usable = await tokens.still_usable(db, ids)
+            except Exception:  # the database being away must not end the watcher
+                log.warning("token re-check failed", exc_info=True)
+                continue
+            for token_id in ids - usable:
+                for handler in list(self._sockets.get(token_id, {}).values()):
+                    if handler is not None:
+                        await handler.close_revoked()
+
+    # -- rate limits ------------------------------------------------------------------------
+
+    def charge(self, token_id: uuid.UUID, mutations: int, run_starts: int) -> int:
+        """0 when the token may run these now (and they are counted), else whole seconds to wait."""
+        now = time.monotonic()
+        buckets = self._buckets.get(token_id)
+        if buckets is None:
+            buckets = self._buckets[token_id] = (
+                Bucket.full(self._mutations, now),
+                Bucket.full(self._run_starts, now),
+            )
+        return take_all([(buckets[0], self._mutations, mutations), (buckets[1], self._run_starts, run_starts)], now)
+
+
+class GuardedTransportWSHandler(BaseGraphQLTransportWSHandler["Context", None]):
+    """graphql-transport-ws with the per-token guards: re-check per operation, caps, revocation close."""
+
+    @property
+    def guard(self) -> TokenGuard:
+        guard: TokenGuard = self.view.token_guard  # type: ignore[attr-defined]
+        return guard
+
+    async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
+        try:
+            await super().handle_connection_init(message)
+        except TooManyConnections as error:
+            await self.websocket.close(code=CLOSE_TOO_MANY_CONNECTIONS, reason=str(error))
+            return
+        if self.connection_acknowledged:
+            self.guard.attach(self.context.principal.token_id, self.context, self)
+
+    async def handle_subscribe(self, message: SubscribeMessage) -> None:
+        if self.connection_acknowledged:
+            token_id = self.context.principal.token_id
+            if not await self.guard.usable(token_id):
+                await self.close_revoked()
+                return
+            limits = self.guard.limits
+            if (
+                len(self.operations) >= limits.max_subscriptions_per_connection
+                or self.guard.operations(token_id) >= limits.max_subscriptions_per_token
+            ):
+                error = GraphQLError(
+                    f"at most {limits.max_subscriptions_per_connection} operations per connection and "
+                    f"{limits.max_subscriptions_per_token} per token",
+                    extensions={"code": "TOO_MANY_SUBSCRIPTIONS"},
+                )
+                await self.send_message({"id": message["id"], "type": "error", "payload": [error.formatted]})
+                return
+        await super().handle_subscribe(message)
+
+    async def close_revoked(self) -> None:
+        """End every operation of this socket and close it with 4403."""
+        for operation_id in list(self.operations):
+            await self.cleanup_operation(operation_id)
+        with contextlib.suppress(Exception):  # already closed by the client
+            await self.websocket.close(code=CLOSE_REVOKED, reason="token revoked or expired")
+
+    async def shutdown(self) -> None:
+        try:
+            await super().shutdown()
+        finally:
+            if self.connection_init_received:
+                self.guard.release(self.context.principal.token_id, self.context)
+
+
+def _root_fields(document: DocumentNode, operation: OperationDefinitionNode) -> Iterator[str]:
+    fragments = {d.name.value: d for d in document.definitions if hasattr(d, "type_condition") and hasattr(d, "name")}
+
+    def walk(selection_set: SelectionSetNode, seen: frozenset[str]) -> Iterator[str]:
+        for selection in selection_set.selections:
+            if isinstance(selection, FieldNode):
+                yield selection.name.value
+            elif isinstance(selection, InlineFragmentNode):
+                yield from walk(selection.selection_set, seen)
+            elif isinstance(selection, FragmentSpreadNode) and selection.name.value not in seen:
+                fragment: Any = fragments.get(selection.name.value)
+                if fragment is not None:
+                    yield from walk(fragment.selection_set, seen | {selection.name.value})
+
+    yield from walk(operation.selection_set, frozenset())
+
+
+def _operation(document: DocumentNode, name: str | None) -> OperationDefinitionNode | None:
+    operations = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
+    if name is None:
+        return operations[0] if len(operations) == 1 else None
+    return next((o for o in operations if o.name is not None and o.name.value == name), None)
+
+
+class RateLimits(SchemaExtension):
+    """Refuses a mutation request over its token's rate before anything executes.
+
+    Hooked as a schema extension, after validation and before execution, so it sees the whole
+    operation once, on HTTP and WebSocket alike, and a refusal changes nothing: every root
+    mutation field costs one token from the token's mutation bucket, and each field that starts
+    agent work (`RUN_STARTING_FIELDS`) one more from its run-start bucket; either bucket short
+    refuses the whole operation with a top-level error RATE_LIMITED whose `extensions.retryAfter`
+    is the whole seconds to wait (over HTTP also status 429 and a `Retry-After` header).
+    The buckets live in the process's `TokenGuard` (found in the request's scope state).
+    """
+
+    def on_execute(self) -> Iterator[None]:
+        ctx = self.execution_context
+        refused = self._refusal()
+        if refused is not None:
+            ctx.result = GraphQLExecutionResult(data=None, errors=[refused])
+        yield
+
+    def _refusal(self) -> GraphQLError | None:
+        ctx = self.execution_context
+        if ctx.operation_type is not OperationType.MUTATION or ctx.graphql_document is None:
+            return None
+        request = getattr(ctx.context, "request", None)
+        guard = getattr(request, "scope", {}).get("state", {}).get(STATE_KEY)
+        principal: Principal | None = getattr(ctx.context, "principal", None)
+        if guard is None or principal is None:
+            return None
+        operation = _operation(ctx.graphql_document, ctx.operation_name)
+        if operation is None:
+            return None
+        fields = [name for name in _root_fields(ctx.graphql_document, operation) if name != "__typename"]
+        starts = sum(1 for name in fields if name in RUN_STARTING_FIELDS)
+        wait = guard.charge(principal.token_id, len(fields), starts)
+        if wait == 0:
+            return None
+        return GraphQLError(
+            f"this token's mutation rate is exceeded; retry in {wait} s",
+            extensions={"code": "RATE_LIMITED", "retryAfter": wait},
+        )
