@@ -721,3 +721,87 @@ async def test_closing_stdin_cancels_and_exits_0(agent: AgentProcess, cwd: Path)
     started = time.monotonic()
     assert await agent.close_stdin() == 0
     assert time.monotonic() - started < 5
+
+
+# --- the sandbox and runtime modes ---
+
+
+async def _thread_in_mode(agent: AgentProcess, cwd: Path, mode: str) -> str:
+    result = await agent.request("thread/start", {"cwd": str(cwd), "runtimeMode": mode})
+    thread_id: str = result["thread"]["id"]
+    await agent.next_message(is_method("thread/started", threadId=thread_id))
+    return thread_id
+
+
+def _output(messages: list[Message], item_id: str) -> str:
+    return "".join(
+        m["params"]["delta"]
+        for m in messages
+        if m.get("method", "").endswith("/outputDelta") and m["params"]["itemId"] == item_id
+    )
+
+
+async def test_the_workspace_bounds_threads_and_commands(tmp_path: Path, cwd: Path) -> None:
+    (tmp_path / "outside.txt").write_text("not yours")
+    hidden = cwd / "data"
+    hidden.mkdir()
+    (hidden / "secret").write_text("hidden")
+    agent = await AgentProcess.start(tmp_path / "state", "--workspace", str(cwd), "--hide", str(hidden))
+    try:
+        refused = await agent.error("thread/start", {"cwd": str(tmp_path)})
+        assert refused["code"] == -32602 and "outside" in refused["message"]
+        unknown = await agent.error("thread/start", {"cwd": str(cwd), "runtimeMode": "root"})
+        assert unknown["code"] == -32602
+        thread_id = await agent.new_thread(cwd)
+        script = f"@tool cat {tmp_path / 'outside.txt'}\n@tool ls -A data; env\n@tool echo made > made.txt"
+        _, messages = await agent.run_turn(thread_id, script)
+        outside, listing, made = completed_items(messages, "commandExecution")
+        assert outside["status"] == "failed" and "not yours" not in outside["aggregatedOutput"]
+        assert listing["status"] == "completed" and "secret" not in listing["aggregatedOutput"]
+        assert sorted(line.split("=")[0] for line in listing["aggregatedOutput"].split()) == [
+            "HOME",
+            "LANG",
+            "PATH",
+            "PWD",
+            "SHLVL",
+            "_",
+        ]
+        assert made["status"] == "completed" and (cwd / "made.txt").read_text() == "made\n"
+    finally:
+        await agent.stop()
+
+
+async def test_read_only_threads_write_nothing(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await _thread_in_mode(agent, cwd, "read_only")
+    _, messages = await agent.run_turn(thread_id, "@write a.txt x\n@tool touch b.txt\n@tool echo reading\n@reply ok")
+    [write] = completed_items(messages, "fileChange")
+    assert write["status"] == "failed" and "read-only" in _output(messages, write["id"])
+    touch, reading = completed_items(messages, "commandExecution")
+    assert touch["status"] == "failed" and "Read-only file system" in touch["aggregatedOutput"]
+    assert reading["status"] == "completed"
+    assert os.listdir(cwd) == []
+    assert completion(messages)["status"] == "completed"
+
+
+async def test_approval_required_asks_before_commands_and_writes(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await _thread_in_mode(agent, cwd, "approval_required")
+    turn_id = await agent.start_turn(thread_id, "@tool echo no > no.txt\n@write yes.txt yes\n@reply done")
+    command = await agent.next_message(is_method("item/commandExecution/requestApproval", turnId=turn_id))
+    assert command["params"]["command"] == "echo no > no.txt"
+    await agent.send({"id": command["id"], "result": {"decision": "decline"}})
+    change = await agent.next_message(is_method("item/fileChange/requestApproval", turnId=turn_id))
+    assert not (cwd / "yes.txt").exists()
+    await agent.send({"id": change["id"], "result": {"decision": "accept"}})
+    await agent.finish_turn(turn_id)
+    assert [i["status"] for i in completed_items(agent.messages, "commandExecution")] == ["declined"]
+    assert [i["status"] for i in completed_items(agent.messages, "fileChange")] == ["completed"]
+    assert not (cwd / "no.txt").exists() and (cwd / "yes.txt").read_text() == "yes"
+
+
+def test_no_bwrap_means_no_commands(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from threadloom.agent import sandbox
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.os, "access", lambda path, mode: False)
+    with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+        sandbox.Sandbox(tmp_path).argv(["true"], str(tmp_path))
