@@ -288,3 +288,19 @@ async def test_subscription_over_plain_http_is_a_coded_400(server: ServerProcess
     assert (await client.gql("{ viewer { scope } }"))["viewer"]["scope"] == "ADMIN"
     server.stop()
     assert not any("Traceback" in line for line in server.log), "\n".join(server.log)
+
+
+def test_token_buckets_take_all_or_nothing() -> None:
+    """The arithmetic behind RATE_LIMITED: a refusal charges no bucket and names the wait."""
+    from threadloom.domain.rate_limits import Bucket, Rate, take_all
+
+    mutations, starts = Rate(per_minute=60, burst=2), Rate(per_minute=6, burst=1)
+    m, s = Bucket.full(mutations, 0.0), Bucket.full(starts, 0.0)
+    assert take_all([(m, mutations, 1), (s, starts, 1)], now=0.0) == 0
+    # The run-start bucket is empty: refused, and the mutation bucket keeps its token.
+    assert take_all([(m, mutations, 1), (s, starts, 1)], now=0.0) == 10
+    assert m.level == 1.0
+    assert take_all([(m, mutations, 1), (s, starts, 0)], now=0.0) == 0
+    assert take_all([(m, mutations, 1), (s, starts, 0)], now=0.5) == 1  # half a token back: wait 1 s (rounded up)
+    assert take_all([(m, mutations, 1), (s, starts, 1)], now=10.0) == 0  # both refilled
+    assert take_all([(m, mutations, 1)], now=1000.0) == 0 and m.level == 1.0  # never above the burst
