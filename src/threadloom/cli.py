@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import re
+import signal
 import sys
 import uuid
 from datetime import timedelta
@@ -31,7 +33,28 @@ def _database_url(settings: Settings) -> tuple[str, Any]:
     from threadloom.store.embedded import asyncpg_url, start_embedded
 
     server = start_embedded(settings.data_dir)
+    atexit.register(_stop_embedded_at_exit, server)
     return asyncpg_url(server), server
+
+
+def _stop_embedded_at_exit(server: Any) -> None:
+    """A clean exit (SIGINT and SIGTERM included, see `_exit_on_signal`) stops the embedded
+    server unless another live process uses it; after kill -9 it keeps running for reuse."""
+    from threadloom.store.embedded import stop_embedded
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl+C must not cut the stop short
+        signal.signal(sig, signal.SIG_IGN)
+    stop_embedded(server)
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    """SIGINT/SIGTERM end the process through SystemExit, so exit hooks run.
+
+    uvicorn handles both signals while it serves (graceful shutdown) and then re-raises the
+    signal to the handler installed before it: this one. Python's default for SIGTERM
+    would end the process without running exit hooks, leaving PostgreSQL behind.
+    """
+    raise SystemExit(0)
 
 
 async def _migrate(url: str) -> None:
@@ -75,6 +98,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"threadloom: {error}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGINT, _exit_on_signal)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     url, server = _database_url(settings)
     admin = asyncio.run(_prepare(url, embedded=server is not None))
     print(f"Threadloom: http://{settings.host}:{settings.port}/graphql", flush=True)

@@ -16,7 +16,7 @@ import asyncpg
 
 from threadloom.store import migrate
 from threadloom.store.db import Database
-from threadloom.store.embedded import asyncpg_url, start_embedded
+from threadloom.store.embedded import asyncpg_url, start_embedded, stop_embedded
 
 TEMPLATE = "tl_template"
 _counter = itertools.count(1)
@@ -67,4 +67,32 @@ class PgServer:
         return await asyncpg.connect(host=self.socket_dir, user="postgres", database=database)
 
     def stop(self) -> None:
-        self.server.cleanup()
+        """Stop the session's server (unless a live process still uses it)."""
+        stop_embedded(self.server)
+
+
+def postgres_pids(pgdata: Path) -> list[int]:
+    """Live (not zombie) PostgreSQL server processes started on `pgdata`, read from /proc."""
+    wanted = str(pgdata.resolve())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone meanwhile
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        server = state != "Z" and args[0].endswith("/postgres") and "-D" in args
+        if server and args[args.index("-D") + 1] == wanted:
+            found.append(int(entry.name))
+    return found
+
+
+def postmaster_pid(pgdata: Path) -> int | None:
+    """The pid in `postmaster.pid` (written by a running server), or None."""
+    try:
+        return int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None

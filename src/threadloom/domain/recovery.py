@@ -18,9 +18,23 @@ class RecoveryAction(StrEnum):
 
 
 def recover_run(
-    status: RunStatus, *, start_pending: bool, turn_recorded: bool, owner_alive: bool | None
+    status: RunStatus,
+    *,
+    start_pending: bool,
+    turn_recorded: bool,
+    owner_alive: bool | None,
+    start_claimed: bool = False,
 ) -> RecoveryAction:
-    """`owner_alive` is None when no runtime ever took the turn."""
+    """What recovery does with an active run.
+
+    `start_claimed`: a live worker holds the run's start effect (orphaned effects are requeued
+    or cancelled before runs are checked), so that worker ends the run itself, whatever step of
+    the start it is at. `start_pending`: the start effect waits to be claimed. `owner_alive` is
+    None when no runtime took the turn yet (the session has no owner): with a start still to
+    come, that is a run on its way, not a lost one.
+    """
+    if start_claimed:
+        return RecoveryAction.NONE
     if status == RunStatus.PREPARING:
         if start_pending:
             return RecoveryAction.NONE
@@ -28,7 +42,7 @@ def recover_run(
     if status in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.WAITING):
         if owner_alive:
             return RecoveryAction.NONE
-        if start_pending and not turn_recorded:
+        if start_pending and (owner_alive is None or not turn_recorded):
             return RecoveryAction.NONE
         return RecoveryAction.FAIL
     return RecoveryAction.NONE

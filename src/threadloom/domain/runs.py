@@ -392,7 +392,11 @@ def finish_run(
     """
     run, thread = graph.run, graph.thread
     out = Outcome()
-    gone = {"provider_crashed": "the agent process exited", "provider_lost": "the server that held the turn is gone"}
+    gone = {
+        "provider_crashed": "the agent process exited",
+        "provider_lost": "the server that held the turn is gone",
+        "server_stopped": "the server stopped during the turn",
+    }
     for request in graph.pending_requests:  # the provider's callback ends with its turn
         out.changes.append(
             Change(
@@ -450,6 +454,9 @@ def finish_run(
     summary = f"run {run.ordinal} {status}" + (f": {reason}" if reason else "")
     out.changes.append(activity(thread.id, f"run.{status}", summary, now, new_id, run_id=run.id, node_id=graph.root.id))
     after = thread.evolve(active_run_id=None, updated_at=now)
+    if status == RunStatus.FAILED and hold_reason is None:
+        # Every failure holds the queue, a crash too: a person decides what runs next.
+        hold_reason = f"run {run.ordinal} failed: " + gone.get(reason or "", reason or "no reason given")
     if hold_reason is not None:
         after = after.evolve(queue_held=True, queue_hold_reason=hold_reason)
         out.changes.append(activity(thread.id, "queue.held", hold_reason, now, new_id, run_id=run.id))

@@ -34,6 +34,7 @@ class Recovery:
         self.pipeline = pipeline
         self.runs = run_engine
         self.worker_id = worker_id
+        self.interval = INTERVAL  # seconds between periodic passes
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -54,7 +55,7 @@ class Recovery:
                 raise
             except Exception:
                 log.exception("recovery pass failed")
-            await asyncio.sleep(INTERVAL)
+            await asyncio.sleep(self.interval)
 
     async def recover(self) -> None:
         await self._orphaned_effects()
@@ -84,13 +85,16 @@ class Recovery:
         return owner in await worker_store.alive(db, [owner])
 
     async def _decide(self, db: Reader, run: Run) -> RecoveryAction:
+        """Effects are read first: a start moves effect pending → claimed → turn recorded → effect
+        done, so later reads can only see a start further along, never a stale "no start"."""
+        starts = [e for e in await outbox.pending_for_run(db, run.id) if e["kind"] == START_EFFECT]
         attempt = await entities.get(db, RunAttempt, run.active_attempt_id)
         if attempt is None:
             return RecoveryAction.NONE
-        pending = [e for e in await outbox.pending_for_run(db, run.id) if e["kind"] == START_EFFECT]
         return recover_run(
             run.status,
-            start_pending=bool(pending),
+            start_pending=any(e["status"] == "pending" for e in starts),
+            start_claimed=any(e["status"] == "running" for e in starts),
             turn_recorded=attempt.provider_turn_id is not None,
             owner_alive=await self._owner_alive(db, attempt),
         )

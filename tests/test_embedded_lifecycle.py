@@ -1,0 +1,56 @@
+"""The embedded PostgreSQL follows `threadloom serve`: a clean stop stops it, a crash leaves it for reuse."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.support.pg import postgres_pids, postmaster_pid
+from tests.support.server import ServerProcess
+from tests.support.waiting import until
+
+
+async def gone(pgdata: Path) -> bool:
+    """True once no PostgreSQL server runs on `pgdata` any more."""
+    return not postgres_pids(pgdata)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_a_clean_stop_stops_the_embedded_server(tmp_path: Path, sig: signal.Signals) -> None:
+    data = tmp_path / "data"
+    server = ServerProcess(None, data).wait_ready(timeout=90)
+    pgdata = data / "pg"
+    try:
+        assert postgres_pids(pgdata) == [postmaster_pid(pgdata)]
+        server.proc.send_signal(sig)
+        assert server.proc.wait(30) == 0, "\n".join(server.log[-30:])
+    finally:
+        server.kill()
+    # `pg_ctl -w stop` returned before serve exited; the postmaster may take a moment to be reaped
+    await until(lambda: gone(pgdata), within=10)
+    assert not (pgdata / "postmaster.pid").exists()
+    assert (pgdata / ".handle_pids.json").read_text() == "[]"
+
+
+async def test_a_crash_leaves_the_server_for_the_next_start(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    pgdata = data / "pg"
+    first = ServerProcess(None, data).wait_ready(timeout=90)
+    postmaster = postmaster_pid(pgdata)
+    try:
+        first.kill()  # kill -9: no exit hook runs
+        assert postgres_pids(pgdata) == [postmaster]
+        again = ServerProcess(None, data).wait_ready(timeout=90)
+        try:
+            assert again.admin_token is None  # same database: the first start's token exists
+            assert postgres_pids(pgdata) == [postmaster]  # reused, not restarted
+        finally:
+            again.stop()  # SIGTERM; the dead first process is still listed as a user
+        assert again.proc.returncode == 0
+        await until(lambda: gone(pgdata), within=10)
+    finally:
+        for pid in postgres_pids(pgdata):  # the test failed: do not leave the server behind
+            os.kill(pid, signal.SIGTERM)
