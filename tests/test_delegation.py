@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from tests.support.graphql import CREATE_PROJECT, make_thread
 from tests.support.runs import finished, run, send
 from tests.support.server import Client
 from tests.support.waiting import until
+from threadloom.api.ids import decode
 from threadloom.store import tables as t
 from threadloom.store.db import Database
 
@@ -126,3 +128,49 @@ async def test_interrupt_by_node(client: Client, tmp_path: Path) -> None:
     ended = (await client.gql(node_interrupt, {"n": root}))["interruptNode"]
     assert ended["userErrors"] == []
     assert (await finished(client, busy["run"]["id"]))["status"] == "INTERRUPTED"
+
+
+STOP_BY = {
+    "stopThread": """mutation($t: ID!) { stopThread(input: {threadId: $t}) { userErrors { code } } }""",
+    "interruptRun": """mutation($r: ID!) { interruptRun(input: {runId: $r, holdQueue: true}) {
+      userErrors { code } } }""",
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(STOP_BY))
+async def test_stop_stops_delegated_tasks_deepest_first(
+    client: Client, tmp_path: Path, database_url: str, mutation: str
+) -> None:
+    """Both Stop mutations take one path: the thread itself, then its tasks, each task's own tasks before it."""
+    parent = await _parent(client, tmp_path)
+    top = await send(client, parent, "@delay 20000\n@reply never")
+    child = await _delegate(client, parent, "@delay 20000\n@reply never")
+    grandchild = await _delegate(client, child["id"], "@delay 20000\n@reply never")
+    runs = [top["run"]["id"], child["runs"]["edges"][0]["node"]["id"], grandchild["runs"]["edges"][0]["node"]["id"]]
+    for run_id in runs:
+        await _running(client, run_id)
+    stopped = await client.gql(STOP_BY[mutation], {"t": parent} if mutation == "stopThread" else {"r": runs[0]})
+    assert stopped[mutation] == {"userErrors": []}
+    for run_id in runs:
+        assert (await finished(client, run_id))["status"] == "INTERRUPTED"
+    for thread in (parent, child["id"], grandchild["id"]):
+        assert (await client.gql(THREAD, {"t": thread}))["thread"]["queueHeld"] is True
+    db = Database.from_url(database_url, pool_size=1)
+    try:
+        async with db.read() as r:
+            held = await r.rows(
+                sa.select(t.activities.c.thread_id)
+                .join(t.events, t.events.c.entity_id == t.activities.c.id)
+                .where(t.activities.c.kind == "queue.held")
+                .order_by(t.events.c.position)
+            )
+    finally:
+        await db.dispose()
+
+    def _uuid(gid: str) -> str:
+        found = decode(gid)
+        assert found is not None
+        return str(found[1])
+
+    order = {str(_uuid(parent)): "parent", str(_uuid(child["id"])): "child", str(_uuid(grandchild["id"])): "grandchild"}
+    assert [order[str(h["thread_id"])] for h in held] == ["parent", "grandchild", "child"]

@@ -274,3 +274,19 @@ async def test_request_activities_carry_run_and_node(client: Client, thread_id: 
     scenario = [a for a in acts if a["kind"].split(".")[0] in ("approval", "question", "plan", "tool", "subagent")]
     assert {a["kind"] for a in scenario} >= {"question.asked", "question.answered", "plan.updated"}
     assert all(a["runId"] == sent["run"]["id"] and a["nodeId"] for a in scenario)
+
+
+async def test_implementing_a_plan_on_an_archived_thread_changes_nothing(client: Client, thread_id: str) -> None:
+    done = await finished(client, (await send(client, thread_id, "@plan Keep it simple"))["run"]["id"])
+    plans = await client.gql("query($r: ID!) { run(id: $r) { plans { id } } }", {"r": done["id"]})
+    plan_id = plans["run"]["plans"][0]["id"]
+    archived = await client.gql(
+        "mutation($t: ID!) { archiveThread(input: {threadId: $t}) { userErrors { code } } }", {"t": thread_id}
+    )
+    assert archived["archiveThread"]["userErrors"] == []
+    refused = (await client.gql(IMPLEMENT, {"p": plan_id, "t": "NEW_RUN"}))["implementPlan"]
+    assert refused["userErrors"] == [{"code": "THREAD_ARCHIVED", "field": "threadId"}]
+    plan = await client.gql("query($p: ID!) { node(id: $p) { ... on PlanArtifact { status } } }", {"p": plan_id})
+    assert plan["node"]["status"] == "FINALIZED"  # still to implement: the refused send left no half-done work
+    runs = await client.gql("query($t: ID!) { thread(id: $t) { runs(first: 5) { totalCount } } }", {"t": thread_id})
+    assert runs["thread"]["runs"]["totalCount"] == 1

@@ -273,6 +273,16 @@ async def test_server_crash_mid_run(
         again = Client(restarted.url, client.token)
         lost = await finished(again, sent["run"]["id"])
         assert lost["status"] == "FAILED" and lost["statusReason"] == "provider_lost"
+        # A crash holds the queue like any failure: a person decides what runs next.
+        state = await again.gql(
+            "query($t: ID!) { thread(id: $t) { queueHeld queueHoldReason queue { id status } } }", {"t": thread_id}
+        )
+        assert state["thread"]["queueHeld"] is True
+        assert "server that held the turn is gone" in state["thread"]["queueHoldReason"]
+        assert state["thread"]["queue"] == [{"id": queued["run"]["id"], "status": "QUEUED"}]
+        await again.gql(
+            "mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }", {"t": thread_id}
+        )
         assert (await finished(again, queued["run"]["id"]))["status"] == "COMPLETED"
         await again.aclose()
     finally:

@@ -207,6 +207,14 @@ async def test_interrupt_unsupported_reject(client: Client, tmp_path: Path) -> N
     refused = (await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False}))["interruptRun"]
     assert refused["userErrors"][0]["code"] == "INTERRUPT_UNSUPPORTED"
     assert refused["run"] is None
+    acts = await client.gql(
+        """query($t: ID!) { thread(id: $t) { activities(last: 50) { edges { node { kind runId summary } } } } }""",
+        {"t": thread},
+    )
+    recorded = [
+        a["node"] for a in acts["thread"]["activities"]["edges"] if a["node"]["kind"] == "run.interrupt_unsupported"
+    ]
+    assert len(recorded) == 1 and recorded[0]["runId"] == sent["run"]["id"]  # the refusal is on record
     assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"  # left to run
 
 

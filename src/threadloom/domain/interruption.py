@@ -2,8 +2,9 @@
 
 The request only marks "interrupt requested" and asks the provider; the terminal state
 comes from the provider's lifecycle. Before the provider has the turn, the run ends at
-once. A provider that cannot interrupt is handled by policy: stop its session and end
-the run, or refuse with INTERRUPT_UNSUPPORTED and leave the run active.
+once. A provider that cannot interrupt is handled by policy: end the run and stop its
+turn's runtime, or record the refusal (an activity), answer INTERRUPT_UNSUPPORTED and
+leave the run active.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class Plan(StrEnum):
     CANCEL_QUEUED = "cancel_queued"  # not started: it simply will not run
     END_NOW = "end_now"  # the provider never got the turn
     ASK_PROVIDER = "ask_provider"  # mark requested; the provider's terminal ends it
-    STOP_SESSION = "stop_session"  # no interrupt support: stop the runtime, end the run by policy
+    STOP_SESSION = "stop_session"  # no interrupt support: end the run by policy, end its turn's runtime work
+    UNSUPPORTED = "unsupported"  # no interrupt support, `reject` policy: record the refusal, the run goes on
 
 
 def plan_interrupt(run: Run, *, turn_recorded: bool, supports_interrupt: bool, policy: UnsupportedPolicy) -> Plan:
@@ -48,9 +50,35 @@ def plan_interrupt(run: Run, *, turn_recorded: bool, supports_interrupt: bool, p
         return Plan.ASK_PROVIDER
     if policy == UnsupportedPolicy.STOP_SESSION:
         return Plan.STOP_SESSION
-    raise DomainError(
-        ErrorCode.INTERRUPT_UNSUPPORTED, "this provider cannot interrupt a turn; the run goes on", "runId"
+    return Plan.UNSUPPORTED
+
+
+UNSUPPORTED_MESSAGE = "this provider cannot interrupt a turn; the run goes on"
+
+
+def unsupported(thread: AppThread, run: Run, now: datetime, new_id: NewId) -> Outcome:
+    """The `reject` policy: the run goes on, and the thread's history says the interrupt was refused.
+
+    The result carries `interruptUnsupported`, so the engine answers INTERRUPT_UNSUPPORTED after
+    committing the record (and again on a replay of the same request)."""
+    return Outcome(
+        [
+            activity(
+                thread.id,
+                "run.interrupt_unsupported",
+                f"interrupt of run {run.ordinal} refused: {UNSUPPORTED_MESSAGE}",
+                now,
+                new_id,
+                run_id=run.id,
+                node_id=run.root_node_id,
+            )
+        ],
+        result={"runId": str(run.id), "interruptUnsupported": True},
     )
+
+
+def unsupported_error() -> DomainError:
+    return DomainError(ErrorCode.INTERRUPT_UNSUPPORTED, UNSUPPORTED_MESSAGE, "runId")
 
 
 def requested(thread: AppThread, run: Run, now: datetime, new_id: NewId) -> Outcome:

@@ -56,6 +56,19 @@ class Control:
         data: dict[str, Any],
         decide: Decide,
     ) -> uuid.UUID:
+        await self._execute_on_run(principal, command_type, run_id, key, data, decide)
+        return run_id
+
+    async def _execute_on_run(
+        self,
+        principal: Principal,
+        command_type: str,
+        run_id: uuid.UUID,
+        key: str | None,
+        data: dict[str, Any],
+        decide: Decide,
+    ) -> dict[str, Any]:
+        """A command on a run under its thread's lock; the command's result (stored or new)."""
         thread_id = await self._thread_of(run_id)
 
         async def locked(db: Reader, thread: AppThread | None) -> Outcome:
@@ -68,10 +81,9 @@ class Control:
             await self.runs.route(db, thread, outcome)
             return outcome
 
-        await self.pipeline.execute(
+        return await self.pipeline.execute(
             Command(command_type, principal, key, {"runId": str(run_id), **data}, locked, thread_id)
         )
-        return run_id
 
     async def _thread_of(self, run_id: uuid.UUID) -> uuid.UUID:
         async with self.pipeline.db.read() as db:
@@ -88,9 +100,28 @@ class Control:
         now = self.pipeline.clock.now()
 
         async def decide(db: Reader, thread: AppThread, run: Run) -> Outcome:
-            return await self._interrupt(db, thread, run, hold_queue=hold_queue, now=now)
+            if hold_queue:  # the Stop button: the same path as stopThread
+                outcome = await self._stop(db, thread, run, now=now, cascade=True)
+                outcome.result = {"runId": str(run.id), **outcome.result}
+                return outcome
+            return await self._interrupt(db, thread, run, hold_queue=False, now=now)
 
-        return await self._on_run(principal, "interruptRun", run_id, key, {"holdQueue": hold_queue}, decide)
+        result = await self._execute_on_run(principal, "interruptRun", run_id, key, {"holdQueue": hold_queue}, decide)
+        if result.get("interruptUnsupported"):
+            raise interruption.unsupported_error()  # after the refusal was recorded
+        return run_id
+
+    async def _stop(self, db: Reader, thread: AppThread, run: Run | None, *, now: Any, cascade: bool) -> Outcome:
+        """Stop, the one path of stopThread, interruptRun(holdQueue) and the cascade: hold the queue,
+        interrupt `run` (the active one for stopThread), and with `cascade` stop the thread's delegated
+        tasks after commit, deepest first. A provider that cannot interrupt leaves the run going, on record."""
+        if run is not None:
+            outcome = await self._interrupt(db, thread, run, hold_queue=True, now=now)
+        else:
+            outcome = Outcome(interruption.hold(thread, now, new_id))
+        if cascade:
+            outcome.effects.append(Effect(interruption.STOP_TASKS_EFFECT, {"threadId": str(thread.id)}))
+        return outcome
 
     async def _interrupt(self, db: Reader, thread: AppThread, run: Run, *, hold_queue: bool, now: Any) -> Outcome:
         attempt = await entities.get(db, RunAttempt, run.active_attempt_id)
@@ -103,6 +134,11 @@ class Control:
             policy=self.policies.get(instance, interruption.UnsupportedPolicy.REJECT),
         )
         hold = interruption.STOP_HOLD_REASON if hold_queue else None
+        if plan == interruption.Plan.UNSUPPORTED:
+            outcome = interruption.unsupported(thread, run, now, new_id)
+            if hold:
+                outcome.changes += interruption.hold(thread, now, new_id)
+            return outcome
         if plan == interruption.Plan.CANCEL_QUEUED:
             assert attempt is not None
             root = await entities.require(db, ExecutionNode, attempt.root_node_id)
@@ -162,7 +198,9 @@ class Control:
             "nodeId",
         )
 
-    async def stop_thread(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
+    async def stop_thread(
+        self, principal: Principal, thread_id: uuid.UUID, key: str | None, *, cascade: bool = True
+    ) -> uuid.UUID:
         """Stop: hold the queue, interrupt the active run, then stop every delegated task (after commit)."""
         now = self.pipeline.clock.now()
 
@@ -170,17 +208,14 @@ class Control:
             assert thread is not None
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
             active = await entities.get(db, Run, thread.active_run_id)
-            if active is not None:
-                outcome = await self._interrupt(db, thread, active, hold_queue=True, now=now)
-            else:
-                outcome = Outcome(interruption.hold(thread, now, new_id))
-            outcome.effects.append(Effect(interruption.STOP_TASKS_EFFECT, {"threadId": str(thread.id)}))
+            outcome = await self._stop(db, thread, active, now=now, cascade=cascade)
             outcome.result = {"threadId": str(thread.id)}
             await self.runs.route(db, thread, outcome)
             return outcome
 
+        command_type = "stopThread" if cascade else "thread.stop"
         await self.pipeline.execute(
-            Command("stopThread", principal, key, {"threadId": str(thread_id)}, decide, thread_id)
+            Command(command_type, principal, key, {"threadId": str(thread_id)}, decide, thread_id)
         )
         return thread_id
 
@@ -263,14 +298,26 @@ class Control:
             await self.sessions.mark(session, ProviderSessionStatus.STOPPED, "stopped to interrupt a turn")
 
     async def stop_tasks_effect(self, payload: dict[str, Any]) -> None:
-        """Send the internal thread.stop to each delegated child thread; each cascades to its own."""
-        parent = uuid.UUID(payload["threadId"])
+        """Stop every delegated task under the thread, deepest first: a task's own tasks stop before it,
+        so no task is left running under one that has already stopped."""
+        for child in await self._tasks_of(uuid.UUID(payload["threadId"])):
+            await self._stop_tree(child)
+
+    async def _stop_tree(self, thread_id: uuid.UUID) -> None:
+        for child in await self._tasks_of(thread_id):
+            await self._stop_tree(child)
+        await self.stop_thread(SYSTEM, thread_id, None, cascade=False)  # the internal thread.stop
+
+    async def _tasks_of(self, parent: uuid.UUID) -> list[uuid.UUID]:
         async with self.pipeline.db.read() as db:
             children = await entities.where(
-                db, AppThread, t.threads.c.parent_thread_id == parent, t.threads.c.lineage_relationship == "subagent"
+                db,
+                AppThread,
+                t.threads.c.parent_thread_id == parent,
+                t.threads.c.lineage_relationship == "subagent",
+                order_by=[t.threads.c.id],
             )
-        for child in children:
-            await self.stop_thread(SYSTEM, child.id, None)
+        return [child.id for child in children]
 
     # ---- the queue -----------------------------------------------------------------------------
 

@@ -1,21 +1,27 @@
-"""implementPlan: a proposed plan starts a new run on its thread, or a new thread (rules in `domain.plans`)."""
+"""implementPlan: a proposed plan starts a new run on its thread, or a new thread (rules in `domain.plans`).
+
+On its own thread, the plan is marked implemented in the same transaction that creates the run
+implementing it, so a refused send (an archived thread, say) leaves the plan as it was.
+"""
 
 from __future__ import annotations
 
 import uuid
 
+from threadloom.domain import dispatch as dispatch_rules
 from threadloom.domain import plans as rules
+from threadloom.domain import runs as run_rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome
-from threadloom.domain.dispatch import Dispatch
 from threadloom.domain.entities import AppThread, PlanArtifact
-from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.errors import not_found
+from threadloom.domain.ids import new_id
 from threadloom.domain.runs import DispatchMode
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.runs import RunEngine
-from threadloom.store import entities
+from threadloom.store import entities, runs
 from threadloom.store.db import Reader
 
 
@@ -33,36 +39,76 @@ class Plans:
             plan = await entities.get(db, PlanArtifact, plan_id)
             thread = await entities.get(db, AppThread, plan.thread_id if plan else None)
         if plan is None or thread is None or not principal.sees(thread.project_id):
-            raise DomainError(ErrorCode.NOT_FOUND, "no such plan", "planId")
+            raise not_found("planId")
+        data = {"planId": str(plan_id), "target": target.value}
+        if target == rules.PlanTarget.NEW_RUN:
+            return await self._as_new_run(principal, plan_id, thread.id, key, data)
+        return await self._as_new_thread(principal, plan, thread, key, data)
+
+    async def _as_new_run(
+        self, principal: Principal, plan_id: uuid.UUID, thread_id: uuid.UUID, key: str | None, data: dict[str, str]
+    ) -> tuple[uuid.UUID, uuid.UUID]:
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, locked: AppThread | None) -> Outcome:
+            assert locked is not None
+            principal.require_project(locked.project_id, TokenScope.OPERATE, "planId")
+            current = await entities.require(db, PlanArtifact, plan_id)
+            implemented = rules.implement(current, now)
+            state = await runs.thread_state(db, locked)
+            applied = dispatch_rules.choose(
+                dispatch_rules.Dispatch(DispatchMode.QUEUE_AFTER_ACTIVE),
+                state,
+                self.runs.ability(locked.provider_instance_id),
+            )
+            outcome = run_rules.new_run(
+                state,
+                applied=applied,
+                text=rules.implementation_input(current),
+                provider_instance_id=locked.provider_instance_id,
+                model=None,
+                client_message_id=None,
+                now=now,
+                new_id=new_id,
+            )
+            outcome.changes.insert(0, implemented)
+            await self.runs.route(db, locked, outcome)
+            outcome.result = {"planId": str(plan_id), "threadId": str(locked.id), "runId": outcome.result["runId"]}
+            return outcome
+
+        result = await self.pipeline.execute(Command("implementPlan", principal, key, data, decide, thread_id))
+        return uuid.UUID(result["threadId"]), uuid.UUID(result["runId"])
+
+    async def _as_new_thread(
+        self, principal: Principal, plan: PlanArtifact, thread: AppThread, key: str | None, data: dict[str, str]
+    ) -> tuple[uuid.UUID, uuid.UUID]:
+        """A new thread's log is written by commands of its own: the plan is marked first (a message to
+        a brand-new thread is never refused), then the thread and its run are created, each under
+        a key derived from the request's, so a retried request finishes the same work."""
         now = self.pipeline.clock.now()
 
         async def mark(db: Reader, locked: AppThread | None) -> Outcome:
             assert locked is not None
             principal.require_project(locked.project_id, TokenScope.OPERATE, "planId")
-            current = await entities.require(db, PlanArtifact, plan_id)
-            return Outcome([rules.implement(current, now)], result={"planId": str(plan_id)})
+            current = await entities.require(db, PlanArtifact, plan.id)
+            return Outcome([rules.implement(current, now)], result={"planId": str(plan.id)})
 
-        await self.pipeline.execute(
-            Command("implementPlan", principal, key, {"planId": str(plan_id), "target": target.value}, mark, thread.id)
-        )
-        text = rules.implementation_input(plan)
+        await self.pipeline.execute(Command("implementPlan", principal, key, data, mark, thread.id))
         sub_key = None if key is None else f"{key}/work"
-        target_thread = thread.id
-        if target == rules.PlanTarget.NEW_THREAD:
-            target_thread = await self.catalog.create_thread(
-                principal,
-                project_id=thread.project_id,
-                title=f"Implement: {(plan.text or '').strip()[:60]}",
-                provider_instance_id=thread.provider_instance_id,
-                model=thread.model,
-                runtime_mode=thread.runtime_mode,
-                key=sub_key,
-            )
+        target_thread = await self.catalog.create_thread(
+            principal,
+            project_id=thread.project_id,
+            title=f"Implement: {(plan.text or '').strip()[:60]}",
+            provider_instance_id=thread.provider_instance_id,
+            model=thread.model,
+            runtime_mode=thread.runtime_mode,
+            key=sub_key,
+        )
         sent = await self.runs.send_message(
             principal,
             target_thread,
-            text=text,
-            dispatch=Dispatch(DispatchMode.QUEUE_AFTER_ACTIVE),
+            text=rules.implementation_input(plan),
+            dispatch=dispatch_rules.Dispatch(DispatchMode.QUEUE_AFTER_ACTIVE),
             provider_instance_id=None,
             model=None,
             client_message_id=sub_key,
