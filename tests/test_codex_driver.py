@@ -23,10 +23,15 @@ from threadloom.providers import agent_cli
 from threadloom.providers import contract as ev
 from threadloom.providers.codex import CodexDriver, CodexRuntime
 from threadloom.providers.codex_events import Translator
-from threadloom.providers.contract import ProviderError, ThreadSettings
+from threadloom.providers.contract import ProviderError, SessionScope, ThreadSettings
 
 SECRET = "sk-fake-SECRET-4242"
 WAIT_S = 60.0
+
+
+def scope_of(driver: CodexDriver, cwd: Path) -> SessionScope:
+    """The one project (workspace `cwd`) a test's runtime serves."""
+    return SessionScope("p1", str(cwd), driver.state_dir / "p1")
 
 
 @dataclasses.dataclass
@@ -39,8 +44,8 @@ class Session:
     pump: asyncio.Task[None]
 
     @classmethod
-    async def open(cls, driver: CodexDriver) -> Session:
-        runtime = await driver.open_session()
+    async def open(cls, driver: CodexDriver, cwd: Path) -> Session:
+        runtime = await driver.open_session(scope_of(driver, cwd))
         queue: asyncio.Queue[ev.ProviderEvent] = asyncio.Queue()
         seen: list[ev.ProviderEvent] = []
 
@@ -113,7 +118,7 @@ async def codex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     cwd.mkdir()
     options = {"base_url": fake.url + "/v1", "api_key_env": "FAKE_OPENAI_API_KEY"}
     driver = CodexDriver("codex-test", tmp_path / "agent", options)
-    session = await Session.open(driver)
+    session = await Session.open(driver, cwd)
     handle = Codex(fake, driver, cwd, session)
     yield handle
     fake.release()
@@ -133,7 +138,7 @@ async def test_a_simple_turn_streams_the_reply(codex: Codex) -> None:
     done = events[-1]
     assert isinstance(done, ev.TurnCompleted) and done.status == "completed" and done.error is None
     # the key reached the model through the environment only: never the config, never an event
-    config = (codex.driver.codex_home / "config.toml").read_text()
+    config = (codex.driver.state_dir / "p1" / "codex-home" / "config.toml").read_text()
     assert SECRET not in config and 'env_key = "FAKE_OPENAI_API_KEY"' in config
     assert SECRET not in repr(s.seen)
 
@@ -178,7 +183,7 @@ async def test_secrets_the_agent_prints_are_redacted(tmp_path: Path, monkeypatch
         "api_key_env": "FAKE_OPENAI_API_KEY",
         "env": {"DEPLOY_PASS": "pw-4711-do-not-show"},
     }
-    s = await Session.open(CodexDriver("codex-test", tmp_path / "agent", options))
+    s = await Session.open(CodexDriver("codex-test", tmp_path / "agent", options), cwd)
     try:
         thread = await s.runtime.start_thread(ThreadSettings(cwd=str(cwd)))
         _, events = await s.turn(thread, "RUN: env | sort")
@@ -311,6 +316,25 @@ async def test_read_only_mode_cannot_write(codex: Codex) -> None:
     assert "Read-only file system" in texts(events)
 
 
+async def test_the_sandbox_shows_commands_only_the_workspace(codex: Codex, tmp_path: Path) -> None:
+    """workspace_write (the default): a file beside the workspace and the agent's own state do not exist."""
+    (tmp_path / "other-project").mkdir()
+    (tmp_path / "other-project" / "secret.txt").write_text("OTHER-PROJECT-SECRET")
+    (codex.cwd / "mine.txt").write_text("MY-WORKSPACE-FILE")
+    config = codex.driver.state_dir / "p1" / "codex-home" / "config.toml"
+    s = codex.session
+    thread = await s.runtime.start_thread(ThreadSettings(cwd=str(codex.cwd)))  # the default mode
+    command = f"cat {tmp_path}/other-project/secret.txt {config} mine.txt; touch made.txt ../escaped.txt"
+    _, events = await s.turn(thread, f"RUN: {command}")
+
+    output = str(codex.requests()[-1]["input"][-1]["output"])
+    assert "MY-WORKSPACE-FILE" in output and (codex.cwd / "made.txt").exists()
+    assert "OTHER-PROJECT-SECRET" not in output and "No such file or directory" in output
+    assert "model_provider" not in output  # the agent's own config.toml is not visible either
+    assert not (tmp_path / "escaped.txt").exists()
+    assert not of_type(events, ev.RequestOpened)  # and nothing was asked
+
+
 async def test_interrupt_ends_the_turn_and_closes_its_items(codex: Codex) -> None:
     s = codex.session
     thread = await s.runtime.start_thread(codex.settings())
@@ -373,7 +397,7 @@ async def test_a_thread_resumes_in_a_new_process_after_a_kill(codex: Codex) -> N
     assert not s.runtime.alive
     await asyncio.wait_for(s.pump, WAIT_S)  # events() ended
 
-    codex.session = s2 = await Session.open(codex.driver)
+    codex.session = s2 = await Session.open(codex.driver, codex.cwd)
     await s2.runtime.resume_thread(thread, codex.settings())
     _, events = await s2.turn(thread, "what did I say")
 
@@ -425,7 +449,7 @@ async def test_missing_cli_names_the_path_or_the_install_command(
     monkeypatch.setenv("FAKE_OPENAI_API_KEY", SECRET)
     options: dict[str, Any] = {"api_key_env": "FAKE_OPENAI_API_KEY", "binary": "/nonexistent/codex"}
     with pytest.raises(ProviderError) as configured:
-        await CodexDriver("c", tmp_path, options).open_session()
+        await CodexDriver("c", tmp_path, options).open_session(SessionScope("p", str(tmp_path), tmp_path / "p"))
     assert configured.value.code == "cli_missing" and "/nonexistent/codex" in configured.value.message
 
     empty = tmp_path / "empty-bin"
@@ -433,7 +457,9 @@ async def test_missing_cli_names_the_path_or_the_install_command(
     monkeypatch.setattr(agent_cli, "_node_bin_dirs", lambda: [])
     monkeypatch.setenv("PATH", str(empty))
     with pytest.raises(ProviderError) as default:
-        await CodexDriver("c", tmp_path, {"api_key_env": "FAKE_OPENAI_API_KEY"}).open_session()
+        await CodexDriver("c", tmp_path, {"api_key_env": "FAKE_OPENAI_API_KEY"}).open_session(
+            SessionScope("p", str(tmp_path), tmp_path / "p")
+        )
     assert default.value.code == "cli_missing" and "npm ci" in default.value.message
     assert "@openai/codex" in default.value.message
 
@@ -443,7 +469,9 @@ async def test_missing_api_key_is_reported_without_secrets(tmp_path: Path, monke
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)  # some other secret of the server
     monkeypatch.setenv("THREADLOOM_DATABASE_URL", "postgresql://user:pw-SECRET@db/x")
     with pytest.raises(ProviderError) as missing:
-        await CodexDriver("c", tmp_path, {"api_key_env": "FAKE_OPENAI_API_KEY"}).open_session()
+        await CodexDriver("c", tmp_path, {"api_key_env": "FAKE_OPENAI_API_KEY"}).open_session(
+            SessionScope("p", str(tmp_path), tmp_path / "p")
+        )
     assert missing.value.code == "missing_api_key" and "FAKE_OPENAI_API_KEY" in missing.value.message
     assert SECRET not in str(missing.value) and "SECRET" not in missing.value.message
 

@@ -4,16 +4,23 @@ Why: Codex's app-server already speaks in threads, turns, items and server-side 
 (approvals, questions), so this driver is mostly a translation (`codex_events`) plus process
 care. What it does:
 
-- One runtime = one `codex app-server` child with its own CODEX_HOME
-  (`<instance home>/codex-home`, persistent so threads resume across processes). A
-  `config.toml` is written there on every `open_session` from the instance options; the
-  API key is never written: the model provider names the variable (`env_key`) and only
-  that variable (plus the basics of `agent_cli.child_env`) reaches the child.
-- `runtime_mode` → Codex thread policy: full_access = approval "never" + sandbox
-  "danger-full-access"; approval_required = approval "untrusted" (Codex asks before every
-  command that is not on its small known-safe list, including `touch x`) + sandbox
-  "workspace-write" (Codex's bundled bubblewrap works in this container; writes outside the
-  workspace and /tmp are refused); read_only = approval "never" + sandbox "read-only".
+- One runtime = one `codex app-server` child serving one project (`open_session(scope)`),
+  with its own CODEX_HOME (`<project state dir>/codex-home`, persistent so threads resume
+  across processes), HOME and TMPDIR under the same folder. A `config.toml` is written there on
+  every `open_session` from the instance options; the API key is never written: the model
+  provider names the variable (`env_key`) and only that variable (plus the basics of
+  `agent_cli.child_env`) reaches the child.
+- `runtime_mode` → Codex approval policy + permission profile (`MODE_POLICIES`), chosen per
+  thread through the `config` override `default_permissions`. The two profiles written into
+  config.toml let commands read only Codex's `:minimal` system set (/usr, /etc, /bin, /lib...)
+  plus the workspace and Codex's own helper binary: a file beside the workspace, the data dir or
+  another project's workspace does not exist inside the sandbox. workspace_write and
+  approval_required may write the workspace (and the project's TMPDIR); read_only writes
+  nothing; network is off in all three. full_access is the built-in `:danger-full-access`.
+- Codex runs its Linux sandbox (bubblewrap) as `codex-linux-sandbox`, an alias of its own
+  binary that it creates under CODEX_HOME/tmp at start. It refuses to create the alias when
+  CODEX_HOME is under the temporary directory, and then every sandboxed command fails; TMPDIR is
+  set to the project's own folder, which also keeps one project's temporary files from another.
 - Structured questions (`request_user_input`) are Plan-mode only in 0.171 unless the
   (under development) feature `default_mode_request_user_input` is on; it is, so any turn
   can ask, and its "unstable feature" warning is suppressed.
@@ -42,6 +49,7 @@ import collections
 import contextlib
 import json
 import logging
+import os
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -54,6 +62,7 @@ from threadloom.providers.contract import (
     ProviderError,
     ProviderEvent,
     RuntimeExited,
+    SessionScope,
     ThreadSettings,
     Warning,
 )
@@ -82,11 +91,15 @@ CLIENT_METHODS = (
     "turn/interrupt",
 )
 
-# runtime_mode → (approvalPolicy, sandbox); see the module docstring for why.
+WORKSPACE_PROFILE = "threadloom-workspace"
+READ_ONLY_PROFILE = "threadloom-read-only"
+# runtime_mode → (approvalPolicy, permission profile); see the module docstring for why.
+# "untrusted" asks before every command not on Codex's small known-safe list (even `touch x`).
 MODE_POLICIES: dict[str, tuple[str, str]] = {
-    "full_access": ("never", "danger-full-access"),
-    "approval_required": ("untrusted", "workspace-write"),
-    "read_only": ("never", "read-only"),
+    "workspace_write": ("never", WORKSPACE_PROFILE),
+    "approval_required": ("untrusted", WORKSPACE_PROFILE),
+    "read_only": ("never", READ_ONLY_PROFILE),
+    "full_access": ("never", ":danger-full-access"),
 }
 
 CAPABILITIES = Capabilities(
@@ -199,11 +212,12 @@ class CodexRuntime:
     def _thread_params(self, settings: ThreadSettings) -> dict[str, Any]:
         if settings.runtime_mode not in MODE_POLICIES:
             raise ProviderError("bad_settings", f"unknown runtime mode {settings.runtime_mode!r}")
-        approval, sandbox = MODE_POLICIES[settings.runtime_mode]
+        approval, profile = MODE_POLICIES[settings.runtime_mode]
+        # No `sandbox` field: it would switch Codex back to its legacy modes, which read everything.
         return {
             "cwd": settings.cwd,
             "approvalPolicy": approval,
-            "sandbox": sandbox,
+            "config": {"default_permissions": profile},
             "model": settings.model or self.model,
         }
 
@@ -264,8 +278,23 @@ def _toml(value: str) -> str:
     return json.dumps(value)
 
 
+def native_codex_dir(binary: str) -> Path | None:
+    """The folder of Codex's native build (its binary, bwrap, rg), which sandboxed commands must read.
+
+    The npm `codex` is a node launcher that execs `@openai/codex-<platform>/vendor/<target>/bin/codex`;
+    a configured native binary is used as is. None if it cannot be found (commands then fail
+    visibly instead of running unsandboxed).
+    """
+    real = Path(os.path.realpath(binary))
+    if real.suffix != ".js":
+        return real.parent.parent if real.parent.name == "bin" else real.parent
+    scope_dir = real.parent.parent.parent  # node_modules/@openai
+    found = sorted(scope_dir.glob("codex*/vendor/*/bin/codex"))
+    return found[0].parent.parent if found else None
+
+
 class CodexDriver:
-    """One configured `codex` instance: where its CODEX_HOME lives and how the CLI is configured."""
+    """One configured `codex` instance: how the CLI is configured, and one runtime per project."""
 
     def __init__(self, instance_id: str, home: Path, options: dict[str, Any]) -> None:
         self.instance_id = instance_id
@@ -277,20 +306,27 @@ class CodexDriver:
         self.extra_env = {str(k): str(v) for k, v in (options.get("env") or {}).items()}
 
     @property
-    def codex_home(self) -> Path:
-        return self.home / "codex-home"
+    def state_dir(self) -> Path:
+        """The instance's folder; each project's runtime keeps its state in a subfolder (`SessionScope`)."""
+        return self.home
 
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
-    def config_toml(self) -> str:
-        """The generated config.toml: model, provider (by env var name, never the key), no update checks."""
+    def config_toml(self, codex_home: Path | None = None, native: Path | None = None) -> str:
+        """The generated config.toml: model, provider (by env var name, never the key), sandbox profiles."""
+        helpers = []  # what commands must read for Codex's sandbox helper to start inside the sandbox
+        if codex_home is not None:
+            helpers.append(f'{_toml(str(codex_home / "tmp" / "arg0-linux"))} = "read"')
+        if native is not None:
+            helpers.append(f'{_toml(str(native))} = "read"')
         return "\n".join(
             [
                 f"model = {_toml(self.model)}",
                 'model_provider = "threadloom"',
                 "check_for_update_on_startup = false",
                 "suppress_unstable_features_warning = true",
+                f"default_permissions = {_toml(WORKSPACE_PROFILE)}",
                 "",
                 "[model_providers.threadloom]",
                 'name = "Threadloom"',
@@ -306,23 +342,38 @@ class CodexDriver:
                 "remote_plugin = false",
                 "default_mode_request_user_input = true",
                 "",
+                f"[permissions.{WORKSPACE_PROFILE}.filesystem]",
+                '":minimal" = "read"',
+                '":project_roots" = { "." = "write" }',
+                '":tmpdir" = "write"',
+                *helpers,
+                "",
+                f"[permissions.{READ_ONLY_PROFILE}.filesystem]",
+                '":minimal" = "read"',
+                '":project_roots" = { "." = "read" }',
+                *helpers,
+                "",
             ]
         )
-
-    def prepare(self, agent_home: Path) -> None:
-        """Create CODEX_HOME and the agent's HOME; (re)write config.toml from the options."""
-        self.codex_home.mkdir(parents=True, exist_ok=True)
-        agent_home.mkdir(parents=True, exist_ok=True)
-        (self.codex_home / "config.toml").write_text(self.config_toml())
 
     def argv(self) -> Sequence[str]:
         return [find_cli("codex", self.binary, PACKAGE), "app-server"]
 
-    async def open_session(self) -> CodexRuntime:
+    async def open_session(self, scope: SessionScope) -> CodexRuntime:
+        """A `codex app-server` for the project of `scope`, its state in `scope.state_dir`."""
         argv = self.argv()
-        extra = {"HOME": str(self.home / "home"), **self.extra_env, "CODEX_HOME": str(self.codex_home)}
+        state = scope.state_dir
+        codex_home = state / "codex-home"
+        extra = {
+            "HOME": str(state / "home"),
+            **self.extra_env,
+            "CODEX_HOME": str(codex_home),
+            "TMPDIR": str(state / "tmp"),
+        }
         env = child_env(self.api_key_env, extra)
-        self.prepare(Path(extra["HOME"]))
+        for folder in (codex_home, Path(extra["HOME"]), state / "tmp"):
+            folder.mkdir(parents=True, exist_ok=True)
+        (codex_home / "config.toml").write_text(self.config_toml(codex_home, native_codex_dir(argv[0])))
         secret_names = (self.api_key_env, *(k for k in self.extra_env if k != "HOME"))
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -336,7 +387,7 @@ class CodexDriver:
             )
         except OSError as error:
             raise ProviderError("cli_missing", f"cannot start {argv[0]}: {error.strerror}") from error
-        process = CodexProcess(proc, f"codex:{self.instance_id}", env, secret_names)
+        process = CodexProcess(proc, f"codex:{self.instance_id}:{scope.project_id}", env, secret_names)
         runtime = CodexRuntime(process, self.model, env, secret_names)
         try:
             await runtime.initialize()
