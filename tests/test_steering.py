@@ -326,3 +326,30 @@ async def test_interrupt_before_the_provider_starts(services: Services, tmp_path
         turns = await db.scalar(sa.select(sa.func.count()).select_from(t.provider_turns))
         sessions = await db.scalar(sa.select(sa.func.count()).select_from(t.provider_sessions))
     assert turns == 0 and sessions == 0  # no agent was ever asked
+
+
+async def test_a_steering_restart_expires_the_superseded_attempts_requests(client: Client, tmp_path: Path) -> None:
+    """The superseded turn's callback is gone with it: its approval can no longer be answered."""
+    thread = await _thread(client, tmp_path, "nosteer")
+    first = await send(client, thread, "@approval echo x\n@reply approved")
+    pending = """query($t: ID!) { thread(id: $t) { pendingRequests { id } } }"""
+
+    async def asked() -> list[dict[str, Any]]:
+        return list((await client.gql(pending, {"t": thread}))["thread"]["pendingRequests"])
+
+    old = (await until(asked))[0]["id"]
+    restart = await send(client, thread, "@reply after the restart")
+    assert restart["appliedDispatch"] == "RESTART_ACTIVE" and restart["run"]["id"] == first["run"]["id"]
+    request = await client.gql(
+        """query($r: ID!) { node(id: $r) { ... on RuntimeRequest { status responseCapability notResumableReason
+             node { status } } } }""",
+        {"r": old},
+    )
+    assert request["node"]["status"] == "EXPIRED" and request["node"]["responseCapability"] == "NOT_RESUMABLE"
+    assert request["node"]["node"]["status"] == "INTERRUPTED"
+    refused = await client.gql(
+        """mutation($r: ID!) { respondToApproval(input: {requestId: $r, decision: ACCEPT}) {
+             userErrors { code field } } }""",
+        {"r": old},
+    )
+    assert refused["respondToApproval"]["userErrors"] == [{"code": "NOT_RESUMABLE", "field": "requestId"}]

@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from threadloom.domain.changes import Change, Effect, Outcome
-from threadloom.domain.entities import AppThread, ConversationMessage, ExecutionNode, Run, RunAttempt
+from threadloom.domain.entities import (
+    AppThread,
+    ConversationMessage,
+    ExecutionNode,
+    Run,
+    RunAttempt,
+    RuntimeRequest,
+)
+from threadloom.domain.requests import expire
 from threadloom.domain.runs import (
     START_EFFECT,
     AppliedDispatch,
@@ -102,8 +110,10 @@ def restart(
     client_message_id: str | None,
     now: datetime,
     new_id: NewId,
+    pending_requests: Sequence[RuntimeRequest] = (),
 ) -> Outcome:
-    """Supersede the active attempt and open a new one under the same run."""
+    """Supersede the active attempt and open a new one under the same run. The superseded turn's
+    open requests (approvals, questions) end with it: expired, not resumable."""
     message = _message(thread, run, text, InputIntent.RESTART, client_message_id, now, new_id)
     new_root_id, new_attempt_id = new_id(), new_id()
     new_root = ExecutionNode(
@@ -131,6 +141,8 @@ def restart(
         created_at=now,
     )
     changes = [Change("message.created", message)]
+    for request in pending_requests:
+        changes += expire(request, None, "the turn was restarted by a steering message", now)
     for child in open_children:
         changes.append(
             Change("node.updated", child.evolve(status=NodeStatus.INTERRUPTED, updated_at=now, completed_at=now))

@@ -384,6 +384,7 @@ class Control:
                     None,
                     now,
                     new_id,
+                    pending_requests=graph.pending_requests,
                 )
             # The cancelled run keeps its message; the steer carries the same text in a message of its own.
             changes: list[Change] = [*cancelled.changes, *steered.changes]

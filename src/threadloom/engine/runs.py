@@ -216,6 +216,7 @@ class RunEngine:
             outcome = rules.resume_queue(await runs.thread_state(db, thread), now, new_id)
             await self.route(db, thread, outcome)
             outcome.result = {"threadId": str(thread.id)}
+            pending_requests=graph.pending_requests,
             return outcome
 
         await self.pipeline.execute(
