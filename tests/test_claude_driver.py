@@ -27,6 +27,7 @@ from threadloom.providers.contract import (
     ProviderError,
     ProviderEvent,
     RequestOpened,
+    SessionScope,
     TextDelta,
     ThreadSettings,
     TodoUpdated,
@@ -115,9 +116,14 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
+def scope_of(driver: ClaudeDriver, workspace: Path) -> SessionScope:
+    """The one project (its workspace) a test's runtime serves."""
+    return SessionScope("p1", str(workspace), driver.state_dir / "p1")
+
+
 @pytest.fixture
-async def runtime(driver: ClaudeDriver) -> AsyncIterator[ClaudeRuntime]:
-    rt = await driver.open_session()
+async def runtime(driver: ClaudeDriver, workspace: Path) -> AsyncIterator[ClaudeRuntime]:
+    rt = await driver.open_session(scope_of(driver, workspace))
     yield rt
     await rt.close()
 
@@ -223,6 +229,26 @@ async def test_read_only_threads_refuse_changes(runtime: ClaudeRuntime, events: 
     assert not [e for e in events.seen if isinstance(e, RequestOpened)]
 
 
+async def test_the_sandbox_shows_commands_only_the_workspace(
+    driver: ClaudeDriver, runtime: ClaudeRuntime, events: Events, workspace: Path, tmp_path: Path
+) -> None:
+    """workspace_write (the default): a file beside the workspace and the agent's own state do not exist."""
+    (tmp_path / "other-project").mkdir()
+    (tmp_path / "other-project" / "secret.txt").write_text("OTHER-PROJECT-SECRET")
+    (workspace / "mine.txt").write_text("MY-WORKSPACE-FILE")
+    state = driver.state_dir / "p1"
+    thread = await runtime.start_thread(ThreadSettings(cwd=str(workspace)))  # the default mode
+    command = f"cat {tmp_path}/other-project/secret.txt mine.txt; ls {state}; touch made.txt"
+    turn = await runtime.start_turn(thread, f"RUN: {command} ../escaped.txt")
+    assert (await events.end_of(turn)).status == "completed"
+    [tool] = [e for e in events.of(turn) if isinstance(e, ItemCompleted) and e.kind == "tool_call"]
+    output = tool.detail["output"]
+    assert "MY-WORKSPACE-FILE" in output and (workspace / "made.txt").exists()
+    assert "OTHER-PROJECT-SECRET" not in output and "claude-home" not in output
+    assert not (tmp_path / "escaped.txt").exists()
+    assert not [e for e in events.seen if isinstance(e, RequestOpened)]  # and nothing was asked
+
+
 async def test_a_question_is_answered(runtime: ClaudeRuntime, events: Events, workspace: Path, fake: FakeModel) -> None:
     thread = await runtime.start_thread(settings(workspace))
     turn = await runtime.start_turn(thread, "ASK: Which color?")
@@ -301,7 +327,7 @@ async def test_a_killed_process_fails_its_turn_and_the_thread_resumes(
     assert runtime.process_id(thread) not in (None, pid)
     assert carries(main_loop(fake)[-1], "remember the pelican")
 
-    other = await driver.open_session()  # a later runtime loads the same session
+    other = await driver.open_session(scope_of(driver, workspace))  # a later runtime loads the same session
     other_events = Events(other)
     try:
         await other.resume_thread(thread, settings(workspace))
@@ -312,7 +338,7 @@ async def test_a_killed_process_fails_its_turn_and_the_thread_resumes(
     finally:
         await other.close()
         await other_events.stop()
-    transcripts = list((driver.home / "claude-home" / ".claude" / "projects").glob(f"*/{thread}.jsonl"))
+    transcripts = list((driver.state_dir / "p1" / "claude-home" / ".claude" / "projects").glob(f"*/{thread}.jsonl"))
     assert len(transcripts) == 1 and "from another runtime" in transcripts[0].read_text()
 
 
@@ -354,7 +380,7 @@ async def test_a_missing_cli_is_reported(fake: FakeModel, tmp_path: Path, monkey
     monkeypatch.setenv("FAKE_ANTHROPIC_API_KEY", "x")
     options = {"base_url": fake.url, "api_key_env": "FAKE_ANTHROPIC_API_KEY", "binary": "/nonexistent/claude"}
     with pytest.raises(ProviderError) as error:
-        await ClaudeDriver("c", tmp_path / "a", options).open_session()
+        await ClaudeDriver("c", tmp_path / "a", options).open_session(SessionScope("p", str(tmp_path), tmp_path / "p"))
     assert error.value.code == "cli_missing"
 
     empty = tmp_path / "empty-bin"
@@ -362,7 +388,9 @@ async def test_a_missing_cli_is_reported(fake: FakeModel, tmp_path: Path, monkey
     monkeypatch.setattr(agent_cli, "_node_bin_dirs", lambda: [])
     monkeypatch.setenv("PATH", str(empty))
     with pytest.raises(ProviderError) as error:
-        await ClaudeDriver("c", tmp_path / "a", {"api_key_env": "FAKE_ANTHROPIC_API_KEY"}).open_session()
+        await ClaudeDriver("c", tmp_path / "a", {"api_key_env": "FAKE_ANTHROPIC_API_KEY"}).open_session(
+            SessionScope("p", str(tmp_path), tmp_path / "p")
+        )
     assert error.value.code == "cli_missing" and "npm ci" in error.value.message
 
 
@@ -370,14 +398,16 @@ async def test_a_missing_api_key_is_reported_without_secrets(tmp_path: Path, mon
     monkeypatch.delenv("NO_SUCH_CLAUDE_KEY", raising=False)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-very-secret-value")
     with pytest.raises(ProviderError) as error:
-        await ClaudeDriver("c", tmp_path / "a", {"api_key_env": "NO_SUCH_CLAUDE_KEY"}).open_session()
+        await ClaudeDriver("c", tmp_path / "a", {"api_key_env": "NO_SUCH_CLAUDE_KEY"}).open_session(
+            SessionScope("p", str(tmp_path), tmp_path / "p")
+        )
     assert error.value.code == "missing_api_key"
     assert "NO_SUCH_CLAUDE_KEY" in error.value.message
     assert "sk-ant-very-secret-value" not in str(error.value)
 
 
 async def test_close_ends_the_event_stream(driver: ClaudeDriver, workspace: Path) -> None:
-    runtime = await driver.open_session()
+    runtime = await driver.open_session(scope_of(driver, workspace))
     collected = Events(runtime)
     thread = await runtime.start_thread(settings(workspace))
     turn = await runtime.start_turn(thread, "hello")
@@ -440,7 +470,7 @@ async def test_secrets_in_tool_output_never_reach_the_events(
 ) -> None:
     secret = "sk-test-RECOGNISABLE-4242-key"
     monkeypatch.setenv("FAKE_ANTHROPIC_API_KEY", secret)
-    runtime = await driver.open_session()
+    runtime = await driver.open_session(scope_of(driver, workspace))
     collected = Events(runtime)
     try:
         thread = await runtime.start_thread(settings(workspace))

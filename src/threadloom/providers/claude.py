@@ -2,21 +2,30 @@
 
 One `claude -p` process is one session, i.e. one native thread, so a `ClaudeRuntime`
 owns a child process per native thread it has loaded (cwd = the thread's workspace) and
-merges their output into one event stream. The native thread ref is Claude's session id.
-Processes start lazily on the first turn; `HOME` and `CLAUDE_CONFIG_DIR` live under the
-instance's folder, so sessions survive processes and server restarts. A small record per
-thread (`<home>/threads/<sid>.json`: cwd, fork origin, last assistant message per turn)
-lets a later runtime resume, fork, or fork from a turn without asking the model. At most
-`MAX_IDLE_CHILDREN` processes of threads with no running turn are kept; when a turn ends
-beyond that, the least recently used idle ones are stopped (their next turn resumes).
+merges their output into one event stream. A runtime serves one project (`open_session(scope)`).
+The native thread ref is Claude's session id. Processes start lazily on the first turn; `HOME`
+and `CLAUDE_CONFIG_DIR` live under the project's state folder, so sessions survive processes
+and server restarts. A small record per thread (`<state>/threads/<sid>.json`: cwd, fork
+origin, last assistant message per turn) lets a later runtime resume, fork, or fork from a turn
+without asking the model. At most `MAX_IDLE_CHILDREN` processes of threads with no running turn
+are kept; when a turn ends beyond that, the least recently used idle ones are stopped.
+
+Runtime modes. Outside full_access every process gets Claude Code's own sandbox
+(`sandbox_settings`: bubblewrap for each Bash command, every folder but the workspace and the
+toolchain hidden, writes only in the workspace, no network; it needs `bwrap` and `socat`, and
+refuses to start without them). workspace_write adds `--permission-mode acceptEdits` and
+answers every prompt itself: sandboxed commands and file tools inside the workspace are
+allowed, file tools outside it (they run in the claude process, not in the sandbox) and other
+tools (web, MCP) are refused with a warning. approval_required turns each prompt into an
+approval; read_only allows reading tools inside the workspace only. `--setting-sources user`
+keeps a workspace's `.claude/settings.json` (whose hooks would run unsandboxed) out.
 
 The API key reaches the CLI as ANTHROPIC_API_KEY, and so the environment of its tools: a
 tool running `env` prints it. So every emitted event is passed through `redact_event`
 with the instance's secret variables. (Claude Code's `CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1`
-removes the key from tool environments, but in 2.1.197 it also requires bubblewrap -- the
-CLI exits at startup without it -- and runs every Bash command in Claude's sandbox, which
-needs socat and restricts the command; it is not set by default. An instance may set it
-through its `env` option where that sandbox works.)
+removes the key from tool environments, but in 2.1.197 it also leaves the sandbox's empty
+mount-point files -- `.env`, `package.json`, `node_modules/`, ... -- in the workspace after
+every command, so it is not set; an instance may set it through its `env` option.)
 
 Behaviour of Claude Code 2.1.197 this relies on (observed against the fake model):
 - `--session-id UUID` names a new session without a model call; its transcript
@@ -66,11 +75,13 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import logging
 import os
 import re
 import signal
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -79,13 +90,20 @@ from typing import Any
 import orjson
 
 from threadloom.providers.agent_cli import child_env, find_cli, redact, redact_event
-from threadloom.providers.claude_events import FILE_TOOLS, ItemStatus, ThreadTranslator
+from threadloom.providers.claude_events import (
+    FILE_TOOLS,
+    SUBAGENT_TOOLS,
+    TASK_LIST_TOOLS,
+    ItemStatus,
+    ThreadTranslator,
+)
 from threadloom.providers.contract import (
     Capabilities,
     ProviderError,
     ProviderEvent,
     RequestOpened,
     RuntimeExited,
+    SessionScope,
     ThreadSettings,
     TurnCompleted,
     TurnStarted,
@@ -101,6 +119,13 @@ MAX_IDLE_CHILDREN = 4  # claude processes (~200 MB each) kept for threads with n
 READ_ONLY_TOOLS = frozenset(
     {"Read", "Glob", "Grep", "LS", "NotebookRead", "TodoWrite", "TaskCreate", "TaskUpdate", "TaskGet", "TaskList"}
 )
+# Tools a workspace_write thread runs without asking (paths checked); anything else (web, MCP) is refused.
+WORKSPACE_TOOLS = frozenset(
+    {"Bash", "BashOutput", "KillShell", "KillBash", *FILE_TOOLS, *READ_ONLY_TOOLS, *SUBAGENT_TOOLS, *TASK_LIST_TOOLS}
+)
+PATH_KEYS = ("file_path", "notebook_path", "path")
+# What sandboxed commands may read besides the workspace: the system's programs, libraries and config.
+TOOLCHAIN_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 CAPABILITIES = Capabilities(
     supports_active_steering=True,
     supports_interrupt=True,
@@ -115,6 +140,57 @@ CAPABILITIES = Capabilities(
     pending_requests_survive_restart=False,
     supports_empty_thread_creation=True,
 )
+
+
+def sandbox_settings(mode: str, cwd: str) -> dict[str, Any] | None:
+    """Claude Code's `--settings` for a thread: its bubblewrap sandbox, except in full_access.
+
+    Every Bash command then runs in bubblewrap with the whole filesystem hidden (`denyRead: /`)
+    except the workspace and the toolchain folders, writes only to the workspace, and no network
+    (no domain is allowed). `failIfUnavailable` makes a missing bwrap or socat a startup error
+    instead of unsandboxed commands. workspace_write lets sandboxed commands run unasked.
+    """
+    if mode == "full_access":
+        return None
+    readable = [cwd, os.path.realpath(cwd), *(d for d in TOOLCHAIN_DIRS if os.path.isdir(d))]
+    return {
+        "sandbox": {
+            "enabled": True,
+            "failIfUnavailable": True,
+            "allowUnsandboxedCommands": False,
+            "autoAllowBashIfSandboxed": mode == "workspace_write",
+            "filesystem": {"denyRead": ["/"], "allowRead": list(dict.fromkeys(readable))},
+        }
+    }
+
+
+def outside_path(tool_input: dict[str, Any], cwd: str) -> str | None:
+    """The path a file tool names if it leads outside the workspace (symlinks followed), else None.
+
+    File tools run in the claude process itself, not in the sandbox, so the driver checks them.
+    """
+    root = os.path.realpath(cwd)
+    for key in PATH_KEYS:
+        value = tool_input.get(key)
+        if isinstance(value, str) and value:
+            target = os.path.realpath(os.path.join(cwd, value))
+            if target != root and not target.startswith(root + os.sep):
+                return value
+    return None
+
+
+def project_tmp(state_dir: Path) -> Path:
+    """A private temp folder for one project's claude processes (created 0700).
+
+    Claude Code's sandbox keeps its temp files and its proxy's unix sockets in TMPDIR, so TMPDIR
+    must be short (a socket path has at most 107 bytes: under a deep data dir the sandbox fails with
+    "Failed to create bridge sockets") and must not be shared by projects (the default /tmp/claude-<uid>
+    would be writable by the commands of every project).
+    """
+    digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"threadloom-{digest}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
 
 
 def _slug(path: str) -> str:
@@ -324,6 +400,7 @@ class ClaudeRuntime:
         return ["--session-id", thread.sid]
 
     async def _spawn(self, thread: _Thread) -> _Child:
+        mode = thread.settings.runtime_mode
         argv = [
             self._binary,
             "-p",
@@ -337,8 +414,13 @@ class ClaudeRuntime:
             "--permission-prompt-tool",
             "stdio",
             "--permission-mode",
-            "default",
+            "acceptEdits" if mode == "workspace_write" else "default",
+            "--setting-sources",
+            "user",  # never the workspace's .claude/settings.json: its hooks would run outside the sandbox
         ]
+        settings = await asyncio.to_thread(sandbox_settings, mode, thread.settings.cwd)
+        if settings is not None:
+            argv += ["--settings", orjson.dumps(settings).decode()]
         model = thread.settings.model or self._model
         if model:
             argv += ["--model", model]
@@ -476,13 +558,19 @@ class ClaudeRuntime:
             thread.child = await self._spawn(thread)
         return thread.child
 
-    async def start_turn(self, native_thread: str, text: str) -> str:
+    async def start_turn(self, native_thread: str, text: str, settings: ThreadSettings | None = None) -> str:
         thread = self._thread(native_thread)
         async with thread.spawn_lock:  # a concurrent start on this thread waits, then sees the turn
             if self._closed:
                 raise ProviderError("exited", "the claude runtime is closed")
             if thread.turn is not None:
                 raise ProviderError("turn_active", f"thread {native_thread} already runs turn {thread.turn.id}")
+            if settings is not None and settings.model != thread.settings.model:
+                # The model is a process flag: another model gets a new process, which resumes the session.
+                thread.settings = dataclasses.replace(thread.settings, model=settings.model)
+                if thread.child is not None:
+                    idle, thread.child = thread.child, None
+                    await self._stop(idle)
             child = await self._live_child(thread)
             if self._closed:  # close() ran while the process started: it did not see this one
                 thread.child = None
@@ -614,6 +702,19 @@ class ClaudeRuntime:
         if mode == "full_access" or key in thread.allowed:
             await self._answer(child, request_id, {"behavior": "allow", "updatedInput": tool_input})
             return
+        if mode in ("workspace_write", "read_only"):
+            outside = await asyncio.to_thread(outside_path, tool_input, thread.settings.cwd)
+            if outside is not None:
+                await self._refuse(
+                    thread, child, request_id, tool_use_id, f"{tool} of {outside}: outside the workspace"
+                )
+                return
+        if mode == "workspace_write":
+            if tool in WORKSPACE_TOOLS:
+                await self._answer(child, request_id, {"behavior": "allow", "updatedInput": tool_input})
+            else:
+                await self._refuse(thread, child, request_id, tool_use_id, f"{tool} is not allowed in workspace_write")
+            return
         if mode == "read_only":
             if tool in READ_ONLY_TOOLS:
                 await self._answer(child, request_id, {"behavior": "allow", "updatedInput": tool_input})
@@ -632,6 +733,13 @@ class ClaudeRuntime:
             payload["path"] = str(tool_input.get("file_path") or tool_input.get("notebook_path") or "")
         self._requests[request_id] = _Request(thread, child, kind, tool, tool_input, tool_use_id, [])
         self._emit(RequestOpened(thread.sid, turn, request_id, kind, payload))
+
+    async def _refuse(self, thread: _Thread, child: _Child, request_id: str, tool_use_id: Any, why: str) -> None:
+        """Deny a tool the thread's mode does not allow, and say so (a `runtime.warning`)."""
+        if tool_use_id:
+            thread.tr.declined.add(str(tool_use_id))
+        await self._answer(child, request_id, {"behavior": "deny", "message": why})
+        self._emit(Warning(thread.sid, why))
 
     async def respond_to_request(self, request_ref: str, response: dict[str, Any]) -> None:
         request = self._requests.get(request_ref)
@@ -702,25 +810,36 @@ class ClaudeDriver:
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
-    async def open_session(self) -> ClaudeRuntime:
-        """Checks the CLI and the API key now, so a misconfiguration fails here, not mid-turn."""
+    @property
+    def state_dir(self) -> Path:
+        """The instance's folder; each project's runtime keeps its state in a subfolder (`SessionScope`)."""
+        return self.home
+
+    async def open_session(self, scope: SessionScope) -> ClaudeRuntime:
+        """A runtime for the project of `scope`, its sessions under `scope.state_dir`.
+
+        Checks the CLI and the API key now, so a misconfiguration fails here, not mid-turn.
+        """
         binary = find_cli("claude", self.options.get("binary"), PACKAGE)
         key_env = str(self.options.get("api_key_env") or "ANTHROPIC_API_KEY")
         extra = {str(k): str(v) for k, v in (self.options.get("env") or {}).items()}
         env = child_env(key_env, extra)
         env["ANTHROPIC_API_KEY"] = env.pop(key_env)
-        claude_home = self.home / "claude-home"
+        state = scope.state_dir
+        claude_home = state / "claude-home"
         (claude_home / ".claude").mkdir(parents=True, exist_ok=True)
+        tmp = project_tmp(state)
         env.update(
             {
                 "HOME": str(claude_home),
                 "CLAUDE_CONFIG_DIR": str(claude_home / ".claude"),
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                 "DISABLE_AUTOUPDATER": "1",
+                "TMPDIR": str(tmp),  # the sandbox's temp dir is TMPDIR/claude-<uid>: one per project
             }
         )
         if self.options.get("base_url"):
             env["ANTHROPIC_BASE_URL"] = str(self.options["base_url"])
         secrets = ("ANTHROPIC_API_KEY", *extra)
         model = str(self.options["model"]) if self.options.get("model") else None
-        return ClaudeRuntime(binary, env, self.home, model, secrets)
+        return ClaudeRuntime(binary, env, state, model, secrets)
