@@ -2,13 +2,16 @@
 
 Not a test. Run from anywhere with the project's virtualenv (the CLIs from `npm ci`):
 
-    .venv/bin/python bench/agent_turns.py [--turns 30] [--provider codex|claude|both]
+    .venv/bin/python bench/agent_turns.py [--turns 30] [--provider codex|claude|both] [--smoke]
+
+`--smoke` runs 2 turns per side (the first only starts the process), for tests/test_bench_smoke.py.
 
 Both sides talk to the same fake model server (tests/support/fake_model.py, in its own
 thread) and send the same short messages, one turn at a time on one native thread:
 
 - floor: the agent driven directly by its driver runtime (`CodexDriver`/`ClaudeDriver`:
-  spawn, start a thread, `start_turn`, read `events()` until `TurnCompleted`), no database;
+  `open_session` for one project, start a thread, `start_turn`, read `events()` until
+  `TurnCompleted`), no database;
 - threadloom: the engine in-process on an embedded PostgreSQL (`Services.build`, `start`),
   `runs.send_message` → the run is `completed` (a commit listener wakes the waiter, so no
   polling granularity is added).
@@ -64,10 +67,11 @@ def summary(name: str, samples: list[float]) -> tuple[float, float]:
 async def floor(provider: str, fake: FakeModel, tmp: Path, turns: int) -> list[float]:
     """The bare agent through its driver runtime: no engine, no database."""
     driver = build_driver(InstanceConfig(provider, provider, options(provider, fake)), tmp / "floor")
-    runtime = await driver.open_session()
-    events = runtime.events()
     cwd = tmp / "floor-ws"
     cwd.mkdir(parents=True, exist_ok=True)
+    scope = ev.SessionScope(project_id="bench", workspace_root=str(cwd), state_dir=tmp / "floor" / "state")
+    runtime = await driver.open_session(scope)
+    events = runtime.events()
     native = await runtime.start_thread(ev.ThreadSettings(cwd=str(cwd)))
     samples = []
     try:
@@ -110,7 +114,9 @@ async def threadloom(provider: str, fake: FakeModel, tmp: Path, pg: EmbeddedPost
     await services.start()
     samples = []
     try:
-        thread = await new_thread(services, tmp / f"{provider}-ws", provider)
+        workspace = tmp / f"{provider}-ws"
+        workspace.mkdir(parents=True, exist_ok=True)  # a project's workspace must exist
+        thread = await new_thread(services, workspace, provider)
         for i in range(turns):
             started = time.perf_counter()
             run_id = await send(services, thread, f"hello {i}")
@@ -147,7 +153,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--provider", choices=["codex", "claude", "both"], default="both")
+    parser.add_argument("--smoke", action="store_true", help="2 turns per side: seconds (for the tests)")
     args = parser.parse_args()
+    if args.smoke:
+        args.turns = 2
     with bench_tmp() as tmp, embedded_postgres(tmp) as pg:
         asyncio.run(main_async(args, tmp, pg))
 

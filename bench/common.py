@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from threadloom.store.embedded import asyncpg_url, start_embedded
+from threadloom.store.embedded import asyncpg_url, start_embedded, stop_embedded
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,11 +54,7 @@ def embedded_postgres(tmp: Path) -> Iterator[EmbeddedPostgres]:
     try:
         yield EmbeddedPostgres(pg, asyncpg_url(pg).split("host=")[1])
     finally:
-        # With cleanup_mode "stop", cleanup() stops the server when this process holds its last
-        # handle. (stop() then cleanup() tries to stop it twice and logs a noisy pg_ctl failure.)
-        pg.cleanup()
-        if (Path(pg.pgdata) / "postmaster.pid").exists():  # another handle kept it running
-            pg.stop()
+        stop_embedded(pg)  # nothing else uses this private server: it stops
 
 
 async def create_database(socket_dir: str, name: str) -> None:

@@ -50,7 +50,8 @@ Figures per phase:
   over the phase, from /proc via psutil, and the server's CPU per delivered message: the
   machine's cores are shared by all of them.
 
-About 4 minutes on a 2-core machine; `--k 100 --step "" --events 50` for a quick look.
+About 4 minutes on a 2-core machine; `--k 100 --step "" --events 50` for a quick look;
+`--smoke` (K=20, a few events, no CPU capacity probe) finishes in seconds, for tests/test_bench_smoke.py.
 """
 
 from __future__ import annotations
@@ -676,6 +677,7 @@ class Bench:
             self.token = server.admin_token
             client = Client(server.url, self.token)
             try:
+                (self.tmp / "workspace").mkdir(exist_ok=True)  # a project's workspace must exist
                 data = await client.gql(CREATE_PROJECT, {"name": "fanout", "root": str(self.tmp / "workspace")})
                 project = data["createProject"]["project"]["id"]
                 for i in range(1 + self.args.threads):
@@ -903,7 +905,7 @@ async def main_async(args: argparse.Namespace, tmp: Path, pg: EmbeddedPostgres) 
     pairs: list[tuple[Phase, Phase]] = []
     stop_reason = "ran every K asked for"
     try:
-        print(cpu_capacity(), flush=True)
+        print("CPU: not measured (--smoke)" if args.smoke else cpu_capacity(), flush=True)
         await bench.setup()
         print(
             f"setup: embedded PostgreSQL, migrated, 1 project + {1 + args.threads} threads, "
@@ -996,7 +998,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for delivery per phase")
     parser.add_argument("--idle", type=float, default=15, help="give up a phase after this long with no delivery")
     parser.add_argument("--budget", type=float, default=300, help="seconds; no larger K when it would pass this")
+    parser.add_argument("--smoke", action="store_true", help="K=20 and a few events: seconds (for the tests)")
     args = parser.parse_args()
+    if args.smoke:
+        args.k, args.step, args.events, args.min_events = [20], [], 10, 5
+        args.threads, args.spread_events, args.timeout, args.idle = 4, 2, 30, 10
     if args.worker:
         asyncio.run(worker_main())
         return 0

@@ -2,7 +2,9 @@
 
 Not a test. Run from anywhere with the project's virtualenv:
 
-    .venv/bin/python bench/query_page.py
+    .venv/bin/python bench/query_page.py [--threads 10000] [--requests 200] [--smoke]
+
+`--smoke` uses 300 threads and 20 requests (seconds, for tests/test_bench_smoke.py).
 
 It starts an embedded PostgreSQL in a temp dir under /tmp, migrates a fresh database,
 writes one project and 10,000 threads through the real event log (`store.log.append`),
@@ -116,7 +118,7 @@ async def populate(url: str, n_threads: int, batch: int) -> tuple[uuid.UUID, str
                         title=f"Thread {i:05d}",
                         provider_instance_id="scripted",
                         model=None,
-                        runtime_mode="full_access",
+                        runtime_mode="workspace_write",
                         now=now,
                     )
                     await log.append(tx, [change], project_id=project.id, command_id=None, now=now)
@@ -295,7 +297,10 @@ def main() -> int:
     parser.add_argument("--first", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--smoke", action="store_true", help="a small project and few requests (for the tests)")
     args = parser.parse_args()
+    if args.smoke:
+        args.threads, args.warmup, args.requests = 3 * args.first, 3, 20
     with bench_tmp() as tmp:
         run(args, tmp)
     return 0

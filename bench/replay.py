@@ -5,7 +5,9 @@ one subscriber asks for everything after sequence 0 and the clock runs until its
 `synchronized` item. The floor, measured in the same run, is the same rows read with raw
 asyncpg in pages of 500 and encoded with orjson — what any replay must at least do.
 
-    .venv/bin/python bench/replay.py [--events 9000]
+    .venv/bin/python bench/replay.py [--events 9000] [--smoke]
+
+`--smoke` replays 500 events (seconds, for tests/test_bench_smoke.py).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ async def main(events: int) -> None:
         server = ServerProcess(url, tmp / "data").wait_ready()
         client = Client(server.url, server.admin_token)
         try:
+            (tmp / "ws").mkdir()  # a project's workspace must exist
             data = await client.gql(CREATE_PROJECT, {"name": "replay", "root": str(tmp / "ws")})
             thread = (await make_thread(client, data["createProject"]["project"]["id"], "t"))["id"]
             thread_uuid: uuid.UUID = decode(thread)[1]  # type: ignore[index]
@@ -108,4 +111,6 @@ async def main(events: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=9000)
-    asyncio.run(main(parser.parse_args().events))
+    parser.add_argument("--smoke", action="store_true", help="500 events: finishes in seconds (for the tests)")
+    args = parser.parse_args()
+    asyncio.run(main(500 if args.smoke else args.events))

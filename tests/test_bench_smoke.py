@@ -1,0 +1,43 @@
+"""Every benchmark in bench/ still runs: each with `--smoke` (tiny sizes, seconds) as a subprocess.
+
+The figures mean nothing at these sizes; the test only proves that the benchmark's code
+still matches the engine (a benchmark nobody runs rots) and that it still measures its
+floor and prints the ratio against it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ["run_throughput.py", "query_page.py", "replay.py", "fanout.py", "agent_turns.py"]
+RATIO = re.compile(r"^\s*ratio\s+(median\s+)?[0-9.]+x", re.MULTILINE)
+
+
+def test_every_benchmark_is_smoked() -> None:
+    """A new benchmark (a script with a `main`) is added to BENCHMARKS, so it is smoked too."""
+    scripts = {p.name for p in (ROOT / "bench").glob("*.py") if "__main__" in p.read_text()}
+    assert scripts == set(BENCHMARKS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_benchmark_smoke(script: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--smoke"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    assert "floor" in done.stdout, done.stdout
+    assert RATIO.search(done.stdout), f"{script} printed no ratio line:\n{done.stdout[-3000:]}"
