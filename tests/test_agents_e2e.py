@@ -278,3 +278,23 @@ async def test_a_missing_cli_fails_the_run_with_the_install_command(
     finally:
         await client.aclose()
         server.stop()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_the_model_a_message_asks_for_reaches_the_model(
+    api: Client, fake: FakeModel, tmp_path: Path, provider: str
+) -> None:
+    """sendMessage's `model` is the model of that run's turn, on a native thread already loaded with another."""
+    thread, _ = await _thread(api, tmp_path, provider, "workspace_write")
+    assert (await finished(api, (await send(api, thread, "default"))["run"]["id"], within=90))["status"] == "COMPLETED"
+    seen = len(fake.bodies(MODEL_PATH[provider]))
+    asked = f"{provider}-asked-model-7"
+    sent = await api.gql(
+        """mutation($t: ID!, $m: String!) { sendMessage(input: {threadId: $t, text: "chosen", model: $m}) {
+             run { id } userErrors { code } } }""",
+        {"t": thread, "m": asked},
+    )
+    done = await finished(api, sent["sendMessage"]["run"]["id"], within=90)
+    assert done["status"] == "COMPLETED"
+    bodies = fake.bodies(MODEL_PATH[provider])[seen:]
+    assert bodies and {body.get("model") for body in bodies} == {asked}

@@ -75,12 +75,13 @@ class _Prepared:
 
     @property
     def target(self) -> _Target:
-        settings = _settings(self.thread, self.cwd)
+        settings = _settings(self.thread, self.cwd, self.run.model)
         return _Target(self.thread.id, settings, self.run.id, self.provider_thread, self.thread.project_id)
 
 
-def _settings(thread: AppThread, cwd: str) -> ThreadSettings:
-    return ThreadSettings(cwd=cwd, runtime_mode=thread.runtime_mode, model=thread.model)
+def _settings(thread: AppThread, cwd: str, model: str | None = None) -> ThreadSettings:
+    """A run's settings carry its own model (sendMessage's `model`, else the thread's)."""
+    return ThreadSettings(cwd=cwd, runtime_mode=thread.runtime_mode, model=model or thread.model)
 
 
 def _provider_thread_for(thread: AppThread, current: ProviderThread | None, instance: str, now: Any) -> list[Change]:
@@ -205,6 +206,7 @@ class RunEngine:
             client_message_id,
             self.now,
             new_id,
+            pending_requests=graph.pending_requests,
         )
 
     async def resume_queue(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
@@ -216,7 +218,6 @@ class RunEngine:
             outcome = rules.resume_queue(await runs.thread_state(db, thread), now, new_id)
             await self.route(db, thread, outcome)
             outcome.result = {"threadId": str(thread.id)}
-            pending_requests=graph.pending_requests,
             return outcome
 
         await self.pipeline.execute(
@@ -321,7 +322,9 @@ class RunEngine:
         )
         session.bind(binding)
         try:
-            native_turn = await session.runtime.start_turn(binding.native_thread, prepared.text)
+            native_turn = await session.runtime.start_turn(
+                binding.native_thread, prepared.text, prepared.target.settings
+            )
         except ProviderError as error:
             session.unbind(binding.native_thread)
             crashed = error.code == "exited"

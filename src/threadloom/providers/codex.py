@@ -231,8 +231,11 @@ class CodexRuntime:
         await self._request("thread/resume", {"threadId": native_thread, **self._thread_params(settings)})
         self._settings[native_thread] = settings
 
-    async def start_turn(self, native_thread: str, text: str) -> str:
-        result = await self._request("turn/start", {"threadId": native_thread, "input": _text_input(text)})
+    async def start_turn(self, native_thread: str, text: str, settings: ThreadSettings | None = None) -> str:
+        params: dict[str, Any] = {"threadId": native_thread, "input": _text_input(text)}
+        if settings is not None:  # turn/start's model holds for this turn and the next ones
+            params["model"] = settings.model or self.model
+        result = await self._request("turn/start", params)
         return str(result["turn"]["id"])
 
     async def steer_turn(self, native_thread: str, native_turn: str, text: str) -> None:

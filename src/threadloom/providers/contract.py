@@ -203,8 +203,11 @@ class ProviderRuntime(Protocol):
         """Load an existing native thread into this runtime; raises ProviderError if it cannot."""
         ...
 
-    async def start_turn(self, native_thread: str, text: str) -> str:
-        """Start a turn; returns the native turn ref. Its events follow on `events()`."""
+    async def start_turn(self, native_thread: str, text: str, settings: ThreadSettings | None = None) -> str:
+        """Start a turn; returns the native turn ref. Its events follow on `events()`.
+
+        `settings` are the thread's for this turn (None: as it was started or resumed); a driver
+        honours at least their `model`, so each run talks to the model it asked for."""
         ...
 
     async def steer_turn(self, native_thread: str, native_turn: str, text: str) -> None: ...

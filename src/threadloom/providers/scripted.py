@@ -60,7 +60,7 @@ class ScriptedRuntime:
     async def resume_thread(self, native_thread: str, settings: ThreadSettings) -> None:
         await self.process.request("thread/resume", {"threadId": native_thread, "runtimeMode": settings.runtime_mode})
 
-    async def start_turn(self, native_thread: str, text: str) -> str:
+    async def start_turn(self, native_thread: str, text: str, settings: ThreadSettings | None = None) -> str:
         result = await self.process.request(
             "turn/start", {"threadId": native_thread, "input": [{"type": "text", "text": text}]}
         )
