@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.pg import PgServer
+from tests.support.pg import PgServer, postgres_servers
 from tests.support.server import Client, ServerProcess
 from threadloom.config import Settings
 from threadloom.engine.clock import SystemClock
 from threadloom.engine.services import Services
 from threadloom.providers.registry import load_instances
 from threadloom.store.db import Database
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_postgres_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """At the end of the session, stop every embedded server a test's `threadloom serve` left
+    under the session's temp folder (a test that failed before stopping its server)."""
+    yield
+    base = tmp_path_factory.getbasetemp().resolve()
+    for pid, pgdata in postgres_servers().items():
+        if pgdata.is_relative_to(base):
+            os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
 
 
 @pytest.fixture(scope="session")

@@ -71,10 +71,9 @@ class PgServer:
         stop_embedded(self.server)
 
 
-def postgres_pids(pgdata: Path) -> list[int]:
-    """Live (not zombie) PostgreSQL server processes started on `pgdata`, read from /proc."""
-    wanted = str(pgdata.resolve())
-    found = []
+def postgres_servers() -> dict[int, Path]:
+    """Live (not zombie) PostgreSQL servers on this machine, pid -> data dir, read from /proc."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -84,10 +83,15 @@ def postgres_pids(pgdata: Path) -> list[int]:
         except OSError:  # gone meanwhile
             continue
         args = [a.decode(errors="replace") for a in argv]
-        server = state != "Z" and args[0].endswith("/postgres") and "-D" in args
-        if server and args[args.index("-D") + 1] == wanted:
-            found.append(int(entry.name))
+        if state != "Z" and args[0].endswith("/postgres") and "-D" in args[:-1]:
+            found[int(entry.name)] = Path(args[args.index("-D") + 1])
     return found
+
+
+def postgres_pids(pgdata: Path) -> list[int]:
+    """Live PostgreSQL servers started on `pgdata` (pgserver passes it resolved)."""
+    wanted = pgdata.resolve()
+    return [pid for pid, data in postgres_servers().items() if data == wanted]
 
 
 def postmaster_pid(pgdata: Path) -> int | None:
