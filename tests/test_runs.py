@@ -157,7 +157,7 @@ async def test_tool_and_write(client: Client, thread_id: str, workspace: Path) -
     assert (workspace / "notes" / "a.txt").read_text() == "hello file"
     graph = done["executionGraph"]
     root_id = done["rootNode"]["id"]
-    assert {e["to"] for e in graph["edges"] if e["from"] == root_id} == {c["id"] for c in children}
+    assert {e["child"]["id"] for e in graph["edges"] if e["parent"]["id"] == root_id} == {c["id"] for c in children}
     filtered = await client.gql(
         """query($t: ID!, $r: ID!, $n: ID!) { thread(id: $t) {
              activities(runId: $r, nodeId: $n) { totalCount edges { node { kind runId nodeId } } } } }""",

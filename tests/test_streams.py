@@ -238,7 +238,8 @@ async def test_run_status_and_activity_streams(client: Client, server: ServerPro
             "subscription($t: ID!) { runStatus(threadId: $t) { sequence status run { id ordinal } } }", {"t": thread_id}
         )
         activity_op = await ws.subscribe(
-            "subscription($t: ID!) { activities(threadId: $t) { sequence kind runId nodeId } }", {"t": thread_id}
+            "subscription($t: ID!) { activities(threadId: $t) { ... on Activity { sequence kind runId nodeId } } }",
+            {"t": thread_id},
         )
         sent = await send(client, thread_id, "@tool echo hi\n@reply ok")
         statuses: list[str] = []

@@ -27,7 +27,7 @@ query($id: ID!) {
                providerTurns { id ordinal status nativeTurnRef providerThread { id nativeThreadRef } } }
     activeAttempt { id }
     providerThread { id nativeThreadRef status }
-    executionGraph { nodes { id kind status parent { id } } edges { from to } }
+    executionGraph { nodes { id kind status parent { id } } edges { parent { id } child { id } } }
     plans { kind status items }
   }
 }"""

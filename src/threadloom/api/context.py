@@ -1,4 +1,4 @@
-"""The per-request context: who is asking, the loaders, and the engine's services."""
+"""The per-operation context: who is asking, the loaders, and the engine's services."""
 
 from __future__ import annotations
 
@@ -46,6 +46,10 @@ class Context:
         counter = counter or StatementCounter()
         return cls(principal, services, Loaders(services.db, counter), counter, request, response, live)
 
+    def fresh(self) -> Context:
+        """The same caller with empty loaders: what this context had cached is not reused."""
+        return dataclasses.replace(self, loaders=Loaders(self.services.db, self.counter))
+
     async def project_of(self, table: sa.Table, row: sa.RowMapping) -> uuid.UUID | None:
         """The project an object belongs to (None for global objects such as provider sessions)."""
         if table is t.projects:
@@ -71,6 +75,18 @@ class Context:
             return None
         row = await self.loaders.rows(table).load(entity_id)
         return row if await self.visible(table, row) else None
+
+
+def fresh_context(value: Any) -> Any:
+    """A fresh copy of a `Context` (other context values pass through).
+
+    Loaders cache rows for the life of their context. Over HTTP that is one request, but a
+    WebSocket keeps one context for all its operations and events, so the executor takes
+    a fresh copy for every operation and every subscription event: nested fields then
+    show the database as it is when the event is resolved, not when the socket first
+    asked.
+    """
+    return value.fresh() if isinstance(value, Context) else value
 
 
 Info = strawberry.Info[Context, None]

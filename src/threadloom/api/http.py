@@ -158,6 +158,8 @@ class GraphQLView(GraphQL[Context, None]):
         )
         if failed_before_execution and _media.get() == GRAPHQL_RESPONSE:
             request.scope["state"]["sub_response"].status_code = 400
+            # Nothing was executed: the response has no `data` entry at all (GraphQL-over-HTTP).
+            processed.pop("data", None)
         limited = next((e for e in result.errors or [] if (e.extensions or {}).get("code") == "RATE_LIMITED"), None)
         if limited is not None and result.data is None:
             sub_response = request.scope["state"]["sub_response"]

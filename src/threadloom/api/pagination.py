@@ -1,4 +1,9 @@
-"""Relay connections over keyset pages (`first`/`after`, `last`/`before`, ≤ 100 a page)."""
+"""Relay connections over keyset pages (`first`/`after`, `last`/`before`, ≤ 100 a page).
+
+Page arguments written in the document are checked during validation (`pagination_rule`),
+so a bad page is refused like any other malformed request, before anything runs; values
+passed through variables are only known at execution and get the same coded errors there.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,16 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Generic, TypeVar
 
 import strawberry
+from graphql import (
+    FieldNode,
+    GraphQLError,
+    IntValueNode,
+    ListValueNode,
+    StringValueNode,
+    ValidationRule,
+    ValueNode,
+    get_named_type,
+)
 
 from threadloom.api.context import Info
 from threadloom.api.errors import ApiError
@@ -115,3 +130,68 @@ async def connect(
         _relation=relation,
         _count_key=(parent, frozen),
     )
+
+
+# The connection types of the schema and the type of their cursor's key.
+_CONNECTION_KEYS: dict[str, type] = {
+    f"{node}Connection": PAGED[relation].key_type
+    for node, relation in (
+        ("Project", "projects"),
+        ("Thread", "project.threads"),
+        ("Run", "thread.runs"),
+        ("ConversationMessage", "thread.messages"),
+        ("Activity", "thread.activities"),
+    )
+}
+
+
+def _int(value: ValueNode | None) -> int | None:
+    """An integer written in the document; None for a variable, null or another literal."""
+    return int(value.value) if isinstance(value, IntValueNode) else None
+
+
+def _str(value: ValueNode | None) -> str | None:
+    return value.value if isinstance(value, StringValueNode) else None
+
+
+def pagination_rule(max_size: int) -> type[ValidationRule]:
+    """A validation rule refusing page arguments that can never work, with the runtime's codes.
+
+    Negative or oversized `first`/`last`, both at once, a cursor this connection never
+    issued, and more than `max_size` ids for `nodes` are refused before execution, so the
+    response is a request error (HTTP 400 with graphql-response+json), never `data: null`.
+    Arguments given through variables are left to `page_args` at execution.
+    """
+
+    class PaginationRule(ValidationRule):
+        def enter_field(self, node: FieldNode, *_args: Any) -> None:
+            field = self.context.get_field_def()
+            if field is None or not node.arguments:
+                return
+            args = {a.name.value: a.value for a in node.arguments}
+            parent = self.context.get_parent_type()
+            if parent is not None and parent.name == "Query" and node.name.value == "nodes":
+                ids = args.get("ids")
+                if isinstance(ids, ListValueNode) and len(ids.values) > max_size:
+                    message = f"at most {max_size} ids at once"
+                    self._refuse(node, ApiError(DomainError(ErrorCode.PAGE_SIZE_EXCEEDED, message, "ids")))
+                return
+            key_type = _CONNECTION_KEYS.get(get_named_type(field.type).name)
+            if key_type is None:
+                return
+            try:
+                page_args(
+                    _int(args.get("first")),
+                    _str(args.get("after")),
+                    _int(args.get("last")),
+                    _str(args.get("before")),
+                    key_type,
+                    max_size,
+                )
+            except ApiError as error:
+                self._refuse(node, error)
+
+        def _refuse(self, node: FieldNode, error: ApiError) -> None:
+            self.report_error(GraphQLError(error.message, node, extensions=error.extensions))
+
+    return PaginationRule

@@ -15,6 +15,7 @@ from strawberry.extensions import AddValidationRules, MaxTokensLimiter, max_alia
 from strawberry.schema.config import StrawberryConfig
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
+from threadloom.api.context import fresh_context
 from threadloom.api.errors import CodedErrors, RecordOperation
 from threadloom.api.mutations import (
     ControlMutation,
@@ -24,6 +25,7 @@ from threadloom.api.mutations import (
     RequestMutation,
     RunMutation,
 )
+from threadloom.api.pagination import pagination_rule
 from threadloom.api.query import Query
 from threadloom.api.subscriptions import Subscription
 from threadloom.api.token_guard import RateLimits
@@ -40,18 +42,26 @@ class FreshMemoExecutionContext(StrawberryGraphQLCoreExecutionContext):
     event keeps memory flat (and is cheaper).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A WebSocket shares one context between its operations: each gets its own loaders.
+        self.context_value = fresh_context(self.context_value)
+
     def build_per_event_executor(self, payload: Any) -> Any:
         executor = super().build_per_event_executor(payload)
         executor._relevant_sub_fields = {}
         executor._stream_usages = type(self._stream_usages)()
+        # Each event resolves its nested fields against the database as it is now.
+        executor.context_value = fresh_context(self.context_value)
         return executor
 
 
 @functools.cache
-def _rules(max_depth: int, max_aliases_count: int) -> list[type]:
+def _rules(max_depth: int, max_aliases_count: int, max_page: int) -> list[type]:
     return [
         query_depth_limiter.create_validator(max_depth, None),
         max_aliases.create_validator(max_aliases_count),
+        pagination_rule(max_page),
     ]
 
 
@@ -66,7 +76,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
         execution_context_class=FreshMemoExecutionContext,
         types=list(NODE_TYPES.values()),
         extensions=[
-            functools.partial(AddValidationRules, _rules(limits.max_depth, limits.max_aliases)),
+            functools.partial(AddValidationRules, _rules(limits.max_depth, limits.max_aliases, limits.max_page_size)),
             functools.partial(MaxTokensLimiter, max_token_count=limits.max_tokens),
             CodedErrors,
             RecordOperation,

@@ -72,6 +72,21 @@ class ProjectThreadUpdate:
     thread: Thread
 
 
+@strawberry.type(
+    name="ReloadRequired",
+    description="The replay would be longer than the server allows (THREADLOOM_MAX_REPLAY): reload the thread "
+    "by query, then subscribe again with `afterSequence: sequence`. The subscription ends after this item.",
+)
+class ReloadRequiredItem:
+    sequence: int = strawberry.field(description="The thread's latest sequence when the replay was refused.")
+
+
+ActivityItem = Annotated[
+    Union[Activity, ReloadRequiredItem],  # noqa: UP007
+    strawberry.union("ActivityItem", description="An activity, or the marker that the replay is too long."),
+]
+
+
 def _too_slow(error: TooSlow) -> GraphQLError:
     resume = error.resume_from
     cursor = encode_feed_cursor(resume) if isinstance(resume, tuple) else resume
@@ -200,7 +215,10 @@ class Subscription:
         except TooSlow as error:
             raise _too_slow(error) from None
 
-    @strawberry.subscription(description="Activities of a thread: replay after `afterSequence`, then live.")
+    @strawberry.subscription(
+        description="Activities of a thread: replay after `afterSequence`, then live; a `ReloadRequired` item "
+        "instead when the replay would be too long."
+    )
     async def activities(
         self,
         info: Info,
@@ -208,10 +226,13 @@ class Subscription:
         after_sequence: int | None = None,
         run_id: strawberry.ID | None = None,
         node_id: strawberry.ID | None = None,
-    ) -> AsyncGenerator[Activity, None]:
+    ) -> AsyncGenerator[ActivityItem, None]:
         async for item in _filtered(info, thread_id, after_sequence, run_id, node_id, entity_type="activity"):
+            # cast: the union's type resolver then needs no structural match (see `_entity`).
             if isinstance(item, LogEvent):
-                yield Activity.from_row(item.payload)
+                yield strawberry.cast(Activity, Activity.from_row(item.payload))
+            elif isinstance(item, ReloadRequired):
+                yield strawberry.cast(ReloadRequiredItem, ReloadRequiredItem(sequence=item.latest))
 
     @strawberry.subscription(description="Every thread change of a project, for dashboards. Resume with `after`.")
     async def project_threads(

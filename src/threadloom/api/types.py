@@ -7,6 +7,7 @@ with an opaque global id.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Mapping
@@ -262,10 +263,24 @@ class Thread(Node, _Entity):
         )
 
 
-@strawberry.type
+@strawberry.type(description="A parent→child link of the execution graph; both ends are nodes of the graph.")
 class ExecutionEdge:
-    from_: strawberry.ID = strawberry.field(name="from")
-    to: strawberry.ID
+    _parent_id: strawberry.Private[uuid.UUID]
+    _child_id: strawberry.Private[uuid.UUID]
+
+    @strawberry.field
+    async def parent(self, info: Info) -> ExecutionNode:
+        # The graph primed the row loader with its nodes: no statement unless the parent
+        # lives outside this run.
+        node = await _load(info, ExecutionNode, self._parent_id)
+        assert node is not None
+        return node
+
+    @strawberry.field
+    async def child(self, info: Info) -> ExecutionNode:
+        node = await _load(info, ExecutionNode, self._child_id)
+        assert node is not None
+        return node
 
 
 @strawberry.type
@@ -329,9 +344,11 @@ class Run(Node, _Entity):
 
     @strawberry.field(description="Every node of every attempt of this run, and the parent→child edges.")
     async def execution_graph(self, info: Info) -> ExecutionGraph:
-        nodes = await _children(info, ExecutionNode, "run.nodes", self.rec.id)
+        rows = await info.context.loaders.children("run.nodes").load(self.rec.id)
+        info.context.loaders.rows(t.execution_nodes).prime_many({r["id"]: r for r in rows})
+        nodes = [ExecutionNode.from_row(r) for r in rows]
         edges = [
-            ExecutionEdge(from_=strawberry.ID(gid.encode("ExecutionNode", n.rec.parent_node_id)), to=n.id)
+            ExecutionEdge(_parent_id=n.rec.parent_node_id, _child_id=n.rec.id)
             for n in nodes
             if n.rec.parent_node_id is not None
         ]
@@ -441,8 +458,10 @@ class ProviderSession(Node, _Entity):
     rec: strawberry.Private[e.ProviderSession]
     provider_instance_id: str
     status: enums.ProviderSessionStatus
-    owner: str | None
-    lease_expires_at: datetime | None
+    owner: str | None = strawberry.field(
+        description="The server process holding the live runtime. Ownership lasts as long as that process holds "
+        "its advisory lock in PostgreSQL, so it has no expiry time."
+    )
     capabilities: JSON | None
     last_error: str | None
     created_at: datetime
@@ -627,6 +646,41 @@ class PlanArtifact(Node, _Entity):
         return await _load(info, ExecutionNode, self.rec.node_id)
 
 
+# Keys of activity payloads that name an object, and the type of their global id. The log
+# keeps raw UUIDs (it is internal and rebuildable); the API gives ids that node() resolves.
+_PAYLOAD_IDS: dict[str, str] = {
+    "threadId": "Thread",
+    "childThreadId": "Thread",
+    "parentThreadId": "Thread",
+    "sourceThreadId": "Thread",
+    "targetThreadId": "Thread",
+    "runId": "Run",
+    "targetRunId": "Run",
+    "supersedesRunId": "Run",
+    "attemptId": "RunAttempt",
+    "nodeId": "ExecutionNode",
+    "messageId": "ConversationMessage",
+    "requestId": "RuntimeRequest",
+    "transferId": "ContextTransfer",
+    "handoffId": "ContextHandoff",
+    "checkpointId": "Checkpoint",
+    "planId": "PlanArtifact",
+}
+
+
+def _global_ids(payload: object) -> JSON | None:
+    """The payload with every object id (see `_PAYLOAD_IDS`) as a global id."""
+    if not isinstance(payload, Mapping):
+        return None if payload is None else JSON(payload)
+    out = dict(payload)
+    for key, type_name in _PAYLOAD_IDS.items():
+        value = out.get(key)
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):  # not a UUID (a provider's own reference): left as it is
+                out[key] = gid.encode(type_name, uuid.UUID(value))
+    return JSON(out)
+
+
 @strawberry.type
 class Activity(Node, _Entity):
     _record = e.Activity
@@ -634,8 +688,14 @@ class Activity(Node, _Entity):
     sequence: int
     kind: str
     summary: str
-    payload: JSON | None
     created_at: datetime
+
+    @strawberry.field(
+        description="Details of the activity. Ids of objects in it (`runId`, `childThreadId`, `transferId`, "
+        "`requestId` …) are global ids that `node` resolves."
+    )
+    def payload(self) -> JSON | None:
+        return _global_ids(self.rec.payload)
 
     @strawberry.field
     def run_id(self) -> strawberry.ID | None:
