@@ -84,7 +84,7 @@ async def api(agents_server: ServerProcess) -> Any:
     await client.aclose()
 
 
-async def _thread(client: Client, tmp_path: Path, provider: str, mode: str = "full_access") -> tuple[str, Path]:
+async def _thread(client: Client, tmp_path: Path, provider: str, mode: str = "workspace_write") -> tuple[str, Path]:
     workspace = tmp_path / f"ws-{provider}"
     workspace.mkdir(exist_ok=True)
     project = (await client.gql(CREATE_PROJECT, {"name": provider, "root": str(workspace)}))["createProject"]
