@@ -33,7 +33,7 @@ care. What it does:
 Instance options (all optional): `binary` (path or name of the codex executable), `model`
 (default "gpt-5.5"), `base_url` (default https://api.openai.com/v1), `api_key_env` (default
 "OPENAI_API_KEY"; must be set in the server's environment), `env` (extra variables for the
-child; HOME defaults to the private `<instance home>/home`, so the agent's login shells do
+child; HOME defaults to the private `<project state dir>/home`, so the agent's login shells do
 not run the server user's profile).
 
 The model provider is always the custom Responses-API provider "threadloom" (no retries,
