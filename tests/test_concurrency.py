@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.support.db import sequences
-from tests.support.graphql import CREATE_PROJECT, CREATE_THREAD, make_project, make_thread
+from tests.support.graphql import CREATE_PROJECT, CREATE_THREAD, make_project, make_thread, workspace
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
 from threadloom.store import tables as t
@@ -69,7 +69,7 @@ async def test_concurrent_sends_over_two_processes(
 ) -> None:
     other = Client(second_server.url, client.token)
     try:
-        data = await client.gql(CREATE_PROJECT, {"name": "busy", "root": str(tmp_path / "ws")})
+        data = await client.gql(CREATE_PROJECT, {"name": "busy", "root": workspace(tmp_path)})
         thread = await make_thread(client, data["createProject"]["project"]["id"], "busy")
         clients = [client, other]
         sent = await asyncio.gather(

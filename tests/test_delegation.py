@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.runs import finished, run, send
 from tests.support.server import Client
 from tests.support.waiting import until
@@ -27,7 +27,7 @@ THREAD = """query($t: ID!) { thread(id: $t) { status queueHeld activeRun { id st
 
 
 async def _parent(client: Client, tmp_path: Path) -> str:
-    data = await client.gql(CREATE_PROJECT, {"name": "tree", "root": str(tmp_path / "ws")})
+    data = await client.gql(CREATE_PROJECT, {"name": "tree", "root": workspace(tmp_path)})
     return str((await make_thread(client, data["createProject"]["project"]["id"], "parent"))["id"])
 
 

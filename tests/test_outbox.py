@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 
+from tests.support.graphql import workspace
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Effect
 from threadloom.domain.recovery import RecoveryAction, recover_run
@@ -21,7 +22,7 @@ ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
 
 
 async def _threads(services: Services, n: int) -> list[uuid.UUID]:
-    project = await services.catalog.create_project(ADMIN, name="p", workspace_root="/tmp/w", key=None)
+    project = await services.catalog.create_project(ADMIN, name="p", workspace_root=workspace(), key=None)
     return [
         await services.catalog.create_thread(
             ADMIN,

@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from tests.support.db import count, sequences, snapshot
+from tests.support.graphql import workspace
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change
 from threadloom.domain.entities import Activity, ConversationMessage, ExecutionNode, Run, RunAttempt
@@ -31,7 +32,7 @@ ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
 
 
 async def _project(services: Services, name: str = "P") -> uuid.UUID:
-    return await services.catalog.create_project(ADMIN, name=name, workspace_root="/tmp/w", key=None)
+    return await services.catalog.create_project(ADMIN, name=name, workspace_root=workspace(), key=None)
 
 
 async def _thread(services: Services, project: uuid.UUID, key: str | None = None, title: str = "T") -> uuid.UUID:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from threadloom.providers.registry import ConfigError, load_instances
@@ -32,7 +32,7 @@ async def _rows(database_url: str, table: sa.Table) -> list[sa.RowMapping]:
 
 
 async def test_new_thread_is_lazy(client: Client, database_url: str, tmp_path: Path) -> None:
-    data = await client.gql(CREATE_PROJECT, {"name": "p", "root": str(tmp_path / "ws")})
+    data = await client.gql(CREATE_PROJECT, {"name": "p", "root": workspace(tmp_path)})
     await make_thread(client, data["createProject"]["project"]["id"])
     assert await _rows(database_url, t.provider_threads) == []
     assert await _rows(database_url, t.provider_sessions) == []
@@ -44,7 +44,7 @@ async def test_eager_instance_creates_its_provider_thread(database_url: str, tmp
     server = ServerProcess(database_url, tmp_path / "d", env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
     client = Client(server.url, server.admin_token)
     try:
-        data = await client.gql(CREATE_PROJECT, {"name": "p", "root": str(tmp_path / "ws")})
+        data = await client.gql(CREATE_PROJECT, {"name": "p", "root": workspace(tmp_path)})
         project = data["createProject"]["project"]["id"]
         created = await client.gql(
             """mutation($p: ID!) { createThread(input: {projectId: $p, providerInstanceId: "eager"}) {

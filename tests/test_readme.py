@@ -10,7 +10,12 @@ from tests.support.server import Client
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 
+def _tour_folder() -> None:
+    Path("/tmp/demo").mkdir(exist_ok=True)  # the tour's `mkdir -p /tmp/demo`: projects need an existing folder
+
+
 async def test_tour_blocks_run_as_written(client: Client) -> None:
+    _tour_folder()
     blocks = re.findall(r"```graphql\n(.*?)```", README, re.S)
     assert len(blocks) >= 6
     ids: dict[str, str] = {}

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.graphql import workspace as workspace_dir
 from tests.support.runs import finished, run, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
@@ -242,7 +243,7 @@ async def test_provider_without_structured_questions(database_url: str, tmp_path
     server = ServerProcess(database_url, tmp_path / "d", env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
     client = Client(server.url, server.admin_token)
     try:
-        data = await client.gql(CREATE_PROJECT, {"name": "plain", "root": str(tmp_path / "ws")})
+        data = await client.gql(CREATE_PROJECT, {"name": "plain", "root": workspace_dir(tmp_path)})
         created = await client.gql(
             """mutation($p: ID!) { createThread(input: {projectId: $p, providerInstanceId: "plain"}) {
                  thread { id } } }""",

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tests.support.db import snapshot
-from tests.support.graphql import CREATE_PROJECT
+from tests.support.graphql import CREATE_PROJECT, workspace
 from tests.support.server import ServerProcess
 from threadloom.api.ids import decode, encode
 from threadloom.store import log
@@ -40,7 +40,7 @@ class World:
             base_url=server.url, headers={"authorization": f"Bearer {server.admin_token}"}, timeout=30
         )
         self.database_url = database_url
-        data = self.gql(CREATE_PROJECT, {"name": "hypo", "root": str(server.data_dir / "ws")})
+        data = self.gql(CREATE_PROJECT, {"name": "hypo", "root": workspace(server.data_dir)})
         self.project = data["createProject"]["project"]["id"]
         self.sends = 0
 

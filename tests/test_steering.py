@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from tests.support.graphql import CREATE_PROJECT
+from tests.support.graphql import CREATE_PROJECT, workspace
 from tests.support.inproc import ADMIN, new_thread
 from tests.support.inproc import send as send_inproc
 from tests.support.runs import finished, run, send
@@ -55,7 +55,7 @@ def server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[Server
 
 
 async def _thread(client: Client, tmp_path: Path, instance: str = "scripted") -> str:
-    data = await client.gql(CREATE_PROJECT, {"name": "steer", "root": str(tmp_path / "ws")})
+    data = await client.gql(CREATE_PROJECT, {"name": "steer", "root": workspace(tmp_path)})
     created = await client.gql(
         """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
              thread { id } userErrors { code } } }""",

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
 from tests.support.ws import WsClient
@@ -27,7 +27,7 @@ RENAME = "mutation($t: ID!, $n: String!) { renameThread(input: {threadId: $t, ti
 
 @pytest.fixture
 async def thread_id(client: Client, tmp_path: Path) -> str:
-    data = await client.gql(CREATE_PROJECT, {"name": "Live", "root": str(tmp_path / "ws")})
+    data = await client.gql(CREATE_PROJECT, {"name": "Live", "root": workspace(tmp_path)})
     return str((await make_thread(client, data["createProject"]["project"]["id"], "live"))["id"])
 
 
@@ -218,7 +218,7 @@ async def test_auth(client: Client, server: ServerProcess, thread_id: str, datab
             ws = await WsClient.connect(server.url, None, payload=payload)
             await ws.receive()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
-    other = await client.gql(CREATE_PROJECT, {"name": "other", "root": str(tmp_path / "o")})
+    other = await client.gql(CREATE_PROJECT, {"name": "other", "root": workspace(tmp_path, "o")})
     _, token = create_token(database_url, "read", other["createProject"]["project"]["id"])
     ws = await WsClient.connect(server.url, token)
     try:

@@ -12,7 +12,7 @@ import orjson
 import pytest
 import websockets
 
-from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.runs import send
 from tests.support.server import Client, ServerProcess
 from tests.support.ws import PROTOCOL, WsClient
@@ -34,7 +34,7 @@ def small_queue_server(database_url: str, tmp_path: Path) -> Iterator[ServerProc
 
 
 async def _thread(client: Client, tmp_path: Path) -> str:
-    data = await client.gql(CREATE_PROJECT, {"name": "limits", "root": str(tmp_path / "ws")})
+    data = await client.gql(CREATE_PROJECT, {"name": "limits", "root": workspace(tmp_path)})
     return str((await make_thread(client, data["createProject"]["project"]["id"], "x"))["id"])
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import strawberry
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
-from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.pg import PgServer
 from tests.support.server import Client, ServerProcess
 from tests.support.ws import WsClient
@@ -81,7 +81,7 @@ async def test_server_memory_is_flat_over_long_subscriptions(pg: PgServer, datab
     notify = await pg.connect(database_url)
     sockets: list[WsClient] = []
     try:
-        data = await client.gql(CREATE_PROJECT, {"name": "mem", "root": str(tmp_path / "ws")})
+        data = await client.gql(CREATE_PROJECT, {"name": "mem", "root": workspace(tmp_path)})
         project = data["createProject"]["project"]["id"]
         thread = (await make_thread(client, project, "mem"))["id"]
         thread_uuid: uuid.UUID = decode(thread)[1]  # type: ignore[index]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.pg import PgServer
 from tests.support.server import Client, ServerProcess
 from tests.support.ws import WsClient
@@ -63,7 +63,7 @@ async def test_two_processes(pair: tuple[ServerProcess, ServerProcess], tmp_path
     assert token is not None
     writer = Client(a.url, token)
     try:
-        data = await writer.gql(CREATE_PROJECT, {"name": "p", "root": str(tmp_path / "ws")})
+        data = await writer.gql(CREATE_PROJECT, {"name": "p", "root": workspace(tmp_path)})
         thread = (await make_thread(writer, data["createProject"]["project"]["id"], "x"))["id"]
         subs = await _subscribers(b.url, token, thread, 20)
         for i in range(30):  # mutations on A, subscribers on B
@@ -85,7 +85,7 @@ async def test_listener_loss(
     writer = Client(a.url, token)
     conn = await pg.connect(database_url)
     try:
-        data = await writer.gql(CREATE_PROJECT, {"name": "p", "root": str(tmp_path / "ws")})
+        data = await writer.gql(CREATE_PROJECT, {"name": "p", "root": workspace(tmp_path)})
         thread = (await make_thread(writer, data["createProject"]["project"]["id"], "x"))["id"]
         [(ws, _)] = await _subscribers(b.url, token, thread, 1)
         for i in range(5):
@@ -123,7 +123,7 @@ async def test_listener_loss(
 async def test_dashboard_feed_misses_nothing(
     client: Client, server: ServerProcess, database_url: str, tmp_path: Path
 ) -> None:
-    data = await client.gql(CREATE_PROJECT, {"name": "dash", "root": str(tmp_path / "ws")})
+    data = await client.gql(CREATE_PROJECT, {"name": "dash", "root": workspace(tmp_path)})
     project = data["createProject"]["project"]["id"]
     threads = [(await make_thread(client, project, f"t{i}"))["id"] for i in range(40)]
     cursor = (await client.gql("query($p: ID!) { project(id: $p) { feedCursor } }", {"p": project}))["project"][

@@ -4,6 +4,7 @@
 `THREADLOOM_DATA_DIR`, `BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_HOST`/`PORT`,
 `THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`, `THREADLOOM_PROVIDERS` (provider instances, TOML),
 `THREADLOOM_MAX_SUBSCRIPTIONS` (per connection), `THREADLOOM_MAX_REPLAY` (events), `THREADLOOM_SUBSCRIBER_QUEUE`,
+`THREADLOOM_MAX_QUERY_COST` (objects per operation), `THREADLOOM_QUERY_TIMEOUT` (seconds per query),
 and the per-token limits (`THREADLOOM_MAX_CONNECTIONS_PER_TOKEN`, `THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN`,
 `THREADLOOM_MUTATIONS_PER_MINUTE`, `THREADLOOM_MUTATION_BURST`, `THREADLOOM_RUN_STARTS_PER_MINUTE`,
 `THREADLOOM_RUN_START_BURST`). Per-token limits are counted in each process's memory: with several
@@ -31,6 +32,9 @@ class Limits:
     max_subscriptions_per_connection: int = 100
     max_replay: int = 10_000
     subscriber_queue: int = 1_000
+    # Static query cost (objects an operation may return) and execution time per query operation.
+    max_query_cost: int = 50_000
+    query_timeout: float = 10.0
     # Per token, in this process (docs/security.md, "Limits").
     max_connections_per_token: int = 32
     max_subscriptions_per_token: int = 200
@@ -73,6 +77,7 @@ class Settings:
             "max_subscriptions_per_connection": env.get("THREADLOOM_MAX_SUBSCRIPTIONS"),
             "max_replay": env.get("THREADLOOM_MAX_REPLAY"),
             "subscriber_queue": env.get("THREADLOOM_SUBSCRIBER_QUEUE"),
+            "max_query_cost": env.get("THREADLOOM_MAX_QUERY_COST"),
             "max_connections_per_token": env.get("THREADLOOM_MAX_CONNECTIONS_PER_TOKEN"),
             "max_subscriptions_per_token": env.get("THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN"),
             "mutations_per_minute": env.get("THREADLOOM_MUTATIONS_PER_MINUTE"),
@@ -80,7 +85,10 @@ class Settings:
             "run_starts_per_minute": env.get("THREADLOOM_RUN_STARTS_PER_MINUTE"),
             "run_start_burst": env.get("THREADLOOM_RUN_START_BURST"),
         }
-        values["limits"] = Limits(**{k: int(v) for k, v in limits.items() if v})
+        parsed: dict[str, int | float] = {k: int(v) for k, v in limits.items() if v}
+        if env.get("THREADLOOM_QUERY_TIMEOUT"):  # seconds, may be fractional
+            parsed["query_timeout"] = float(env["THREADLOOM_QUERY_TIMEOUT"])
+        values["limits"] = Limits(**parsed)  # type: ignore[arg-type]
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):
             values["data_dir"] = Path(values["data_dir"]).absolute()

@@ -1,5 +1,8 @@
 """GraphQL documents shared by several tests."""
 
+import tempfile
+from pathlib import Path
+
 CREATE_PROJECT = """
 mutation($name: String!, $root: String!, $key: String) {
   createProject(input: {name: $name, workspaceRoot: $root, clientMutationId: $key}) {
@@ -36,8 +39,20 @@ query($projectId: ID!, $first: Int, $after: String) {
 }"""
 
 
-async def make_project(client, name: str = "Demo", root: str = "/tmp/demo") -> str:  # type: ignore[no-untyped-def]
-    data = await client.gql(CREATE_PROJECT, {"name": name, "root": root})
+def workspace(parent: Path | None = None, name: str = "ws") -> str:
+    """An existing folder for a project's workspace (createProject refuses a missing one).
+
+    Without a parent, a fresh temporary folder: workspace roots of projects may not overlap.
+    """
+    if parent is None:
+        return tempfile.mkdtemp(prefix="threadloom-ws-")
+    path = parent / name
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+async def make_project(client, name: str = "Demo", root: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    data = await client.gql(CREATE_PROJECT, {"name": name, "root": root or workspace()})
     assert data["createProject"]["userErrors"] == []
     return data["createProject"]["project"]["id"]  # type: ignore[no-any-return]
 

@@ -1,21 +1,26 @@
 """Assembles the Strawberry schema with its limits.
 
-Depth and alias rules are built once at import so graphql-core's validation cache keeps
+Depth, alias and cost rules are built once so graphql-core's validation cache keeps
 hitting (per-request factories would make new rule classes each time, ~25 times slower).
+A query operation that runs longer than `Limits.query_timeout` is cancelled (QUERY_TIMEOUT).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 from typing import Any
 
 import strawberry
 import strawberry.tools
+from graphql import ExecutionResult, GraphQLError, OperationType
 from strawberry.extensions import AddValidationRules, MaxTokensLimiter, max_aliases, query_depth_limiter
 from strawberry.schema.config import StrawberryConfig
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
 from threadloom.api.context import fresh_context
+from threadloom.api.cost import CostVariables, cost_rule
 from threadloom.api.errors import CodedErrors, RecordOperation
 from threadloom.api.mutations import (
     ControlMutation,
@@ -56,11 +61,47 @@ class FreshMemoExecutionContext(StrawberryGraphQLCoreExecutionContext):
         return executor
 
 
+class TimedExecutionContext(FreshMemoExecutionContext):
+    """Cancels a query operation that runs longer than `timeout` seconds (QUERY_TIMEOUT).
+
+    The cancellation lands at the next await (a loader's SQL, a resolver): pure CPU work
+    inside graphql-core does not yield, which is why the static cost rule refuses big
+    queries before they start. Mutations are not cut mid-command: their work is one
+    transaction and the payload they select is bounded by the cost rule.
+    """
+
+    timeout: float = 10.0
+
+    def execute_operation(self, serially: bool | None = None) -> Any:
+        result = super().execute_operation(serially)
+        if self.operation.operation != OperationType.QUERY or not inspect.isawaitable(result):
+            return result
+        return self._within(result, self.timeout)
+
+    @staticmethod
+    async def _within(result: Any, seconds: float) -> Any:
+        try:
+            async with asyncio.timeout(seconds):
+                return await result
+        except TimeoutError:
+            error = GraphQLError(
+                f"the query ran longer than {seconds:g} s and was cancelled",
+                extensions={"code": "QUERY_TIMEOUT", "timeoutSeconds": seconds},
+            )
+            return ExecutionResult(None, [error])
+
+
 @functools.cache
-def _rules(max_depth: int, max_aliases_count: int, max_page: int) -> list[type]:
+def _execution_context(timeout: float) -> type[TimedExecutionContext]:
+    return type("TimedExecutionContext", (TimedExecutionContext,), {"timeout": timeout})
+
+
+@functools.cache
+def _rules(max_depth: int, max_aliases_count: int, max_cost: int, max_page: int) -> list[type]:
     return [
         query_depth_limiter.create_validator(max_depth, None),
         max_aliases.create_validator(max_aliases_count),
+        cost_rule(max_cost, max_page=max_page),
         pagination_rule(max_page),
     ]
 
@@ -73,10 +114,14 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
             "Mutation", (Mutation, RunMutation, ControlMutation, DelegationMutation, RequestMutation, PlanMutation)
         ),
         subscription=Subscription,
-        execution_context_class=FreshMemoExecutionContext,
+        execution_context_class=_execution_context(limits.query_timeout),
         types=list(NODE_TYPES.values()),
         extensions=[
-            functools.partial(AddValidationRules, _rules(limits.max_depth, limits.max_aliases, limits.max_page_size)),
+            functools.partial(
+                AddValidationRules,
+                _rules(limits.max_depth, limits.max_aliases, limits.max_query_cost, limits.max_page_size),
+            ),
+            CostVariables,
             functools.partial(MaxTokensLimiter, max_token_count=limits.max_tokens),
             CodedErrors,
             RecordOperation,

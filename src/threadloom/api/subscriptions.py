@@ -22,10 +22,18 @@ from threadloom.api.context import Info
 from threadloom.api.errors import ApiError
 from threadloom.api.feed_cursor import decode_feed_cursor, encode_feed_cursor
 from threadloom.api.types import NODE_TYPES, Activity, Run, Thread
-from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.errors import DomainError, ErrorCode, not_found
+from threadloom.store import events as log_reader
 from threadloom.store import tables as t
 from threadloom.store.events import LogEvent
-from threadloom.streams.merge import ReloadRequired, Synchronized, TooSlow, project_stream, thread_stream
+from threadloom.streams.merge import (
+    FeedReloadRequired,
+    ReloadRequired,
+    Synchronized,
+    TooSlow,
+    project_stream,
+    thread_stream,
+)
 
 _BY_ENTITY_TYPE = {cls._record.entity_type: cls for cls in NODE_TYPES.values()}
 Entity = Annotated[Union[tuple(NODE_TYPES.values())], strawberry.union("Entity")]  # type: ignore[valid-type]  # noqa: UP007
@@ -68,8 +76,8 @@ class RunStatusUpdate:
 class ProjectThreadUpdate:
     cursor: str = strawberry.field(description="Pass as `after` to resume right after this item.")
     sequence: int
-    type: str
-    thread: Thread
+    type: str = strawberry.field(description="The event name (`thread.updated` …) or `reload_required`.")
+    thread: Thread | None = strawberry.field(description="The thread as of this change; null for `reload_required`.")
 
 
 @strawberry.type(
@@ -103,7 +111,7 @@ async def _thread(info: Info, thread_id: str) -> uuid.UUID:
     entity_id = gid.maybe_as(thread_id, "Thread")
     row = await info.context.load_visible(t.threads, entity_id)
     if row is None or entity_id is None:
-        raise ApiError(DomainError(ErrorCode.NOT_FOUND, "no such thread", "threadId"))
+        raise ApiError(not_found("threadId"))
     return entity_id
 
 
@@ -190,28 +198,57 @@ class Subscription:
                     entity=_entity(item),
                 )
 
-    @strawberry.subscription(description="The status of a run (or of each run of the thread) as it changes.")
+    @strawberry.subscription(
+        description="The status of a run (or of the thread's runs) as it changes. Starts with the current status "
+        "(of the run; else of every unfinished run and the latest one), then live; with `afterSequence`, replays "
+        "status changes after it instead (a replay longer than the server allows starts from the current status)."
+    )
     async def run_status(
-        self, info: Info, thread_id: strawberry.ID, run_id: strawberry.ID | None = None
+        self,
+        info: Info,
+        thread_id: strawberry.ID,
+        run_id: strawberry.ID | None = None,
+        after_sequence: int | None = None,
     ) -> AsyncGenerator[RunStatusUpdate, None]:
         thread = await _thread(info, thread_id)
+        after = _after(after_sequence)
         run_filter, _, impossible = _filter_ids(run_id, None)
         seen: dict[uuid.UUID, str] = {}
         live = _live(info)
+        max_replay = live.limits.max_replay
+        async with live.db.read() as db:
+            latest = await log_reader.latest_sequence(db, thread)
+            if after is None or latest - after > max_replay:
+                # The current state: each run's last event up to `latest`, then live after it.
+                current = await log_reader.run_states(
+                    db, thread, latest, await log_reader.current_run_ids(db, thread, run_filter)
+                )
+                after = latest
+            else:
+                current = []
+
+        def update(row: LogEvent) -> RunStatusUpdate | None:
+            if impossible or (run_filter is not None and row.entity_id != run_filter):
+                return None  # a runId of another type matches nothing
+            status = str(row.payload["status"])
+            if seen.get(row.entity_id) == status:
+                return None
+            seen[row.entity_id] = status
+            run_obj = Run.from_row(row.payload)
+            return RunStatusUpdate(sequence=row.sequence, run=run_obj, status=run_obj.status)
+
+        for row in current:
+            first = update(row)
+            if first is not None:
+                yield first
         try:
             async for item in thread_stream(
-                live.hub, live.db, thread, 0, lambda row: row.entity_type == "run", max_replay=2**62
+                live.hub, live.db, thread, after, lambda row: row.entity_type == "run", max_replay=max_replay
             ):
-                if not isinstance(item, LogEvent) or impossible:
-                    continue
-                if run_filter is not None and item.entity_id != run_filter:
-                    continue
-                status = str(item.payload["status"])
-                if seen.get(item.entity_id) == status:
-                    continue
-                seen[item.entity_id] = status
-                run_obj = Run.from_row(item.payload)
-                yield RunStatusUpdate(sequence=item.sequence, run=run_obj, status=run_obj.status)
+                if isinstance(item, LogEvent):
+                    found = update(item)
+                    if found is not None:
+                        yield found
         except TooSlow as error:
             raise _too_slow(error) from None
 
@@ -234,17 +271,25 @@ class Subscription:
             elif isinstance(item, ReloadRequired):
                 yield strawberry.cast(ReloadRequiredItem, ReloadRequiredItem(sequence=item.latest))
 
-    @strawberry.subscription(description="Every thread change of a project, for dashboards. Resume with `after`.")
+    @strawberry.subscription(
+        description="Every thread change of a project, for dashboards. Resume with `after`. A resume with more "
+        "than THREADLOOM_MAX_REPLAY changes behind it gets one item `type: \"reload_required\"` (no thread) whose "
+        "`cursor` is the feed's head: reload the threads by query, then subscribe with `after: cursor`."
+    )
     async def project_threads(
         self, info: Info, project_id: strawberry.ID, after: str | None = None
     ) -> AsyncGenerator[ProjectThreadUpdate, None]:
         project = gid.maybe_as(project_id, "Project")
         if project is None or await info.context.load_visible(t.projects, project) is None:
-            raise ApiError(DomainError(ErrorCode.NOT_FOUND, "no such project", "projectId"))
+            raise ApiError(not_found("projectId"))
         cursor = None if after is None else decode_feed_cursor(after)
         live = _live(info)
         try:
-            async for row in project_stream(live.hub, live.db, project, cursor):
+            async for row in project_stream(live.hub, live.db, project, cursor, max_replay=live.limits.max_replay):
+                if isinstance(row, FeedReloadRequired):
+                    head = encode_feed_cursor(row.head)
+                    yield ProjectThreadUpdate(cursor=head, sequence=0, type="reload_required", thread=None)
+                    return
                 yield ProjectThreadUpdate(
                     cursor=encode_feed_cursor((row.xid, row.position)),
                     sequence=row.sequence,

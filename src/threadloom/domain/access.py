@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.statuses import TokenScope
 
 _RANK = {TokenScope.READ: 0, TokenScope.OPERATE: 1, TokenScope.ADMIN: 2}
@@ -35,7 +35,7 @@ class Principal:
     def require_project(self, project_id: uuid.UUID, scope: TokenScope, field: str) -> None:
         """Refuse with NOT_FOUND when invisible, FORBIDDEN when visible but under-scoped."""
         if not self.sees(project_id):
-            raise DomainError(ErrorCode.NOT_FOUND, "no such object", field)
+            raise not_found(field)
         self.require(scope)
 
     def require_global_admin(self) -> None:

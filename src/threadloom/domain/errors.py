@@ -34,6 +34,8 @@ class ErrorCode(StrEnum):
     NOT_RESUMABLE = "NOT_RESUMABLE"
     REQUEST_NOT_PENDING = "REQUEST_NOT_PENDING"
     PLAN_ALREADY_IMPLEMENTED = "PLAN_ALREADY_IMPLEMENTED"
+    INVALID_WORKSPACE_ROOT = "INVALID_WORKSPACE_ROOT"
+    WORKSPACE_OVERLAPS = "WORKSPACE_OVERLAPS"
     RUNTIME_MODE_NOT_ALLOWED = "RUNTIME_MODE_NOT_ALLOWED"
 
 
@@ -45,3 +47,11 @@ class DomainError(Exception):
         self.code = code
         self.message = message
         self.field = field
+
+
+NOT_FOUND_MESSAGE = "not found"
+
+
+def not_found(field: str | None) -> DomainError:
+    """The one answer for an unknown id and an id of another project: nothing tells them apart."""
+    return DomainError(ErrorCode.NOT_FOUND, NOT_FOUND_MESSAGE, field)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import posixpath
 import uuid
+from collections.abc import Iterable
 from datetime import datetime
+from pathlib import PurePosixPath
 
 from threadloom.domain.changes import Change
 from threadloom.domain.entities import Project
@@ -29,6 +31,51 @@ def clean_workspace_root(path: str) -> str:
     if len(path) > 4096:
         raise DomainError(ErrorCode.INVALID_INPUT, "workspaceRoot is too long", "workspaceRoot")
     return posixpath.normpath(path)
+
+
+# Never a workspace, nor anything inside: the system's own files.
+SYSTEM_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+)
+# Shared top-level folders: not a workspace themselves (a folder inside them is fine).
+SHARED_FOLDERS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/var", "/var/tmp")
+
+
+def _within(path: PurePosixPath, other: PurePosixPath) -> bool:
+    return path == other or path.is_relative_to(other)
+
+
+def check_workspace_root(candidate: str, *, existing: Iterable[str], data_dir: str | None) -> None:
+    """Refuse a workspace root agents must not be given (`candidate`: the resolved, absolute path).
+
+    Not a system folder or inside one, not a shared top-level folder itself, not the data
+    dir or a folder containing it (agents would reach the database and every project's
+    state), and not the same as, inside or around another project's root (one project's
+    agents would reach the other's files). The filesystem (existence, symlinks) is the
+    engine's business; this only compares paths.
+    """
+    path = PurePosixPath(candidate)
+    field = "workspaceRoot"
+    if any(_within(path, PurePosixPath(tree)) for tree in SYSTEM_TREES) or str(path) in SHARED_FOLDERS:
+        raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} is a system folder", field)
+    if data_dir is not None and _within(PurePosixPath(data_dir), path):
+        raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} holds the server's data folder", field)
+    for root in existing:
+        other = PurePosixPath(root)
+        if _within(path, other) or _within(other, path):
+            raise DomainError(ErrorCode.WORKSPACE_OVERLAPS, f"{path} overlaps another project's workspace root", field)
 
 
 def create_project(project_id: uuid.UUID, name: str, workspace_root: str, now: datetime) -> Change:

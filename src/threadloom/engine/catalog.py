@@ -5,22 +5,35 @@ Each handler checks access, then hands the pipeline a decision that calls `domai
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Collection
 from datetime import datetime
+from pathlib import Path
 
 from threadloom.domain import projects as project_rules
 from threadloom.domain import threads as thread_rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change, Effect, Outcome
-from threadloom.domain.entities import AppThread
-from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.entities import AppThread, Project
+from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
 from threadloom.domain.runs import ENSURE_THREAD_EFFECT
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.store import entities, receipts
 from threadloom.store import threads as thread_store
 from threadloom.store.db import Reader
+
+
+def _existing_directory(path: str) -> str:
+    """The folder's real path (symlinks resolved: the rules compare where it really is)."""
+    real = os.path.realpath(path)
+    if not os.path.isdir(real):
+        raise DomainError(
+            ErrorCode.INVALID_WORKSPACE_ROOT, "workspaceRoot must be an existing directory", "workspaceRoot"
+        )
+    return real
 
 
 class Catalog:
@@ -31,9 +44,11 @@ class Catalog:
         provider_instances: Collection[str],
         default_instance: str,
         eager_instances: Collection[str] = (),
+        data_dir: Path | None = None,
         full_access_instances: Collection[str] = (),
     ) -> None:
         self.pipeline = pipeline
+        self.data_dir = None if data_dir is None else os.path.realpath(data_dir)  # never in a workspace
         self.full_access_instances = frozenset(full_access_instances)  # may run `full_access` threads
         self.provider_instances = provider_instances
         self.default_instance = default_instance
@@ -44,9 +59,13 @@ class Catalog:
     ) -> uuid.UUID:
         principal.require_global_admin()
         now = self.pipeline.clock.now()
+        root = _existing_directory(project_rules.clean_workspace_root(workspace_root))
 
         async def decide(db: Reader, _: AppThread | None) -> Outcome:
-            change = project_rules.create_project(new_id(), name, workspace_root, now)
+            await receipts.lock_key(db, "workspace roots")  # one project creation at a time: no racing overlap
+            existing = [p.workspace_root for p in await entities.where(db, Project)]  # stored resolved
+            project_rules.check_workspace_root(root, existing=existing, data_dir=self.data_dir)
+            change = project_rules.create_project(new_id(), name, root, now)
             return Outcome([change], result={"projectId": str(change.entity.id)})
 
         result = await self.pipeline.execute(
@@ -71,7 +90,7 @@ class Catalog:
         async def decide(db: Reader, _: AppThread | None) -> Outcome:
             project = await thread_store.get_project(db, project_id)
             if project is None:
-                raise DomainError(ErrorCode.NOT_FOUND, "no such project", "projectId")
+                raise not_found("projectId")
             instance = thread_rules.choose_provider_instance(
                 provider_instance_id, self.default_instance, self.provider_instances
             )

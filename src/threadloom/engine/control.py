@@ -18,7 +18,7 @@ from threadloom.domain import runs as rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change, Effect, Outcome
 from threadloom.domain.entities import AppThread, ConversationMessage, ExecutionNode, Run, RunAttempt
-from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import ProviderSessionStatus, RunStatus, TokenScope
 from threadloom.engine.pipeline import Command, Pipeline
@@ -76,7 +76,7 @@ class Control:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "runId")
             run = await entities.get(db, Run, run_id)
             if run is None:
-                raise DomainError(ErrorCode.NOT_FOUND, "no such run", "runId")
+                raise not_found("runId")
             outcome = await decide(db, thread, run)
             await self.runs.route(db, thread, outcome)
             return outcome
@@ -89,7 +89,7 @@ class Control:
         async with self.pipeline.db.read() as db:
             run = await entities.get(db, Run, run_id)
         if run is None:
-            raise DomainError(ErrorCode.NOT_FOUND, "no such run", "runId")
+            raise not_found("runId")
         return run.thread_id
 
     # ---- interruption and Stop ------------------------------------------------------------
@@ -185,7 +185,7 @@ class Control:
             node = await entities.get(db, ExecutionNode, node_id)
             thread = await entities.get(db, AppThread, node.thread_id if node else None)
         if node is None or thread is None or not principal.sees(thread.project_id):
-            raise DomainError(ErrorCode.NOT_FOUND, "no such node", "nodeId")
+            raise not_found("nodeId")
         if node.counts_for_run:
             await self.interrupt_run(principal, node.run_id, hold_queue=hold_queue, key=key)
             return node_id

@@ -10,7 +10,7 @@ from threadloom.domain import runs as rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change, Outcome
 from threadloom.domain.entities import AppThread, ContextTransfer, ConversationMessage, ExecutionNode, Run
-from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.errors import not_found
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.pipeline import Command, Pipeline
@@ -36,7 +36,7 @@ class Delegation:
         async def create_child(db: Reader, _: AppThread | None) -> Outcome:
             parent = await thread_store.get_thread(db, parent_id)
             if parent is None or not principal.sees(parent.project_id):
-                raise DomainError(ErrorCode.NOT_FOUND, "no such thread", "threadId")
+                raise not_found("threadId")
             principal.require(TokenScope.OPERATE)
             child = delegation.child_thread(parent, child_id, title or text.strip().splitlines()[0][:80], now)
             state = rules.ThreadState(thread=child, active=None, queue=(), last_ordinal=0)

@@ -1,9 +1,13 @@
-"""The command pipeline (DESIGN §4).
+"""The command pipeline.
 
 A command: take the idempotency key's lock and look for a receipt; take the thread's
 row lock; ask `domain/` what to do; commit events + projections + receipt + effects in
 one transaction; then wake subscribers. A duplicate key returns the stored result and
 writes nothing; a refused command raises `DomainError` and writes nothing.
+
+Keys are per token (`receipts.scoped_key`), and a stored answer is returned only after
+the same access check the command itself makes: a key never tells one tenant anything
+about another's commands.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import orjson
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome
 from threadloom.domain.entities import AppThread
-from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.errors import DomainError, ErrorCode, not_found
+from threadloom.domain.statuses import TokenScope
 from threadloom.engine.clock import Clock
 from threadloom.store import log, outbox, receipts
 from threadloom.store import threads as thread_store
@@ -36,6 +41,11 @@ class Command:
     input: dict[str, Any]
     decide: Decide
     thread_id: uuid.UUID | None = None  # the row to lock; None for thread-less commands
+
+    @property
+    def target_field(self) -> str:
+        """The input field naming the command's object: the first `…Id` of its input."""
+        return next((name for name in self.input if name.endswith("Id")), "threadId")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,13 +72,16 @@ class Pipeline:
     async def execute(self, command: Command, counter: StatementCounter | None = None) -> dict[str, Any]:
         """Run a command; returns its result dict (stored or new)."""
         now = self.clock.now()
-        key = f"{command.command_type}/{command.key}" if command.key else None
+        principal = command.principal
+        token_id = principal.token_id if principal else None
+        key = receipts.scoped_key(token_id, command.command_type, command.key) if command.key else None
         print_ = fingerprint(command.command_type, command.input)
         async with self.db.transaction(counter) as db:
             if key is not None:
                 await receipts.lock_key(db, key)
                 stored = await receipts.find(db, key)
                 if stored is not None:
+                    await self._authorize_replay(db, command, stored)
                     if stored["fingerprint"] != print_:
                         raise DomainError(
                             ErrorCode.IDEMPOTENCY_KEY_REUSED,
@@ -80,7 +93,7 @@ class Pipeline:
             if command.thread_id is not None:
                 thread = await thread_store.lock(db, command.thread_id)
                 if thread is None:
-                    raise DomainError(ErrorCode.NOT_FOUND, "no such thread", "threadId")
+                    raise not_found(command.target_field)
             outcome = await command.decide(db, thread)
             project_id = outcome.project_id or (thread.project_id if thread else None)
             result = outcome.result
@@ -96,7 +109,7 @@ class Pipeline:
                     key=key,
                     command_type=command.command_type,
                     fingerprint=print_,
-                    token_id=command.principal.token_id if command.principal else None,
+                    token_id=token_id,
                     result=orjson.loads(orjson.dumps(result)),
                     now=now,
                 )
@@ -104,3 +117,20 @@ class Pipeline:
         for listener in self.listeners:
             await listener(committed)
         return result
+
+    async def _authorize_replay(self, db: Reader, command: Command, stored: Any) -> None:
+        """A stored answer goes only to whom the command itself would answer.
+
+        The key is already the token's own; this also re-checks that the token still sees
+        the command's thread (exactly the refusal the command would give: NOT_FOUND).
+        """
+        principal = command.principal
+        if principal is None:
+            return
+        if stored["token_id"] != principal.token_id:
+            raise not_found(command.target_field)
+        if command.thread_id is not None:
+            thread = await thread_store.get_thread(db, command.thread_id)
+            if thread is None:
+                raise not_found(command.target_field)
+            principal.require_project(thread.project_id, TokenScope.OPERATE, command.target_field)

@@ -11,7 +11,7 @@ from threadloom.domain import requests as rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome
 from threadloom.domain.entities import AppThread, ExecutionNode, Run, RuntimeRequest
-from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import RuntimeRequestKind, RuntimeRequestStatus, TokenScope
 from threadloom.engine.pipeline import Command, Pipeline
@@ -71,7 +71,7 @@ class Requests:
         async with self.pipeline.db.read() as db:
             found = await entities.get(db, RuntimeRequest, request_id)
         if found is None:
-            raise DomainError(ErrorCode.NOT_FOUND, "no such request", "requestId")
+            raise not_found("requestId")
         now = self.pipeline.clock.now()
 
         async def decide(db: Reader, thread: AppThread | None) -> Outcome:

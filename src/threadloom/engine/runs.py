@@ -40,6 +40,7 @@ from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
 from threadloom.providers.contract import ProviderError, ThreadSettings
 from threadloom.store import entities, runs
+from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.runs")
@@ -140,6 +141,16 @@ class RunEngine:
         async def decide(db: Reader, thread: AppThread | None) -> Outcome:
             assert thread is not None
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
+            if client_message_id is not None and await entities.where(
+                db,
+                ConversationMessage,
+                t.conversation_messages.c.thread_id == thread.id,
+                t.conversation_messages.c.client_message_id == client_message_id,
+            ):
+                # Keys are per token; the message id is per thread: another token's message took it.
+                raise DomainError(
+                    ErrorCode.IDEMPOTENCY_KEY_REUSED, "this clientMessageId is used on this thread", "clientMessageId"
+                )
             if provider_instance_id is not None and provider_instance_id != thread.provider_instance_id:
                 raise DomainError(
                     ErrorCode.PROVIDER_SWITCH_UNAVAILABLE,

@@ -59,6 +59,7 @@ class Services:
             provider_instances=list(instances),
             default_instance=settings.default_provider_instance,
             eager_instances=[name for name, config in instances.items() if config.eager_thread],
+            data_dir=settings.data_dir,
             full_access_instances=full_access_instances(instances),
         )
         worker = Worker(db, clock)

@@ -10,6 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from threadloom.domain.statuses import TERMINAL_RUN_STATUSES
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
@@ -92,3 +93,49 @@ async def project_head(db: Reader, project_id: uuid.UUID) -> tuple[int, int]:
         .limit(1)
     )
     return (0, 0) if row is None else (int(row["xid"]), int(row["position"]))
+
+
+async def project_backlog(db: Reader, project_id: uuid.UUID, after: tuple[int, int], *, cap: int) -> int:
+    """How many feed events follow the cursor, counted up to `cap` (a bound, never the whole log)."""
+    cursor = sa.tuple_(t.events.c.xid, t.events.c.position) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1]))
+    rows = (
+        sa.select(sa.literal(1))
+        .where(t.events.c.project_id == project_id, t.events.c.entity_type == "thread", cursor, _VISIBLE)
+        .limit(cap)
+        .subquery()
+    )
+    return int(await db.scalar(sa.select(sa.func.count()).select_from(rows)) or 0)
+
+
+async def run_states(db: Reader, thread_id: uuid.UUID, upto: int, run_ids: list[uuid.UUID]) -> list[LogEvent]:
+    """The last event of each of these runs at or below sequence `upto`: their state at that point."""
+    if not run_ids:
+        return []
+    rows = await db.rows(
+        sa.select(*_COLUMNS)
+        .where(
+            t.events.c.thread_id == thread_id,
+            t.events.c.sequence <= upto,
+            t.events.c.entity_type == "run",
+            t.events.c.entity_id.in_(run_ids),
+        )
+        .distinct(t.events.c.entity_id)
+        .order_by(t.events.c.entity_id, t.events.c.sequence.desc())
+    )
+    return sorted((_event(r) for r in rows), key=lambda e: e.sequence)
+
+
+async def current_run_ids(db: Reader, thread_id: uuid.UUID, run_id: uuid.UUID | None) -> list[uuid.UUID]:
+    """The runs a status subscription starts from: the one asked for, else the unfinished ones and the latest."""
+    runs = t.runs
+    if run_id is not None:
+        found = await db.scalar(sa.select(runs.c.id).where(runs.c.id == run_id, runs.c.thread_id == thread_id))
+        return [] if found is None else [found]
+    unfinished = sa.select(runs.c.id).where(
+        runs.c.thread_id == thread_id, runs.c.status.not_in([s.value for s in TERMINAL_RUN_STATUSES])
+    )
+    latest = sa.select(runs.c.id).where(runs.c.thread_id == thread_id).order_by(runs.c.ordinal.desc()).limit(1)
+    rows = await db.rows(
+        sa.select(runs.c.id).where(sa.or_(runs.c.id.in_(unfinished), runs.c.id == latest.scalar_subquery()))
+    )
+    return [r["id"] for r in rows]

@@ -1,4 +1,8 @@
-"""Command receipts: the stored answer to an idempotency key."""
+"""Command receipts: the stored answer to an idempotency key.
+
+A key belongs to the token that used it: the stored key is prefixed with the token's id
+(and the command type), so two tenants never share, see or block each other's keys.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,11 @@ import sqlalchemy as sa
 
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
+
+
+def scoped_key(token_id: uuid.UUID | None, command_type: str, key: str) -> str:
+    """The stored form of a client's key: `<token id>/<command type>/<key>`."""
+    return f"{token_id or 'system'}/{command_type}/{key}"
 
 
 async def lock_key(db: Reader, key: str) -> None:

@@ -33,6 +33,13 @@ class ReloadRequired:
     latest: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FeedReloadRequired:
+    """The project feed's replay would be too long: reload by query and resume from `head`."""
+
+    head: tuple[int, int]
+
+
 class TooSlow(Exception):
     """The client fell behind; `resume_from` is its cursor (a sequence, or a feed cursor)."""
 
@@ -95,14 +102,25 @@ async def thread_stream(
 
 
 async def project_stream(
-    hub: Hub, db: Database, project_id: uuid.UUID, after: tuple[int, int] | None
-) -> AsyncIterator[LogEvent]:
-    """Thread changes of a project in feed order (see store.events.project_events)."""
+    hub: Hub, db: Database, project_id: uuid.UUID, after: tuple[int, int] | None, *, max_replay: int
+) -> AsyncIterator[LogEvent | FeedReloadRequired]:
+    """Thread changes of a project in feed order (see store.events.project_events).
+
+    A cursor with more than `max_replay` events after it gets one `FeedReloadRequired`
+    (carrying the feed's head to resume from after a reload) and the stream ends.
+    """
     box = hub.attach_project(project_id)
     try:
         if after is None:
             async with db.read() as r:
                 after = await log_reader.project_head(r, project_id)
+        else:
+            async with db.read() as r:
+                backlog = await log_reader.project_backlog(r, project_id, after, cap=max_replay + 1)
+                head = await log_reader.project_head(r, project_id)
+            if backlog > max_replay:
+                yield FeedReloadRequired(head)
+                return
         cursor = after
         while True:
             async with db.read() as r:
