@@ -309,7 +309,8 @@ async def test_stop_thread_holds_the_queue(client: Client, tmp_path: Path) -> No
 
 async def test_interrupt_before_the_provider_starts(services: Services, tmp_path: Path) -> None:
     """With no effect worker running yet, the run is preparing and the provider has nothing: it ends at once."""
-    thread = await new_thread(services, tmp_path)
+    (tmp_path / "ws").mkdir()
+    thread = await new_thread(services, tmp_path / "ws")
     run_id = await send_inproc(services, thread, "hello")
     await services.control.interrupt_run(ADMIN, run_id, hold_queue=False, key=None)
     async with services.db.read() as db:
@@ -353,3 +354,30 @@ async def test_a_steering_restart_expires_the_superseded_attempts_requests(clien
         {"r": old},
     )
     assert refused["respondToApproval"]["userErrors"] == [{"code": "NOT_RESUMABLE", "field": "requestId"}]
+
+
+async def test_stop_session_ends_only_the_interrupted_turn(client: Client, tmp_path: Path) -> None:
+    """Two threads share the project's runtime; interrupting one by stopping its work leaves the other's turn be."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    data = await client.gql(CREATE_PROJECT, {"name": "shared", "root": str(root)})
+    threads = []
+    for title in ("a", "b"):
+        made = await client.gql(
+            """mutation($p: ID!, $title: String!) {
+                 createThread(input: {projectId: $p, providerInstanceId: "stopper", title: $title}) {
+                   thread { id } userErrors { code message } } }""",
+            {"p": data["createProject"]["project"]["id"], "title": title},
+        )
+        assert made["createThread"]["userErrors"] == []
+        threads.append(made["createThread"]["thread"]["id"])
+    interrupted = await send(client, threads[0], "@delay 10000\n@reply never")
+    going_on = await send(client, threads[1], "@delay 400\n@reply b1 b2 b3 b4 b5 b6 b7 b8")
+    await _running(client, interrupted["run"]["id"])
+    await _running(client, going_on["run"]["id"])
+    stopped = (await client.gql(INTERRUPT, {"r": interrupted["run"]["id"], "hold": False}))["interruptRun"]
+    assert stopped["userErrors"] == [] and stopped["run"]["status"] == "INTERRUPTED"
+    other = await finished(client, going_on["run"]["id"])
+    assert (other["status"], other["statusReason"]) == ("COMPLETED", None)
+    after = await send(client, threads[0], "hello again")  # the interrupted thread goes on
+    assert (await finished(client, after["run"]["id"]))["status"] == "COMPLETED"

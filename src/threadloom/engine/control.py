@@ -173,7 +173,8 @@ class Control:
             new_id,
             hold_reason=hold,
         )
-        stop = {"instance": instance, "projectId": str(thread.project_id)}  # only this project's runtime
+        # Only the interrupted turn's work ends; the project's runtime goes on for other threads' turns.
+        stop = {"instance": instance, "projectId": str(thread.project_id), "attemptId": str(run.active_attempt_id)}
         outcome.effects.append(Effect(interruption.STOP_SESSION_EFFECT, stop))
         return outcome
 
@@ -289,7 +290,18 @@ class Control:
         await self.pipeline.execute(Command("steer.late", None, None, {}, decide, message.thread_id))
 
     async def stop_session_effect(self, payload: dict[str, Any]) -> None:
-        project = payload.get("projectId")  # absent in effects queued before runtimes were per project
+        """The provider cannot interrupt: end the interrupted turn (its run already ended) by ending its
+        runtime, but never another thread's turn: the runtime is retired (new work opens a fresh one)
+        and closes once the turns still bound to it have ended, at once if there are none."""
+        if payload.get("attemptId") is not None:
+            found = self.sessions.binding_of_attempt(uuid.UUID(payload["attemptId"]))
+            if found is None:
+                return  # the turn already ended
+            session, binding = found
+            session.unbind(binding.native_thread)  # its late events are dropped: the run has ended
+            self.sessions.retire(session, "stopped to interrupt a turn")
+            return
+        project = payload.get("projectId")  # effects queued before turns were named: the whole runtime
         for session in self.sessions.sessions_of(
             str(payload["instance"]), uuid.UUID(project) if project is not None else None
         ):

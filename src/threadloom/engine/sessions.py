@@ -134,6 +134,8 @@ class SessionManager:
         self.worker_id = worker_id
         self.idle_timeouts = idle_timeouts or {}  # instance → seconds; absent or 0: never reaped
         self.live: dict[SessionKey, LiveSession] = {}
+        self.retiring: dict[uuid.UUID, asyncio.Task[None]] = {}  # session id → closes it once its turns end
+        self._retired: list[LiveSession] = []
         self._locks: dict[SessionKey, asyncio.Lock] = {}
         self.on_open: Callable[[LiveSession], Awaitable[None]] | None = None
 
@@ -266,8 +268,33 @@ class SessionManager:
 
         await self.pipeline.execute(Command(event_type, None, None, {}, decide))
 
+    def retire(self, session: LiveSession, reason: str) -> None:
+        """Take a runtime out of service without ending its other turns: new work opens a fresh
+        runtime, and this one is closed (marked stopped with `reason`) once its bound turns end."""
+        if self.live.get(session.key) is session:
+            del self.live[session.key]
+        session.stopping = True
+        if session.session_id not in self.retiring:
+            self._retired.append(session)
+            self.retiring[session.session_id] = asyncio.create_task(
+                self._close_when_idle(session, reason), name=f"retire-{session.session_id}"
+            )
+
+    async def _close_when_idle(self, session: LiveSession, reason: str) -> None:
+        while session.in_use:
+            session._changed.clear()
+            with contextlib.suppress(TimeoutError):  # `busy` drops without a signal: look again now and then
+                await asyncio.wait_for(session._changed.wait(), 1.0)
+        try:
+            await session.runtime.close()
+        except Exception:  # it is forgotten either way
+            log.exception("closing retired %s failed", session.key)
+        await self.mark(session, ProviderSessionStatus.STOPPED, reason)
+        self._retired.remove(session)
+        self.retiring.pop(session.session_id, None)
+
     def binding_of_attempt(self, attempt_id: uuid.UUID) -> tuple[LiveSession, TurnBinding] | None:
-        for session in self.live.values():
+        for session in [*self.live.values(), *self._retired]:
             binding = session.binding_of_attempt(attempt_id)
             if binding is not None:
                 return session, binding
@@ -291,7 +318,9 @@ class SessionManager:
         return owner if owner in await worker_store.alive(db, [owner]) else None
 
     async def close_all(self) -> None:
-        for session in list(self.live.values()):
+        for task in self.retiring.values():
+            task.cancel()
+        for session in [*self.live.values(), *self._retired]:
             bindings = list(session.bindings.values())
             if session.task is not None:
                 session.task.cancel()
