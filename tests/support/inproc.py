@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from tests.support.graphql import workspace
 from threadloom.domain.access import Principal
 from threadloom.domain.dispatch import Dispatch
 from threadloom.domain.statuses import TokenScope
@@ -14,8 +15,10 @@ ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
 
 
 async def new_thread(services: Services, root: Path, instance: str | None = None) -> uuid.UUID:
-    """A project at `root` and one thread in it (default runtime mode)."""
-    project = await services.catalog.create_project(ADMIN, name="p", workspace_root=str(root), key=None)
+    """A project at `root` (made if missing) and one thread in it (default runtime mode)."""
+    project = await services.catalog.create_project(
+        ADMIN, name="p", workspace_root=workspace(root.parent, root.name), key=None
+    )
     return await services.catalog.create_thread(
         ADMIN,
         project_id=project,
