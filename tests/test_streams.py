@@ -235,7 +235,10 @@ async def test_run_status_and_activity_streams(client: Client, server: ServerPro
     ws = await WsClient.connect(server.url, client.token)
     try:
         status_op = await ws.subscribe(
-            "subscription($t: ID!) { runStatus(threadId: $t) { sequence status run { id ordinal } } }", {"t": thread_id}
+            # From the start of the log: without a cursor runStatus starts from the current state, which
+            # would race with the run this test sends.
+            "subscription($t: ID!) { runStatus(threadId: $t, afterSequence: 0) { sequence status run { id ordinal } } }",  # noqa: E501
+            {"t": thread_id},
         )
         activity_op = await ws.subscribe(
             "subscription($t: ID!) { activities(threadId: $t) { ... on Activity { sequence kind runId nodeId } } }",
