@@ -1,0 +1,98 @@
+"""What changed between two checkpoints, parsed from git's NUL-separated output.
+
+Two reads of one tree pair, both with rename detection (`-M`) so that a moved file shows as one
+rename rather than a delete and an add: `--raw` gives each path's status and old path,
+`--numstat` its added/removed line counts (`-` for binary content).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import StrEnum
+
+# git's well-known id of the empty tree: "no checkpoint yet" diffs against it.
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+
+class FileStatus(StrEnum):
+    ADDED = "added"
+    MODIFIED = "modified"
+    DELETED = "deleted"
+    RENAMED = "renamed"
+
+
+@dataclass(frozen=True, slots=True)
+class FileChange:
+    """One path that differs; `old_path` is set for renames; binary files count no lines."""
+
+    path: str
+    status: FileStatus
+    additions: int
+    deletions: int
+    old_path: str | None = None
+    binary: bool = False
+
+
+_STATUS = {
+    "A": FileStatus.ADDED,
+    "M": FileStatus.MODIFIED,
+    "T": FileStatus.MODIFIED,  # type change (file <-> symlink) is a modification of the path
+    "D": FileStatus.DELETED,
+    "R": FileStatus.RENAMED,
+}
+
+
+def _decode(raw: bytes) -> str:
+    return os.fsdecode(raw)
+
+
+def parse_raw(output: bytes) -> list[tuple[FileStatus, str, str | None]]:
+    """`diff-tree -r -z --raw -M` → (status, path, old path)."""
+    fields = output.split(b"\0")
+    changes: list[tuple[FileStatus, str, str | None]] = []
+    i = 0
+    while i < len(fields) and fields[i]:
+        header = fields[i].decode()
+        letter = header.split(" ")[-1][:1]
+        status = _STATUS.get(letter, FileStatus.MODIFIED)
+        if letter in "RC":
+            changes.append((status, _decode(fields[i + 2]), _decode(fields[i + 1])))
+            i += 3
+        else:
+            changes.append((status, _decode(fields[i + 1]), None))
+            i += 2
+    return changes
+
+
+def parse_numstat(output: bytes) -> dict[str, tuple[int, int, bool]]:
+    """`diff-tree -r -z --numstat -M` → path (the new one for renames) → (additions, deletions, binary)."""
+    fields = output.split(b"\0")
+    counts: dict[str, tuple[int, int, bool]] = {}
+    i = 0
+    while i < len(fields) and fields[i]:
+        added, deleted, path = fields[i].split(b"\t", 2)
+        if path:
+            i += 1
+        else:  # a rename: the old and new paths follow as fields of their own
+            path = fields[i + 2]
+            i += 3
+        binary = added == b"-"
+        key = _decode(path)
+        before = counts.get(key, (0, 0, False))  # a type change may come as a delete and an add
+        counts[key] = (
+            before[0] + (0 if binary else int(added)),
+            before[1] + (0 if binary else int(deleted)),
+            before[2] or binary,
+        )
+    return counts
+
+
+def combine(raw: bytes, numstat: bytes) -> list[FileChange]:
+    counts = parse_numstat(numstat)
+    changes = []
+    for status, path, old_path in parse_raw(raw):
+        additions, deletions, binary = counts.get(path, (0, 0, False))
+        changes.append(FileChange(path, status, additions, deletions, old_path, binary))
+    changes.sort(key=lambda change: change.path)
+    return changes

@@ -1,0 +1,269 @@
+"""A project's shadow repository: capture the workspace, diff checkpoints, restore one.
+
+The git dir lives in Threadloom's data dir and the workspace is only its work tree; the index is
+a private file in the git dir. The user's own repository (if any) is just more files to git here,
+minus its `.git`, so its HEAD, index, branches, refs, stash and hooks are never read or written.
+
+Capture stages the walked workspace into the private index with `update-index`, which skips every
+file whose stat data still matches the index (so an unchanged file is never read again), then
+`write-tree` reuses the index's cached subtrees and `commit-tree` makes the checkpoint commit.
+
+Restore first stages the workspace (the index then describes the disk exactly), asks git what
+differs from the target, removes what the target lacks, and writes the rest with
+`checkout-index --force`, which replaces a symlink or file standing where the target has a
+directory instead of writing through it. Each step is recomputed from the disk, so a restore that
+was interrupted is finished by running it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from threadloom.checkpoints.diffs import EMPTY_TREE, FileChange, combine
+from threadloom.checkpoints.errors import CheckpointError, CheckpointErrorCode
+from threadloom.checkpoints.excludes import Excludes
+from threadloom.checkpoints.git import SHADOW_ATTRIBUTES, SHADOW_CONFIG, Git
+from threadloom.checkpoints.locks import RepoLock
+from threadloom.checkpoints.refs import check_commit, check_prefix, check_ref, ref_sort_key
+from threadloom.checkpoints.walk import is_git_name, walk_workspace
+
+INDEX_NAME = "threadloom-index"
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """A checkpoint commit and its tree (equal trees mean equal workspaces)."""
+
+    commit: str
+    tree: str
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What a restore changed on disk (both empty when the workspace already matched)."""
+
+    written: tuple[str, ...]
+    removed: tuple[str, ...]
+
+
+def _config_text() -> str:
+    sections: dict[str, list[str]] = {}
+    for key, value in SHADOW_CONFIG.items():
+        section, name = key.split(".", 1)
+        sections.setdefault(section, []).append(f"\t{name} = {value}\n")
+    sections.setdefault("core", []).insert(0, "\trepositoryformatversion = 0\n")
+    return "".join(f"[{section}]\n" + "".join(lines) for section, lines in sections.items())
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def _z(paths: list[bytes] | list[str]) -> bytes:
+    """A NUL-terminated list for `--stdin -z`."""
+    return b"".join((p if isinstance(p, bytes) else os.fsencode(p)) + b"\0" for p in paths)
+
+
+class ShadowRepo:
+    """One project's checkpoints. Get it from `CheckpointStore.repo`; methods are coroutine-safe."""
+
+    def __init__(self, git: Git, excludes: Excludes, lock: RepoLock) -> None:
+        self._git = git
+        self.git_dir = git.git_dir
+        self.workspace = git.work_tree
+        self.excludes = excludes
+        self._lock = lock
+
+    # -- setup -------------------------------------------------------------------------------
+
+    async def _ensure(self) -> None:
+        """Create the repository on first use; (re)write its config, attributes and excludes."""
+        if not (self.git_dir / "HEAD").exists():
+            self.git_dir.parent.mkdir(parents=True, exist_ok=True)
+            await self._git.run("init", "--bare", "--quiet", "--template=", str(self.git_dir), bare=True)
+        await asyncio.to_thread(self._write_settings)
+
+    def _write_settings(self) -> None:
+        _write_if_changed(self.git_dir / "config", _config_text())
+        _write_if_changed(self.git_dir / "info" / "attributes", SHADOW_ATTRIBUTES)
+        _write_if_changed(self.git_dir / "info" / "exclude", self.excludes.file_text())
+        # Under our lock no git of ours is running on this index: a lock file left by a crash is stale.
+        (self.git_dir / f"{INDEX_NAME}.lock").unlink(missing_ok=True)
+
+    def _check_workspace(self) -> None:
+        if not self.workspace.is_dir():
+            raise CheckpointError(CheckpointErrorCode.WORKSPACE_MISSING, f"workspace is not a folder: {self.workspace}")
+
+    # -- capture -----------------------------------------------------------------------------
+
+    async def _stage(self) -> str:
+        """Make the private index describe the workspace exactly; return its tree id."""
+        self._check_workspace()
+        present = await asyncio.to_thread(walk_workspace, self.workspace, self.excludes, self.git_dir)
+        listed = (await self._git.run("ls-files", "-z")).stdout.split(b"\0")
+        stale = set(listed) - set(present) - {b""}
+        if stale:  # gone from disk, now excluded, or replaced by a folder
+            await self._git.run("update-index", "-z", "--force-remove", "--stdin", stdin=_z(sorted(stale)))
+        if present:
+            await self._git.run("update-index", "-z", "--add", "--remove", "--replace", "--stdin", stdin=_z(present))
+        return await self._git.text("write-tree")
+
+    async def capture(self, ref: str, message: str, parent: str | None = None) -> Capture:
+        """Commit the whole workspace as a checkpoint on `ref` (also when nothing changed)."""
+        check_ref(ref)
+        async with self._lock.hold():
+            await self._ensure()
+            parents = ["-p", await self._commit(parent)] if parent is not None else []
+            tree = await self._stage()
+            commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
+            await self._git.run("update-ref", "--no-deref", ref, commit)
+        return Capture(commit, tree)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def _commit(self, commit: str) -> str:
+        """The full id of a commit of this repository, or UNKNOWN_COMMIT."""
+        check_commit(commit)
+        found = await self._git.run("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False)
+        if found.returncode != 0:
+            raise CheckpointError(CheckpointErrorCode.UNKNOWN_COMMIT, f"no such checkpoint commit: {commit}")
+        return found.stdout.decode().strip()
+
+    async def _initialized(self) -> bool:
+        return (self.git_dir / "HEAD").exists()
+
+    async def resolve(self, ref: str) -> str | None:
+        """The commit a checkpoint ref points at, None when there is no such ref."""
+        check_ref(ref)
+        if not await self._initialized():
+            return None
+        found = await self._git.run("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
+        return found.stdout.decode().strip() if found.returncode == 0 else None
+
+    async def update_ref(self, ref: str, commit: str) -> None:
+        """Point `ref` at an existing checkpoint commit (e.g. to mark one stale under another name)."""
+        check_ref(ref)
+        target = await self._commit(commit)
+        await self._git.run("update-ref", "--no-deref", ref, target)
+
+    async def delete_ref(self, ref: str) -> None:
+        """Remove a ref; a missing one is not an error (deleting twice is harmless)."""
+        check_ref(ref)
+        if await self._initialized():
+            await self._git.run("update-ref", "--no-deref", "-d", ref)
+
+    async def list_refs(self, prefix: str) -> list[tuple[str, str]]:
+        """(ref, commit) under `prefix`, ordinals in numeric order."""
+        check_prefix(prefix)
+        if not await self._initialized():
+            return []
+        out = await self._git.run("for-each-ref", "--format=%(refname)%00%(objectname)", prefix)
+        pairs = [tuple(line.split("\0", 1)) for line in out.stdout.decode().splitlines() if line]
+        return sorted(((ref, commit) for ref, commit in pairs), key=lambda pair: ref_sort_key(pair[0]))
+
+    async def diff(self, from_commit: str | None, to_commit: str) -> list[FileChange]:
+        """Files that differ from `from_commit` (None: from nothing) to `to_commit`, renames paired."""
+        old = await self._commit(from_commit) if from_commit is not None else EMPTY_TREE
+        new = await self._commit(to_commit)
+        common = ["diff-tree", "-r", "-z", "-M", "--no-ext-diff", "--no-textconv", old, new]
+        raw, numstat = await asyncio.gather(
+            self._git.run(*common[:1], "--raw", *common[1:]),
+            self._git.run(*common[:1], "--numstat", *common[1:]),
+        )
+        return combine(raw.stdout, numstat.stdout)
+
+    async def file_diff(self, from_commit: str | None, to_commit: str, path: str, old_path: str | None = None) -> str:
+        """Unified diff of one path (and its old path, for a rename) between two checkpoints."""
+        old = await self._commit(from_commit) if from_commit is not None else EMPTY_TREE
+        new = await self._commit(to_commit)
+        paths = [self._relative(p) for p in ([old_path, path] if old_path else [path])]
+        out = await self._git.run(
+            "diff-tree", "-p", "-M", "--no-color", "--no-ext-diff", "--no-textconv", old, new, "--", *paths
+        )
+        return out.stdout.decode(errors="replace")
+
+    @staticmethod
+    def _relative(path: str) -> str:
+        parts = path.split("/")
+        if not path or path.startswith("/") or any(p in ("", ".", "..") or is_git_name(p) for p in parts):
+            raise CheckpointError(CheckpointErrorCode.INVALID_PATH, f"not a workspace-relative path: {path!r}")
+        return path
+
+    # -- restore -----------------------------------------------------------------------------
+
+    async def restore(self, commit: str) -> Restored:
+        """Make the workspace equal to the checkpoint's tree, leaving `.git` and excluded paths alone."""
+        async with self._lock.hold():
+            await self._ensure()
+            target = await self._commit(commit)
+            await self._stage()
+            out = await self._git.run("diff-index", "--cached", "-z", "--no-renames", "--name-status", target)
+            fields = out.stdout.split(b"\0")
+            remove: list[str] = []
+            write: list[str] = []
+            for letter, raw in zip(fields[0::2], fields[1::2], strict=False):
+                path = os.fsdecode(raw)
+                # diff-index compares the target (old side) with the staged disk (new side).
+                if letter == b"A":
+                    remove.append(path)
+                elif not self.excludes.covers(path):
+                    write.append(path)
+            removed = set(remove)
+            blocked = await asyncio.to_thread(self._blocked_folders, write, removed)
+            if blocked:
+                raise CheckpointError(
+                    CheckpointErrorCode.RESTORE_CONFLICT,
+                    f"folders hold files a restore must not remove (.git or excluded): {', '.join(blocked)}",
+                )
+            await asyncio.to_thread(self._remove, remove, write)
+            await self._git.run("read-tree", "-m", target)  # index := target, keeping stat data that still holds
+            if write:
+                await self._git.run("checkout-index", "--force", "-u", "-z", "--stdin", stdin=_z(write))
+        return Restored(tuple(sorted(write)), tuple(sorted(remove)))
+
+    def _blocked_folders(self, write: list[str], removed: set[str]) -> list[str]:
+        """Paths the target has as files where the disk has a folder with something we may not remove."""
+        blocked = []
+        for path in write:
+            folder = self.workspace / path
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            for dirpath, dirnames, filenames in os.walk(folder):
+                rel = Path(dirpath).relative_to(self.workspace).as_posix()
+                if any(is_git_name(d) for d in dirnames) or any(f"{rel}/{name}" not in removed for name in filenames):
+                    blocked.append(path)
+                    break
+        return blocked
+
+    def _remove(self, remove: list[str], write: list[str]) -> None:
+        """Delete what the target lacks, then the folders this emptied (never the workspace root)."""
+        root = self.workspace
+        folders: set[Path] = set()
+        for path in remove:
+            target = root / path
+            try:
+                mode = target.lstat().st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(mode):
+                continue  # became a folder since staging: leave it
+            target.unlink()
+            folders.update(p for p in target.parents if p != root and p.is_relative_to(root))
+        for path in write:  # a folder standing where the target has a file (checked empty of others)
+            target = root / path
+            if target.is_dir() and not target.is_symlink():
+                for dirpath, _dirs, _files in os.walk(target, topdown=False):
+                    Path(dirpath).rmdir()
+        for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):  # not empty (excluded or other content): keep it
+                folder.rmdir()

@@ -1,0 +1,37 @@
+"""Where shadow repositories live: `<data dir>/checkpoints/<project id>.git`, one per project."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from threadloom.checkpoints.excludes import Excludes
+from threadloom.checkpoints.git import Git, find_git
+from threadloom.checkpoints.locks import RepoLock
+from threadloom.checkpoints.refs import check_project_id
+from threadloom.checkpoints.repo import INDEX_NAME, ShadowRepo
+
+
+class CheckpointStore:
+    """Hands out `ShadowRepo`s; repositories of one project share one lock in this process."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = Path(data_dir).resolve() / "checkpoints"
+        self._git = find_git()
+        self._locks: dict[str, RepoLock] = {}
+
+    def git_dir(self, project_id: str) -> Path:
+        return self.root / f"{check_project_id(project_id)}.git"
+
+    def repo(self, project_id: str, workspace_root: Path, excludes: Sequence[str] = ()) -> ShadowRepo:
+        """The project's shadow repository over `workspace_root`; created on its first capture.
+
+        The exclude list is the project's current one: it decides what the next capture or restore
+        walks, and is written to the repository's `info/exclude` for anyone inspecting it.
+        """
+        git_dir = self.git_dir(project_id)
+        lock = self._locks.get(project_id)
+        if lock is None:
+            lock = self._locks[project_id] = RepoLock(self.root / f"{project_id}.lock")
+        git = Git(self._git, git_dir, Path(workspace_root).resolve(), git_dir / INDEX_NAME)
+        return ShadowRepo(git, Excludes(excludes), lock)

@@ -1,0 +1,55 @@
+"""Listing what a checkpoint captures: every file and symlink in the workspace.
+
+The walk never follows a symlink (a link is an entry of its own, stored as a link), never enters
+an entry named `.git` at any depth (the user's repository, a nested clone, a worktree's `.git`
+file), never enters the shadow repository itself should it live inside the workspace, and prunes
+what the project's exclude list names. Sockets, FIFOs and devices are not content and are
+skipped. Nested repositories are walked like any folder: their files are captured, their `.git`
+is not.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from threadloom.checkpoints.excludes import Excludes
+
+
+def is_git_name(name: str) -> bool:
+    """`.git` in any letter case (git itself refuses such a path component in an index)."""
+    return name.lower() == ".git"
+
+
+def walk_workspace(root: Path, excludes: Excludes, skip: Path | None = None) -> list[bytes]:
+    """Workspace-relative paths (bytes, `/`-separated) of the files and symlinks to capture."""
+    found: list[bytes] = []
+    skip_key = os.fsencode(skip) if skip is not None else None
+    pending: list[tuple[bytes, bytes]] = [(os.fsencode(root), b"")]
+    while pending:
+        absolute, relative = pending.pop()
+        try:
+            entries = list(os.scandir(absolute))
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # removed while walking: simply not there any more
+        for entry in entries:
+            name = entry.name
+            if is_git_name(os.fsdecode(name)):
+                continue
+            rel = relative + name
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(mode):
+                if skip_key is not None and entry.path == skip_key:
+                    continue
+                if excludes and excludes.excluded(os.fsdecode(rel), True):
+                    continue
+                pending.append((entry.path, rel + b"/"))
+            elif stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+                if excludes and excludes.excluded(os.fsdecode(rel), False):
+                    continue
+                found.append(rel)
+    return found

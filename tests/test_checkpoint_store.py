@@ -1,0 +1,486 @@
+"""The checkpoint store against real git and real workspaces on disk.
+
+Every test builds a workspace in a temp folder, edits it the way agents do (Python writes like
+`@write`, and shell commands like `@tool sh -c ...`), captures, diffs and restores through
+`threadloom.checkpoints`, and then looks at the disk and at the user's own repository with git.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from threadloom.checkpoints import (
+    CheckpointError,
+    CheckpointErrorCode,
+    CheckpointStore,
+    FileChange,
+    FileStatus,
+    ShadowRepo,
+    checkpoint_ref,
+)
+from threadloom.checkpoints.excludes import Excludes
+from threadloom.checkpoints.walk import walk_workspace
+
+State = dict[str, tuple[str, bytes, bool]]
+
+
+def ref(ordinal: int, thread: str = "t1", scope: str = "root") -> str:
+    return checkpoint_ref(thread, scope, ordinal)
+
+
+def sh(cwd: Path, script: str) -> None:
+    """A shell-made edit, as an agent's `@tool sh -c '...'` makes it."""
+    subprocess.run(["sh", "-c", script], cwd=cwd, check=True)
+
+
+def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """The user's git (their own repository in the workspace), with a fixed identity."""
+    base = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(cwd),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "User",
+        "GIT_AUTHOR_EMAIL": "user@example.com",
+        "GIT_COMMITTER_NAME": "User",
+        "GIT_COMMITTER_EMAIL": "user@example.com",
+    }
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, env={**base, **(env or {})}, check=True, capture_output=True, text=True
+    )
+    return done.stdout
+
+
+def state(root: Path, skip_git: bool = True) -> State:
+    """Everything on disk under `root`: files (content, executable) and links (target), `.git` left out."""
+    found: State = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        if skip_git:
+            dirnames[:] = [d for d in dirnames if d != ".git"]
+        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if skip_git and name == ".git":
+                continue
+            if path.is_symlink():
+                found[rel] = ("link", os.readlink(path).encode(), False)
+            else:
+                found[rel] = ("file", path.read_bytes(), bool(path.stat().st_mode & stat.S_IXUSR))
+    return found
+
+
+def tree_paths(repo: ShadowRepo, commit: str) -> dict[str, str]:
+    """path -> git mode of every entry of a checkpoint's tree."""
+    out = subprocess.run(
+        ["git", "--git-dir", str(repo.git_dir), "ls-tree", "-r", "-z", commit],
+        check=True,
+        capture_output=True,
+    ).stdout
+    entries = {}
+    for line in out.split(b"\0"):
+        if line:
+            meta, path = line.split(b"\t", 1)
+            entries[path.decode()] = meta.split(b" ")[0].decode()
+    return entries
+
+
+def by_path(changes: list[FileChange]) -> dict[str, FileChange]:
+    return {change.path: change for change in changes}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> CheckpointStore:
+    return CheckpointStore(tmp_path / "data")
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    root = tmp_path / "workspace"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text("print('hello')\n")
+    (root / "README.md").write_text("# demo\nline two\n")
+    (root / "logo.bin").write_bytes(bytes(range(256)) * 4)
+    return root
+
+
+async def test_write_and_shell_edits_are_captured_and_diffed(store: CheckpointStore, workspace: Path) -> None:
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+
+    (workspace / "src" / "app.py").write_text("print('hello')\nprint('again')\n")  # an @write edit
+    (workspace / "notes.txt").write_text("new file\n")
+    sh(workspace, "echo x > made-by-shell.txt")
+    sh(workspace, "rm README.md")
+    sh(workspace, "mkdir -p lib && mv src/app.py lib/app.py")
+    sh(workspace, "printf '\\000\\001\\002\\377' > data.bin && printf 'y' >> logo.bin")
+    sh(workspace, "printf '#!/bin/sh\\necho run\\n' > run.sh && chmod +x run.sh")
+    run1 = await repo.capture(ref(1), "run 1", parent=base.commit)
+
+    changes = by_path(await repo.diff(base.commit, run1.commit))
+    assert set(changes) == {
+        "lib/app.py",
+        "notes.txt",
+        "made-by-shell.txt",
+        "README.md",
+        "data.bin",
+        "logo.bin",
+        "run.sh",
+    }
+    assert changes["lib/app.py"].status == FileStatus.RENAMED
+    assert changes["lib/app.py"].old_path == "src/app.py"
+    assert (changes["lib/app.py"].additions, changes["lib/app.py"].deletions) == (1, 0)
+    assert changes["notes.txt"] == FileChange("notes.txt", FileStatus.ADDED, 1, 0)
+    assert changes["made-by-shell.txt"].status == FileStatus.ADDED
+    assert changes["README.md"] == FileChange("README.md", FileStatus.DELETED, 0, 2)
+    assert changes["data.bin"].binary and changes["data.bin"].status == FileStatus.ADDED
+    assert changes["logo.bin"].binary and changes["logo.bin"].status == FileStatus.MODIFIED
+    assert tree_paths(repo, run1.commit)["run.sh"] == "100755"
+
+    sh(workspace, "chmod -x run.sh")  # a mode-only change is a modification with no lines
+    run2 = await repo.capture(ref(2), "run 2", parent=run1.commit)
+    assert await repo.diff(run1.commit, run2.commit) == [FileChange("run.sh", FileStatus.MODIFIED, 0, 0)]
+
+    text = await repo.file_diff(base.commit, run1.commit, "lib/app.py", old_path="src/app.py")
+    assert "rename from src/app.py" in text and "+print('again')" in text
+    assert "-# demo" in await repo.file_diff(base.commit, run1.commit, "README.md")
+    everything = by_path(await repo.diff(None, base.commit))
+    assert set(everything) == {"src/app.py", "README.md", "logo.bin"}
+    assert all(change.status == FileStatus.ADDED for change in everything.values())
+
+
+async def test_capture_without_change_still_commits(store: CheckpointStore, workspace: Path) -> None:
+    repo = store.repo("p1", workspace)
+    first = await repo.capture(ref(0), "baseline")
+    second = await repo.capture(ref(1), "nothing happened", parent=first.commit)
+    assert second.tree == first.tree and second.commit != first.commit
+    assert await repo.diff(first.commit, second.commit) == []
+    assert await repo.resolve(ref(1)) == second.commit
+
+
+async def test_restore_removes_added_and_brings_back_deleted(store: CheckpointStore, workspace: Path) -> None:
+    (workspace / "tool.sh").write_text("#!/bin/sh\n")
+    (workspace / "tool.sh").chmod(0o755)
+    os.symlink("src/app.py", workspace / "link-to-app")
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    before = state(workspace)
+
+    sh(workspace, "rm -r src tool.sh link-to-app && mkdir -p new/deep && echo n > new/deep/file && echo z > z.txt")
+    sh(workspace, "printf changed > logo.bin && mkdir src && echo 'not a link' > link-to-app")
+    restored = await repo.restore(base.commit)
+
+    assert state(workspace) == before
+    assert not (workspace / "new").exists()  # folders emptied by the restore go too
+    assert (workspace / "link-to-app").is_symlink()
+    assert os.stat(workspace / "tool.sh").st_mode & stat.S_IXUSR
+    assert set(restored.removed) == {"new/deep/file", "z.txt"}
+    assert set(restored.written) == {"src/app.py", "tool.sh", "link-to-app", "logo.bin"}
+
+
+async def test_restore_is_idempotent_and_finishes_an_interrupted_one(store: CheckpointStore, workspace: Path) -> None:
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    before = state(workspace)
+    sh(workspace, "echo a > added && rm README.md && echo changed > src/app.py")
+    await repo.capture(ref(1), "run 1", parent=base.commit)
+
+    await repo.restore(base.commit)
+    again = await repo.restore(base.commit)
+    assert again.written == () and again.removed == ()
+    assert state(workspace) == before
+
+    # A restore stopped half-way (some files back, some not) is completed by the next one.
+    sh(workspace, "echo a > added && rm README.md")
+    await repo.restore(base.commit)
+    assert state(workspace) == before
+
+
+async def test_restore_moves_forward_too(store: CheckpointStore, workspace: Path) -> None:
+    """Undoing a rollback is restoring a later checkpoint."""
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    sh(workspace, "echo one > one.txt && rm logo.bin")
+    later = await repo.capture(ref(1), "run 1", parent=base.commit)
+    after_run = state(workspace)
+    await repo.restore(base.commit)
+    await repo.restore(later.commit)
+    assert state(workspace) == after_run
+
+
+async def test_users_repository_is_never_touched(store: CheckpointStore, workspace: Path) -> None:
+    git(workspace, "init", "-q", "-b", "main")
+    (workspace / ".gitignore").write_text("*.log\n")
+    git(workspace, "add", "-A")
+    git(workspace, "commit", "-q", "-m", "first")
+    git(workspace, "branch", "feature")
+    git(workspace, "tag", "v1")
+    (workspace / "README.md").write_text("# demo\nstashed edit\n")
+    git(workspace, "stash", "-q")
+    (workspace / "src" / "app.py").write_text("print('staged')\n")
+    git(workspace, "add", "src/app.py")
+    (workspace / "untracked.txt").write_text("u\n")
+    (workspace / "debug.log").write_text("ignored by the user\n")
+    # Let git settle its own stat cache first, so any later change is ours.
+    git(workspace, "status", "--porcelain")
+
+    def user_repo() -> tuple[dict[str, bytes], str, str, str, str]:
+        files = {
+            p.relative_to(workspace).as_posix(): p.read_bytes()
+            for p in sorted((workspace / ".git").rglob("*"))
+            if p.is_file()
+        }
+        no_refresh = {"GIT_OPTIONAL_LOCKS": "0"}  # reading, never rewriting, the user's index
+        return (
+            files,
+            git(workspace, "status", "--porcelain=v2", "--branch", "--untracked-files=all", env=no_refresh),
+            git(workspace, "for-each-ref", env=no_refresh),
+            git(workspace, "stash", "list", env=no_refresh),
+            git(workspace, "rev-parse", "HEAD", env=no_refresh),
+        )
+
+    before = user_repo()
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    assert ".gitignore" in tree_paths(repo, base.commit)
+    assert not any(path.startswith(".git/") for path in tree_paths(repo, base.commit))
+    sh(workspace, "echo more >> src/app.py && echo x > new.txt && rm untracked.txt")
+    await repo.capture(ref(1), "run 1", parent=base.commit)
+    await repo.restore(base.commit)
+
+    after = user_repo()
+    assert after[1:] == before[1:]  # status, refs, stash, HEAD
+    assert after[0] == before[0]  # every byte under .git: HEAD, index, refs, objects, config
+
+
+async def test_nested_repositories_are_captured_without_their_git(store: CheckpointStore, workspace: Path) -> None:
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    nested = workspace / "vendor" / "lib"
+    nested.mkdir(parents=True)
+    git(nested, "init", "-q")
+    (nested / "lib.py").write_text("x = 1\n")
+    (workspace / "worktree").mkdir()
+    (workspace / "worktree" / ".git").write_text("gitdir: /somewhere/else\n")  # a linked worktree's .git file
+    (workspace / "worktree" / "code.py").write_text("y = 2\n")
+    run1 = await repo.capture(ref(1), "run 1", parent=base.commit)
+
+    paths = tree_paths(repo, run1.commit)
+    assert "vendor/lib/lib.py" in paths and "worktree/code.py" in paths
+    assert not any(".git" in path.split("/") for path in paths)
+    nested_git = state(nested / ".git", skip_git=False)
+
+    await repo.restore(base.commit)
+    assert not (nested / "lib.py").exists() and not (workspace / "worktree" / "code.py").exists()
+    assert state(nested / ".git", skip_git=False) == nested_git  # folders holding a .git stay, untouched
+    assert (workspace / "worktree" / ".git").read_text() == "gitdir: /somewhere/else\n"
+
+
+async def test_workspace_gitignore_does_not_hide_files(store: CheckpointStore, workspace: Path) -> None:
+    (workspace / ".gitignore").write_text("build/\n*.log\n")
+    (workspace / "src" / ".gitignore").write_text("*\n")
+    (workspace / "build").mkdir()
+    (workspace / "build" / "out.js").write_text("compiled\n")
+    (workspace / "run.log").write_text("log\n")
+    repo = store.repo("p1", workspace)
+    paths = tree_paths(repo, (await repo.capture(ref(0), "baseline")).commit)
+    assert {"build/out.js", "run.log", "src/app.py", "src/.gitignore"} <= set(paths)
+
+
+async def test_project_excludes_are_honoured(store: CheckpointStore, workspace: Path) -> None:
+    (workspace / "node_modules" / "pkg").mkdir(parents=True)
+    (workspace / "node_modules" / "pkg" / "index.js").write_text("module\n")
+    (workspace / "src" / "node_modules").mkdir()
+    (workspace / "src" / "node_modules" / "x.js").write_text("nested\n")
+    (workspace / "cache.tmp").write_text("tmp\n")
+    (workspace / "keep.tmp").write_text("kept\n")
+    repo = store.repo("p1", workspace, ["node_modules/", "*.tmp", "!keep.tmp"])
+    base = await repo.capture(ref(0), "baseline")
+    paths = set(tree_paths(repo, base.commit))
+    assert paths == {"src/app.py", "README.md", "logo.bin", "keep.tmp"}
+    assert "node_modules/" in (repo.git_dir / "info" / "exclude").read_text()
+
+    sh(workspace, "echo more > node_modules/pkg/more.js && echo t > other.tmp && echo n > new.txt")
+    run1 = await repo.capture(ref(1), "run 1", parent=base.commit)
+    assert [c.path for c in await repo.diff(base.commit, run1.commit)] == ["new.txt"]
+
+    await repo.restore(base.commit)  # excluded paths are neither removed nor written
+    assert (workspace / "node_modules" / "pkg" / "more.js").exists()
+    assert (workspace / "other.tmp").exists() and (workspace / "cache.tmp").exists()
+    assert not (workspace / "new.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "patterns",
+    [
+        ["node_modules/", "*.log", "!keep.log"],
+        ["/build", "docs/**/*.md", "a?c.txt", "[ab]*.py", "**/gen/", "deep/**", "\\#hash", "trail   "],
+        ["*", "!*/", "!*.py"],
+        ["dir/sub/", "/top.txt", "x/**/y", "*.[ch]", "[!a]*.c"],
+    ],
+)
+def test_exclude_matching_agrees_with_git(tmp_path: Path, patterns: list[str]) -> None:
+    """Our matcher against git's own: the same files survive (no .gitignore in this tree)."""
+    root = tmp_path / "tree"
+    files = [
+        "a.log", "keep.log", "sub/b.log", "node_modules/m.js", "sub/node_modules/n.js", "build/x", "sub/build/y",
+        "docs/a.md", "docs/x/y/b.md", "docs/c.txt", "abc.txt", "sub/abc.txt", "aXc.txt", "a.py", "b.py", "c.py",
+        "sub/a.py", "gen/g.c", "sub/gen/h.c", "deep/one/two", "#hash", "trail", "dir/sub/f", "other/dir/sub/f",
+        "top.txt", "sub/top.txt", "x/y", "x/m/n/y", "q.h", "b.c", "a.c",
+    ]  # fmt: skip
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".git" / "info").mkdir(exist_ok=True)
+    (root / ".git" / "info" / "exclude").write_text("".join(f"{p}\n" for p in patterns))
+    listed = subprocess.run(
+        ["git", "-c", "core.excludesFile=/dev/null", "ls-files", "-z", "--others", "--exclude-standard"],
+        cwd=root,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1"},
+        check=True,
+        capture_output=True,
+    ).stdout
+    theirs = {p.decode() for p in listed.split(b"\0") if p}
+    ours = {p.decode() for p in walk_workspace(root, Excludes(patterns))}
+    assert ours == theirs
+
+
+async def test_symlinks_are_links_and_never_followed(store: CheckpointStore, workspace: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("outside the workspace\n")
+    os.symlink(outside, workspace / "escape")
+    (workspace / "dir").mkdir()
+    (workspace / "dir" / "file.txt").write_text("inside\n")
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    paths = tree_paths(repo, base.commit)
+    assert paths["escape"] == "120000"  # the link itself, not the folder it points at
+    assert not any(path.startswith("escape/") for path in paths)
+
+    # The agent replaces dir/ with a link out of the workspace; restore must not write through it.
+    sh(workspace, f"rm -r dir && ln -s '{outside}' dir && rm escape")
+    await repo.capture(ref(1), "run 1", parent=base.commit)
+    await repo.restore(base.commit)
+
+    assert (workspace / "dir").is_dir() and not (workspace / "dir").is_symlink()
+    assert (workspace / "dir" / "file.txt").read_text() == "inside\n"
+    assert os.readlink(workspace / "escape") == str(outside)
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert (outside / "secret.txt").read_text() == "outside the workspace\n"
+
+
+async def test_restore_refuses_to_remove_a_folder_holding_a_repository(store: CheckpointStore, workspace: Path) -> None:
+    (workspace / "vendor").write_text("a file at first\n")
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    sh(workspace, "rm vendor && mkdir vendor && echo x > vendor/x.py && echo changed > README.md")
+    git(workspace / "vendor", "init", "-q")
+    before = state(workspace)
+
+    with pytest.raises(CheckpointError) as refused:
+        await repo.restore(base.commit)
+    assert refused.value.code == CheckpointErrorCode.RESTORE_CONFLICT
+    assert state(workspace) == before  # refused before anything was written
+    assert (workspace / "vendor" / ".git" / "HEAD").exists()
+
+
+async def test_projects_are_isolated(store: CheckpointStore, tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    for root in (one, two):
+        root.mkdir()
+        (root / "f.txt").write_text(root.name)
+    repo_one, repo_two = store.repo("p-one", one), store.repo("p-two", two)
+    capture_one = await repo_one.capture(ref(0), "one")
+    await repo_two.capture(ref(0, thread="t2"), "two")
+
+    assert [r for r, _ in await repo_one.list_refs("refs/threadloom/")] == [ref(0)]
+    assert [r for r, _ in await repo_two.list_refs("refs/threadloom/")] == [ref(0, thread="t2")]
+    assert await repo_two.resolve(ref(0)) is None
+    with pytest.raises(CheckpointError) as unknown:
+        await repo_two.restore(capture_one.commit)
+    assert unknown.value.code == CheckpointErrorCode.UNKNOWN_COMMIT
+    assert (two / "f.txt").read_text() == "two"
+
+
+async def test_refs(store: CheckpointStore, workspace: Path) -> None:
+    repo = store.repo("p1", workspace)
+    assert await repo.resolve(ref(0)) is None  # nothing captured yet: no repository, no ref
+    assert await repo.list_refs("refs/threadloom/t1") == []
+    captures = [await repo.capture(ref(n), f"run {n}") for n in (0, 1, 2, 10)]
+    await repo.capture(ref(1, scope="node-7"), "child")
+    listed = await repo.list_refs("refs/threadloom/t1/root")
+    assert [r for r, _ in listed] == [ref(0), ref(1), ref(2), ref(10)]
+    assert [c for _, c in listed] == [c.commit for c in captures]
+
+    await repo.update_ref("refs/threadloom/t1/stale/2", captures[2].commit)
+    await repo.delete_ref(ref(2))
+    await repo.delete_ref(ref(2))  # twice is harmless
+    assert await repo.resolve(ref(2)) is None
+    assert await repo.resolve("refs/threadloom/t1/stale/2") == captures[2].commit
+    assert len(await repo.list_refs("refs/threadloom/t1/")) == 5
+
+
+@pytest.mark.parametrize(
+    "bad", ["refs/heads/main", "refs/threadloom/../x", "refs/threadloom/t/a.lock", "refs/threadloom/", "HEAD"]
+)
+async def test_bad_refs_are_refused(store: CheckpointStore, workspace: Path, bad: str) -> None:
+    repo = store.repo("p1", workspace)
+    with pytest.raises(CheckpointError) as refused:
+        await repo.capture(bad, "x")
+    assert refused.value.code == CheckpointErrorCode.INVALID_REF
+    assert not repo.git_dir.exists()  # refused before anything was created
+
+
+async def test_bad_input_is_refused_with_codes(store: CheckpointStore, workspace: Path, tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as bad_project:
+        store.repo("../escape", workspace)
+    assert bad_project.value.code == CheckpointErrorCode.INVALID_PROJECT_ID
+
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    for commit in ("HEAD~1", "--all", "0" * 40):
+        with pytest.raises(CheckpointError) as unknown:
+            await repo.diff(commit, base.commit)
+        assert unknown.value.code == CheckpointErrorCode.UNKNOWN_COMMIT
+    with pytest.raises(CheckpointError) as bad_path:
+        await repo.file_diff(None, base.commit, "../etc/passwd")
+    assert bad_path.value.code == CheckpointErrorCode.INVALID_PATH
+
+    missing = store.repo("p2", tmp_path / "does-not-exist")
+    with pytest.raises(CheckpointError) as gone:
+        await missing.capture(ref(0), "x")
+    assert gone.value.code == CheckpointErrorCode.WORKSPACE_MISSING
+    with pytest.raises(CheckpointError) as bad_exclude:
+        store.repo("p1", workspace, ["a\nb"])
+    assert bad_exclude.value.code == CheckpointErrorCode.INVALID_EXCLUDE
+
+
+async def test_concurrent_captures_of_one_project_serialize(store: CheckpointStore, workspace: Path) -> None:
+    repos = [store.repo("p1", workspace) for _ in range(4)]  # separate handles share the project's lock
+    captures = await asyncio.gather(*(r.capture(ref(n), f"c{n}") for n, r in enumerate(repos)))
+    assert len({c.tree for c in captures}) == 1
+    assert len(await repos[0].list_refs("refs/threadloom/t1/root")) == 4
+
+
+async def test_user_git_environment_is_ignored(
+    store: CheckpointStore, workspace: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """GIT_DIR/GIT_INDEX_FILE inherited from a hook, and attributes that would convert line endings."""
+    git(workspace, "init", "-q")
+    monkeypatch.setenv("GIT_DIR", str(workspace / ".git"))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(tmp_path / "elsewhere"))
+    (workspace / ".gitattributes").write_text("*.txt text eol=crlf\n")
+    (workspace / "mixed.txt").write_bytes(b"unix\nwindows\r\n")
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    (workspace / "mixed.txt").write_bytes(b"other\n")
+    await repo.restore(base.commit)
+    assert (workspace / "mixed.txt").read_bytes() == b"unix\nwindows\r\n"
+    assert not (tmp_path / "elsewhere").exists()
+    assert git(workspace, "for-each-ref") == ""
