@@ -654,10 +654,10 @@ class ClaudeRuntime:
         turn = thread.turn
         if turn is None or turn.unechoed > 0:
             return  # no app turn, or a queued steer runs as its own query next
-        if message.get("subtype") == "success" and not message.get("is_error"):
-            self._finish(thread, "completed", None)
-        elif turn.interrupted:
+        if turn.interrupted:  # even if the last query got to finish first: the user stopped this turn
             self._finish(thread, "interrupted", None)
+        elif message.get("subtype") == "success" and not message.get("is_error"):
+            self._finish(thread, "completed", None)
         else:
             errors = message.get("errors")
             text = message.get("result") or ("; ".join(map(str, errors)) if isinstance(errors, list) else None)
