@@ -30,7 +30,7 @@ async def _threads(services: Services, n: int) -> list[uuid.UUID]:
             title=f"t{i}",
             provider_instance_id=None,
             model=None,
-            runtime_mode="full_access",
+            runtime_mode="workspace_write",
             key=None,
         )
         for i in range(n)

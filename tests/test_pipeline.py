@@ -42,7 +42,7 @@ async def _thread(services: Services, project: uuid.UUID, key: str | None = None
         title=title,
         provider_instance_id=None,
         model=None,
-        runtime_mode="full_access",
+        runtime_mode="workspace_write",
         key=key,
     )
 
@@ -180,7 +180,7 @@ async def test_refused_command_writes_nothing(services: Services) -> None:
             title="x",
             provider_instance_id="nope",
             model=None,
-            runtime_mode="full_access",
+            runtime_mode="workspace_write",
             key="k-4",
         )
     assert (await count(services.db, t.events), await count(services.db, t.command_receipts)) == before
