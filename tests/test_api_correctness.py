@@ -6,23 +6,18 @@ Every test runs against a real `threadloom serve` over real HTTP and WebSockets.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
-from tests.support.pg import PgServer
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from tests.support.ws import WsClient
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def statements(response_headers: Any) -> int:
@@ -272,47 +267,3 @@ async def test_valid_cursors_and_variables_still_work(client: Client, tmp_path: 
     # A size only known from variables is checked when the field runs, with the same code.
     response = await client.post("query($n: Int) { projects(first: $n) { totalCount } }", {"n": 101})
     assert response.json()["errors"][0]["extensions"]["code"] == "PAGE_SIZE_EXCEEDED"
-
-
-@pytest.fixture(scope="module")
-async def fuzz_server(pg: PgServer, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ServerProcess]:
-    url = await pg.fresh()
-    # Fuzzing sends hundreds of mutations a second: lift the per-token rate limits for this server.
-    unlimited = {
-        f"THREADLOOM_{name}": "1000000"
-        for name in ("MUTATIONS_PER_MINUTE", "MUTATION_BURST", "RUN_STARTS_PER_MINUTE", "RUN_START_BURST")
-    }
-    proc = ServerProcess(url, tmp_path_factory.mktemp("st"), env=unlimited).wait_ready()
-    yield proc
-    proc.stop()
-
-
-def test_schemathesis_cli_finds_no_server_errors(fuzz_server: ServerProcess, tmp_path: Path) -> None:
-    """The `st` CLI with the repository's configuration against a real server, bounded and seeded."""
-    st = Path(sys.executable).parent / "st"
-    result = subprocess.run(
-        [
-            str(st),
-            "--config-file",
-            str(ROOT / "schemathesis.toml"),
-            "run",
-            fuzz_server.url + "/graphql",
-            "--header",
-            f"Authorization: Bearer {fuzz_server.admin_token}",
-            "--max-examples",
-            "50",
-            "--seed",
-            "42",
-            "--workers",
-            "1",
-            "--generation-database",
-            "none",
-            "--no-color",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "No issues found" in result.stdout or "passed" in result.stdout, result.stdout[-3000:]
