@@ -12,7 +12,7 @@ from threadloom.api.context import Info
 from threadloom.providers.contract import Capabilities
 
 
-@strawberry.type(description="What a provider instance's driver can do natively (DESIGN §7).")
+@strawberry.type(description="What a provider instance's driver can do natively.")
 class ProviderCapabilities:
     supports_active_steering: bool
     supports_interrupt: bool

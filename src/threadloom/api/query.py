@@ -1,4 +1,4 @@
-"""Root query fields (fixed names, DESIGN §5)."""
+"""Root query fields (their names are part of the public API)."""
 
 from __future__ import annotations
 

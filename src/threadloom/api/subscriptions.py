@@ -1,4 +1,4 @@
-"""Subscriptions (fixed names, DESIGN §5) over graphql-transport-ws.
+"""Subscriptions (their names are part of the public API) over graphql-transport-ws.
 
 Every item carries its `sequence`, `runId` and `nodeId`. Access is checked when a
 subscription starts; an invisible or unknown thread is NOT_FOUND, exactly as a query.

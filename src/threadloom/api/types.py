@@ -1,4 +1,4 @@
-"""GraphQL object types for every entity of DESIGN §3.
+"""GraphQL object types for every entity of `threadloom.domain.entities`.
 
 Scalars are plain attributes copied from the entity (cheap to resolve); relations are
 async resolvers that go through the request's loaders. Every type is a Relay `Node`

@@ -1,4 +1,4 @@
-"""Who may see and do what (DESIGN §10).
+"""Who may see and do what (docs/security.md).
 
 A token has one scope and is bound to one project or, for admin tokens made without
 `--project`, to all projects. Invisible things are reported as not found, so a token

@@ -1,4 +1,4 @@
-"""Where a new user message goes (spec: "Steering And Queueing Messages", policy).
+"""Where a new user message goes (docs/lifecycles/steering-and-queue.md).
 
 - no run active and nothing queued → start now;
 - the user asked for a new turn → queue, even if steering is available;

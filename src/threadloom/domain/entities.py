@@ -1,4 +1,4 @@
-"""The entities of DESIGN §3. Field names follow the spec (snake_case here).
+"""The entities (docs/lifecycles/README.md). Field names are the API's, in snake_case here.
 
 Each entity is a frozen `Record`; a change produces a new value that is written as an
 event payload and upserted into its projection table of the same name.

@@ -1,4 +1,4 @@
-"""Interruption and Stop (spec: "Interruption").
+"""Interruption and Stop (docs/lifecycles/interruption-and-stop.md).
 
 The request only marks "interrupt requested" and asks the provider; the terminal state
 comes from the provider's lifecycle. Before the provider has the turn, the run ends at

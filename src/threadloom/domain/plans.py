@@ -1,4 +1,4 @@
-"""Proposed plans become work (spec: "Plans And Todo Lists"): a new run, or a new thread."""
+"""Proposed plans become work (docs/lifecycles/plans-and-todos.md): a new run, or a new thread."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Managing queued runs: cancel, reorder, edit, promote to a steer (spec: queueing)."""
+"""Managing queued runs: cancel, reorder, edit, promote to a steer (docs/lifecycles/steering-and-queue.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What to do with an active run after its worker is gone (spec: Resumption, provider runtime recovery).
+"""What to do with an active run after its worker is gone (docs/lifecycles/resumption-and-recovery.md).
 
 A turn start is never blindly resent: a ProviderTurn row is written before the start
 request goes out, so its absence proves the provider never saw the turn.

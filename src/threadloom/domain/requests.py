@@ -1,4 +1,4 @@
-"""Runtime requests: approvals and questions (spec: "Approvals", "Ask Questions / User Input").
+"""Runtime requests: approvals and questions (docs/lifecycles/approvals-and-questions.md).
 
 A provider's request becomes an app-owned RuntimeRequest (the provider's id is a ref), a
 node under the node that asked, and — for questions — a question artifact; the run waits.

@@ -1,8 +1,7 @@
 """Rules of the run lifecycle: dispatch, queueing, start, and the completion barrier.
 
-Spec: "Starting A Run", "Steering And Queueing Messages", "Follow-Up Turns",
-"Completion Barriers". Every function is pure: it gets the current entities and
-returns the changes (events) and effects to commit.
+Behaviour: docs/lifecycles/threads-and-runs.md and steering-and-queue.md. Every function is
+pure: it gets the current entities and returns the changes (events) and effects to commit.
 """
 
 from __future__ import annotations
@@ -384,7 +383,7 @@ def finish_run(
     *,
     hold_reason: str | None = None,
 ) -> Outcome:
-    """The completion barrier, in the spec's order, as one set of changes.
+    """The completion barrier, in its documented order, as one set of changes.
 
     flush (done by the caller) → close streaming messages → finalize todo/plan artifacts →
     close open child nodes → checkpoint step → root node, attempt, turn terminal → run

@@ -1,4 +1,4 @@
-"""Exhaustive status and kind vocabularies (DESIGN §3). Values are the stored strings."""
+"""Exhaustive status and kind vocabularies (docs/lifecycles/). Values are the stored strings."""
 
 from __future__ import annotations
 

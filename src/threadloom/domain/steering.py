@@ -1,4 +1,4 @@
-"""Steering the active run (spec: "Steering And Queueing Messages").
+"""Steering the active run (docs/lifecycles/steering-and-queue.md).
 
 In place: the message joins the active run and the provider is asked to steer its turn.
 By restart: the active attempt is superseded (its root node interrupted), a new attempt

@@ -1,4 +1,4 @@
-"""The outbox worker (DESIGN §4): claims effects with `FOR UPDATE SKIP LOCKED` and a lease,
+"""The outbox worker (docs/architecture.md): claims effects with `FOR UPDATE SKIP LOCKED` and a lease,
 runs one effect at a time per thread in order, retries with capped exponential backoff."""
 
 from __future__ import annotations

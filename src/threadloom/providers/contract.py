@@ -1,4 +1,4 @@
-"""The adapter contract every driver implements (DESIGN §7), and its normalized events.
+"""The adapter contract every driver implements, and its normalized events.
 
 A driver turns its native protocol into these events; the engine turns events into
 entities. Resuming a provider thread is a required primitive, not a capability.

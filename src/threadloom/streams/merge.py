@@ -1,4 +1,4 @@
-"""Replay-then-live, gapless and exactly once (DESIGN §6).
+"""Replay-then-live, gapless and exactly once (docs/architecture.md, "Live streams").
 
 Attach to the hub first, then replay the log after the client's cursor in pages, then
 deliver live rows in sequence order: rows at or below the last delivered sequence are

@@ -1,4 +1,4 @@
-"""Wake-ups between processes over broadcaster (DESIGN §6).
+"""Wake-ups between processes over broadcaster (docs/architecture.md, "Live streams").
 
 broadcaster carries only `{thread, project, sequence}` wake-ups — never the source of
 truth. One subscription per process feeds the in-process `Hub`. Publishes are
