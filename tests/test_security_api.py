@@ -69,7 +69,7 @@ async def test_costly_query_is_refused_before_execution_while_a_small_one_answer
     body = refused.json()
     assert "data" not in body or body["data"] is None
     [error] = body["errors"]
-    assert error["extensions"] == {"code": "QUERY_TOO_COSTLY", "cost": 8 * NESTED_COST, "maxCost": 50_000}
+    assert error["extensions"] == {"code": "QUERY_TOO_COSTLY", "cost": 8 * NESTED_COST, "maxCost": 20_000}
     # Nothing ran: the refused query made as many SQL statements (the token check) as one touching no table.
     assert statements(refused.headers) == statements(answered.headers)
 
@@ -105,7 +105,7 @@ async def test_costly_subscription_is_refused(client: Client, server: ServerProc
         assert message["payload"][0]["extensions"] == {
             "code": "QUERY_TOO_COSTLY",
             "cost": NESTED_COST,
-            "maxCost": 50_000,
+            "maxCost": 20_000,
         }
     finally:
         await ws.close()

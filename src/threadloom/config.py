@@ -33,7 +33,7 @@ class Limits:
     max_replay: int = 10_000
     subscriber_queue: int = 1_000
     # Static query cost (objects an operation may return) and execution time per query operation.
-    max_query_cost: int = 50_000
+    max_query_cost: int = 20_000
     query_timeout: float = 10.0
     # Per token, in this process (docs/security.md, "Limits").
     max_connections_per_token: int = 32
