@@ -11,6 +11,7 @@ import asyncio
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -484,3 +485,80 @@ async def test_user_git_environment_is_ignored(
     assert (workspace / "mixed.txt").read_bytes() == b"unix\nwindows\r\n"
     assert not (tmp_path / "elsewhere").exists()
     assert git(workspace, "for-each-ref") == ""
+
+
+async def test_restore_across_type_changes(store: CheckpointStore, workspace: Path) -> None:
+    """A file that became a folder, a folder that became a file, a file that became a link, and back."""
+    (workspace / "becomes-dir").write_text("file\n")
+    (workspace / "becomes-file").mkdir()
+    (workspace / "becomes-file" / "inner.txt").write_text("inner\n")
+    (workspace / "becomes-link").write_text("plain\n")
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    before = state(workspace)
+
+    sh(workspace, "rm becomes-dir && mkdir -p becomes-dir/sub && echo x > becomes-dir/sub/x")
+    sh(workspace, "rm -r becomes-file && echo now-a-file > becomes-file")
+    sh(workspace, "rm becomes-link && ln -s README.md becomes-link")
+    after = state(workspace)
+    run1 = await repo.capture(ref(1), "run 1", parent=base.commit)
+    statuses = {c.path: c.status for c in await repo.diff(base.commit, run1.commit)}
+    assert statuses == {
+        "becomes-dir": FileStatus.DELETED,
+        "becomes-dir/sub/x": FileStatus.ADDED,
+        "becomes-file": FileStatus.ADDED,
+        "becomes-file/inner.txt": FileStatus.DELETED,
+        "becomes-link": FileStatus.MODIFIED,
+    }
+
+    await repo.restore(base.commit)
+    assert state(workspace) == before
+    await repo.restore(run1.commit)
+    assert state(workspace) == after
+
+
+async def test_another_process_holding_the_lock_delays_capture(store: CheckpointStore, workspace: Path) -> None:
+    """Captures from two processes never overlap: ours waits for the other's flock."""
+    repo = store.repo("p1", workspace)
+    await repo.capture(ref(0), "baseline")  # the repository exists
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import fcntl, sys; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True);"
+        " sys.stdin.readline()",
+        str(store.root / "p1.lock"),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    assert await holder.stdout.readline() == b"held\n"
+    waiting = asyncio.create_task(repo.capture(ref(1), "waits"))
+    await repo.lock.blocked_by_other_process.wait()  # the capture is now stuck on the other process's lock
+    (workspace / "made-while-waiting.txt").write_text("x\n")  # so it cannot have staged yet
+    assert await repo.resolve(ref(1)) is None and not waiting.done()
+    holder.stdin.write(b"release\n")
+    await holder.stdin.drain()
+    capture = await waiting
+    await holder.wait()
+    assert "made-while-waiting.txt" in tree_paths(repo, capture.commit)
+
+
+async def test_unusual_file_names(store: CheckpointStore, workspace: Path) -> None:
+    names = ["with space.txt", "-leading-dash", "new\nline", "tab\tname", "ünïcode.txt", 'quote"s', "git~1", ".gitx"]
+    raw_name = b"latin1-\xe9.bin"  # not UTF-8
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    before = state(workspace)
+    for name in names:
+        (workspace / name).write_text(name)
+    (workspace / os.fsdecode(raw_name)).write_bytes(b"\xe9")
+    run1 = await repo.capture(ref(1), "run 1", parent=base.commit)
+    added = {c.path for c in await repo.diff(base.commit, run1.commit)}
+    assert added == {*names, os.fsdecode(raw_name)}
+    assert "+new\n" in await repo.file_diff(base.commit, run1.commit, "new\nline")
+    with_files = state(workspace)
+
+    await repo.restore(base.commit)
+    assert state(workspace) == before
+    await repo.restore(run1.commit)
+    assert state(workspace) == with_files

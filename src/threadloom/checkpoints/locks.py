@@ -24,6 +24,8 @@ class RepoLock:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = asyncio.Lock()
+        # Set while a holder in this process waits for another process's flock (observable in logs and tests).
+        self.blocked_by_other_process = asyncio.Event()
 
     @asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
@@ -36,7 +38,9 @@ class RepoLock:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                         break
                     except BlockingIOError:
+                        self.blocked_by_other_process.set()
                         await asyncio.sleep(_RETRY_SECONDS)  # another process holds it: poll
+                self.blocked_by_other_process.clear()
                 yield
             finally:
                 os.close(fd)  # closing releases the flock

@@ -82,7 +82,7 @@ class ShadowRepo:
         self.git_dir = git.git_dir
         self.workspace = git.work_tree
         self.excludes = excludes
-        self._lock = lock
+        self.lock = lock
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -106,25 +106,28 @@ class ShadowRepo:
 
     # -- capture -----------------------------------------------------------------------------
 
-    async def _stage(self) -> str:
-        """Make the private index describe the workspace exactly; return its tree id."""
+    async def _stage(self) -> None:
+        """Make the private index describe the workspace exactly."""
         self._check_workspace()
-        present = await asyncio.to_thread(walk_workspace, self.workspace, self.excludes, self.git_dir)
-        listed = (await self._git.run("ls-files", "-z")).stdout.split(b"\0")
+        present, listing = await asyncio.gather(
+            asyncio.to_thread(walk_workspace, self.workspace, self.excludes, self.git_dir),
+            self._git.run("ls-files", "-z"),
+        )
+        listed = listing.stdout.split(b"\0")
         stale = set(listed) - set(present) - {b""}
         if stale:  # gone from disk, now excluded, or replaced by a folder
             await self._git.run("update-index", "-z", "--force-remove", "--stdin", stdin=_z(sorted(stale)))
         if present:
             await self._git.run("update-index", "-z", "--add", "--remove", "--replace", "--stdin", stdin=_z(present))
-        return await self._git.text("write-tree")
 
     async def capture(self, ref: str, message: str, parent: str | None = None) -> Capture:
         """Commit the whole workspace as a checkpoint on `ref` (also when nothing changed)."""
         check_ref(ref)
-        async with self._lock.hold():
+        async with self.lock.hold():
             await self._ensure()
             parents = ["-p", await self._commit(parent)] if parent is not None else []
-            tree = await self._stage()
+            await self._stage()
+            tree = await self._git.text("write-tree")  # reuses the index's cached subtrees
             commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
             await self._git.run("update-ref", "--no-deref", ref, commit)
         return Capture(commit, tree)
@@ -203,21 +206,27 @@ class ShadowRepo:
 
     async def restore(self, commit: str) -> Restored:
         """Make the workspace equal to the checkpoint's tree, leaving `.git` and excluded paths alone."""
-        async with self._lock.hold():
+        async with self.lock.hold():
             await self._ensure()
             target = await self._commit(commit)
             await self._stage()
-            out = await self._git.run("diff-index", "--cached", "-z", "--no-renames", "--name-status", target)
+            out = await self._git.run("diff-index", "--cached", "-z", "--no-renames", "--raw", target)
             fields = out.stdout.split(b"\0")
             remove: list[str] = []
             write: list[str] = []
-            for letter, raw in zip(fields[0::2], fields[1::2], strict=False):
+            # Index lines making the index match the target; removals first (a file may become a folder).
+            removals: list[bytes] = []
+            entries: list[bytes] = []
+            for header, raw in zip(fields[0::2], fields[1::2], strict=False):
+                # ":<target mode> <disk mode> <target id> <disk id> <status>": target is the old side.
+                mode, _disk_mode, blob, _disk_blob, letter = header[1:].split(b" ")
                 path = os.fsdecode(raw)
-                # diff-index compares the target (old side) with the staged disk (new side).
                 if letter == b"A":
                     remove.append(path)
+                    removals.append(b"0 " + b"0" * len(blob) + b"\t" + raw + b"\0")
                 elif not self.excludes.covers(path):
                     write.append(path)
+                    entries.append(mode + b" " + blob + b"\t" + raw + b"\0")
             removed = set(remove)
             blocked = await asyncio.to_thread(self._blocked_folders, write, removed)
             if blocked:
@@ -226,7 +235,8 @@ class ShadowRepo:
                     f"folders hold files a restore must not remove (.git or excluded): {', '.join(blocked)}",
                 )
             await asyncio.to_thread(self._remove, remove, write)
-            await self._git.run("read-tree", "-m", target)  # index := target, keeping stat data that still holds
+            if removals or entries:  # only the differing entries change: the others keep their stat data
+                await self._git.run("update-index", "-z", "--index-info", stdin=b"".join(removals + entries))
             if write:
                 await self._git.run("checkout-index", "--force", "-u", "-z", "--stdin", stdin=_z(write))
         return Restored(tuple(sorted(write)), tuple(sorted(remove)))

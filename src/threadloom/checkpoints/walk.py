@@ -11,7 +11,6 @@ is not.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from threadloom.checkpoints.excludes import Excludes
@@ -30,26 +29,35 @@ def walk_workspace(root: Path, excludes: Excludes, skip: Path | None = None) -> 
     while pending:
         absolute, relative = pending.pop()
         try:
-            entries = list(os.scandir(absolute))
+            entries = os.scandir(absolute)
         except (FileNotFoundError, NotADirectoryError):
             continue  # removed while walking: simply not there any more
-        for entry in entries:
-            name = entry.name
-            if is_git_name(os.fsdecode(name)):
-                continue
-            rel = relative + name
-            try:
-                mode = entry.stat(follow_symlinks=False).st_mode
-            except FileNotFoundError:
-                continue
-            if stat.S_ISDIR(mode):
-                if skip_key is not None and entry.path == skip_key:
+        with entries:
+            for entry in entries:
+                name = entry.name
+                if len(name) == 4 and name.lower() == b".git":
                     continue
-                if excludes and excludes.excluded(os.fsdecode(rel), True):
+                rel = relative + name
+                try:
+                    # d_type from readdir: no stat call per entry (lstat only where the type is unknown).
+                    if entry.is_symlink():
+                        kind = "file"
+                    elif entry.is_dir(follow_symlinks=False):
+                        kind = "dir"
+                    elif entry.is_file(follow_symlinks=False):
+                        kind = "file"
+                    else:
+                        continue  # socket, FIFO, device: not content
+                except FileNotFoundError:
                     continue
-                pending.append((entry.path, rel + b"/"))
-            elif stat.S_ISREG(mode) or stat.S_ISLNK(mode):
-                if excludes and excludes.excluded(os.fsdecode(rel), False):
-                    continue
-                found.append(rel)
+                if kind == "dir":
+                    if skip_key is not None and entry.path == skip_key:
+                        continue
+                    if excludes and excludes.excluded(os.fsdecode(rel), True):
+                        continue
+                    pending.append((entry.path, rel + b"/"))
+                else:
+                    if excludes and excludes.excluded(os.fsdecode(rel), False):
+                        continue
+                    found.append(rel)
     return found
