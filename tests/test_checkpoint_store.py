@@ -562,3 +562,18 @@ async def test_unusual_file_names(store: CheckpointStore, workspace: Path) -> No
     assert state(workspace) == before
     await repo.restore(run1.commit)
     assert state(workspace) == with_files
+
+
+async def test_compact_keeps_what_refs_reach(store: CheckpointStore, workspace: Path) -> None:
+    repo = store.repo("p1", workspace)
+    kept = await repo.capture(ref(0), "kept")
+    (workspace / "extra.txt").write_text("only in the dropped checkpoint\n")
+    dropped = await repo.capture(ref(1), "dropped", parent=kept.commit)
+    await repo.delete_ref(ref(1))
+    await repo.compact()
+    with pytest.raises(CheckpointError) as gone:
+        await repo.restore(dropped.commit)
+    assert gone.value.code == CheckpointErrorCode.UNKNOWN_COMMIT
+    await repo.restore(kept.commit)
+    assert not (workspace / "extra.txt").exists()
+    assert (workspace / "README.md").read_text() == "# demo\nline two\n"

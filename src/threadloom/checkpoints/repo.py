@@ -202,6 +202,16 @@ class ShadowRepo:
             raise CheckpointError(CheckpointErrorCode.INVALID_PATH, f"not a workspace-relative path: {path!r}")
         return path
 
+    async def compact(self) -> None:
+        """Pack objects and drop those no ref reaches (automatic gc is off: it never pauses a capture).
+
+        Only refs keep checkpoints: a commit whose ref was deleted is gone after this. Runs under
+        the repository's lock, so no capture has written objects that are not yet on a ref.
+        """
+        async with self.lock.hold():
+            if await self._initialized():
+                await self._git.run("gc", "--quiet", "--prune=now")
+
     # -- restore -----------------------------------------------------------------------------
 
     async def restore(self, commit: str) -> Restored:
