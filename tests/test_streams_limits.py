@@ -138,8 +138,9 @@ async def test_replay_bound_and_subscription_limit(database_url: str, tmp_path: 
         assert refused["payload"]["errors"][0]["extensions"]["code"] == "INVALID_INPUT"
         await ws.close()
         ws = await WsClient.connect(server.url, server.admin_token)  # a fresh connection for the limit
-        live = [await ws.subscribe(BIG, {"t": thread}) for _ in range(3)]  # THREADLOOM_MAX_SUBSCRIPTIONS=3
-        fourth = await ws.subscribe(BIG, {"t": thread})
+        # From the latest sequence, so they stay live (a full replay would end them with reload_required).
+        live = [await ws.subscribe(BIG, {"t": thread, "after": 6}) for _ in range(3)]  # MAX_SUBSCRIPTIONS=3
+        fourth = await ws.subscribe(BIG, {"t": thread, "after": 6})
         seen: dict[str, list[str]] = {}
         while fourth not in seen or len(seen) < 4:
             message = await ws.receive()
