@@ -577,3 +577,16 @@ async def test_compact_keeps_what_refs_reach(store: CheckpointStore, workspace: 
     await repo.restore(kept.commit)
     assert not (workspace / "extra.txt").exists()
     assert (workspace / "README.md").read_text() == "# demo\nline two\n"
+
+
+async def test_history_stays_readable_when_the_workspace_is_gone(store: CheckpointStore, workspace: Path) -> None:
+    repo = store.repo("p1", workspace)
+    base = await repo.capture(ref(0), "baseline")
+    sh(workspace.parent, f"rm -rf '{workspace.name}'")
+    assert await repo.resolve(ref(0)) == base.commit
+    assert {c.path for c in await repo.diff(None, base.commit)} == {"src/app.py", "README.md", "logo.bin"}
+    for action in (repo.restore(base.commit), repo.capture(ref(1), "x")):
+        with pytest.raises(CheckpointError) as missing:
+            await action
+        assert missing.value.code == CheckpointErrorCode.WORKSPACE_MISSING
+    assert workspace.name not in os.listdir(workspace.parent)  # a restore never recreates a deleted workspace

@@ -110,6 +110,11 @@ class Git:
         if bare:
             for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
                 del env[name]
+        elif not self.work_tree.is_dir():
+            # History stays readable when the workspace is gone; commands that need the work tree
+            # are refused earlier with WORKSPACE_MISSING.
+            bare = True
+            del env["GIT_WORK_TREE"]
         process = await asyncio.create_subprocess_exec(
             self.executable,
             *args,

@@ -125,8 +125,12 @@ class ShadowRepo:
         check_ref(ref)
         async with self.lock.hold():
             await self._ensure()
-            parents = ["-p", await self._commit(parent)] if parent is not None else []
-            await self._stage()
+            # Checking the parent alongside staging: a refused parent leaves only a fresher index.
+            staged = asyncio.create_task(self._stage())
+            try:
+                parents = ["-p", await self._commit(parent)] if parent is not None else []
+            finally:
+                await staged
             tree = await self._git.text("write-tree")  # reuses the index's cached subtrees
             commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
             await self._git.run("update-ref", "--no-deref", ref, commit)
@@ -218,8 +222,11 @@ class ShadowRepo:
         """Make the workspace equal to the checkpoint's tree, leaving `.git` and excluded paths alone."""
         async with self.lock.hold():
             await self._ensure()
-            target = await self._commit(commit)
-            await self._stage()
+            staged = asyncio.create_task(self._stage())
+            try:
+                target = await self._commit(commit)
+            finally:
+                await staged
             out = await self._git.run("diff-index", "--cached", "-z", "--no-renames", "--raw", target)
             fields = out.stdout.split(b"\0")
             remove: list[str] = []
