@@ -590,3 +590,19 @@ async def test_history_stays_readable_when_the_workspace_is_gone(store: Checkpoi
             await action
         assert missing.value.code == CheckpointErrorCode.WORKSPACE_MISSING
     assert workspace.name not in os.listdir(workspace.parent)  # a restore never recreates a deleted workspace
+
+
+async def test_exclude_list_changed_after_capture(store: CheckpointStore, workspace: Path) -> None:
+    """A path excluded later is dropped from the next capture and never written back by a restore."""
+    (workspace / "cache").mkdir()
+    (workspace / "cache" / "x").write_text("captured before it was excluded\n")
+    base = await store.repo("p1", workspace).capture(ref(0), "baseline")
+    repo = store.repo("p1", workspace, ["cache/"])
+    (workspace / "cache" / "x").write_text("the user's current content\n")
+    (workspace / "README.md").write_text("changed\n")
+
+    restored = await repo.restore(base.commit)
+    assert restored.written == ("README.md",)
+    assert (workspace / "cache" / "x").read_text() == "the user's current content\n"
+    later = await repo.capture(ref(1), "after", parent=base.commit)
+    assert [(c.path, c.status) for c in await repo.diff(base.commit, later.commit)] == [("cache/x", FileStatus.DELETED)]
