@@ -1,0 +1,191 @@
+"""Where a new message goes: `dispatch.choose`, as a table (docs/steering.md, docs/lifecycles/steering-and-queue.md).
+
+Every dispatch mode by thread state by provider capability → the applied dispatch or the error code. Then the
+two things the table's rows do not show: a steer or restart whose target already ended, and the
+`expectedAttemptId` precondition. Pure: no database, no server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import pytest
+
+from tests.support import builders as b
+from threadloom.domain.dispatch import Dispatch, SteerAbility, choose
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.runs import AppliedDispatch, DispatchMode, ThreadState
+from threadloom.domain.statuses import RunStatus
+
+START = AppliedDispatch.START_IMMEDIATELY
+QUEUE = AppliedDispatch.QUEUE_AFTER_ACTIVE
+STEER = AppliedDispatch.STEER_ACTIVE
+RESTART = AppliedDispatch.RESTART_ACTIVE
+Expected = AppliedDispatch | ErrorCode
+
+# What the provider can do (providerInstances.capabilities): Codex both, Claude Code steers natively only.
+ABILITIES = {
+    "steer+restart": SteerAbility(native=True, restart=True),
+    "steer-only": SteerAbility(native=True, restart=False),
+    "restart-only": SteerAbility(native=False, restart=True),
+    "neither": SteerAbility(native=False, restart=False),
+}
+
+# The thread as the decision sees it.
+#   idle         nothing active, nothing queued
+#   held-empty   nothing active, the queue held but empty (a message starts at once and releases the hold)
+#   held-queued  nothing active, the queue held with runs in it (a message waits behind them)
+#   active       a run is active (the steer/restart target), nothing queued
+#   active+queue a run is active and two runs wait
+#   archived     archived (and idle)
+STATES = ("idle", "held-empty", "held-queued", "active", "active+queue", "archived")
+
+
+def _state(name: str) -> ThreadState:
+    thread = b.thread()
+    if name == "idle":
+        return b.state(thread)
+    if name == "held-empty":
+        return b.state(thread.evolve(queue_held=True, queue_hold_reason="run 1 failed"))
+    if name == "held-queued":
+        held = thread.evolve(queue_held=True, queue_hold_reason="run 1 failed")
+        return b.state(held, queued=b.queue(held, 2))
+    if name == "active":
+        return b.state(thread, active=b.run(thread, 1, RunStatus.RUNNING))
+    if name == "active+queue":
+        return b.state(thread, active=b.run(thread, 1, RunStatus.RUNNING), queued=b.queue(thread, 2))
+    assert name == "archived"
+    return b.state(thread.evolve(archived_at=b.NOW))
+
+
+def _all(expected: Expected) -> dict[str, Expected]:
+    return dict.fromkeys(ABILITIES, expected)
+
+
+def _by_ability(both: Expected, steer_only: Expected, restart_only: Expected, neither: Expected) -> dict[str, Expected]:
+    return {"steer+restart": both, "steer-only": steer_only, "restart-only": restart_only, "neither": neither}
+
+
+# The docs' table. Steer and restart rows target the active run (when there is one) with no expected attempt.
+ACTIVE_AUTO = _by_ability(STEER, STEER, RESTART, QUEUE)  # steer; else restart; else queue
+ACTIVE_STEER = _by_ability(STEER, STEER, RESTART, ErrorCode.NOT_STEERABLE)  # explicit: no fallback to queue
+ACTIVE_RESTART = _by_ability(RESTART, ErrorCode.NOT_STEERABLE, RESTART, ErrorCode.NOT_STEERABLE)
+TABLE: dict[tuple[DispatchMode, str], dict[str, Expected]] = {
+    (DispatchMode.AUTO, "idle"): _all(START),
+    (DispatchMode.AUTO, "held-empty"): _all(START),
+    (DispatchMode.AUTO, "held-queued"): _all(QUEUE),
+    (DispatchMode.AUTO, "active"): ACTIVE_AUTO,
+    (DispatchMode.AUTO, "active+queue"): ACTIVE_AUTO,
+    (DispatchMode.START_IMMEDIATELY, "idle"): _all(START),
+    (DispatchMode.START_IMMEDIATELY, "held-empty"): _all(START),
+    (DispatchMode.START_IMMEDIATELY, "held-queued"): _all(START),  # an explicit start goes ahead of the held queue
+    (DispatchMode.START_IMMEDIATELY, "active"): _all(ErrorCode.THREAD_BUSY),
+    (DispatchMode.START_IMMEDIATELY, "active+queue"): _all(ErrorCode.THREAD_BUSY),
+    (DispatchMode.QUEUE_AFTER_ACTIVE, "idle"): _all(START),  # nothing to wait for
+    (DispatchMode.QUEUE_AFTER_ACTIVE, "held-empty"): _all(START),
+    (DispatchMode.QUEUE_AFTER_ACTIVE, "held-queued"): _all(QUEUE),
+    (DispatchMode.QUEUE_AFTER_ACTIVE, "active"): _all(QUEUE),
+    (DispatchMode.QUEUE_AFTER_ACTIVE, "active+queue"): _all(QUEUE),
+    (DispatchMode.STEER_ACTIVE, "idle"): _all(START),  # the target ended: a new run
+    (DispatchMode.STEER_ACTIVE, "held-empty"): _all(START),
+    (DispatchMode.STEER_ACTIVE, "held-queued"): _all(QUEUE),
+    (DispatchMode.STEER_ACTIVE, "active"): ACTIVE_STEER,
+    (DispatchMode.STEER_ACTIVE, "active+queue"): ACTIVE_STEER,
+    (DispatchMode.RESTART_ACTIVE, "idle"): _all(START),
+    (DispatchMode.RESTART_ACTIVE, "held-empty"): _all(START),
+    (DispatchMode.RESTART_ACTIVE, "held-queued"): _all(QUEUE),
+    (DispatchMode.RESTART_ACTIVE, "active"): ACTIVE_RESTART,
+    (DispatchMode.RESTART_ACTIVE, "active+queue"): ACTIVE_RESTART,
+}
+for _mode in DispatchMode:  # an archived thread refuses every message, whatever else holds
+    TABLE[(_mode, "archived")] = _all(ErrorCode.THREAD_ARCHIVED)
+
+CASES = [
+    pytest.param(mode, state, ability, TABLE[(mode, state)][ability], id=f"{mode}-{state}-{ability}")
+    for mode, state, ability in itertools.product(DispatchMode, STATES, ABILITIES)
+]
+
+
+def _decide(dispatch: Dispatch, state: ThreadState, ability: SteerAbility) -> Expected:
+    try:
+        return choose(dispatch, state, ability)
+    except DomainError as error:
+        return error.code
+
+
+def test_the_table_covers_every_mode_and_state() -> None:
+    assert set(TABLE) == set(itertools.product(DispatchMode, STATES))
+    assert len(CASES) == len(DispatchMode) * len(STATES) * len(ABILITIES)
+
+
+@pytest.mark.parametrize(("mode", "state_name", "ability", "expected"), CASES)
+def test_dispatch_table(mode: DispatchMode, state_name: str, ability: str, expected: Expected) -> None:
+    state = _state(state_name)
+    target = None if state.active is None else state.active.id
+    assert _decide(Dispatch(mode, target_run_id=target), state, ABILITIES[ability]) == expected
+
+
+# A steer or restart whose target is not the active run (it ended first) becomes an ordinary new run:
+# started now when nothing runs, queued otherwise — never steered into the run that took its place.
+@pytest.mark.parametrize("mode", [DispatchMode.STEER_ACTIVE, DispatchMode.RESTART_ACTIVE])
+@pytest.mark.parametrize(
+    ("state_name", "expected"),
+    [("idle", START), ("held-empty", START), ("held-queued", QUEUE), ("active", QUEUE), ("active+queue", QUEUE)],
+)
+@pytest.mark.parametrize("ability", list(ABILITIES))
+def test_a_steer_whose_target_ended_becomes_a_new_run(
+    mode: DispatchMode, state_name: str, expected: AppliedDispatch, ability: str
+) -> None:
+    ended = uuid.UUID(int=99)  # not the active run
+    dispatch = Dispatch(mode, target_run_id=ended, expected_attempt_id=uuid.UUID(int=98))
+    assert _decide(dispatch, _state(state_name), ABILITIES[ability]) == expected
+
+
+# `expectedAttemptId` is a precondition checked before the provider's abilities: a mismatch is refused even
+# where the provider could not steer at all, and nothing else is decided.
+@pytest.mark.parametrize("mode", [DispatchMode.STEER_ACTIVE, DispatchMode.RESTART_ACTIVE])
+@pytest.mark.parametrize(
+    ("attempt", "ability", "expected"),
+    [
+        pytest.param("absent", "steer-only", None, id="absent-follows-table"),
+        pytest.param("matches", "steer+restart", None, id="matches-follows-table"),
+        pytest.param("matches", "neither", None, id="matches-neither-follows-table"),
+        pytest.param("moved-on", "steer+restart", ErrorCode.EXPECTED_ATTEMPT_MISMATCH, id="moved-on-both"),
+        pytest.param("moved-on", "restart-only", ErrorCode.EXPECTED_ATTEMPT_MISMATCH, id="moved-on-restart-only"),
+        pytest.param("moved-on", "neither", ErrorCode.EXPECTED_ATTEMPT_MISMATCH, id="moved-on-neither"),
+    ],
+)
+def test_expected_attempt_is_a_precondition(
+    mode: DispatchMode, attempt: str, ability: str, expected: ErrorCode | None
+) -> None:
+    state = _state("active")
+    assert state.active is not None
+    expected_attempt = {"absent": None, "matches": state.active.active_attempt_id, "moved-on": uuid.UUID(int=97)}
+    dispatch = Dispatch(mode, target_run_id=state.active.id, expected_attempt_id=expected_attempt[attempt])
+    want = expected if expected is not None else TABLE[(mode, "active")][ability]
+    assert _decide(dispatch, state, ABILITIES[ability]) == want
+
+
+def test_errors_name_the_field_to_fix() -> None:
+    """A client shows the error next to the input that caused it."""
+    cases = [
+        (Dispatch(DispatchMode.AUTO), "archived", "threadId"),
+        (Dispatch(DispatchMode.START_IMMEDIATELY), "active", "dispatch"),
+        (Dispatch(DispatchMode.STEER_ACTIVE), "active", "dispatch"),
+        (
+            Dispatch(DispatchMode.STEER_ACTIVE, expected_attempt_id=uuid.UUID(int=97)),
+            "active",
+            "dispatch.steerActive.expectedAttemptId",
+        ),
+    ]
+    for dispatch, state_name, field in cases:
+        state = _state(state_name)
+        target = None if state.active is None else state.active.id
+        with pytest.raises(DomainError) as error:
+            choose(
+                Dispatch(dispatch.mode, target_run_id=target, expected_attempt_id=dispatch.expected_attempt_id),
+                state,
+                ABILITIES["neither"],
+            )
+        assert error.value.field == field
