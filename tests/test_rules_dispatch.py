@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Callable
 
 import pytest
 
 from tests.support import builders as b
+from threadloom.domain import steering
+from threadloom.domain.changes import Outcome
 from threadloom.domain.dispatch import Dispatch, SteerAbility, choose
+from threadloom.domain.entities import ConversationMessage, ExecutionNode, Run, RunAttempt, RuntimeRequest
 from threadloom.domain.errors import DomainError, ErrorCode
-from threadloom.domain.runs import AppliedDispatch, DispatchMode, ThreadState
-from threadloom.domain.statuses import RunStatus
+from threadloom.domain.runs import START_EFFECT, AppliedDispatch, DispatchMode, ThreadState
+from threadloom.domain.statuses import (
+    AttemptReason,
+    AttemptStatus,
+    InputIntent,
+    NodeStatus,
+    ResponseCapability,
+    RunStatus,
+    RuntimeRequestStatus,
+)
 
 START = AppliedDispatch.START_IMMEDIATELY
 QUEUE = AppliedDispatch.QUEUE_AFTER_ACTIVE
@@ -189,3 +201,76 @@ def test_errors_name_the_field_to_fix() -> None:
                 ABILITIES["neither"],
             )
         assert error.value.field == field
+
+
+# ---- what an applied steer or restart writes (domain/steering.py) ------------------------------------------
+
+
+def test_steer_in_place_adds_the_message_to_the_run() -> None:
+    thread = b.thread()
+    run = b.run(thread, 1, RunStatus.RUNNING)
+    outcome = steering.steer(thread, run, "also do this", "c1", b.NOW, b.Ids())
+    assert b.event_types(outcome) == ["message.created", "activity:run.steered"]
+    message = next(iter(b.latest(outcome.changes, ConversationMessage).values()))
+    assert (message.run_id, message.input_intent, message.client_message_id) == (run.id, InputIntent.STEER, "c1")
+    assert [(e.kind, e.payload, e.replay_safe) for e in outcome.effects] == [
+        (
+            steering.STEER_EFFECT,
+            {"runId": str(run.id), "attemptId": str(run.active_attempt_id), "messageId": str(message.id)},
+            False,
+        )
+    ]
+    assert outcome.result["appliedDispatch"] == STEER.value
+
+
+def test_a_restart_supersedes_the_attempt_under_the_same_run() -> None:
+    thread = b.thread()
+    run = b.run(thread, 1, RunStatus.WAITING)
+    attempt, root = b.attempt_of(run, provider_thread_id=b.uid()), b.root_of(run)
+    children = [b.child_of(root), b.child_of(root)]
+    request = b.approval_of(run, children[0])
+    outcome = steering.restart(
+        thread, run, attempt, root, children, "first ask", "change course", None, b.NOW, b.Ids(), [request]
+    )
+    nodes = b.latest(outcome.changes, ExecutionNode)
+    attempts = b.latest(outcome.changes, RunAttempt)
+    after = b.latest(outcome.changes, Run)[run.id]
+    new_attempt = attempts[after.active_attempt_id or uuid.UUID(int=0)]
+    assert [nodes[n.id].status for n in [*children, root]] == [NodeStatus.INTERRUPTED] * 3
+    assert (attempts[attempt.id].status, attempts[attempt.id].status_reason) == (
+        AttemptStatus.SUPERSEDED,
+        "steering_restart",
+    )
+    assert (new_attempt.attempt_ordinal, new_attempt.reason, new_attempt.status) == (
+        2,
+        AttemptReason.STEERING_RESTART,
+        AttemptStatus.PENDING,
+    )
+    assert new_attempt.provider_thread_id == attempt.provider_thread_id  # same agent conversation
+    assert after.id == run.id and after.status == RunStatus.PREPARING and after.root_node_id == new_attempt.root_node_id
+    assert nodes[new_attempt.root_node_id].status == NodeStatus.PENDING
+    expired = b.latest(outcome.changes, RuntimeRequest)[request.id]
+    assert expired.status == RuntimeRequestStatus.EXPIRED
+    assert expired.response_capability == ResponseCapability.NOT_RESUMABLE
+    assert [(e.kind, e.payload.get("attemptId")) for e in outcome.effects] == [
+        (steering.INTERRUPT_EFFECT, str(attempt.id)),  # the old turn ends first
+        (START_EFFECT, str(new_attempt.id)),
+    ]
+    assert outcome.effects[1].payload["input"] == "first ask\n\nchange course"
+    assert outcome.result["appliedDispatch"] == RESTART.value
+
+
+@pytest.mark.parametrize("text", ["", "  \n ", "x" * 200_001], ids=["empty", "blank", "too-long"])
+def test_a_steering_message_must_say_something(text: str) -> None:
+    thread = b.thread()
+    run = b.run(thread, 1, RunStatus.RUNNING)
+    calls: list[Callable[[], Outcome]] = [
+        lambda: steering.steer(thread, run, text, None, b.NOW, b.Ids()),
+        lambda: steering.restart(
+            thread, run, b.attempt_of(run), b.root_of(run), [], "first", text, None, b.NOW, b.Ids()
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(DomainError) as error:
+            call()
+        assert (error.value.code, error.value.field) == (ErrorCode.INVALID_INPUT, "text")
