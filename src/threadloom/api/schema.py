@@ -13,7 +13,6 @@ import inspect
 from typing import Any
 
 import strawberry
-import strawberry.tools
 from graphql import ExecutionResult, GraphQLError, OperationType
 from strawberry.extensions import AddValidationRules, MaxTokensLimiter, max_aliases, query_depth_limiter
 from strawberry.schema.config import StrawberryConfig
@@ -22,14 +21,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from threadloom.api.context import fresh_context
 from threadloom.api.cost import CostVariables, cost_rule
 from threadloom.api.errors import CodedErrors, RecordOperation
-from threadloom.api.mutations import (
-    ControlMutation,
-    DelegationMutation,
-    Mutation,
-    PlanMutation,
-    RequestMutation,
-    RunMutation,
-)
+from threadloom.api.mutations import Mutation
 from threadloom.api.pagination import pagination_rule
 from threadloom.api.query import Query
 from threadloom.api.subscriptions import Subscription
@@ -110,9 +102,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
     limits = limits or Limits()
     return strawberry.Schema(
         query=Query,
-        mutation=strawberry.tools.merge_types(
-            "Mutation", (Mutation, RunMutation, ControlMutation, DelegationMutation, RequestMutation, PlanMutation)
-        ),
+        mutation=Mutation,
         subscription=Subscription,
         execution_context_class=_execution_context(limits.query_timeout),
         types=list(NODE_TYPES.values()),

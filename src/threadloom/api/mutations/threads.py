@@ -1,0 +1,103 @@
+"""The catalog: createProject, createThread, renameThread, archiveThread, unarchiveThread."""
+
+from __future__ import annotations
+
+import uuid
+
+import strawberry
+
+from threadloom.api import ids as gid
+from threadloom.api.context import Context
+from threadloom.api.errors import UserError
+from threadloom.api.mutations.payloads import THREAD, key, mutation, returning, thread_id
+from threadloom.api.types import Project
+
+
+@strawberry.input
+class CreateProjectInput:
+    name: str
+    workspace_root: str = strawberry.field(description="Absolute path of the folder agents work in.")
+    client_mutation_id: str | None = None
+
+
+@strawberry.type
+class CreateProjectPayload:
+    project: Project | None
+    user_errors: list[UserError]
+    client_mutation_id: str | None
+
+
+PROJECT = returning(CreateProjectPayload, "project", Project)
+
+
+@strawberry.input
+class CreateThreadInput:
+    project_id: strawberry.ID
+    title: str | None = None
+    provider_instance_id: str | None = strawberry.field(
+        default=None, description="A configured provider instance; absent means the default (`scripted`)."
+    )
+    model: str | None = None
+    runtime_mode: str = strawberry.field(
+        default="workspace_write",
+        description=(
+            "workspace_write (default: no prompts, sandboxed to the project's workspace, no network) | "
+            "approval_required (every command and file change asks first) | read_only (nothing is written) | "
+            "full_access (no prompts, network; only on instances configured with allow_full_access, "
+            "else RUNTIME_MODE_NOT_ALLOWED)"
+        ),
+    )
+    client_mutation_id: str | None = None
+
+
+@strawberry.input
+class RenameThreadInput:
+    thread_id: strawberry.ID
+    title: str
+    client_mutation_id: str | None = None
+
+
+@strawberry.input
+class ThreadInput:
+    thread_id: strawberry.ID
+    client_mutation_id: str | None = None
+
+
+@strawberry.type
+class ThreadMutation:
+    @mutation(PROJECT, description="Create a project (needs an admin token for all projects).")
+    async def create_project(ctx: Context, input: CreateProjectInput) -> uuid.UUID:
+        return await ctx.services.catalog.create_project(
+            ctx.principal, name=input.name, workspace_root=input.workspace_root, key=key(input.client_mutation_id)
+        )
+
+    @mutation(
+        THREAD, description="Create a thread. No provider session or provider thread is made until the first run."
+    )
+    async def create_thread(ctx: Context, input: CreateThreadInput) -> uuid.UUID:
+        return await ctx.services.catalog.create_thread(
+            ctx.principal,
+            project_id=gid.decode_as(input.project_id, "Project", "projectId"),
+            title=input.title,
+            provider_instance_id=input.provider_instance_id,
+            model=input.model,
+            runtime_mode=input.runtime_mode,
+            key=key(input.client_mutation_id),
+        )
+
+    @mutation(THREAD)
+    async def rename_thread(ctx: Context, input: RenameThreadInput) -> uuid.UUID:
+        thread = thread_id(input.thread_id)
+        return await ctx.services.catalog.rename_thread(
+            ctx.principal, thread, input.title, key(input.client_mutation_id)
+        )
+
+    @mutation(THREAD, description="Hide a thread from default listings. Refused while a run is active.")
+    async def archive_thread(ctx: Context, input: ThreadInput) -> uuid.UUID:
+        thread = thread_id(input.thread_id)
+        return await ctx.services.catalog.archive_thread(ctx.principal, thread, key(input.client_mutation_id))
+
+    @mutation(THREAD)
+    async def unarchive_thread(ctx: Context, input: ThreadInput) -> uuid.UUID:
+        thread = thread_id(input.thread_id)
+        return await ctx.services.catalog.unarchive_thread(ctx.principal, thread, key(input.client_mutation_id))
