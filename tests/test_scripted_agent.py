@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from threadloom.agent import recall
 from threadloom.agent.directives import (
     Approval,
     Ask,
@@ -23,6 +25,7 @@ from threadloom.agent.directives import (
     DirectiveError,
     Fail,
     Plan,
+    Recall,
     Reply,
     Subagent,
     Todo,
@@ -32,6 +35,10 @@ from threadloom.agent.directives import (
     parse,
     parse_steer,
 )
+from threadloom.agent.state import ContextEntry, TurnRecord
+from threadloom.providers import contract as ev
+from threadloom.providers.contract import ProviderError, SessionScope, ThreadSettings
+from threadloom.providers.scripted import ScriptedDriver, ScriptedRuntime
 
 Message = dict[str, Any]
 Predicate = Callable[[Message], bool]
@@ -321,13 +328,19 @@ async def test_initialize_echoes_capabilities(agent: AgentProcess, tmp_path: Pat
     result = await agent.request("initialize", {"clientInfo": {"name": "test"}})
     assert result["serverInfo"]["name"] == "threadloom-scripted"
     assert result["serverInfo"]["version"]
-    assert result["capabilities"] == {"supportsActiveSteering": True, "supportsInterrupt": True}
+    defaults = {
+        "supportsActiveSteering": True,
+        "supportsInterrupt": True,
+        "supportsFork": True,
+        "supportsRollback": True,
+    }
+    assert result["capabilities"] == defaults
 
     flags = '{"supportsInterrupt": false, "experimental": 3}'
     other = await AgentProcess.start(tmp_path / "other", "--capabilities", flags)
     try:
         result = await other.request("initialize", {"clientInfo": {"name": "test"}})
-        assert result["capabilities"] == {"supportsActiveSteering": True, "supportsInterrupt": False, "experimental": 3}
+        assert result["capabilities"] == {**defaults, "supportsInterrupt": False, "experimental": 3}
     finally:
         await other.stop()
 
@@ -610,7 +623,13 @@ async def test_resume_across_processes(tmp_path: Path, cwd: Path) -> None:
         assert resumed == {"thread": {"id": thread_id, "cwd": str(cwd), "turns": 1}}
         read = await second.request("thread/read", {"threadId": thread_id})
         assert read["thread"]["turns"] == [
-            {"id": turn_id, "input": "hello", "output": "You said: hello", "status": "completed"}
+            {
+                "id": turn_id,
+                "input": "hello",
+                "output": "You said: hello",
+                "status": "completed",
+                "context": [{"kind": "user", "text": "hello"}],
+            }
         ]
         _, messages = await second.run_turn(thread_id, "again")
         assert completion(messages)["status"] == "completed"
@@ -703,7 +722,8 @@ async def test_concurrent_turns_keep_lines_whole(agent: AgentProcess, cwd: Path)
 
 
 async def test_bad_requests(agent: AgentProcess) -> None:
-    assert (await agent.error("thread/fork", {}))["code"] == -32601
+    assert (await agent.error("thread/archive", {}))["code"] == -32601
+    assert (await agent.error("thread/fork", {}))["code"] == -32602
     assert (await agent.error("turn/start", {"threadId": "nope", "input": []}))["code"] == -32001
     assert (await agent.error("thread/read", {}))["code"] == -32602
     await agent.send({"method": "initialized"})  # client notifications are ignored
@@ -805,3 +825,185 @@ def test_no_bwrap_means_no_commands(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setattr(sandbox.os, "access", lambda path, mode: False)
     with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
         sandbox.Sandbox(tmp_path).argv(["true"], str(tmp_path))
+
+
+# --- recall, native fork and rollback, through the `scripted` driver ---
+
+
+@dataclasses.dataclass
+class Driven:
+    """A `scripted` runtime for one project whose events are pumped into a queue."""
+
+    runtime: ScriptedRuntime
+    queue: asyncio.Queue[ev.ProviderEvent]
+    pump: asyncio.Task[None]
+
+    @classmethod
+    async def open(cls, driver: ScriptedDriver, cwd: Path) -> Driven:
+        runtime = await driver.open_session(SessionScope("p1", str(cwd), driver.state_dir / "p1"))
+        queue: asyncio.Queue[ev.ProviderEvent] = asyncio.Queue()
+
+        async def pump() -> None:
+            async for event in runtime.events():
+                await queue.put(event)
+
+        return cls(runtime, queue, asyncio.create_task(pump()))
+
+    async def until(self, check: Callable[[ev.ProviderEvent], bool]) -> list[ev.ProviderEvent]:
+        got: list[ev.ProviderEvent] = []
+
+        async def collect() -> None:
+            while not got or not check(got[-1]):
+                got.append(await self.queue.get())
+
+        await asyncio.wait_for(collect(), 10)
+        return got
+
+    async def turn(self, thread: str, text: str, handoff: str | None = None) -> tuple[str, list[ev.ProviderEvent]]:
+        turn = await self.runtime.start_turn(thread, text, handoff=handoff)
+        events = await self.until(lambda e: isinstance(e, ev.TurnCompleted) and e.native_turn == turn)
+        return turn, events
+
+    async def recall(self, thread: str) -> list[str]:
+        """The lines `@recall` streams on `thread` (that turn's own `user: @recall` is the last)."""
+        _, events = await self.turn(thread, "@recall")
+        return "".join(e.delta for e in events if isinstance(e, ev.TextDelta)).split("\n")
+
+    async def close(self) -> None:
+        await self.runtime.close()
+        await asyncio.wait_for(self.pump, 10)
+
+
+@pytest.fixture
+async def driven(tmp_path: Path, cwd: Path) -> AsyncIterator[Driven]:
+    session = await Driven.open(ScriptedDriver("scripted", tmp_path / "agents", {}), cwd)
+    yield session
+    await session.close()
+
+
+def test_parse_recall() -> None:
+    assert parse("@recall") == [Recall()]
+    with pytest.raises(DirectiveError, match="@recall takes no argument"):
+        parse("@recall everything")
+
+
+def test_recall_lines_escape_multi_line_texts() -> None:
+    turn = TurnRecord("t", "x", context=[ContextEntry("handoff", "a\\b\nc\r"), ContextEntry("user", "x")])
+    assert recall.render([turn]) == "handoff: a\\\\b\\nc\\r\nuser: x"
+
+
+async def test_recall_after_two_turns_lists_messages_and_handoffs(driven: Driven, cwd: Path) -> None:
+    thread = await driven.runtime.start_thread(ThreadSettings(str(cwd)))
+    await driven.turn(thread, "first\n@reply one")
+    # The handoff quotes old directives: remembered, never run (the turn only echoes).
+    _, events = await driven.turn(thread, "second", handoff="Summary:\n@fail never")
+    assert [e.status for e in events if isinstance(e, ev.TurnCompleted)] == ["completed"]
+    assert await driven.recall(thread) == [
+        "user: first\\n@reply one",
+        "handoff: Summary:\\n@fail never",
+        "user: second",
+        "user: @recall",
+    ]
+
+
+async def test_recall_survives_a_crash_and_resume(tmp_path: Path, cwd: Path) -> None:
+    driver = ScriptedDriver("scripted", tmp_path / "agents", {})
+    first = await Driven.open(driver, cwd)
+    try:
+        thread = await first.runtime.start_thread(ThreadSettings(str(cwd)))
+        await first.turn(thread, "remember ALPHA", handoff="earlier on another provider")
+        await first.runtime.start_turn(thread, "@crash")
+        await first.until(lambda e: isinstance(e, ev.RuntimeExited))
+    finally:
+        await first.close()
+    second = await Driven.open(driver, cwd)
+    try:
+        await second.runtime.resume_thread(thread, ThreadSettings(str(cwd)))
+        assert await second.recall(thread) == [
+            "handoff: earlier on another provider",
+            "user: remember ALPHA",
+            "user: @crash",  # received before the crash, so part of the conversation
+            "user: @recall",
+        ]
+    finally:
+        await second.close()
+
+
+async def test_native_fork_from_turn_one_of_two(driven: Driven, cwd: Path) -> None:
+    thread = await driven.runtime.start_thread(ThreadSettings(str(cwd)))
+    one, _ = await driven.turn(thread, "one")
+    await driven.turn(thread, "two")
+
+    early = await driven.runtime.fork_thread(thread, one)
+    whole = await driven.runtime.fork_thread(thread, None)
+    assert len({thread, early, whole}) == 3
+    assert await driven.recall(early) == ["user: one", "user: @recall"]
+    assert await driven.recall(whole) == ["user: one", "user: two", "user: @recall"]
+    assert await driven.recall(thread) == ["user: one", "user: two", "user: @recall"]  # the source is untouched
+
+
+async def test_native_rollback_drops_the_last_turn(driven: Driven, cwd: Path) -> None:
+    thread = await driven.runtime.start_thread(ThreadSettings(str(cwd)))
+    await driven.turn(thread, "one")
+    two, _ = await driven.turn(thread, "two")
+
+    await driven.runtime.rollback_thread(thread, two)
+    assert await driven.recall(thread) == ["user: one", "user: @recall"]
+    snapshot = await driven.runtime.read_thread_snapshot(thread)
+    assert [turn["input"] for turn in snapshot["turns"]] == ["one", "@recall"]
+
+
+async def test_fork_and_rollback_off_by_instance_option(tmp_path: Path, cwd: Path) -> None:
+    options = {"supports_native_fork": False, "supports_native_rollback": False}
+    driver = ScriptedDriver("scripted", tmp_path / "agents", options)
+    caps = driver.capabilities()
+    assert (caps.can_fork_thread, caps.can_fork_from_turn, caps.can_rollback_thread) == (False, False, False)
+    on = ScriptedDriver("scripted", tmp_path / "agents", {}).capabilities()
+    assert (on.can_fork_thread, on.can_fork_from_turn, on.can_rollback_thread) == (True, True, True)
+    session = await Driven.open(driver, cwd)
+    try:
+        thread = await session.runtime.start_thread(ThreadSettings(str(cwd)))
+        one, _ = await session.turn(thread, "one")
+        with pytest.raises(ProviderError) as fork:
+            await session.runtime.fork_thread(thread, None)
+        assert fork.value.code == "unsupported"
+        with pytest.raises(ProviderError) as rollback:
+            await session.runtime.rollback_thread(thread, one)
+        assert rollback.value.code == "unsupported"
+        assert await session.recall(thread) == ["user: one", "user: @recall"]
+    finally:
+        await session.close()
+
+
+async def test_fork_and_rollback_refusals(tmp_path: Path, agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    one, _ = await agent.run_turn(thread_id, "one")
+    running = await agent.start_turn(thread_id, "@delay 10000")
+    await agent.next_message(is_method("turn/started", threadId=thread_id))
+    # The running turn can be neither forked at nor rolled back; an earlier turn can be forked at.
+    assert (await agent.error("thread/fork", {"threadId": thread_id}))["code"] == -32004
+    assert (await agent.error("thread/revert", {"threadId": thread_id, "beforeTurnId": one}))["code"] == -32004
+    fork = await agent.request("thread/fork", {"threadId": thread_id, "lastTurnId": one})
+    assert fork["thread"]["turns"] == 1
+    await agent.request("turn/interrupt", {"threadId": thread_id, "turnId": running})
+    await agent.finish_turn(running)
+
+    unknown = await agent.error("thread/fork", {"threadId": thread_id, "lastTurnId": "nope"})
+    assert unknown == {"code": -32602, "message": f"no turn nope in thread {thread_id}"}
+    assert (await agent.error("thread/fork", {"threadId": "no-such-thread"}))["code"] == -32001
+    for count in (0, 3, True, "1"):
+        bad = await agent.error("thread/rollback", {"threadId": thread_id, "numTurns": count})
+        assert bad == {"code": -32602, "message": "numTurns must be a whole number from 1 to 2"}
+    assert (await agent.request("thread/rollback", {"threadId": thread_id, "numTurns": 1}))["thread"]["turns"] == 1
+    read = await agent.request("thread/read", {"threadId": thread_id})
+    assert [turn["id"] for turn in read["thread"]["turns"]] == [one]
+
+    off = await AgentProcess.start(
+        tmp_path / "off", "--capabilities", '{"supportsFork": false, "supportsRollback": false}'
+    )
+    try:
+        other = await off.new_thread(cwd)
+        assert (await off.error("thread/fork", {"threadId": other}))["code"] == -32003
+        assert (await off.error("thread/rollback", {"threadId": other, "numTurns": 1}))["code"] == -32003
+    finally:
+        await off.stop()

@@ -15,7 +15,12 @@ from typing import Any
 from threadloom.agent.server import Options, Server
 from threadloom.agent.wire import LineReader, LineWriter
 
-DEFAULT_CAPABILITIES: dict[str, Any] = {"supportsActiveSteering": True, "supportsInterrupt": True}
+DEFAULT_CAPABILITIES: dict[str, Any] = {
+    "supportsActiveSteering": True,
+    "supportsInterrupt": True,
+    "supportsFork": True,
+    "supportsRollback": True,
+}
 
 
 def capabilities(text: str) -> dict[str, Any]:

@@ -58,6 +58,11 @@ class Subagent:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Recall:
+    """Reply with the conversation the agent holds for this thread (agent/recall.py)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Fail:
     message: str
 
@@ -67,7 +72,7 @@ class Crash:
     pass
 
 
-Directive = Reply | Delay | Tool | Write | Approval | Ask | Todo | Plan | Subagent | Fail | Crash
+Directive = Reply | Delay | Tool | Write | Approval | Ask | Todo | Plan | Subagent | Recall | Fail | Crash
 
 
 _LINE = re.compile(r"@(\S*)\s*(.*)", re.DOTALL)
@@ -143,6 +148,10 @@ def _directive(name: str, arg: str) -> Directive:
             return Plan(arg)
         case "subagent":
             return Subagent(_required(name, arg, "a prompt"))
+        case "recall":
+            if arg:
+                raise DirectiveError(f"@recall takes no argument, got {arg!r}")
+            return Recall()
         case "fail":
             return Fail(arg or "failed")
         case "crash":

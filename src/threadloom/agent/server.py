@@ -16,9 +16,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from threadloom.agent import VERSION
+from threadloom.agent import VERSION, recall
 from threadloom.agent.sandbox import Sandbox
-from threadloom.agent.state import DEFAULT_MODE, StateError, StateStore, ThreadRecord, TurnRecord
+from threadloom.agent.state import (
+    DEFAULT_MODE,
+    HANDOFF,
+    IN_PROGRESS,
+    USER,
+    ContextEntry,
+    StateError,
+    StateStore,
+    ThreadRecord,
+    TurnRecord,
+)
 from threadloom.agent.turns import Io, Turn, TurnResult
 from threadloom.agent.wire import (
     CAPABILITY_OFF,
@@ -95,6 +105,9 @@ class Server:
             "thread/start": self._thread_start,
             "thread/resume": self._thread_resume,
             "thread/read": self._thread_read,
+            "thread/fork": self._thread_fork,
+            "thread/revert": self._thread_revert,
+            "thread/rollback": self._thread_rollback,
             "turn/start": self._turn_start,
             "turn/steer": self._turn_steer,
             "turn/interrupt": self._turn_interrupt,
@@ -182,14 +195,8 @@ class Server:
         return Answer({"serverInfo": {"name": SERVER_NAME, "version": VERSION}, "capabilities": capabilities})
 
     def _thread_start(self, params: Message) -> Answer:
-        cwd = params.get("cwd")
-        if cwd is not None and not isinstance(cwd, str):
-            raise RpcError(INVALID_PARAMS, "cwd must be a string")
         default = str(self.options.workspace) if self.options.workspace is not None else os.getcwd()
-        path = os.path.abspath(cwd or default)
-        workspace = self.options.workspace
-        if workspace is not None and not Path(path).resolve().is_relative_to(workspace.resolve()):
-            raise RpcError(INVALID_PARAMS, f"cwd {path} is outside this agent's workspace {workspace}")
+        path = self._cwd_param(params, default)
         record = ThreadRecord(str(uuid.uuid4()), path, runtime_mode=_mode_param(params) or DEFAULT_MODE)
         self.store.save(record)
         self.sessions[record.id] = Session(record)
@@ -197,13 +204,7 @@ class Server:
         return Answer({"thread": {"id": record.id, "cwd": record.cwd}}, lambda: self._notify("thread/started", started))
 
     def _thread_resume(self, params: Message) -> Answer:
-        thread_id = _str_param(params, "threadId")
-        session = self.sessions.get(thread_id)
-        if session is None:
-            record = self._load(thread_id)
-            if record.settle_stale_turns():
-                self.store.save(record)
-            session = self.sessions[thread_id] = Session(record)
+        session = self._open(_str_param(params, "threadId"))
         record = session.record
         mode = _mode_param(params)
         if mode is not None and mode != record.runtime_mode:  # the app thread's mode is the truth
@@ -221,13 +222,54 @@ class Server:
             record.settle_stale_turns()  # shown as they will be on resume; the file is left alone
         return Answer({"thread": record.to_json()})
 
+    def _thread_fork(self, params: Message) -> Answer:
+        """A new thread holding the source's turns up to and including `lastTurnId` (all of them without it)."""
+        if not self.options.capabilities.get("supportsFork"):
+            raise RpcError(CAPABILITY_OFF, "forking is not supported")
+        thread_id = _str_param(params, "threadId")
+        session = self.sessions.get(thread_id)
+        if session is not None:
+            source = session.record
+        else:
+            source = self._load(thread_id)
+            source.settle_stale_turns()  # a dead process's turn is copied as it will be on resume
+        last = params.get("lastTurnId")
+        if last is not None and not isinstance(last, str):
+            raise RpcError(INVALID_PARAMS, "lastTurnId must be a string")
+        turns = source.turns if last is None else source.turns[: _turn_index(source, last) + 1]
+        if any(turn.status == IN_PROGRESS for turn in turns):
+            raise RpcError(TURN_RUNNING, "cannot fork at a running turn; name an earlier lastTurnId")
+        path = self._cwd_param(params, source.cwd)
+        mode = _mode_param(params) or source.runtime_mode
+        record = ThreadRecord(str(uuid.uuid4()), path, [turn.copy() for turn in turns], mode)
+        self.store.save(record)
+        self.sessions[record.id] = Session(record)
+        started = {"threadId": record.id, "thread": {"id": record.id}}
+        thread = {"id": record.id, "cwd": record.cwd, "turns": len(record.turns)}
+        return Answer({"thread": thread}, lambda: self._notify("thread/started", started))
+
+    def _thread_revert(self, params: Message) -> Answer:
+        """Drops `beforeTurnId` and every later turn from the thread (what the codex driver sends)."""
+        session = self._rollback_target(params)
+        return self._truncate(session, _turn_index(session.record, _str_param(params, "beforeTurnId")))
+
+    def _thread_rollback(self, params: Message) -> Answer:
+        """Drops the last `numTurns` turns (Codex's count-based form of the same operation)."""
+        session = self._rollback_target(params)
+        count = params.get("numTurns")
+        turns = len(session.record.turns)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= turns:
+            raise RpcError(INVALID_PARAMS, f"numTurns must be a whole number from 1 to {turns}")
+        return self._truncate(session, turns - count)
+
     def _turn_start(self, params: Message) -> Answer:
         session = self._session(params)
         if session.active is not None:
             raise RpcError(TURN_RUNNING, "turn already running")
-        text = _input_text(params)
+        text, handoffs = _input(params)
         thread = session.record
-        record = TurnRecord(str(uuid.uuid4()), text)
+        context = [*(ContextEntry(HANDOFF, handoff) for handoff in handoffs), ContextEntry(USER, text)]
+        record = TurnRecord(str(uuid.uuid4()), text, context=context)
         thread.turns.append(record)
         try:
             self.store.save(thread)
@@ -255,6 +297,7 @@ class Server:
             mode=thread.runtime_mode,
             sandbox=self.options.sandbox(thread),
             on_finish=finish,
+            recall=lambda: recall.render(thread.turns),
         )
         session.active = turn
         return Answer({"turn": {"id": turn.id, "status": "inProgress"}}, turn.begin)
@@ -264,11 +307,12 @@ class Server:
             raise RpcError(CAPABILITY_OFF, "steering is not supported")
         session = self._session(params)
         turn = self._running(session, _str_param(params, "expectedTurnId"))
-        text = _input_text(params)
+        text, handoffs = _input(params)
         turn.steer(text)
         record = session.record.turns[-1]  # the running turn is always the latest
         assert record.id == turn.id
         record.input = f"{record.input}\n{text}" if record.input else text
+        record.context.extend([*(ContextEntry(HANDOFF, handoff) for handoff in handoffs), ContextEntry(USER, text)])
         self.store.save(session.record)
         return Answer({})
 
@@ -284,6 +328,47 @@ class Server:
         return Answer({}, interrupt)
 
     # --- helpers ---
+
+    def _cwd_param(self, params: Message, default: str) -> str:
+        """`cwd` (else `default`) as an absolute path, refused outside `--workspace`."""
+        cwd = params.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise RpcError(INVALID_PARAMS, "cwd must be a string")
+        path = os.path.abspath(cwd or default)
+        workspace = self.options.workspace
+        if workspace is not None and not Path(path).resolve().is_relative_to(workspace.resolve()):
+            raise RpcError(INVALID_PARAMS, f"cwd {path} is outside this agent's workspace {workspace}")
+        return path
+
+    def _open(self, thread_id: str) -> Session:
+        """The thread's session, loading it from the state folder (as `thread/resume`) if this process lacks it."""
+        session = self.sessions.get(thread_id)
+        if session is None:
+            record = self._load(thread_id)
+            if record.settle_stale_turns():
+                self.store.save(record)
+            session = self.sessions[thread_id] = Session(record)
+        return session
+
+    def _rollback_target(self, params: Message) -> Session:
+        if not self.options.capabilities.get("supportsRollback"):
+            raise RpcError(CAPABILITY_OFF, "rollback is not supported")
+        session = self._open(_str_param(params, "threadId"))
+        if session.active is not None:
+            raise RpcError(TURN_RUNNING, "cannot roll back while a turn is running")
+        return session
+
+    def _truncate(self, session: Session, keep: int) -> Answer:
+        """Keeps the first `keep` turns; the file is replaced atomically, so a crash leaves old or new."""
+        record = session.record
+        dropped = record.turns[keep:]
+        del record.turns[keep:]
+        try:
+            self.store.save(record)
+        except BaseException:
+            record.turns.extend(dropped)
+            raise
+        return Answer({"thread": {"id": record.id, "cwd": record.cwd, "turns": len(record.turns)}})
 
     def _load(self, thread_id: str) -> ThreadRecord:
         try:
@@ -327,18 +412,31 @@ def _mode_param(params: Message) -> str | None:
     return str(mode)
 
 
-def _input_text(params: Message) -> str:
-    """The user message: the texts of the input's `text` items, one per line."""
+def _turn_index(record: ThreadRecord, turn_id: str) -> int:
+    for index, turn in enumerate(record.turns):
+        if turn.id == turn_id:
+            return index
+    raise RpcError(INVALID_PARAMS, f"no turn {turn_id} in thread {record.id}")
+
+
+def _input(params: Message) -> tuple[str, list[str]]:
+    """The user message (the texts of the input's `text` items, one per line) and the `context` items' texts.
+
+    A `context` item is context Threadloom injects (a handoff, a fork's or merge-back's summary): it is
+    remembered (`@recall` shows it as `handoff:`) but never read for directives, since it quotes old messages.
+    """
     items = params.get("input")
     if not isinstance(items, list):
         raise RpcError(INVALID_PARAMS, "input must be a list")
     texts: list[str] = []
+    handoffs: list[str] = []
     for item in items:
         if not isinstance(item, dict):
             raise RpcError(INVALID_PARAMS, "input items must be objects")
-        if item.get("type") == "text":
+        kind = item.get("type")
+        if kind in ("text", "context"):
             text = item.get("text")
             if not isinstance(text, str):
-                raise RpcError(INVALID_PARAMS, "a text input item needs a string text")
-            texts.append(text)
-    return "\n".join(texts)
+                raise RpcError(INVALID_PARAMS, f"a {kind} input item needs a string text")
+            (texts if kind == "text" else handoffs).append(text)
+    return "\n".join(texts), handoffs

@@ -17,6 +17,9 @@ from typing import Any
 IN_PROGRESS = "inProgress"
 INTERRUPTED = "interrupted"
 DEFAULT_MODE = "workspace_write"
+# Kinds of what a turn adds to the conversation (`@recall` shows them; docs/scripted-agent.md, "Recall").
+USER = "user"
+HANDOFF = "handoff"
 
 # Thread ids come from clients on resume/read; only plain names may become file names.
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -26,15 +29,37 @@ class StateError(Exception):
     """A thread file that exists but cannot be read."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ContextEntry:
+    """One thing the agent received: a user message (turn start or steering) or an injected handoff text."""
+
+    kind: str  # USER or HANDOFF
+    text: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "text": self.text}
+
+
 @dataclasses.dataclass(slots=True)
 class TurnRecord:
     id: str
     input: str
     output: str = ""
     status: str = IN_PROGRESS
+    # What this turn added to the conversation, in arrival order; `@recall` lists these over the thread's turns.
+    context: list[ContextEntry] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "input": self.input, "output": self.output, "status": self.status}
+        return {
+            "id": self.id,
+            "input": self.input,
+            "output": self.output,
+            "status": self.status,
+            "context": [entry.to_json() for entry in self.context],
+        }
+
+    def copy(self) -> TurnRecord:
+        return TurnRecord(self.id, self.input, self.output, self.status, list(self.context))
 
 
 @dataclasses.dataclass(slots=True)
@@ -69,9 +94,7 @@ class StateStore:
             return None
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            turns = [
-                TurnRecord(str(t["id"]), str(t["input"]), str(t["output"]), str(t["status"])) for t in data["turns"]
-            ]
+            turns = [_turn(t) for t in data["turns"]]
             mode = str(data.get("runtimeMode", DEFAULT_MODE))  # files written before modes existed
             return ThreadRecord(str(data["id"]), str(data["cwd"]), turns, mode)
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -96,3 +119,12 @@ class StateStore:
         if not _SAFE_ID.fullmatch(thread_id):
             return None
         return self.threads_dir / f"{thread_id}.json"
+
+
+def _turn(data: dict[str, Any]) -> TurnRecord:
+    raw = data.get("context")
+    if raw is None:  # files written before recall existed: the input was the only thing received
+        context = [ContextEntry(USER, str(data["input"]))]
+    else:
+        context = [ContextEntry(str(e["kind"]), str(e["text"])) for e in raw]
+    return TurnRecord(str(data["id"]), str(data["input"]), str(data["output"]), str(data["status"]), context)

@@ -27,6 +27,7 @@ from threadloom.agent.directives import (
     DirectiveError,
     Fail,
     Plan,
+    Recall,
     Reply,
     Subagent,
     Todo,
@@ -81,8 +82,10 @@ class Turn:
         on_finish: Callable[[Turn, TurnResult], None],
         mode: str = "workspace_write",
         sandbox: Sandbox | None = None,
+        recall: Callable[[], str] = lambda: "",
     ) -> None:
         self.io = io
+        self._recall = recall  # the thread's conversation as `@recall` shows it, read when the directive runs
         self.mode = mode  # the thread's runtime mode: read_only writes nothing, approval_required asks first
         self.sandbox = sandbox or Sandbox(Path(cwd), writable=mode != "read_only")
         self.thread_id = thread_id
@@ -194,6 +197,8 @@ class Turn:
                 await self._plan(text)
             case Subagent(prompt):
                 await self._subagent(prompt)
+            case Recall():
+                await self._reply(self.id, self._recall())
             case Fail(message):
                 raise TurnFailed(message)
             case Crash():

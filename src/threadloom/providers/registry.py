@@ -43,7 +43,14 @@ ENGINE_OPTIONS = frozenset({"restart_as", "interrupt_unsupported", "idle_timeout
 _CLI_OPTIONS = frozenset({"binary", "model", "base_url", "api_key_env", "env"})
 DRIVER_OPTIONS: dict[str, frozenset[str]] = {
     "scripted": frozenset(
-        {"chunk_delay_ms", "supports_active_steering", "supports_interrupt", "supports_structured_questions"}
+        {
+            "chunk_delay_ms",
+            "supports_active_steering",
+            "supports_interrupt",
+            "supports_structured_questions",
+            "supports_native_fork",
+            "supports_native_rollback",
+        }
     ),
     "codex": _CLI_OPTIONS,
     "claude": _CLI_OPTIONS,

@@ -60,9 +60,13 @@ class ScriptedRuntime:
     async def resume_thread(self, native_thread: str, settings: ThreadSettings) -> None:
         await self.process.request("thread/resume", {"threadId": native_thread, "runtimeMode": settings.runtime_mode})
 
-    async def start_turn(self, native_thread: str, text: str, settings: ThreadSettings | None = None) -> str:
+    async def start_turn(
+        self, native_thread: str, text: str, settings: ThreadSettings | None = None, handoff: str | None = None
+    ) -> str:
+        # A handoff travels as its own `context` item: remembered, never read for directives.
+        context = [] if handoff is None else [{"type": "context", "text": handoff}]
         result = await self.process.request(
-            "turn/start", {"threadId": native_thread, "input": [{"type": "text", "text": text}]}
+            "turn/start", {"threadId": native_thread, "input": [*context, {"type": "text", "text": text}]}
         )
         return str(result["turn"]["id"])
 
@@ -80,10 +84,18 @@ class ScriptedRuntime:
         await self.process.respond(request_id, result)
 
     async def fork_thread(self, native_thread: str, native_turn: str | None) -> str:
-        raise ProviderError("unsupported", "the scripted agent cannot fork threads")
+        if not self.capabilities.can_fork_thread:
+            raise ProviderError("unsupported", "this scripted instance does not fork threads natively")
+        params = {"threadId": native_thread}
+        if native_turn is not None:
+            params["lastTurnId"] = native_turn
+        result = await self.process.request("thread/fork", params)
+        return str(result["thread"]["id"])
 
     async def rollback_thread(self, native_thread: str, before_turn: str) -> None:
-        raise ProviderError("unsupported", "the scripted agent cannot roll back threads")
+        if not self.capabilities.can_rollback_thread:
+            raise ProviderError("unsupported", "this scripted instance does not roll back threads natively")
+        await self.process.request("thread/revert", {"threadId": native_thread, "beforeTurnId": before_turn})
 
     async def read_thread_snapshot(self, native_thread: str) -> dict[str, Any]:
         result = await self.process.request("thread/read", {"threadId": native_thread})
@@ -111,12 +123,17 @@ class ScriptedDriver:
         self.steering = bool(options.get("supports_active_steering", True))
         self.interrupt = bool(options.get("supports_interrupt", True))
         self.questions = bool(options.get("supports_structured_questions", True))
+        self.fork = bool(options.get("supports_native_fork", True))
+        self.rollback = bool(options.get("supports_native_rollback", True))
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
             supports_active_steering=self.steering,
             supports_interrupt=self.interrupt,
             supports_steering_by_interrupt_restart=self.interrupt,
+            can_fork_thread=self.fork,
+            can_fork_from_turn=self.fork,
+            can_rollback_thread=self.rollback,
             can_read_thread_snapshot=True,
             supports_structured_questions=self.questions,
             emits_todo_list=True,
@@ -126,7 +143,12 @@ class ScriptedDriver:
 
     async def open_session(self, scope: SessionScope) -> ScriptedRuntime:
         scope.state_dir.mkdir(parents=True, exist_ok=True)
-        flags = {"supportsActiveSteering": self.steering, "supportsInterrupt": self.interrupt}
+        flags = {
+            "supportsActiveSteering": self.steering,
+            "supportsInterrupt": self.interrupt,
+            "supportsFork": self.fork,
+            "supportsRollback": self.rollback,
+        }
         argv = [
             sys.executable,
             "-m",
