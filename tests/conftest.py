@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.graphql import workspace as workspace_folder
 from tests.support.pg import PgServer, postgres_servers
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, serving
 from threadloom.config import Settings
 from threadloom.engine.clock import SystemClock
 from threadloom.engine.services import Services
@@ -63,11 +64,15 @@ async def services(database_url: str, data_dir: Path) -> AsyncIterator[Services]
 
 
 @pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """An existing folder for the test's project (createProject refuses a missing one)."""
+    return Path(workspace_folder(tmp_path))
+
+
+@pytest.fixture
 def server(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(database_url, data_dir).wait_ready()
-    yield proc
-    proc.stop()
-    print("\n".join(proc.log[-60:]))  # shown by pytest only when the test fails
+    with serving(database_url, data_dir) as proc:
+        yield proc
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.graphql import CREATE_PROJECT, workspace
 from tests.support.runs import finished, send
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, providers_env, serving
 from tests.support.waiting import until
 
 # An instance that can neither steer a live turn nor interrupt it (so it cannot restart one either).
@@ -44,12 +44,8 @@ HOLD = "@approval true\n@reply held run done"  # active (WAITING) until the appr
 
 @pytest.fixture
 def server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = tmp_path / "providers.toml"
-    config.write_text(PROVIDERS)
-    proc = ServerProcess(database_url, data_dir, env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
-    yield proc
-    proc.stop()
-    print("\n".join(proc.log[-60:]))  # shown by pytest only when the test fails
+    with serving(database_url, data_dir, providers_env(tmp_path, PROVIDERS)) as proc:
+        yield proc
 
 
 async def _thread(client: Client, tmp_path: Path, instance: str | None = None) -> str:

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
 from threadloom.providers.registry import ConfigError, load_instances
 from threadloom.store import tables as t
@@ -39,9 +39,7 @@ async def test_new_thread_is_lazy(client: Client, database_url: str, tmp_path: P
 
 
 async def test_eager_instance_creates_its_provider_thread(database_url: str, tmp_path: Path) -> None:
-    config = tmp_path / "providers.toml"
-    config.write_text(CONFIG)
-    server = ServerProcess(database_url, tmp_path / "d", env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
+    server = ServerProcess(database_url, tmp_path / "d", env=providers_env(tmp_path, CONFIG)).wait_ready()
     client = Client(server.url, server.admin_token)
     try:
         data = await client.gql(CREATE_PROJECT, {"name": "p", "root": workspace(tmp_path)})

@@ -12,7 +12,7 @@ import pytest
 from tests.support.graphql import CREATE_PROJECT, make_thread
 from tests.support.graphql import workspace as workspace_dir
 from tests.support.runs import finished, run, send
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
 
 PENDING = """query($t: ID!) { thread(id: $t) { status pendingRequests {
@@ -23,13 +23,6 @@ ANSWER = """mutation($r: ID!, $a: [QuestionAnswer!]!) { respondToUserInput(input
   request { id status response } userErrors { code field message } } }"""
 REQUEST = """query($r: ID!) { node(id: $r) { ... on RuntimeRequest { status responseCapability notResumableReason
   node { status } } } }"""
-
-
-@pytest.fixture
-async def workspace(tmp_path: Path) -> Path:
-    path = tmp_path / "ws"
-    path.mkdir()
-    return path
 
 
 @pytest.fixture
@@ -238,9 +231,8 @@ async def test_approval_from_a_subagent_is_actionable(client: Client, thread_id:
 
 
 async def test_provider_without_structured_questions(database_url: str, tmp_path: Path) -> None:
-    config = tmp_path / "providers.toml"
-    config.write_text('[instances.plain]\ndriver = "scripted"\nsupports_structured_questions = false\n')
-    server = ServerProcess(database_url, tmp_path / "d", env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
+    plain = '[instances.plain]\ndriver = "scripted"\nsupports_structured_questions = false\n'
+    server = ServerProcess(database_url, tmp_path / "d", env=providers_env(tmp_path, plain)).wait_ready()
     client = Client(server.url, server.admin_token)
     try:
         data = await client.gql(CREATE_PROJECT, {"name": "plain", "root": workspace_dir(tmp_path)})

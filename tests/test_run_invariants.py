@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from tests.support.db import snapshot
 from tests.support.graphql import CREATE_PROJECT, workspace
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, providers_env
 from threadloom.api.ids import decode, encode
 from threadloom.store import log
 from threadloom.store import tables as t
@@ -193,9 +193,7 @@ def decode_run(value: Any) -> str:
 
 @pytest.fixture
 def world(database_url: str, tmp_path: Path) -> Iterator[World]:
-    config = tmp_path / "providers.toml"
-    config.write_text(PROVIDERS)
-    server = ServerProcess(database_url, tmp_path / "d", env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
+    server = ServerProcess(database_url, tmp_path / "d", env=providers_env(tmp_path, PROVIDERS)).wait_ready()
     server.data_dir = tmp_path / "d"  # type: ignore[attr-defined]
     yield World(server, database_url)
     server.stop()

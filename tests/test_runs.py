@@ -24,13 +24,6 @@ from threadloom.store.db import Database
 
 
 @pytest.fixture
-async def workspace(tmp_path: Path) -> Path:
-    path = tmp_path / "ws"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 async def thread_id(client: Client, workspace: Path) -> str:
     data = await client.gql(CREATE_PROJECT, {"name": "Runs", "root": str(workspace)})
     project = data["createProject"]["project"]["id"]

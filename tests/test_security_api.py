@@ -16,7 +16,7 @@ import pytest
 from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT, CREATE_THREAD, make_project, make_thread, workspace
 from tests.support.runs import SEND, finished, send
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, serving
 from tests.support.ws import WsClient
 
 GRAPHQL_RESPONSE = {"accept": "application/graphql-response+json"}
@@ -114,11 +114,8 @@ async def test_costly_subscription_is_refused(client: Client, server: ServerProc
 @pytest.fixture
 def strict_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
     """A query time limit of one microsecond: every query that reads the database runs over it."""
-    env = {"THREADLOOM_QUERY_TIMEOUT": "0.000001"}
-    server = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
-    yield server
-    server.stop()
-    print("\n".join(server.log[-40:]))
+    with serving(database_url, tmp_path / "data", {"THREADLOOM_QUERY_TIMEOUT": "0.000001"}) as server:
+        yield server
 
 
 async def test_a_query_over_the_time_limit_is_cancelled_with_a_code(strict_server: ServerProcess) -> None:

@@ -14,7 +14,7 @@ import websockets
 
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.runs import send
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, serving
 from tests.support.ws import PROTOCOL, WsClient
 
 BIG = """subscription($t: ID!, $after: Int) {
@@ -26,11 +26,8 @@ BIG = """subscription($t: ID!, $after: Int) {
 
 @pytest.fixture
 def small_queue_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    env = {"THREADLOOM_SUBSCRIBER_QUEUE": "20"}
-    server = ServerProcess(database_url, tmp_path / "d", env=env).wait_ready()
-    yield server
-    server.stop()
-    print("\n".join(server.log[-40:]))
+    with serving(database_url, tmp_path / "d", {"THREADLOOM_SUBSCRIBER_QUEUE": "20"}) as server:
+        yield server
 
 
 async def _thread(client: Client, tmp_path: Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +116,20 @@ class Client:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+def providers_env(folder: Path, providers_toml: str, **env: str) -> dict[str, str]:
+    """The environment of a server whose provider instances are `providers_toml` (written into `folder`)."""
+    config = folder / "providers.toml"
+    config.write_text(providers_toml)
+    return {"THREADLOOM_PROVIDERS": str(config), **env}
+
+
+@contextlib.contextmanager
+def serving(database_url: str, data_dir: Path, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A ready server for one test. Afterwards it is stopped and the tail of its log printed, which pytest
+    shows only when the test failed."""
+    proc = ServerProcess(database_url, data_dir, env=env).wait_ready()
+    yield proc
+    proc.stop()
+    print("\n".join(proc.log[-60:]))
