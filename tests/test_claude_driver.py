@@ -19,8 +19,9 @@ import pytest
 
 from tests.support.fake_model import FakeModel
 from threadloom.providers import agent_cli
-from threadloom.providers import claude as claude_module
-from threadloom.providers.claude import ClaudeDriver, ClaudeRuntime, _Child
+from threadloom.providers.claude import ClaudeDriver, ClaudeRuntime
+from threadloom.providers.claude import runtime as claude_runtime
+from threadloom.providers.claude.process import ClaudeProcess
 from threadloom.providers.contract import (
     ItemCompleted,
     ItemStarted,
@@ -487,7 +488,7 @@ async def test_secrets_in_tool_output_never_reach_the_events(
 async def test_idle_processes_beyond_the_cap_are_stopped_and_resume(
     runtime: ClaudeRuntime, events: Events, workspace: Path, fake: FakeModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(claude_module, "MAX_IDLE_CHILDREN", 1)
+    monkeypatch.setattr(claude_runtime, "MAX_IDLE_CHILDREN", 1)
     first = await runtime.start_thread(settings(workspace))
     turn = await runtime.start_turn(first, "remember the heron")
     await events.end_of(turn)
@@ -514,10 +515,10 @@ async def test_a_process_started_while_closing_is_stopped(
     runtime: ClaudeRuntime, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     thread = await runtime.start_thread(settings(workspace))
-    spawned: list[_Child] = []
+    spawned: list[ClaudeProcess] = []
     spawn = runtime._spawn
 
-    async def spawn_then_close(native: Any) -> _Child:
+    async def spawn_then_close(native: Any) -> ClaudeProcess:
         child = await spawn(native)
         spawned.append(child)
         await runtime.close()  # close() runs while the process starts
@@ -536,10 +537,10 @@ async def test_concurrent_turn_starts_spawn_once(
     runtime: ClaudeRuntime, events: Events, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     thread = await runtime.start_thread(settings(workspace))
-    spawned: list[_Child] = []
+    spawned: list[ClaudeProcess] = []
     spawn = runtime._spawn
 
-    async def counting(native: Any) -> _Child:
+    async def counting(native: Any) -> ClaudeProcess:
         spawned.append(await spawn(native))
         return spawned[-1]
 
@@ -598,7 +599,7 @@ async def test_a_prompt_without_a_running_turn_is_denied(
 
     sid = await runtime.start_thread(settings(workspace, "approval_required"))
     thread = runtime._threads[sid]
-    child = _Child(Proc())  # type: ignore[arg-type]
+    child = ClaudeProcess(Proc())  # type: ignore[arg-type]
     thread.child = child
     request = {"subtype": "can_use_tool", "tool_name": "Bash", "input": {"command": "ls"}, "tool_use_id": "toolu_1"}
     with caplog.at_level("WARNING", "threadloom.providers.claude"):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from threadloom.providers import jsonlines
+from threadloom.providers import child_process
 from threadloom.providers.contract import ProviderError
 from threadloom.providers.jsonlines import JsonLinesProcess
 
@@ -20,7 +20,7 @@ time.sleep(3600)
 
 
 async def test_unreadable_output_stops_the_child_and_fails_its_requests(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jsonlines, "LINE_LIMIT", 1024)
+    monkeypatch.setattr(child_process, "LINE_LIMIT", 1024)
     peer = await JsonLinesProcess.spawn([sys.executable, "-c", BAD_PEER], env={}, name="bad-peer")
     with pytest.raises(ProviderError) as raised:
         await peer.request("initialize", {}, wait_s=30)

@@ -63,6 +63,29 @@ def find_cli(name: str, configured: str | None, package: str) -> str:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CliOptions:
+    """The options every agent-CLI instance takes, read once: `binary` (path or name; None: the pinned
+    one in node_modules, then PATH), `model`, `base_url`, `api_key_env` (the server variable holding
+    the key) and `env` (extra variables for the CLI)."""
+
+    binary: str | None
+    model: str | None
+    base_url: str | None
+    api_key_env: str
+    env: dict[str, str]
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any], default_key_env: str) -> CliOptions:
+        return cls(
+            binary=str(options["binary"]) if options.get("binary") else None,
+            model=str(options["model"]) if options.get("model") else None,
+            base_url=str(options["base_url"]) if options.get("base_url") else None,
+            api_key_env=str(options.get("api_key_env") or default_key_env),
+            env={str(k): str(v) for k, v in (options.get("env") or {}).items()},
+        )
+
+
 def child_env(api_key_env: str | None, extra: Mapping[str, str], *, require_key: bool = True) -> dict[str, str]:
     """The environment of an agent process (see module docstring)."""
     env = {k: v for k, v in os.environ.items() if k in PASSED_THROUGH or k.startswith("LC_")}

@@ -45,7 +45,6 @@ key in CODEX_HOME/auth.json), while a custom provider sends `Authorization: Bear
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -55,7 +54,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from threadloom.providers.agent_cli import child_env, find_cli, redact, redact_event
+from threadloom.providers.agent_cli import CliOptions, child_env, find_cli, redact, redact_event
+from threadloom.providers.child_process import spawn_process
 from threadloom.providers.codex_events import SERVER_NOTIFICATIONS, SERVER_REQUESTS, Translator
 from threadloom.providers.contract import (
     Capabilities,
@@ -66,7 +66,7 @@ from threadloom.providers.contract import (
     ThreadSettings,
     Warning,
 )
-from threadloom.providers.jsonlines import LINE_LIMIT, JsonLinesProcess
+from threadloom.providers.jsonlines import JsonLinesProcess
 
 __all__ = ["CLIENT_METHODS", "SERVER_NOTIFICATIONS", "SERVER_REQUESTS", "CodexDriver", "CodexRuntime"]
 
@@ -122,29 +122,23 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class CodexProcess(JsonLinesProcess):
-    """The app-server peer: stderr is logged redacted and its tail kept for the exit reason."""
+    """The app-server peer: stderr is logged redacted and without colour codes, its tail kept for the exit reason."""
 
     def __init__(
         self, proc: asyncio.subprocess.Process, name: str, secrets: Mapping[str, str], secret_names: tuple[str, ...]
     ) -> None:
         self.secrets = secrets
         self.secret_names = secret_names
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=5)
         super().__init__(proc, name)
 
-    async def _drain_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        while line := await self.proc.stderr.readline():
-            text = self.scrub(ANSI.sub("", line.decode(errors="replace")).strip())
-            if text:
-                self.stderr_tail.append(text)
-                log.debug("%s: %s", self.name, text)
+    def clean_stderr(self, line: bytes) -> str:
+        return self.scrub(ANSI.sub("", line.decode(errors="replace")).strip())
 
     def scrub(self, text: str) -> str:
         return redact(text, self.secrets, self.secret_names)
 
     async def respond_error(self, request_id: Any, message: str) -> None:
-        await self._write({"id": request_id, "error": {"code": -32601, "message": message}})
+        await self.write({"id": request_id, "error": {"code": -32601, "message": message}})
 
 
 def _text_input(text: str) -> list[dict[str, Any]]:
@@ -183,15 +177,7 @@ class CodexRuntime:
             raise ProviderError(error.code, self._redact(f"codex {method}: {error.message}")) from error
 
     async def events(self) -> AsyncIterator[ProviderEvent]:
-        while True:
-            message = await self.process.incoming.get()
-            if message is None:
-                for event in self._translator.close_all("interrupted"):
-                    yield redact_event(event, self._redact)
-                tail = "; ".join(self.process.stderr_tail)
-                reason = "codex app-server exited" + (f": {tail}" if tail else "")
-                yield RuntimeExited(self._redact(reason), self.process.exit_code)
-                return
+        async for message in self.process.messages():
             if "id" in message and "method" in message and message["method"] not in SERVER_REQUESTS:
                 with contextlib.suppress(ProviderError):  # if it is gone, the None that follows says so
                     await self.process.respond_error(message["id"], f"threadloom does not handle {message['method']}")
@@ -208,6 +194,11 @@ class CodexRuntime:
                 events = [Warning(str((message.get("params") or {}).get("threadId") or "") or None, "unreadable event")]
             for event in events:
                 yield redact_event(event, self._redact)
+        for event in self._translator.close_all("interrupted"):
+            yield redact_event(event, self._redact)
+        tail = "; ".join(self.process.stderr_tail)
+        reason = "codex app-server exited" + (f": {tail}" if tail else "")
+        yield RuntimeExited(self._redact(reason), self.process.exit_code)
 
     def _thread_params(self, settings: ThreadSettings) -> dict[str, Any]:
         if settings.runtime_mode not in MODE_POLICIES:
@@ -302,11 +293,12 @@ class CodexDriver:
     def __init__(self, instance_id: str, home: Path, options: dict[str, Any]) -> None:
         self.instance_id = instance_id
         self.home = home
-        self.binary: str | None = options.get("binary")
-        self.model = str(options.get("model") or DEFAULT_MODEL)
-        self.base_url: str | None = options.get("base_url")
-        self.api_key_env = str(options.get("api_key_env") or DEFAULT_API_KEY_ENV)
-        self.extra_env = {str(k): str(v) for k, v in (options.get("env") or {}).items()}
+        cli = CliOptions.parse(options, DEFAULT_API_KEY_ENV)
+        self.binary = cli.binary
+        self.model = cli.model or DEFAULT_MODEL
+        self.base_url = cli.base_url
+        self.api_key_env = cli.api_key_env
+        self.extra_env = cli.env
 
     @property
     def state_dir(self) -> Path:
@@ -379,15 +371,7 @@ class CodexDriver:
         (codex_home / "config.toml").write_text(self.config_toml(codex_home, native_codex_dir(argv[0])))
         secret_names = (self.api_key_env, *(k for k in self.extra_env if k != "HOME"))
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-                limit=LINE_LIMIT,
-                start_new_session=True,
-            )
+            proc = await spawn_process(argv, env=env)
         except OSError as error:
             raise ProviderError("cli_missing", f"cannot start {argv[0]}: {error.strerror}") from error
         process = CodexProcess(proc, f"codex:{self.instance_id}:{scope.project_id}", env, secret_names)

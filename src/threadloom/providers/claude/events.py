@@ -3,7 +3,7 @@
 `ThreadTranslator` keeps the little state the translation needs: which assistant text
 blocks and tool calls are open, which tool calls are subagents (their messages carry
 `parent_tool_use_id` and become a child turn), the task list, and which tool calls the
-user declined. The process and turn bookkeeping live in `claude.py`.
+user declined. The process and turn bookkeeping live in the rest of this package.
 
 Item ids: a text block is `<message id>:t<n>` (the n-th text block of that API message;
 the CLI sends each block of a message as its own `assistant` line, and the partial

@@ -1,0 +1,156 @@
+"""One agent child process speaking JSON lines on stdio: what every CLI driver shares.
+
+Every agent CLI here (the scripted agent, `codex app-server`, `claude -p`) is a child in its own
+process group, started with the minimal environment the driver built (`agent_cli.child_env`),
+reading one JSON object a line on stdin and writing one a line on stdout. `ChildProcess` owns
+that: spawning, reading lines with a size bound (`LINE_LIMIT`), serialized writes, the stderr
+tail kept for the exit reason, and stopping (EOF on stdin, then a kill of the whole group). What a
+message means is the subclass's business (`handle`, `exited`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from threadloom.providers.contract import ProviderError
+
+log = logging.getLogger("threadloom.providers")
+LINE_LIMIT = 64 * 1024 * 1024  # the longest stdout line read; a longer one stops the child (read as a hang otherwise)
+STDERR_TAIL = 5  # stderr lines kept to explain an exit
+
+
+async def spawn_process(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
+) -> asyncio.subprocess.Process:
+    """Start `argv` with exactly `env`, piped stdio and its own process group (so a stop reaches its tools).
+
+    Raises OSError when it cannot start; each driver says what that means for it.
+    """
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        limit=LINE_LIMIT,
+        start_new_session=True,
+    )
+
+
+async def stop_child(proc: asyncio.subprocess.Process, grace: float = 5.0) -> None:
+    """Close an agent's stdin (every CLI here ends on EOF), then kill its process group after `grace` s."""
+    if proc.stdin is not None and not proc.stdin.is_closing():
+        proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+
+
+class ChildProcess:
+    """A started child: its JSON-lines output read into `handle`, its stderr tail, its writes and its stop.
+
+    Reading starts with `start()` (so a subclass finishes its own setup first). Any failure while
+    reading (an over-long line, a handler that raises) kills the child: a peer whose output is no
+    longer read would otherwise look alive while nothing moves. When stdout ends the exit code is
+    awaited and passed to `exited`.
+    """
+
+    def __init__(self, proc: asyncio.subprocess.Process, name: str, scrub: Callable[[str], str] | None = None) -> None:
+        self.proc = proc
+        self.name = name
+        self.exit_code: int | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        self._scrub = scrub
+        self._write_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start reading stdout and stderr."""
+        self._tasks = [
+            asyncio.create_task(self._read(), name=f"{self.name}-reader"),
+            asyncio.create_task(self._drain_stderr(), name=f"{self.name}-stderr"),
+        ]
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None and bool(self._tasks) and not self._tasks[0].done()
+
+    def scrub(self, text: str) -> str:
+        """Text about to be logged or shown, with the instance's secrets redacted."""
+        return self._scrub(text) if self._scrub is not None else text
+
+    def clean_stderr(self, line: bytes) -> str:
+        """A stderr line as logged and kept in the tail ("" to drop it)."""
+        return self.scrub(line.decode(errors="replace").rstrip())
+
+    async def handle(self, message: dict[str, Any]) -> None:
+        """One JSON object from stdout."""
+
+    def exited(self, code: int) -> None:
+        """The child is gone (stdout ended and the process was reaped)."""
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            while line := await self.proc.stdout.readline():
+                try:
+                    message = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    log.warning(
+                        "%s sent a non-JSON line: %r", self.name, self.scrub(line[:200].decode(errors="replace"))
+                    )
+                    continue
+                if isinstance(message, dict):
+                    await self.handle(message)
+        except Exception:
+            log.exception("%s: unreadable output; stopping the process", self.name)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        finally:
+            self.exit_code = await self.proc.wait()
+            self.exited(self.exit_code)
+
+    async def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            text = self.clean_stderr(line)
+            if text:
+                self.stderr_tail.append(text)
+                log.debug("%s: %s", self.name, text)
+
+    async def write(self, message: dict[str, Any]) -> None:
+        """Send one message; ProviderError `exited` if the child no longer reads."""
+        stdin = self.proc.stdin
+        assert stdin is not None
+        async with self._write_lock:
+            if stdin.is_closing():
+                raise ProviderError("exited", f"{self.name} is not running")
+            stdin.write(orjson.dumps(message) + b"\n")
+            try:
+                await stdin.drain()
+            except (BrokenPipeError, ConnectionResetError) as error:
+                raise ProviderError("exited", f"{self.name} is not running") from error
+
+    async def wait_closed(self) -> None:
+        """Wait until the reader and the stderr drain are done (after the child exited)."""
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def close(self, grace: float = 5.0) -> None:
+        """Close stdin (the polite stop), then kill the process group if it lingers."""
+        await stop_child(self.proc, grace)
+        await self.wait_closed()

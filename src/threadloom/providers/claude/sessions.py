@@ -1,0 +1,126 @@
+"""Claude sessions on disk: the CLI's transcripts, and this driver's small record per thread.
+
+The native thread ref is Claude's session id. `HOME` and `CLAUDE_CONFIG_DIR` live under the
+project's state folder, so sessions survive processes and server restarts. A record per thread
+(`<state>/threads/<sid>.json`: cwd, fork origin, last assistant message per turn) lets a later
+runtime resume, fork, or fork from a turn without asking the model.
+
+Behaviour of Claude Code 2.1.197 this relies on (observed against the fake model):
+- `--session-id UUID` names a new session without a model call; its transcript
+  (`$CLAUDE_CONFIG_DIR/projects/<cwd-slug>/<sid>.jsonl`) appears only with the first
+  message, and the id is refused once that file exists. So a process is spawned with
+  `--resume sid` when the file exists, else with `--session-id sid`. `--resume` works only
+  from the session's cwd ("No conversation found with session ID" elsewhere).
+- Fork: `--resume SID --fork-session --session-id NEW` forks under a chosen id (no model
+  call; the new transcript, with the parent's message uuids, appears with the first
+  message). `--resume-session-at <assistant message uuid>` (hidden flag) cuts the
+  history after that message, so a fork from a turn uses the uuid of the turn's last
+  assistant message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from threadloom.providers.contract import ProviderError
+
+Record = dict[str, Any]  # {"cwd", "marks": {turn: last assistant uuid | None}, "fork_of"?, "resume_at"?}
+
+
+def new_record(cwd: str) -> Record:
+    return {"cwd": cwd, "marks": {}}
+
+
+def last_mark(record: Record) -> str | None:
+    """The uuid of the last assistant message the record knows (where the next turn's fork point starts)."""
+    known = [m for m in (record.get("marks") or {}).values() if m]
+    return known[-1] if known else None
+
+
+def mark_turn(record: Record, turn: str, assistant_uuid: str | None) -> None:
+    """Remember the turn's last assistant message, so a fork from this turn can cut there."""
+    record.setdefault("marks", {})[turn] = assistant_uuid
+
+
+def check_sid(sid: str) -> None:
+    try:
+        uuid.UUID(sid)
+    except ValueError as error:
+        raise ProviderError("not_found", f"{sid!r} is not a Claude session id") from error
+
+
+def _slug(path: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "-", path)
+
+
+class SessionStore:
+    """The records under `home/threads` and the transcripts under the CLI's config folder."""
+
+    def __init__(self, home: Path, config_dir: Path) -> None:
+        self.home = home
+        self.config_dir = config_dir
+
+    def _record_path(self, sid: str) -> Path:
+        return self.home / "threads" / f"{sid}.json"
+
+    def load(self, sid: str) -> Record | None:
+        try:
+            data = orjson.loads(self._record_path(sid).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def save(self, sid: str, record: Record) -> None:
+        path = self._record_path(sid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(record))
+        tmp.replace(path)
+
+    def transcript(self, sid: str) -> Path | None:
+        """The session's transcript, wherever its project folder is (None before the first message)."""
+        found = sorted(self.config_dir.glob(f"projects/*/{sid}.jsonl"))
+        return found[0] if found else None
+
+    async def check_workspace(self, sid: str, transcript: Path, cwd: str) -> None:
+        """Refuse (`cwd_mismatch`) a session whose transcript belongs to another workspace: it would not resume."""
+        folder = transcript.parent.name
+        wanted = {_slug(cwd), _slug(await asyncio.to_thread(os.path.realpath, cwd))}
+        if folder not in wanted and all(len(w) <= 200 for w in wanted):
+            raise ProviderError("cwd_mismatch", f"Claude session {sid} belongs to another workspace than {cwd}")
+
+    def args(self, sid: str, record: Record) -> list[str]:
+        """The CLI flags that open the session: resume it, fork it from its origin, or name a new one."""
+        if self.transcript(sid) is not None:
+            return ["--resume", sid]
+        origin = record.get("fork_of")
+        if origin:
+            args = ["--resume", str(origin), "--fork-session", "--session-id", sid]
+            at = record.get("resume_at")
+            return [*args, "--resume-session-at", str(at)] if at else args
+        return ["--session-id", sid]
+
+    def fork_record(self, sid: str, record: Record, turn: str | None, cwd: str) -> Record:
+        """The record of a fork of session `sid` (up to `turn`); materialized by the fork's first turn."""
+        marks: dict[str, str | None] = dict(record.get("marks") or {})
+        at: str | None = None
+        if turn is not None:
+            if turn not in marks:
+                raise ProviderError("unknown_turn", f"turn {turn} is not known in thread {sid}")
+            at = marks[turn]
+            keep = list(marks)[: list(marks).index(turn) + 1]
+            marks = {k: marks[k] for k in keep}
+        origin: str | None = sid
+        if self.transcript(sid) is None:  # the parent itself is not materialized yet
+            origin = record.get("fork_of")
+            at = at or record.get("resume_at")
+        if origin is not None and turn is not None and at is None:
+            origin = None  # the turn left no assistant message in an otherwise empty history
+        return {"cwd": cwd, "marks": marks, "fork_of": origin, "resume_at": at}
