@@ -44,13 +44,10 @@ class ScriptedRuntime:
         return self.process.alive
 
     async def events(self) -> AsyncIterator[ProviderEvent]:
-        while True:
-            message = await self.process.incoming.get()
-            if message is None:
-                yield RuntimeExited("the scripted agent exited", self.process.exit_code)
-                return
+        async for message in self.process.messages():
             for event in self._translator.translate(message):
                 yield redact_event(event, self._redact)  # a command may print what it can read
+        yield RuntimeExited("the scripted agent exited", self.process.exit_code)
 
     async def start_thread(self, settings: ThreadSettings) -> str:
         params = {"cwd": settings.cwd, "runtimeMode": settings.runtime_mode}
