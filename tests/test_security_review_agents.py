@@ -1,0 +1,171 @@
+"""Security review: what an `operate` token of project B can make the scripted agent reach, beyond the
+cases of test_security_agents.py (variants: the server's own /proc entry, the checkout and install, a
+`@write` through a symlink the attacker planted, python instead of cat, the database socket, loopback ports,
+secrets split over several output chunks, delegated threads' modes).
+
+Real `threadloom serve`, real bubblewrap, two projects; B's token is the only credential the attacker uses.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import threadloom
+from tests.support.cli import create_token
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import finished, send
+from tests.support.server import Client, ServerProcess
+
+SERVER_SECRET = "sk-review-5c1e0a77-server-only"
+A_SECRET = "project-A-review-secret-9931"
+CHECKOUT = Path(threadloom.__file__).resolve().parents[2]  # the server's source checkout
+
+CREATE = """mutation($p: ID!, $m: String!, $i: String) {
+  createThread(input: {projectId: $p, title: "t", runtimeMode: $m, providerInstanceId: $i}) {
+    thread { id runtimeMode } userErrors { code field message } } }"""
+DELEGATE = """mutation($t: ID!, $text: String!) { delegateTask(input: {threadId: $t, text: $text}) {
+  thread { id runtimeMode } userErrors { code field } } }"""
+
+
+@dataclass
+class World:
+    server: ServerProcess
+    admin: Client
+    attacker: Client
+    database_url: str
+    data_dir: Path
+    ws_a: Path
+    ws_b: Path
+    project_a: str
+    project_b: str
+
+    async def thread(self, mode: str = "workspace_write", instance: str | None = None) -> str:
+        data = await self.attacker.gql(CREATE, {"p": self.project_b, "m": mode, "i": instance})
+        assert data["createThread"]["userErrors"] == [], data
+        return str(data["createThread"]["thread"]["id"])
+
+    async def tools(self, thread: str, text: str) -> list[dict[str, Any]]:
+        """B sends `text`; the tool-call nodes of the finished run, as B's thread shows them."""
+        sent = await send(self.attacker, thread, text)
+        assert sent["userErrors"] == [], sent
+        done = await finished(self.attacker, sent["run"]["id"])
+        return [c for c in done["rootNode"]["children"] if c["kind"] == "TOOL_CALL"]
+
+
+def output(node: dict[str, Any]) -> str:
+    return str((node.get("detail") or {}).get("output") or "")
+
+
+@pytest.fixture
+def review_server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    config = tmp_path / "providers.toml"
+    config.write_text('[instances.open]\ndriver = "scripted"\nallow_full_access = true\n')
+    env = {"THREADLOOM_REVIEW_SECRET": SERVER_SECRET, "THREADLOOM_PROVIDERS": str(config)}
+    proc = ServerProcess(database_url, data_dir, env=env).wait_ready()
+    yield proc
+    proc.stop()
+    print("\n".join(proc.log[-60:]))
+
+
+@pytest.fixture
+async def world(
+    review_server: ServerProcess, database_url: str, data_dir: Path, tmp_path: Path
+) -> AsyncIterator[World]:
+    ws_a, ws_b = tmp_path / "ws-a", tmp_path / "ws-b"
+    ws_a.mkdir()
+    ws_b.mkdir()
+    (ws_a / "secret.txt").write_text(A_SECRET)
+    admin = Client(review_server.url, review_server.admin_token)
+    ids = []
+    for name, root in (("A", ws_a), ("B", ws_b)):
+        data = await admin.gql(CREATE_PROJECT, {"name": name, "root": str(root)})
+        assert data["createProject"]["userErrors"] == []
+        ids.append(data["createProject"]["project"]["id"])
+    attacker = Client(review_server.url, create_token(database_url, "operate", ids[1])[1])
+    yield World(review_server, admin, attacker, database_url, data_dir, ws_a, ws_b, ids[0], ids[1])
+    await attacker.aclose()
+    await admin.aclose()
+
+
+async def test_the_server_process_checkout_and_install_are_out_of_reach(world: World) -> None:
+    pid = world.server.proc.pid
+    thread = await world.thread()
+    tools = await world.tools(
+        thread,
+        f"@tool cat /proc/{pid}/environ\n"
+        "@tool ls /proc\n"
+        f"@tool ls {CHECKOUT}\n"
+        f"@tool ls {sys.prefix}\n"
+        f"@tool python3 -c \"print(open('{world.ws_a}/secret.txt').read())\"\n"
+        f"@tool python3 -c \"import os; print(os.listdir('{world.data_dir}'))\"\n"
+        "@tool cat /proc/self/mountinfo\n"
+        "@reply done",
+    )
+    environ, procs, checkout, install, py_secret, py_data, mountinfo = tools
+    assert environ["status"] == "FAILED" and SERVER_SECRET not in output(environ)
+    assert all(name.isdigit() is False or int(name) < 100 for name in output(procs).split())  # own pid namespace
+    assert str(pid) not in output(procs).split()
+    for listing in (checkout, install):
+        assert listing["status"] == "FAILED" and "No such file" in output(listing)
+    assert py_secret["status"] == "FAILED" and A_SECRET not in output(py_secret)
+    assert py_data["status"] == "FAILED" and "No such file" in output(py_data)
+    # The mount table names only the sandbox's own mounts: never A's workspace or the data dir.
+    assert str(world.ws_a) not in output(mountinfo) and str(world.data_dir) not in output(mountinfo)
+
+
+async def test_write_through_planted_symlinks_stays_in_the_workspace(world: World) -> None:
+    thread = await world.thread()
+    tools = await world.tools(
+        thread,
+        f"@tool ln -s {world.ws_a} to-a && ln -s / to-root && ln -s {world.data_dir} to-data\n"
+        "@write ../escaped.txt x\n"
+        "@write to-a/planted.txt x\n"
+        f"@write to-root{world.ws_a}/planted2.txt x\n"
+        "@write to-data/planted3.txt x\n"
+        "@tool cat to-a/secret.txt; ls to-data; echo x > to-a/planted4.txt\n"
+        "@reply done",
+    )
+    link, *writes, reads = tools
+    assert link["status"] == "COMPLETED", output(link)
+    for write in writes:
+        assert write["status"] == "FAILED", write
+    assert reads["status"] == "FAILED" and A_SECRET not in output(reads)
+    assert sorted(p.name for p in world.ws_a.iterdir()) == ["secret.txt"]
+    assert not (world.ws_b.parent / "escaped.txt").exists()
+    assert not any(p.name.startswith("planted") for p in world.data_dir.iterdir())
+
+
+async def test_no_database_socket_and_no_loopback_without_full_access(world: World) -> None:
+    socket_dir = world.database_url.split("host=")[1]
+    port = world.server.port
+    thread = await world.thread()
+    tools = await world.tools(
+        thread,
+        f"@tool ls -a {socket_dir}\n"
+        f"@tool timeout 5 bash -c 'echo > /dev/tcp/127.0.0.1/{port}' && echo CONNECTED\n"
+        "@reply done",
+    )
+    sock, loopback = tools
+    assert sock["status"] == "FAILED" and ".s.PGSQL" not in output(sock)
+    assert "CONNECTED" not in output(loopback)
+
+
+async def test_full_access_threads_do_not_reach_the_database_socket(world: World) -> None:
+    socket_dir = world.database_url.split("host=")[1]
+    thread = await world.thread("full_access", "open")
+    [sock] = await world.tools(thread, f"@tool ls -a {socket_dir}\n@reply done")
+    assert sock["status"] == "FAILED" and ".s.PGSQL" not in output(sock)
+
+
+async def test_delegated_threads_keep_the_parents_mode(world: World) -> None:
+    parent = await world.thread("read_only")
+    data = await world.attacker.gql(DELEGATE, {"t": parent, "text": "@write child.txt x\n@reply done"})
+    assert data["delegateTask"]["userErrors"] == []
+    child = data["delegateTask"]["thread"]
+    assert child["runtimeMode"] == "read_only"
