@@ -1,0 +1,77 @@
+"""Review of issue 12 item 10: the stop_session fallback ends only the interrupted run's turn.
+
+The other thread's turn waits for an approval (an event, not a delay), so it is certainly live
+on the shared runtime when the first thread's run is interrupted; it must still be answerable
+afterwards and complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import finished, run, send
+from tests.support.server import Client, ServerProcess
+from tests.support.waiting import until
+
+PROVIDERS = """
+[instances.stopper]
+driver = "scripted"
+supports_active_steering = false
+supports_interrupt = false
+interrupt_unsupported = "stop_session"
+"""
+INTERRUPT = """mutation($r: ID!) { interruptRun(input: {runId: $r, holdQueue: false}) {
+  run { status } userErrors { code } } }"""
+PENDING = "query($t: ID!) { thread(id: $t) { pendingRequests { id } } }"
+APPROVE = """mutation($r: ID!) { respondToApproval(input: {requestId: $r, decision: ACCEPT}) {
+  userErrors { code } } }"""
+
+
+@pytest.fixture
+def server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    config = tmp_path / "providers.toml"
+    config.write_text(PROVIDERS)
+    proc = ServerProcess(database_url, data_dir, env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
+    yield proc
+    proc.stop()
+    print("\n".join(proc.log[-60:]))
+
+
+async def test_stop_session_leaves_a_waiting_turn_on_the_same_runtime_answerable(
+    client: Client, tmp_path: Path
+) -> None:
+    root = tmp_path / "shared"
+    root.mkdir()
+    data = await client.gql(CREATE_PROJECT, {"name": "shared", "root": str(root)})
+    threads = []
+    for title in ("a", "b"):
+        made = await client.gql(
+            """mutation($p: ID!, $title: String!) {
+                 createThread(input: {projectId: $p, providerInstanceId: "stopper", title: $title}) {
+                   thread { id } userErrors { code } } }""",
+            {"p": data["createProject"]["project"]["id"], "title": title},
+        )
+        threads.append(made["createThread"]["thread"]["id"])
+    waiting = await send(client, threads[1], "@approval echo b\n@reply b done")
+
+    async def asked() -> list[dict[str, Any]]:
+        return list((await client.gql(PENDING, {"t": threads[1]}))["thread"]["pendingRequests"])
+
+    request = (await until(asked))[0]["id"]
+    interrupted = await send(client, threads[0], "@delay 20000\n@reply never")
+
+    async def running() -> bool:
+        return bool((await run(client, interrupted["run"]["id"]))["status"] == "RUNNING")
+
+    await until(running)
+    stopped = (await client.gql(INTERRUPT, {"r": interrupted["run"]["id"]}))["interruptRun"]
+    assert stopped == {"run": {"status": "INTERRUPTED"}, "userErrors": []}
+    assert (await run(client, waiting["run"]["id"]))["status"] == "WAITING"  # still waiting for its approval
+    assert (await client.gql(APPROVE, {"r": request}))["respondToApproval"]["userErrors"] == []
+    other = await finished(client, waiting["run"]["id"])
+    assert (other["status"], other["statusReason"]) == ("COMPLETED", None)
