@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import inspect
+import typing
 import uuid
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 import strawberry
 from graphql import (
@@ -130,6 +132,53 @@ async def connect(
         _relation=relation,
         _count_key=(parent, frozen),
     )
+
+
+_PAGE_PARAMS = [
+    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
+    for name, kind in (("first", int | None), ("after", str | None), ("last", int | None), ("before", str | None))
+]
+
+
+def paged(
+    relation: str,
+    node: str,
+    *,
+    parent: Callable[[Any], Hashable] = lambda obj: obj.rec.id,
+    description: str | None = None,
+) -> Callable[[Callable[..., Mapping[str, Any]]], Any]:
+    """A connection field over `relation` whose nodes are the type named `node` (in the caller's module).
+
+    The decorated function takes `(self, info, <its own arguments>)` and returns the relation's
+    filters; the field's arguments are the page arguments plus its own, so every connection
+    pages, counts and validates the same way.
+    """
+
+    def wrap(filters_of: Callable[..., Mapping[str, Any]]) -> Any:
+        namespace = filters_of.__globals__
+        hints = typing.get_type_hints(filters_of)
+        own = list(inspect.signature(filters_of).parameters.values())[2:]  # after (self, info)
+
+        async def resolve(self: Any, info: Info, **args: Any) -> Any:
+            page = {name: args.pop(name, None) for name in ("first", "after", "last", "before")}
+            filters = filters_of(self, info, **args)
+            return await connect(info, relation, parent(self), namespace[node].from_row, **page, filters=filters)
+
+        # Strawberry reads the field's arguments and type from the resolver's signature.
+        resolve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [
+                inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                inspect.Parameter("info", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Info),
+                *_PAGE_PARAMS,
+                *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name]) for p in own),
+            ],
+            return_annotation=Connection[Annotated[node, strawberry.lazy(filters_of.__module__)]],  # type: ignore[valid-type]
+        )
+        resolve.__name__ = resolve.__qualname__ = filters_of.__name__
+        resolve.__module__ = filters_of.__module__
+        return strawberry.field(resolver=resolve, description=description)
+
+    return wrap
 
 
 # The connection types of the schema and the type of their cursor's key.

@@ -6,6 +6,8 @@ before asking; the engine plans with the same values.
 
 from __future__ import annotations
 
+import inspect
+
 import strawberry
 
 from threadloom.api.context import Info
@@ -26,21 +28,10 @@ class ProviderCapabilities:
     supports_subagents: bool
     pending_requests_survive_restart: bool
 
-    @staticmethod
-    def of(caps: Capabilities) -> ProviderCapabilities:
-        return ProviderCapabilities(
-            supports_active_steering=caps.supports_active_steering,
-            supports_interrupt=caps.supports_interrupt,
-            supports_steering_by_interrupt_restart=caps.supports_steering_by_interrupt_restart,
-            can_fork_thread=caps.can_fork_thread,
-            can_fork_from_turn=caps.can_fork_from_turn,
-            can_rollback_thread=caps.can_rollback_thread,
-            can_read_thread_snapshot=caps.can_read_thread_snapshot,
-            supports_structured_questions=caps.supports_structured_questions,
-            emits_todo_list=caps.emits_todo_list,
-            supports_subagents=caps.supports_subagents,
-            pending_requests_survive_restart=caps.pending_requests_survive_restart,
-        )
+    @classmethod
+    def of(cls, caps: Capabilities) -> ProviderCapabilities:
+        """The driver's capabilities as declared above (the engine's own, such as empty thread creation, stay out)."""
+        return cls(**{name: getattr(caps, name) for name in inspect.get_annotations(cls)})
 
 
 @strawberry.type(description="A configured provider instance (docs/providers.md).")

@@ -12,7 +12,7 @@ from threadloom.api import enums
 from threadloom.api import ids as gid
 from threadloom.api.context import Info
 from threadloom.api.errors import ApiError
-from threadloom.api.pagination import Connection, connect
+from threadloom.api.pagination import Connection, paged
 from threadloom.api.providers import ProviderInstance, provider_instances
 from threadloom.api.types import NODE_TYPES, Node, Project, Run, Thread
 from threadloom.domain.errors import DomainError, ErrorCode
@@ -68,27 +68,9 @@ class Query:
     async def project(self, info: Info, id: strawberry.ID) -> Project | None:
         return await _typed(info, Project, id)  # type: ignore[no-any-return]
 
-    @strawberry.field
-    async def projects(
-        self,
-        info: Info,
-        first: int | None = None,
-        after: str | None = None,
-        last: int | None = None,
-        before: str | None = None,
-    ) -> Connection[Project]:
-        only = info.context.principal.project_id
-        return await connect(
-            info,
-            "projects",
-            None,
-            Project.from_row,
-            first=first,
-            after=after,
-            last=last,
-            before=before,
-            filters={"only_project": only},
-        )
+    @paged("projects", "Project", parent=lambda _: None)
+    def projects(self, info: Info) -> dict[str, Any]:
+        return {"only_project": info.context.principal.project_id}
 
     @strawberry.field
     async def thread(self, info: Info, id: strawberry.ID) -> Thread | None:
@@ -108,7 +90,8 @@ class Query:
         project = await _typed(info, Project, project_id)
         if project is None:
             return None
-        return await project.threads(info, first, after, last, before, include_archived)  # type: ignore[no-any-return]
+        page = {"first": first, "after": after, "last": last, "before": before}
+        return await project.threads(info, **page, include_archived=include_archived)  # type: ignore[no-any-return]
 
     @strawberry.field
     async def run(self, info: Info, id: strawberry.ID) -> Run | None:

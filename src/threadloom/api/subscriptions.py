@@ -9,7 +9,7 @@ resume from; a replay over the configured bound gets a `reload_required` item.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
 from typing import Annotated, Any, Union
 
@@ -158,45 +158,71 @@ async def _filtered(
         raise _too_slow(error) from None
 
 
-@strawberry.type
-class Subscription:
-    @strawberry.subscription(description="Replay after `afterSequence` (all when absent), `synchronized`, then live.")
-    async def thread_events(
-        self,
+def _marker(sequence: int, name: str) -> ThreadEvent:
+    return ThreadEvent(sequence=sequence, type=name, run_id=None, node_id=None, occurred_at=None, entity=None)
+
+
+def _thread_event(item: Any) -> ThreadEvent:
+    if isinstance(item, Synchronized):
+        return _marker(item.sequence, "synchronized")
+    if isinstance(item, ReloadRequired):
+        return _marker(item.latest, "reload_required")
+    return ThreadEvent(
+        sequence=item.sequence,
+        type=item.event_type,
+        run_id=_gid("Run", item.run_id),
+        node_id=_gid("ExecutionNode", item.node_id),
+        occurred_at=item.occurred_at,
+        entity=_entity(item),
+    )
+
+
+def _activity_item(item: Any) -> Any:
+    # cast: the union's type resolver then needs no structural match (see `_entity`).
+    if isinstance(item, LogEvent):
+        return strawberry.cast(Activity, Activity.from_row(item.payload))
+    if isinstance(item, ReloadRequired):
+        return strawberry.cast(ReloadRequiredItem, ReloadRequiredItem(sequence=item.latest))
+    return None  # `synchronized`: not an item of this subscription
+
+
+def _thread_subscription(
+    item_type: Any, to_item: Callable[[Any], Any], *, description: str, entity_type: str | None = None
+) -> Any:
+    """A subscription over a thread's filtered stream (`_filtered`), each replayed or live item mapped by
+    `to_item` (None: skipped). threadEvents and activities share these arguments and their meaning."""
+
+    async def resolve(
+        self: Any,
         info: Info,
         thread_id: strawberry.ID,
         after_sequence: int | None = None,
         run_id: strawberry.ID | None = None,
         node_id: strawberry.ID | None = None,
-    ) -> AsyncGenerator[ThreadEvent, None]:
-        async for item in _filtered(info, thread_id, after_sequence, run_id, node_id):
-            if isinstance(item, Synchronized):
-                yield ThreadEvent(
-                    sequence=item.sequence,
-                    type="synchronized",
-                    run_id=None,
-                    node_id=None,
-                    occurred_at=None,
-                    entity=None,
-                )
-            elif isinstance(item, ReloadRequired):
-                yield ThreadEvent(
-                    sequence=item.latest,
-                    type="reload_required",
-                    run_id=None,
-                    node_id=None,
-                    occurred_at=None,
-                    entity=None,
-                )
-            else:
-                yield ThreadEvent(
-                    sequence=item.sequence,
-                    type=item.event_type,
-                    run_id=_gid("Run", item.run_id),
-                    node_id=_gid("ExecutionNode", item.node_id),
-                    occurred_at=item.occurred_at,
-                    entity=_entity(item),
-                )
+    ) -> AsyncGenerator[Any, None]:
+        async for item in _filtered(info, thread_id, after_sequence, run_id, node_id, entity_type=entity_type):
+            found = to_item(item)
+            if found is not None:
+                yield found
+
+    resolve.__annotations__["return"] = AsyncGenerator[item_type, None]  # the field's type for Strawberry
+    return strawberry.subscription(resolver=resolve, description=description)
+
+
+@strawberry.type
+class Subscription:
+    thread_events = _thread_subscription(
+        ThreadEvent,
+        _thread_event,
+        description="Replay after `afterSequence` (all when absent), `synchronized`, then live.",
+    )
+    activities = _thread_subscription(
+        ActivityItem,
+        _activity_item,
+        entity_type="activity",
+        description="Activities of a thread: replay after `afterSequence`, then live; a `ReloadRequired` item "
+        "instead when the replay would be too long.",
+    )
 
     @strawberry.subscription(
         description="The status of a run (or of the thread's runs) as it changes. Starts with the current status "
@@ -235,7 +261,7 @@ class Subscription:
                 return None
             seen[row.entity_id] = status
             run_obj = Run.from_row(row.payload)
-            return RunStatusUpdate(sequence=row.sequence, run=run_obj, status=run_obj.status)
+            return RunStatusUpdate(sequence=row.sequence, run=run_obj, status=run_obj.rec.status)
 
         for row in current:
             first = update(row)
@@ -253,27 +279,8 @@ class Subscription:
             raise _too_slow(error) from None
 
     @strawberry.subscription(
-        description="Activities of a thread: replay after `afterSequence`, then live; a `ReloadRequired` item "
-        "instead when the replay would be too long."
-    )
-    async def activities(
-        self,
-        info: Info,
-        thread_id: strawberry.ID,
-        after_sequence: int | None = None,
-        run_id: strawberry.ID | None = None,
-        node_id: strawberry.ID | None = None,
-    ) -> AsyncGenerator[ActivityItem, None]:
-        async for item in _filtered(info, thread_id, after_sequence, run_id, node_id, entity_type="activity"):
-            # cast: the union's type resolver then needs no structural match (see `_entity`).
-            if isinstance(item, LogEvent):
-                yield strawberry.cast(Activity, Activity.from_row(item.payload))
-            elif isinstance(item, ReloadRequired):
-                yield strawberry.cast(ReloadRequiredItem, ReloadRequiredItem(sequence=item.latest))
-
-    @strawberry.subscription(
         description="Every thread change of a project, for dashboards. Resume with `after`. A resume with more "
-        "than THREADLOOM_MAX_REPLAY changes behind it gets one item `type: \"reload_required\"` (no thread) whose "
+        'than THREADLOOM_MAX_REPLAY changes behind it gets one item `type: "reload_required"` (no thread) whose '
         "`cursor` is the feed's head: reload the threads by query, then subscribe with `after: cursor`."
     )
     async def project_threads(

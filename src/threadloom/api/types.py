@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
+import typing
 import uuid
-from collections.abc import Mapping
-from datetime import datetime
-from typing import Any, ClassVar, Self, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Self, TypeVar, dataclass_transform
 
 import sqlalchemy as sa
 import strawberry
@@ -22,7 +23,7 @@ from threadloom.api import enums
 from threadloom.api import ids as gid
 from threadloom.api.context import Info
 from threadloom.api.feed_cursor import encode_feed_cursor
-from threadloom.api.pagination import Connection, connect
+from threadloom.api.pagination import paged
 from threadloom.domain import entities as e
 from threadloom.domain.records import Record
 from threadloom.domain.threads import thread_status
@@ -61,6 +62,39 @@ class _Entity:
         return cls(id=gid.encode(cls.__name__, rec.id), rec=rec, **values, **extra)  # type: ignore[call-arg]
 
 
+def _is_reference(hint: Any) -> bool:
+    return hint is uuid.UUID or hint == uuid.UUID | None
+
+
+@dataclass_transform(kw_only_default=True)
+def _entity(record: type[Record], *, hide: tuple[str, ...] = ()) -> Callable[[type[E]], type[E]]:
+    """The GraphQL type of `record`: a Strawberry type exposing the record's own fields.
+
+    A field is declared once, on its entity. The type gets every field of the record except
+    `id` (the global id replaces it), references (UUID fields: the class names those objects
+    as relation fields), `hide`, and what the class declares itself (a description, a resolver).
+    Json fields become the JSON scalar. The schema drift test shows any change this makes.
+    """
+
+    def wrap(cls: type[E]) -> type[E]:
+        hints = typing.get_type_hints(record)
+        own = inspect.get_annotations(cls)
+        derived = {
+            f.name: JSON | None if hints[f.name] is Any else hints[f.name]
+            for f in dataclasses.fields(record)
+            if f.name != "id"
+            and f.name not in hide
+            and f.name not in own
+            and f.name not in cls.__dict__
+            and not _is_reference(hints[f.name])
+        }
+        cls.__annotations__ = {**derived, **own}
+        cls._record = record
+        return strawberry.type(cls)
+
+    return wrap
+
+
 async def _load(info: Info, cls: type[E], entity_id: uuid.UUID | None) -> E | None:
     """Load an object of the same project as its parent (no visibility re-check needed)."""
     if entity_id is None:
@@ -80,36 +114,41 @@ async def _children(info: Info, cls: type[E], relation: str, parent: uuid.UUID) 
     return [cls.from_row(r) for r in rows]
 
 
-@strawberry.type
-class Project(Node, _Entity):
-    _record = e.Project
-    rec: strawberry.Private[e.Project]
-    name: str
-    workspace_root: str
-    created_at: datetime
-    updated_at: datetime
+def _one(
+    type_name: str, attr: str, *, visible: bool = False, required: bool = False, description: str | None = None
+) -> Any:
+    """A field naming one object by the id in `self.rec.<attr>` (the field's annotation gives its type).
 
-    @strawberry.field
-    async def threads(
-        self,
-        info: Info,
-        first: int | None = None,
-        after: str | None = None,
-        last: int | None = None,
-        before: str | None = None,
-        include_archived: bool = False,
-    ) -> Connection[Thread]:
-        return await connect(
-            info,
-            "project.threads",
-            self.rec.id,
-            Thread.from_row,
-            first=first,
-            after=after,
-            last=last,
-            before=before,
-            filters={"include_archived": include_archived},
-        )
+    `visible`: the object may live in another project, so it is checked against the token.
+    `required`: the id is never null (the annotation is non-null).
+    """
+
+    async def resolve(self: Any, info: Info) -> Any:
+        found = await (_load_visible if visible else _load)(info, NODE_TYPES[type_name], getattr(self.rec, attr))
+        assert found is not None or not required, f"{type_name} {attr} missing"
+        return found
+
+    resolve.__name__ = attr
+    return strawberry.field(resolver=resolve, description=description)
+
+
+def _many(type_name: str, relation: str, *, description: str | None = None) -> Any:
+    """A list field of the children of `self` along a loader relation."""
+
+    async def resolve(self: Any, info: Info) -> Any:
+        return await _children(info, NODE_TYPES[type_name], relation, self.rec.id)
+
+    resolve.__name__ = relation.replace(".", "_")
+    return strawberry.field(resolver=resolve, description=description)
+
+
+@_entity(e.Project)
+class Project(Node, _Entity):
+    rec: strawberry.Private[e.Project]
+
+    @paged("project.threads", "Thread")
+    def threads(self, info: Info, include_archived: bool = False) -> dict[str, Any]:
+        return {"include_archived": include_archived}
 
     @strawberry.field(description="The projectThreads position now: query, then subscribe with after: feedCursor.")
     async def feed_cursor(self, info: Info) -> str:
@@ -121,38 +160,29 @@ class Project(Node, _Entity):
 @strawberry.type
 class Lineage:
     relationship: enums.LineageRelationship | None
-    _parent_id: strawberry.Private[uuid.UUID | None]
-    _root_id: strawberry.Private[uuid.UUID | None]
-    _transfer_id: strawberry.Private[uuid.UUID | None]
-
-    @strawberry.field
-    async def parent_thread(self, info: Info) -> Thread | None:
-        return await _load_visible(info, Thread, self._parent_id)
-
-    @strawberry.field
-    async def root_thread(self, info: Info) -> Thread | None:
-        return await _load_visible(info, Thread, self._root_id)
-
-    @strawberry.field(description="The transfer this thread was forked through, if it is a fork.")
-    async def forked_from(self, info: Info) -> ContextTransfer | None:
-        return await _load_visible(info, ContextTransfer, self._transfer_id)
+    rec: strawberry.Private[e.AppThread]
+    parent_thread: Thread | None = _one("Thread", "parent_thread_id", visible=True)
+    root_thread: Thread | None = _one("Thread", "root_thread_id", visible=True)
+    forked_from: ContextTransfer | None = _one(
+        "ContextTransfer",
+        "forked_from_transfer_id",
+        visible=True,
+        description="The transfer this thread was forked through, if it is a fork.",
+    )
 
 
-@strawberry.type
+@_entity(e.AppThread, hide=("lineage_relationship",))  # shown in `lineage`
 class Thread(Node, _Entity):
-    _record = e.AppThread
     _row_extras = ("last_sequence",)
     rec: strawberry.Private[e.AppThread]
-    title: str
-    provider_instance_id: str
-    model: str | None
-    runtime_mode: str
-    queue_held: bool
-    queue_hold_reason: str | None
-    archived_at: datetime | None
-    created_at: datetime
-    updated_at: datetime
     last_sequence: strawberry.Private[int] = 0
+    project: Project = _one("Project", "project_id", required=True)
+    active_run: Run | None = _one("Run", "active_run_id")
+    queue: list[Run] = _many("Run", "thread.queue", description="Queued runs in the order they will start.")
+    pending_requests: list[RuntimeRequest] = _many(
+        "RuntimeRequest", "thread.pendingRequests", description="Approvals and questions waiting for an answer."
+    )
+    provider_threads: list[ProviderThread] = _many("ProviderThread", "thread.providerThreads")
 
     @strawberry.field(description="The sequence of the newest event in this thread's log.")
     def latest_sequence(self) -> int:
@@ -161,85 +191,24 @@ class Thread(Node, _Entity):
     @strawberry.field(description="IDLE, or the status of the active run.")
     async def status(self, info: Info) -> enums.ThreadStatus:
         run = await _load(info, Run, self.rec.active_run_id)
-        return thread_status(None if run is None else run.status.value)
+        return thread_status(None if run is None else run.rec.status.value)
 
-    @strawberry.field
-    async def project(self, info: Info) -> Project:
-        project: Project | None = await _load(info, Project, self.rec.project_id)
-        assert project is not None
-        return project
+    @paged("thread.runs", "Run")
+    def runs(self, info: Info) -> dict[str, Any]:
+        return {}
 
-    @strawberry.field
-    async def active_run(self, info: Info) -> Run | None:
-        return await _load(info, Run, self.rec.active_run_id)
+    @paged("thread.messages", "ConversationMessage")
+    def messages(self, info: Info) -> dict[str, Any]:
+        return {}
 
-    @strawberry.field
-    async def runs(
-        self,
-        info: Info,
-        first: int | None = None,
-        after: str | None = None,
-        last: int | None = None,
-        before: str | None = None,
-    ) -> Connection[Run]:
-        return await connect(
-            info, "thread.runs", self.rec.id, Run.from_row, first=first, after=after, last=last, before=before
-        )
-
-    @strawberry.field(description="Queued runs in the order they will start.")
-    async def queue(self, info: Info) -> list[Run]:
-        return await _children(info, Run, "thread.queue", self.rec.id)
-
-    @strawberry.field
-    async def messages(
-        self,
-        info: Info,
-        first: int | None = None,
-        after: str | None = None,
-        last: int | None = None,
-        before: str | None = None,
-    ) -> Connection[ConversationMessage]:
-        return await connect(
-            info,
-            "thread.messages",
-            self.rec.id,
-            ConversationMessage.from_row,
-            first=first,
-            after=after,
-            last=last,
-            before=before,
-        )
-
-    @strawberry.field
-    async def activities(
-        self,
-        info: Info,
-        first: int | None = None,
-        after: str | None = None,
-        last: int | None = None,
-        before: str | None = None,
-        run_id: strawberry.ID | None = None,
-        node_id: strawberry.ID | None = None,
-    ) -> Connection[Activity]:
-        filters = {
+    @paged("thread.activities", "Activity")
+    def activities(
+        self, info: Info, run_id: strawberry.ID | None = None, node_id: strawberry.ID | None = None
+    ) -> dict[str, Any]:
+        return {
             "run_id": None if run_id is None else gid.maybe_as(run_id, "Run") or uuid.UUID(int=0),
             "node_id": None if node_id is None else gid.maybe_as(node_id, "ExecutionNode") or uuid.UUID(int=0),
         }
-        return await connect(
-            info,
-            "thread.activities",
-            self.rec.id,
-            Activity.from_row,
-            first=first,
-            after=after,
-            last=last,
-            before=before,
-            filters=filters,
-        )
-
-    @strawberry.field(description="Approvals and questions waiting for an answer.")
-    async def pending_requests(self, info: Info) -> list[RuntimeRequest]:
-        return await _children(info, RuntimeRequest, "thread.pendingRequests", self.rec.id)
 
     @strawberry.field(description="The thread's plan view: the newest todo list of a run's root turn.")
     async def todo_list(self, info: Info) -> PlanArtifact | None:
@@ -250,37 +219,17 @@ class Thread(Node, _Entity):
         return None
 
     @strawberry.field
-    async def provider_threads(self, info: Info) -> list[ProviderThread]:
-        return await _children(info, ProviderThread, "thread.providerThreads", self.rec.id)
-
-    @strawberry.field
     def lineage(self) -> Lineage:
-        return Lineage(
-            relationship=self.rec.lineage_relationship,
-            _parent_id=self.rec.parent_thread_id,
-            _root_id=self.rec.root_thread_id,
-            _transfer_id=self.rec.forked_from_transfer_id,
-        )
+        return Lineage(relationship=self.rec.lineage_relationship, rec=self.rec)
 
 
 @strawberry.type(description="A parent→child link of the execution graph; both ends are nodes of the graph.")
 class ExecutionEdge:
-    _parent_id: strawberry.Private[uuid.UUID]
-    _child_id: strawberry.Private[uuid.UUID]
-
-    @strawberry.field
-    async def parent(self, info: Info) -> ExecutionNode:
-        # The graph primed the row loader with its nodes: no statement unless the parent
-        # lives outside this run.
-        node = await _load(info, ExecutionNode, self._parent_id)
-        assert node is not None
-        return node
-
-    @strawberry.field
-    async def child(self, info: Info) -> ExecutionNode:
-        node = await _load(info, ExecutionNode, self._child_id)
-        assert node is not None
-        return node
+    # The graph primed the row loader with its nodes: no statement unless the parent lives
+    # outside this run.
+    rec: strawberry.Private[e.ExecutionNode]
+    parent: ExecutionNode = _one("ExecutionNode", "parent_node_id", required=True)
+    child: ExecutionNode = _one("ExecutionNode", "id", required=True)
 
 
 @strawberry.type
@@ -289,361 +238,128 @@ class ExecutionGraph:
     edges: list[ExecutionEdge]
 
 
-@strawberry.type
+@_entity(e.Run)
 class Run(Node, _Entity):
-    _record = e.Run
     rec: strawberry.Private[e.Run]
-    ordinal: int
-    status: enums.RunStatus
-    status_reason: str | None
-    queue_position: int | None
-    provider_instance_id: str
-    model: str | None
-    interrupt_requested_at: datetime | None
-    requested_at: datetime
-    started_at: datetime | None
-    completed_at: datetime | None
-
-    @strawberry.field
-    async def thread(self, info: Info) -> Thread:
-        thread: Thread | None = await _load(info, Thread, self.rec.thread_id)
-        assert thread is not None
-        return thread
-
-    @strawberry.field
-    async def attempts(self, info: Info) -> list[RunAttempt]:
-        return await _children(info, RunAttempt, "run.attempts", self.rec.id)
-
-    @strawberry.field
-    async def active_attempt(self, info: Info) -> RunAttempt | None:
-        return await _load(info, RunAttempt, self.rec.active_attempt_id)
-
-    @strawberry.field
-    async def root_node(self, info: Info) -> ExecutionNode | None:
-        return await _load(info, ExecutionNode, self.rec.root_node_id)
-
-    @strawberry.field
-    async def user_message(self, info: Info) -> ConversationMessage | None:
-        return await _load(info, ConversationMessage, self.rec.user_message_id)
-
-    @strawberry.field
-    async def supersedes_run(self, info: Info) -> Run | None:
-        return await _load(info, Run, self.rec.supersedes_run_id)
-
-    @strawberry.field
-    async def provider_thread(self, info: Info) -> ProviderThread | None:
-        return await _load(info, ProviderThread, self.rec.provider_thread_id)
-
-    @strawberry.field
-    async def checkpoint(self, info: Info) -> Checkpoint | None:
-        return await _load(info, Checkpoint, self.rec.checkpoint_id)
-
-    @strawberry.field
-    async def context_handoff(self, info: Info) -> ContextHandoff | None:
-        return await _load(info, ContextHandoff, self.rec.context_handoff_id)
+    thread: Thread = _one("Thread", "thread_id", required=True)
+    attempts: list[RunAttempt] = _many("RunAttempt", "run.attempts")
+    active_attempt: RunAttempt | None = _one("RunAttempt", "active_attempt_id")
+    root_node: ExecutionNode | None = _one("ExecutionNode", "root_node_id")
+    user_message: ConversationMessage | None = _one("ConversationMessage", "user_message_id")
+    supersedes_run: Run | None = _one("Run", "supersedes_run_id")
+    provider_thread: ProviderThread | None = _one("ProviderThread", "provider_thread_id")
+    checkpoint: Checkpoint | None = _one("Checkpoint", "checkpoint_id")
+    context_handoff: ContextHandoff | None = _one("ContextHandoff", "context_handoff_id")
+    plans: list[PlanArtifact] = _many("PlanArtifact", "run.plans")
+    runtime_requests: list[RuntimeRequest] = _many("RuntimeRequest", "run.requests")
 
     @strawberry.field(description="Every node of every attempt of this run, and the parent→child edges.")
     async def execution_graph(self, info: Info) -> ExecutionGraph:
         rows = await info.context.loaders.children("run.nodes").load(self.rec.id)
         info.context.loaders.rows(t.execution_nodes).prime_many({r["id"]: r for r in rows})
         nodes = [ExecutionNode.from_row(r) for r in rows]
-        edges = [
-            ExecutionEdge(_parent_id=n.rec.parent_node_id, _child_id=n.rec.id)
-            for n in nodes
-            if n.rec.parent_node_id is not None
-        ]
+        edges = [ExecutionEdge(rec=n.rec) for n in nodes if n.rec.parent_node_id is not None]
         return ExecutionGraph(nodes=nodes, edges=edges)
 
-    @strawberry.field
-    async def plans(self, info: Info) -> list[PlanArtifact]:
-        return await _children(info, PlanArtifact, "run.plans", self.rec.id)
 
-    @strawberry.field
-    async def runtime_requests(self, info: Info) -> list[RuntimeRequest]:
-        return await _children(info, RuntimeRequest, "run.requests", self.rec.id)
-
-
-@strawberry.type
+@_entity(e.RunAttempt)
 class RunAttempt(Node, _Entity):
-    _record = e.RunAttempt
     rec: strawberry.Private[e.RunAttempt]
-    attempt_ordinal: int
-    reason: enums.AttemptReason
-    status: enums.AttemptStatus
-    status_reason: str | None
-    created_at: datetime
-    completed_at: datetime | None
-
-    @strawberry.field
-    async def run(self, info: Info) -> Run:
-        run: Run | None = await _load(info, Run, self.rec.run_id)
-        assert run is not None
-        return run
-
-    @strawberry.field
-    async def root_node(self, info: Info) -> ExecutionNode | None:
-        return await _load(info, ExecutionNode, self.rec.root_node_id)
-
-    @strawberry.field
-    async def provider_turns(self, info: Info) -> list[ProviderTurn]:
-        return await _children(info, ProviderTurn, "attempt.turns", self.rec.id)
+    run: Run = _one("Run", "run_id", required=True)
+    root_node: ExecutionNode | None = _one("ExecutionNode", "root_node_id")
+    provider_turns: list[ProviderTurn] = _many("ProviderTurn", "attempt.turns")
 
 
-@strawberry.type
+@_entity(e.ExecutionNode)
 class ExecutionNode(Node, _Entity):
-    _record = e.ExecutionNode
     rec: strawberry.Private[e.ExecutionNode]
-    kind: enums.NodeKind
-    status: enums.NodeStatus
-    counts_for_run: bool
-    title: str | None
-    detail: JSON | None
-    created_at: datetime
-    updated_at: datetime
-    completed_at: datetime | None
-
-    @strawberry.field
-    async def parent(self, info: Info) -> ExecutionNode | None:
-        return await _load(info, ExecutionNode, self.rec.parent_node_id)
-
-    @strawberry.field
-    async def children(self, info: Info) -> list[ExecutionNode]:
-        return await _children(info, ExecutionNode, "node.children", self.rec.id)
-
-    @strawberry.field
-    async def run(self, info: Info) -> Run:
-        run: Run | None = await _load(info, Run, self.rec.run_id)
-        assert run is not None
-        return run
-
-    @strawberry.field
-    async def attempt(self, info: Info) -> RunAttempt | None:
-        return await _load(info, RunAttempt, self.rec.attempt_id)
-
-    @strawberry.field
-    async def runtime_request(self, info: Info) -> RuntimeRequest | None:
-        return await _load(info, RuntimeRequest, self.rec.runtime_request_id)
-
-    @strawberry.field(description="The delegated child thread of a subagent node.")
-    async def child_thread(self, info: Info) -> Thread | None:
-        return await _load_visible(info, Thread, self.rec.child_thread_id)
+    parent: ExecutionNode | None = _one("ExecutionNode", "parent_node_id")
+    children: list[ExecutionNode] = _many("ExecutionNode", "node.children")
+    run: Run = _one("Run", "run_id", required=True)
+    attempt: RunAttempt | None = _one("RunAttempt", "attempt_id")
+    runtime_request: RuntimeRequest | None = _one("RuntimeRequest", "runtime_request_id")
+    child_thread: Thread | None = _one(
+        "Thread", "child_thread_id", visible=True, description="The delegated child thread of a subagent node."
+    )
 
 
-@strawberry.type
+@_entity(e.ConversationMessage)
 class ConversationMessage(Node, _Entity):
-    _record = e.ConversationMessage
     rec: strawberry.Private[e.ConversationMessage]
-    role: enums.MessageRole
-    text: str
-    streaming: bool
-    input_intent: enums.InputIntent | None
-    client_message_id: str | None
-    created_at: datetime
-    updated_at: datetime
-
-    @strawberry.field
-    async def run(self, info: Info) -> Run | None:
-        return await _load(info, Run, self.rec.run_id)
-
-    @strawberry.field
-    async def thread(self, info: Info) -> Thread:
-        thread: Thread | None = await _load(info, Thread, self.rec.thread_id)
-        assert thread is not None
-        return thread
+    run: Run | None = _one("Run", "run_id")
+    thread: Thread = _one("Thread", "thread_id", required=True)
 
 
-@strawberry.type
+@_entity(e.ProviderSession, hide=("lease_expires_at",))  # ownership has no expiry: see `owner`
 class ProviderSession(Node, _Entity):
-    _record = e.ProviderSession
     rec: strawberry.Private[e.ProviderSession]
-    provider_instance_id: str
-    status: enums.ProviderSessionStatus
     owner: str | None = strawberry.field(
         description="The server process holding the live runtime. Ownership lasts as long as that process holds "
         "its advisory lock in PostgreSQL, so it has no expiry time."
     )
-    capabilities: JSON | None
-    last_error: str | None
-    created_at: datetime
-    updated_at: datetime
 
 
 @strawberry.type
+class _InRun:
+    """The fields of objects made within a run, at one of its nodes (not a schema type itself)."""
+
+    run: Run | None = _one("Run", "run_id")
+    node: ExecutionNode | None = _one("ExecutionNode", "node_id")
+
+
+@_entity(e.ProviderThread)
 class ProviderThread(Node, _Entity):
-    _record = e.ProviderThread
     rec: strawberry.Private[e.ProviderThread]
-    provider_instance_id: str
-    native_thread_ref: str | None
-    status: enums.ProviderThreadStatus
-    first_run_ordinal: int | None
-    last_run_ordinal: int | None
-    created_at: datetime
-    updated_at: datetime
-
-    @strawberry.field
-    async def thread(self, info: Info) -> Thread:
-        thread: Thread | None = await _load(info, Thread, self.rec.app_thread_id)
-        assert thread is not None
-        return thread
-
-    @strawberry.field
-    async def forked_from(self, info: Info) -> ProviderThread | None:
-        return await _load_visible(info, ProviderThread, self.rec.forked_from_provider_thread_id)
-
-    @strawberry.field
-    async def session(self, info: Info) -> ProviderSession | None:
-        return await _load_visible(info, ProviderSession, self.rec.session_id)
+    thread: Thread = _one("Thread", "thread_id", required=True)
+    forked_from: ProviderThread | None = _one("ProviderThread", "forked_from_provider_thread_id", visible=True)
+    session: ProviderSession | None = _one("ProviderSession", "session_id", visible=True)
 
 
-@strawberry.type
+@_entity(e.ProviderTurn)
 class ProviderTurn(Node, _Entity):
-    _record = e.ProviderTurn
     rec: strawberry.Private[e.ProviderTurn]
-    native_turn_ref: str | None
-    ordinal: int
-    status: enums.ProviderTurnStatus
-    created_at: datetime
-    completed_at: datetime | None
-
-    @strawberry.field
-    async def attempt(self, info: Info) -> RunAttempt | None:
-        return await _load(info, RunAttempt, self.rec.run_attempt_id)
-
-    @strawberry.field
-    async def node(self, info: Info) -> ExecutionNode | None:
-        return await _load(info, ExecutionNode, self.rec.node_id)
-
-    @strawberry.field
-    async def provider_thread(self, info: Info) -> ProviderThread | None:
-        return await _load(info, ProviderThread, self.rec.provider_thread_id)
+    attempt: RunAttempt | None = _one("RunAttempt", "run_attempt_id")
+    node: ExecutionNode | None = _one("ExecutionNode", "node_id")
+    provider_thread: ProviderThread | None = _one("ProviderThread", "provider_thread_id")
 
 
-@strawberry.type
+@_entity(e.ContextTransfer)
 class ContextTransfer(Node, _Entity):
-    _record = e.ContextTransfer
     rec: strawberry.Private[e.ContextTransfer]
-    type: enums.TransferType
-    source_point: JSON | None
-    base_point: JSON | None
-    status: enums.TransferStatus
-    resolution_strategy: str | None
-    resolution_fidelity: str | None
-    created_at: datetime
-    updated_at: datetime
-
-    @strawberry.field
-    async def source_thread(self, info: Info) -> Thread | None:
-        return await _load_visible(info, Thread, self.rec.source_thread_id)
-
-    @strawberry.field
-    async def target_thread(self, info: Info) -> Thread | None:
-        return await _load_visible(info, Thread, self.rec.target_thread_id)
-
-    @strawberry.field
-    async def target_run(self, info: Info) -> Run | None:
-        return await _load_visible(info, Run, self.rec.target_run_id)
+    source_thread: Thread | None = _one("Thread", "source_thread_id", visible=True)
+    target_thread: Thread | None = _one("Thread", "thread_id", visible=True)
+    target_run: Run | None = _one("Run", "target_run_id", visible=True)
 
 
-@strawberry.type
+@_entity(e.ContextHandoff, hide=("from_provider_thread_ids",))
 class ContextHandoff(Node, _Entity):
-    _record = e.ContextHandoff
     rec: strawberry.Private[e.ContextHandoff]
-    strategy: enums.HandoffStrategy
-    status: enums.HandoffStatus
     text: str = strawberry.field(description="Exactly the context the provider received.")
-    token_estimate: int
-    covered_run_ordinals: JSON | None
-    created_at: datetime
-
-    @strawberry.field
-    async def transfer(self, info: Info) -> ContextTransfer | None:
-        return await _load_visible(info, ContextTransfer, self.rec.transfer_id)
-
-    @strawberry.field
-    async def target_run(self, info: Info) -> Run | None:
-        return await _load(info, Run, self.rec.target_run_id)
+    transfer: ContextTransfer | None = _one("ContextTransfer", "transfer_id", visible=True)
+    target_run: Run | None = _one("Run", "target_run_id")
 
 
-@strawberry.type
-class CheckpointScope(Node, _Entity):
-    _record = e.CheckpointScope
+@_entity(e.CheckpointScope)
+class CheckpointScope(_InRun, Node, _Entity):
     rec: strawberry.Private[e.CheckpointScope]
-    kind: enums.CheckpointScopeKind
-    advances_run_count: bool
-    created_at: datetime
-
-    @strawberry.field
-    async def run(self, info: Info) -> Run | None:
-        return await _load(info, Run, self.rec.run_id)
-
-    @strawberry.field
-    async def node(self, info: Info) -> ExecutionNode | None:
-        return await _load(info, ExecutionNode, self.rec.node_id)
-
-    @strawberry.field
-    async def parent_scope(self, info: Info) -> CheckpointScope | None:
-        return await _load(info, CheckpointScope, self.rec.parent_scope_id)
+    parent_scope: CheckpointScope | None = _one("CheckpointScope", "parent_scope_id")
 
 
-@strawberry.type
+@_entity(e.Checkpoint)
 class Checkpoint(Node, _Entity):
-    _record = e.Checkpoint
     rec: strawberry.Private[e.Checkpoint]
-    ordinal: int
-    ref: str | None
-    status: enums.CheckpointStatus
-    files: JSON | None
-    created_at: datetime
-
-    @strawberry.field
-    async def scope(self, info: Info) -> CheckpointScope | None:
-        return await _load(info, CheckpointScope, self.rec.scope_id)
-
-    @strawberry.field
-    async def run(self, info: Info) -> Run | None:
-        return await _load(info, Run, self.rec.run_id)
+    scope: CheckpointScope | None = _one("CheckpointScope", "scope_id")
+    run: Run | None = _one("Run", "run_id")
 
 
-@strawberry.type
-class RuntimeRequest(Node, _Entity):
-    _record = e.RuntimeRequest
+@_entity(e.RuntimeRequest, hide=("native_request_ref",))
+class RuntimeRequest(_InRun, Node, _Entity):
     rec: strawberry.Private[e.RuntimeRequest]
-    kind: enums.RuntimeRequestKind
-    status: enums.RuntimeRequestStatus
-    response_capability: enums.ResponseCapability
-    not_resumable_reason: str | None
-    payload: JSON | None
-    response: JSON | None
-    created_at: datetime
-    resolved_at: datetime | None
-
-    @strawberry.field
-    async def node(self, info: Info) -> ExecutionNode | None:
-        return await _load(info, ExecutionNode, self.rec.node_id)
-
-    @strawberry.field
-    async def run(self, info: Info) -> Run | None:
-        return await _load(info, Run, self.rec.run_id)
 
 
-@strawberry.type
-class PlanArtifact(Node, _Entity):
-    _record = e.PlanArtifact
+@_entity(e.PlanArtifact)
+class PlanArtifact(_InRun, Node, _Entity):
     rec: strawberry.Private[e.PlanArtifact]
-    kind: enums.PlanKind
-    items: JSON | None
-    text: str | None
-    status: enums.PlanStatus
-    created_at: datetime
-    updated_at: datetime
-
-    @strawberry.field
-    async def run(self, info: Info) -> Run | None:
-        return await _load(info, Run, self.rec.run_id)
-
-    @strawberry.field
-    async def node(self, info: Info) -> ExecutionNode | None:
-        return await _load(info, ExecutionNode, self.rec.node_id)
 
 
 # Keys of activity payloads that name an object, and the type of their global id. The log
@@ -681,14 +397,9 @@ def _global_ids(payload: object) -> JSON | None:
     return JSON(out)
 
 
-@strawberry.type
+@_entity(e.Activity)
 class Activity(Node, _Entity):
-    _record = e.Activity
     rec: strawberry.Private[e.Activity]
-    sequence: int
-    kind: str
-    summary: str
-    created_at: datetime
 
     @strawberry.field(
         description="Details of the activity. Ids of objects in it (`runId`, `childThreadId`, `transferId`, "
@@ -707,24 +418,6 @@ class Activity(Node, _Entity):
         return None if rid is None else strawberry.ID(gid.encode("ExecutionNode", rid))
 
 
-NODE_TYPES: dict[str, Any] = {
-    cls.__name__: cls
-    for cls in (
-        Project,
-        Thread,
-        Run,
-        RunAttempt,
-        ExecutionNode,
-        ConversationMessage,
-        ProviderSession,
-        ProviderThread,
-        ProviderTurn,
-        ContextTransfer,
-        ContextHandoff,
-        CheckpointScope,
-        Checkpoint,
-        RuntimeRequest,
-        PlanArtifact,
-        Activity,
-    )
-}
+# One GraphQL type per entity, in the entities' order (`_entity` set each type's record).
+_BY_RECORD: dict[type[Record], Any] = {cls._record: cls for cls in _Entity.__subclasses__()}
+NODE_TYPES: dict[str, Any] = {_BY_RECORD[record].__name__: _BY_RECORD[record] for record in e.ENTITY_TYPES}

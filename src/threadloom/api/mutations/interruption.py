@@ -9,22 +9,20 @@ import strawberry
 from threadloom.api import ids as gid
 from threadloom.api.context import Context
 from threadloom.api.errors import UserError
-from threadloom.api.mutations.payloads import RUN, THREAD, key, mutation, returning, run_id, thread_id
+from threadloom.api.mutations.payloads import RUN, THREAD, KeyedInput, mutation, returning, run_id, thread_id
 from threadloom.api.types import ExecutionNode
 
 
 @strawberry.input
-class InterruptRunInput:
+class InterruptRunInput(KeyedInput):
     run_id: strawberry.ID
     hold_queue: bool = strawberry.field(default=False, description="Also hold the queue: the Stop button.")
-    client_mutation_id: str | None = None
 
 
 @strawberry.input
-class InterruptNodeInput:
+class InterruptNodeInput(KeyedInput):
     node_id: strawberry.ID
     hold_queue: bool = False
-    client_mutation_id: str | None = None
 
 
 @strawberry.type
@@ -35,36 +33,31 @@ class NodePayload:
 
 
 @strawberry.input
-class StopThreadInput:
+class StopThreadInput(KeyedInput):
     thread_id: strawberry.ID
-    client_mutation_id: str | None = None
 
 
 @strawberry.type
 class InterruptionMutation:
-    @mutation(
-        RUN,
-        description="Ask the provider to interrupt a run (a queued run is cancelled). The run ends when the "
-        "provider says so; with holdQueue it is the Stop button.",
-    )
+    @mutation(RUN)
     async def interrupt_run(ctx: Context, input: InterruptRunInput) -> uuid.UUID:
+        """Ask the provider to interrupt a run (a queued run is cancelled). The run ends when the provider says so; with
+        holdQueue it is the Stop button."""
         run = run_id(input.run_id)
-        return await ctx.services.interruption.interrupt_run(
-            ctx.principal, run, hold_queue=input.hold_queue, key=key(input.client_mutation_id)
+        return await ctx.services.control.interrupt_run(
+            ctx.principal, run, hold_queue=input.hold_queue, key=input.key()
         )
 
-    @mutation(
-        returning(NodePayload, "node", ExecutionNode),
-        description="Interrupt by node: a root turn node interrupts its run, a delegated subagent node stops its "
-        "child thread; other nodes are NOT_INTERRUPTIBLE.",
-    )
+    @mutation(returning(NodePayload, "node", ExecutionNode))
     async def interrupt_node(ctx: Context, input: InterruptNodeInput) -> uuid.UUID:
+        """Interrupt by node: a root turn node interrupts its run, a delegated subagent node stops its child thread;
+        other nodes are NOT_INTERRUPTIBLE."""
         node = gid.decode_as(input.node_id, "ExecutionNode", "nodeId")
-        return await ctx.services.interruption.interrupt_node(
-            ctx.principal, node, hold_queue=input.hold_queue, key=key(input.client_mutation_id)
+        return await ctx.services.control.interrupt_node(
+            ctx.principal, node, hold_queue=input.hold_queue, key=input.key()
         )
 
-    @mutation(THREAD, description="Stop: hold the queue, interrupt the active run, stop every delegated task.")
+    @mutation(THREAD)
     async def stop_thread(ctx: Context, input: StopThreadInput) -> uuid.UUID:
-        thread = thread_id(input.thread_id)
-        return await ctx.services.interruption.stop_thread(ctx.principal, thread, key(input.client_mutation_id))
+        """Stop: hold the queue, interrupt the active run, stop every delegated task."""
+        return await ctx.services.control.stop_thread(ctx.principal, thread_id(input.thread_id), input.key())

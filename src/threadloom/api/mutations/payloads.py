@@ -37,9 +37,12 @@ class Shape(Generic[R, P]):
 
 
 def mutation(
-    shape: Shape[R, P], *, description: str | None = None, key_field: str = "client_mutation_id"
+    shape: Shape[R, P], *, key_field: str = "client_mutation_id"
 ) -> Callable[[Callable[[Context, Any], Awaitable[R]]], Any]:
-    """The mutation field running `command(ctx, input)`; `key_field` names the input's idempotency key."""
+    """The mutation field running `command(ctx, input)`; its docstring is the field's description.
+
+    `key_field` names the input's idempotency key, echoed in the payload.
+    """
 
     def wrap(command: Callable[[Context, Any], Awaitable[R]]) -> Any:
         async def resolve(self: Any, info: Info, input: Any) -> P:
@@ -56,19 +59,31 @@ def mutation(
         resolve.__annotations__ = {"info": Info, "input": input_type, "return": shape.payload}
         resolve.__name__ = resolve.__qualname__ = command.__name__
         resolve.__module__ = command.__module__
+        description = " ".join(command.__doc__.split()) if command.__doc__ else None
         return strawberry.mutation(resolver=resolve, description=description)
 
     return wrap
 
 
 def key(value: str | None) -> str | None:
-    """The client's idempotency key, checked. Commands check it after decoding their ids, so a
-    request with both faults reports the id."""
+    """An idempotency key, checked (1..200 characters)."""
     if value is not None and (not value or len(value) > MAX_KEY):
         raise DomainError(
             ErrorCode.INVALID_INPUT, f"clientMutationId must be 1..{MAX_KEY} characters", "clientMutationId"
         )
     return value
+
+
+@strawberry.input
+class KeyedInput:
+    """The base of every mutation input with an idempotency key (not in the schema itself)."""
+
+    client_mutation_id: str | None = None
+
+    def key(self) -> str | None:
+        """The key, checked. Commands call it after decoding their ids, so a request with both
+        faults reports the id, as it always did."""
+        return key(self.client_mutation_id)
 
 
 async def load(info: Info, cls: Any, entity_id: uuid.UUID | None) -> Any:

@@ -10,15 +10,14 @@ from threadloom.api import ids as gid
 from threadloom.api.context import Context, Info
 from threadloom.api.enums import PlanTarget
 from threadloom.api.errors import UserError
-from threadloom.api.mutations.payloads import Shape, key, load, mutation
+from threadloom.api.mutations.payloads import KeyedInput, Shape, load, mutation
 from threadloom.api.types import PlanArtifact, Run, Thread
 
 
 @strawberry.input
-class ImplementPlanInput:
+class ImplementPlanInput(KeyedInput):
     plan_id: strawberry.ID
     target: PlanTarget = strawberry.field(description="NEW_RUN on the plan's thread, or a NEW_THREAD.")
-    client_mutation_id: str | None = None
 
 
 @strawberry.type
@@ -49,14 +48,10 @@ async def _implemented(
 
 @strawberry.type
 class PlanMutation:
-    @mutation(
-        Shape(ImplementPlanPayload, _implemented),
-        description="Start implementing a proposed plan: a new run (queued behind an active one) "
-        "or a new thread in the same project.",
-    )
+    @mutation(Shape(ImplementPlanPayload, _implemented))
     async def implement_plan(ctx: Context, input: ImplementPlanInput) -> Implemented:
+        """Start implementing a proposed plan: a new run (queued behind an active one) or a new thread in the same
+        project."""
         plan = gid.decode_as(input.plan_id, "PlanArtifact", "planId")
-        thread, run = await ctx.services.plans.implement(
-            ctx.principal, plan, PlanTarget(input.target), key(input.client_mutation_id)
-        )
+        thread, run = await ctx.services.plans.implement(ctx.principal, plan, PlanTarget(input.target), input.key())
         return plan, thread, run

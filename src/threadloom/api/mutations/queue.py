@@ -7,61 +7,51 @@ import uuid
 import strawberry
 
 from threadloom.api.context import Context
-from threadloom.api.mutations.payloads import RUN, THREAD, key, mutation, run_id, thread_id
+from threadloom.api.mutations.payloads import RUN, THREAD, KeyedInput, mutation, run_id, thread_id
 
 
 @strawberry.input
-class QueuedRunInput:
+class QueuedRunInput(KeyedInput):
     run_id: strawberry.ID
-    client_mutation_id: str | None = None
 
 
 @strawberry.input
-class ReorderQueuedRunInput:
+class ReorderQueuedRunInput(KeyedInput):
     run_id: strawberry.ID
     position: int = strawberry.field(description="The new 1-based place in the queue.")
-    client_mutation_id: str | None = None
 
 
 @strawberry.input
-class EditQueuedRunInput:
+class EditQueuedRunInput(KeyedInput):
     run_id: strawberry.ID
     text: str
-    client_mutation_id: str | None = None
 
 
 @strawberry.input
-class ResumeQueueInput:
+class ResumeQueueInput(KeyedInput):
     thread_id: strawberry.ID
-    client_mutation_id: str | None = None
 
 
 @strawberry.type
 class QueueMutation:
     @mutation(RUN)
     async def cancel_queued_run(ctx: Context, input: QueuedRunInput) -> uuid.UUID:
-        return await ctx.services.queue.cancel_queued(
-            ctx.principal, run_id(input.run_id), key(input.client_mutation_id)
-        )
+        return await ctx.services.control.cancel_queued(ctx.principal, run_id(input.run_id), input.key())
 
     @mutation(RUN)
     async def reorder_queued_run(ctx: Context, input: ReorderQueuedRunInput) -> uuid.UUID:
-        run = run_id(input.run_id)
-        return await ctx.services.queue.reorder_queued(
-            ctx.principal, run, input.position, key(input.client_mutation_id)
-        )
+        return await ctx.services.control.reorder_queued(ctx.principal, run_id(input.run_id), input.position, input.key())
 
     @mutation(RUN)
     async def edit_queued_run(ctx: Context, input: EditQueuedRunInput) -> uuid.UUID:
-        run = run_id(input.run_id)
-        return await ctx.services.queue.edit_queued(ctx.principal, run, input.text, key(input.client_mutation_id))
+        return await ctx.services.control.edit_queued(ctx.principal, run_id(input.run_id), input.text, input.key())
 
-    @mutation(RUN, description="The queued run's message steers the active run instead; the queued run ends.")
+    @mutation(RUN)
     async def promote_queued_run_to_steer(ctx: Context, input: QueuedRunInput) -> uuid.UUID:
-        run = run_id(input.run_id)
-        return await ctx.services.queue.promote_to_steer(ctx.principal, run, key(input.client_mutation_id))
+        """The queued run's message steers the active run instead; the queued run ends."""
+        return await ctx.services.control.promote_to_steer(ctx.principal, run_id(input.run_id), input.key())
 
-    @mutation(THREAD, description="Release a held queue: the next queued run starts if nothing runs.")
+    @mutation(THREAD)
     async def resume_queue(ctx: Context, input: ResumeQueueInput) -> uuid.UUID:
-        thread = thread_id(input.thread_id)
-        return await ctx.services.queue.resume_queue(ctx.principal, thread, key(input.client_mutation_id))
+        """Release a held queue: the next queued run starts if nothing runs."""
+        return await ctx.services.runs.resume_queue(ctx.principal, thread_id(input.thread_id), input.key())

@@ -10,16 +10,15 @@ from threadloom.api import ids as gid
 from threadloom.api.context import Context
 from threadloom.api.enums import Decision
 from threadloom.api.errors import UserError
-from threadloom.api.mutations.payloads import key, mutation, returning
+from threadloom.api.mutations.payloads import KeyedInput, mutation, returning
 from threadloom.api.types import RuntimeRequest
 from threadloom.domain.errors import DomainError, ErrorCode
 
 
 @strawberry.input
-class RespondToApprovalInput:
+class RespondToApprovalInput(KeyedInput):
     request_id: strawberry.ID
     decision: Decision
-    client_mutation_id: str | None = None
 
 
 @strawberry.input
@@ -29,10 +28,9 @@ class QuestionAnswer:
 
 
 @strawberry.input
-class RespondToUserInputInput:
+class RespondToUserInputInput(KeyedInput):
     request_id: strawberry.ID
     answers: list[QuestionAnswer]
-    client_mutation_id: str | None = None
 
 
 @strawberry.type
@@ -51,21 +49,21 @@ def _request_id(value: str) -> uuid.UUID:
 
 @strawberry.type
 class RequestMutation:
-    @mutation(REQUEST, description="Answer an approval. NOT_RESUMABLE when the provider's callback is gone.")
+    @mutation(REQUEST)
     async def respond_to_approval(ctx: Context, input: RespondToApprovalInput) -> uuid.UUID:
+        """Answer an approval. NOT_RESUMABLE when the provider's callback is gone."""
         request = _request_id(input.request_id)
         return await ctx.services.requests.respond_to_approval(
-            ctx.principal, request, Decision(input.decision), key(input.client_mutation_id)
+            ctx.principal, request, Decision(input.decision), input.key()
         )
 
-    @mutation(REQUEST, description="Answer a question: every question once, options as offered.")
+    @mutation(REQUEST)
     async def respond_to_user_input(ctx: Context, input: RespondToUserInputInput) -> uuid.UUID:
+        """Answer a question: every question once, options as offered."""
         request = _request_id(input.request_id)
         answers: dict[str, list[str]] = {}
         for item in input.answers:
             if item.question_id in answers:
                 raise DomainError(ErrorCode.INVALID_INPUT, f"question {item.question_id!r} answered twice", "answers")
             answers[item.question_id] = list(item.answers)
-        return await ctx.services.requests.respond_to_user_input(
-            ctx.principal, request, answers, key(input.client_mutation_id)
-        )
+        return await ctx.services.requests.respond_to_user_input(ctx.principal, request, answers, input.key())

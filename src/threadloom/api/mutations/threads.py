@@ -9,15 +9,14 @@ import strawberry
 from threadloom.api import ids as gid
 from threadloom.api.context import Context
 from threadloom.api.errors import UserError
-from threadloom.api.mutations.payloads import THREAD, key, mutation, returning, thread_id
+from threadloom.api.mutations.payloads import THREAD, KeyedInput, mutation, returning, thread_id
 from threadloom.api.types import Project
 
 
 @strawberry.input
-class CreateProjectInput:
+class CreateProjectInput(KeyedInput):
     name: str
     workspace_root: str = strawberry.field(description="Absolute path of the folder agents work in.")
-    client_mutation_id: str | None = None
 
 
 @strawberry.type
@@ -31,7 +30,7 @@ PROJECT = returning(CreateProjectPayload, "project", Project)
 
 
 @strawberry.input
-class CreateThreadInput:
+class CreateThreadInput(KeyedInput):
     project_id: strawberry.ID
     title: str | None = None
     provider_instance_id: str | None = strawberry.field(
@@ -47,34 +46,31 @@ class CreateThreadInput:
             "else RUNTIME_MODE_NOT_ALLOWED)"
         ),
     )
-    client_mutation_id: str | None = None
 
 
 @strawberry.input
-class RenameThreadInput:
+class RenameThreadInput(KeyedInput):
     thread_id: strawberry.ID
     title: str
-    client_mutation_id: str | None = None
 
 
 @strawberry.input
-class ThreadInput:
+class ThreadInput(KeyedInput):
     thread_id: strawberry.ID
-    client_mutation_id: str | None = None
 
 
 @strawberry.type
 class ThreadMutation:
-    @mutation(PROJECT, description="Create a project (needs an admin token for all projects).")
+    @mutation(PROJECT)
     async def create_project(ctx: Context, input: CreateProjectInput) -> uuid.UUID:
+        """Create a project (needs an admin token for all projects)."""
         return await ctx.services.catalog.create_project(
-            ctx.principal, name=input.name, workspace_root=input.workspace_root, key=key(input.client_mutation_id)
+            ctx.principal, name=input.name, workspace_root=input.workspace_root, key=input.key()
         )
 
-    @mutation(
-        THREAD, description="Create a thread. No provider session or provider thread is made until the first run."
-    )
+    @mutation(THREAD)
     async def create_thread(ctx: Context, input: CreateThreadInput) -> uuid.UUID:
+        """Create a thread. No provider session or provider thread is made until the first run."""
         return await ctx.services.catalog.create_thread(
             ctx.principal,
             project_id=gid.decode_as(input.project_id, "Project", "projectId"),
@@ -82,22 +78,19 @@ class ThreadMutation:
             provider_instance_id=input.provider_instance_id,
             model=input.model,
             runtime_mode=input.runtime_mode,
-            key=key(input.client_mutation_id),
+            key=input.key(),
         )
 
     @mutation(THREAD)
     async def rename_thread(ctx: Context, input: RenameThreadInput) -> uuid.UUID:
         thread = thread_id(input.thread_id)
-        return await ctx.services.catalog.rename_thread(
-            ctx.principal, thread, input.title, key(input.client_mutation_id)
-        )
+        return await ctx.services.catalog.rename_thread(ctx.principal, thread, input.title, input.key())
 
-    @mutation(THREAD, description="Hide a thread from default listings. Refused while a run is active.")
+    @mutation(THREAD)
     async def archive_thread(ctx: Context, input: ThreadInput) -> uuid.UUID:
-        thread = thread_id(input.thread_id)
-        return await ctx.services.catalog.archive_thread(ctx.principal, thread, key(input.client_mutation_id))
+        """Hide a thread from default listings. Refused while a run is active."""
+        return await ctx.services.catalog.archive_thread(ctx.principal, thread_id(input.thread_id), input.key())
 
     @mutation(THREAD)
     async def unarchive_thread(ctx: Context, input: ThreadInput) -> uuid.UUID:
-        thread = thread_id(input.thread_id)
-        return await ctx.services.catalog.unarchive_thread(ctx.principal, thread, key(input.client_mutation_id))
+        return await ctx.services.catalog.unarchive_thread(ctx.principal, thread_id(input.thread_id), input.key())
