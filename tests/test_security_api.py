@@ -373,3 +373,21 @@ async def test_workspace_root_rules(client: Client, data_dir: Path, tmp_path: Pa
     assert listed["projects"]["totalCount"] == 1  # nothing was created by the refusals
     beside = workspace(base, "second")
     assert (await client.gql(CREATE, {"root": beside}))["createProject"]["userErrors"] == []
+
+
+async def test_workspace_roots_through_proc_links_are_refused(client: Client, server: ServerProcess) -> None:
+    """`/proc/self/cwd` resolves to the server's own working directory (its checkout here) and was accepted;
+    `/proc/1/cwd` (unreadable) was an INTERNAL_SERVER_ERROR. Both name a path inside /proc, a system tree."""
+    create = (
+        'mutation($root: String!) { createProject(input: {name: "p", workspaceRoot: $root}) '
+        "{ project { id workspaceRoot } userErrors { code field } } }"
+    )
+    got = {}
+    for root in ("/proc/self/cwd", "/proc/1/cwd", "/proc/thread-self/cwd"):
+        body = (await client.post(create, {"root": root})).json()
+        payload = (body.get("data") or {}).get("createProject") or {}
+        got[root] = [e["code"] for e in payload.get("userErrors") or []] or [
+            e.get("extensions", {}).get("code") for e in body.get("errors") or []
+        ]
+    assert got == {root: ["INVALID_WORKSPACE_ROOT"] for root in got}
+    assert "Traceback" not in "\n".join(server.log)

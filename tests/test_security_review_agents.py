@@ -169,3 +169,13 @@ async def test_delegated_threads_keep_the_parents_mode(world: World) -> None:
     assert data["delegateTask"]["userErrors"] == []
     child = data["delegateTask"]["thread"]
     assert child["runtimeMode"] == "read_only"
+
+
+async def test_a_secret_split_over_output_chunks_is_still_redacted(world: World) -> None:
+    half = len(SERVER_SECRET) // 2
+    head, tail = SERVER_SECRET[:half], SERVER_SECRET[half:]
+    thread = await world.thread()
+    # Two writes with a pause between them reach the agent as two output chunks.
+    [tool] = await world.tools(thread, f"@tool printf %s {head}; sleep 0.5; printf %s {tail}\n@reply done")
+    assert tool["status"] == "COMPLETED"
+    assert SERVER_SECRET not in output(tool), output(tool)

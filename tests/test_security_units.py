@@ -10,7 +10,7 @@ from graphql import FragmentDefinitionNode, OperationDefinitionNode, parse, vali
 from threadloom.api.cost import cost_rule, operation_cost
 from threadloom.api.schema import build_schema
 from threadloom.domain.errors import DomainError, ErrorCode
-from threadloom.domain.projects import check_workspace_root
+from threadloom.domain.projects import check_not_system, check_workspace_root
 
 SCHEMA = build_schema()._schema
 
@@ -106,3 +106,17 @@ def test_workspace_root_refusals(root: str, existing: list[str], code: ErrorCode
 )
 def test_workspace_root_accepted(root: str, existing: list[str]) -> None:
     check_workspace_root(root, existing=existing, data_dir=DATA)
+
+
+@pytest.mark.parametrize("given", ["/proc/self/cwd", "/proc/1/root/home/x", "/sys/kernel", "/etc"])
+def test_a_path_given_through_a_system_tree_is_refused(given: str) -> None:
+    with pytest.raises(DomainError) as refused:
+        check_not_system(given)
+    assert refused.value.code == ErrorCode.INVALID_WORKSPACE_ROOT
+
+
+@pytest.mark.parametrize("root", ["/opt/venv", "/opt/venv/lib/x", "/opt"])
+def test_the_servers_installation_is_never_a_workspace(root: str) -> None:
+    with pytest.raises(DomainError) as refused:
+        check_workspace_root(root, existing=[], data_dir=DATA, install_dirs=["/opt/venv"])
+    assert refused.value.code == ErrorCode.INVALID_WORKSPACE_ROOT

@@ -57,21 +57,37 @@ def _within(path: PurePosixPath, other: PurePosixPath) -> bool:
     return path == other or path.is_relative_to(other)
 
 
-def check_workspace_root(candidate: str, *, existing: Iterable[str], data_dir: str | None) -> None:
+def check_not_system(path_text: str) -> None:
+    """Refuse a path that is, or lies inside, a system folder, or is a shared top-level folder.
+
+    Applied to the path as given as well as to where it resolves: `/proc/self/cwd` resolves to
+    an ordinary folder (the server's own working directory) but names one through `/proc`.
+    """
+    path = PurePosixPath(path_text)
+    if any(_within(path, PurePosixPath(tree)) for tree in SYSTEM_TREES) or str(path) in SHARED_FOLDERS:
+        raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} is a system folder", "workspaceRoot")
+
+
+def check_workspace_root(
+    candidate: str, *, existing: Iterable[str], data_dir: str | None, install_dirs: Iterable[str] = ()
+) -> None:
     """Refuse a workspace root agents must not be given (`candidate`: the resolved, absolute path).
 
     Not a system folder or inside one, not a shared top-level folder itself, not the data
     dir or a folder containing it (agents would reach the database and every project's
-    state), and not the same as, inside or around another project's root (one project's
-    agents would reach the other's files). The filesystem (existence, symlinks) is the
+    state), not inside or around the server's installation (`install_dirs`: its virtualenv and
+    package; agents would rewrite the server), and not the same as, inside or around another
+    project's root (one project's agents would reach the other's files). The filesystem (existence, symlinks) is the
     engine's business; this only compares paths.
     """
     path = PurePosixPath(candidate)
     field = "workspaceRoot"
-    if any(_within(path, PurePosixPath(tree)) for tree in SYSTEM_TREES) or str(path) in SHARED_FOLDERS:
-        raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} is a system folder", field)
+    check_not_system(candidate)
     if data_dir is not None and _within(PurePosixPath(data_dir), path):
         raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} holds the server's data folder", field)
+    for folder in install_dirs:
+        if _within(path, PurePosixPath(folder)) or _within(PurePosixPath(folder), path):
+            raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} overlaps the server's installation", field)
     for root in existing:
         other = PurePosixPath(root)
         if _within(path, other) or _within(other, path):
@@ -86,4 +102,4 @@ def create_project(project_id: uuid.UUID, name: str, workspace_root: str, now: d
         created_at=now,
         updated_at=now,
     )
-    return Change("project.created", project)
+    return Change.created(project)

@@ -6,6 +6,7 @@ Each handler checks access, then hands the pipeline a decision that calls `domai
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Callable, Collection
 from datetime import datetime
@@ -14,26 +15,41 @@ from pathlib import Path
 from threadloom.domain import projects as project_rules
 from threadloom.domain import threads as thread_rules
 from threadloom.domain.access import Principal
-from threadloom.domain.changes import Change, Effect, Outcome
+from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.effects import EnsureThread
 from threadloom.domain.entities import AppThread, Project
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
-from threadloom.domain.runs import ENSURE_THREAD_EFFECT
 from threadloom.domain.statuses import TokenScope
-from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
 from threadloom.store import entities, receipts
 from threadloom.store import threads as thread_store
 from threadloom.store.db import Reader
 
 
 def _existing_directory(path: str) -> str:
-    """The folder's real path (symlinks resolved: the rules compare where it really is)."""
-    real = os.path.realpath(path)
-    if not os.path.isdir(real):
+    """The folder's real path (symlinks resolved: the rules compare where it really is).
+
+    The path as given must pass the system-folder rule too (`/proc/self/cwd` is a link into the
+    server's own folder); a path that cannot be resolved or read is refused, not an internal error.
+    """
+    project_rules.check_not_system(path)
+    try:
+        real = os.path.realpath(path, strict=True)
+        is_dir = os.path.isdir(real)
+    except (OSError, RuntimeError):
+        is_dir = False
+    if not is_dir:
         raise DomainError(
             ErrorCode.INVALID_WORKSPACE_ROOT, "workspaceRoot must be an existing directory", "workspaceRoot"
         )
     return real
+
+
+def _install_dirs() -> tuple[str, ...]:
+    """The server's virtualenv and package folder: never inside or around a workspace."""
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    return (os.path.realpath(sys.prefix), package)
 
 
 class Catalog:
@@ -61,15 +77,23 @@ class Catalog:
         now = self.pipeline.clock.now()
         root = _existing_directory(project_rules.clean_workspace_root(workspace_root))
 
-        async def decide(db: Reader, _: AppThread | None) -> Outcome:
+        async def decide(db: Reader) -> Outcome:
             await receipts.lock_key(db, "workspace roots")  # one project creation at a time: no racing overlap
             existing = [p.workspace_root for p in await entities.where(db, Project)]  # stored resolved
-            project_rules.check_workspace_root(root, existing=existing, data_dir=self.data_dir)
+            project_rules.check_workspace_root(
+                root, existing=existing, data_dir=self.data_dir, install_dirs=_install_dirs()
+            )
             change = project_rules.create_project(new_id(), name, root, now)
             return Outcome([change], result={"projectId": str(change.entity.id)})
 
         result = await self.pipeline.execute(
-            Command("createProject", principal, key, {"name": name, "workspaceRoot": workspace_root}, decide)
+            GlobalCommand(
+                command_type="createProject",
+                principal=principal,
+                key=key,
+                input={"name": name, "workspaceRoot": workspace_root},
+                decide=decide,
+            )
         )
         return uuid.UUID(result["projectId"])
 
@@ -87,7 +111,7 @@ class Catalog:
         principal.require_project(project_id, TokenScope.OPERATE, "projectId")
         now = self.pipeline.clock.now()
 
-        async def decide(db: Reader, _: AppThread | None) -> Outcome:
+        async def decide(db: Reader) -> Outcome:
             project = await thread_store.get_project(db, project_id)
             if project is None:
                 raise not_found("projectId")
@@ -106,7 +130,7 @@ class Catalog:
             )
             effects = []
             if instance in self.eager_instances:  # the instance wants its provider thread now
-                effects.append(Effect(ENSURE_THREAD_EFFECT, {"threadId": str(change.entity.id)}))
+                effects.append(EnsureThread(thread_id=change.entity.id).envelope())
             return Outcome([change], effects, result={"threadId": str(change.entity.id)}, project_id=project.id)
 
         data = {
@@ -116,7 +140,9 @@ class Catalog:
             "model": model,
             "runtimeMode": runtime_mode,
         }
-        result = await self.pipeline.execute(Command("createThread", principal, key, data, decide))
+        result = await self.pipeline.execute(
+            GlobalCommand(command_type="createThread", principal=principal, key=key, input=data, decide=decide)
+        )
         return uuid.UUID(result["threadId"])
 
     async def _update_thread(
@@ -130,13 +156,14 @@ class Catalog:
     ) -> uuid.UUID:
         now = self.pipeline.clock.now()
 
-        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
-            assert thread is not None
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
             return Outcome([rule(thread, now)], result={"threadId": str(thread.id)})
 
         data = {"threadId": str(thread_id), **data}
-        cmd = Command(command_type, principal, key, data, decide, thread_id=thread_id)
+        cmd = Command(
+            command_type=command_type, principal=principal, key=key, input=data, decide=decide, thread_id=thread_id
+        )
         await self.pipeline.execute(cmd)
         return thread_id
 

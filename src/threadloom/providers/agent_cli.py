@@ -21,7 +21,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from threadloom.providers.contract import ProviderError, ProviderEvent
+from threadloom.providers.contract import (
+    ItemCompleted,
+    OutputDelta,
+    ProviderError,
+    ProviderEvent,
+    RuntimeExited,
+    TextDelta,
+    TurnCompleted,
+)
 
 PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL")
 
@@ -141,6 +149,12 @@ def known_secrets(api_key_env: str | None = None, extra: Mapping[str, str] | Non
     return tuple(sorted((v for v in values if len(v) >= MIN_SECRET), key=len, reverse=True))
 
 
+def driver_secrets(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, ...]:
+    """The values of a driver's own secret variables (in its child's `env`) plus `known_secrets()`."""
+    own = {env[name] for name in names if len(env.get(name) or "") >= MIN_SECRET}
+    return tuple(sorted(own | set(known_secrets()), key=len, reverse=True))
+
+
 def secret_redactor(secrets: tuple[str, ...]) -> Callable[[str], str]:
     """A function replacing each of `secrets` (longest first) with `***`."""
 
@@ -167,13 +181,57 @@ def _redact_tree(value: Any, redactor: Callable[[str], str]) -> Any:
     return value
 
 
+class StreamRedactor:
+    """Redacts secrets from a driver's events, also when a secret is split across streamed deltas.
+
+    Each item's streamed text keeps back its last `longest secret - 1` characters until the next
+    delta joins them (then a secret cut in two is whole again and replaced) or the item ends (then
+    the tail is flushed: it cannot hold a whole secret). Streams lag by that many characters; the
+    completed item carries the whole, redacted, text anyway.
+    """
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self.text = secret_redactor(secrets)
+        self._hold = max((len(s) for s in secrets), default=1) - 1
+        self._pending: dict[tuple[str, str], TextDelta | OutputDelta] = {}  # (thread, item) -> held tail
+
+    def events(self, event: ProviderEvent) -> list[ProviderEvent]:
+        """What to emit for `event`: nothing (all held back), the redacted event, or a flush then it."""
+        if isinstance(event, TextDelta | OutputDelta):
+            if self._hold <= 0:
+                return [redact_event(event, self.text)]
+            key = (event.native_thread, event.item_id)
+            held = self._pending.pop(key, None)
+            joined = self.text((held.delta if held is not None else "") + event.delta)
+            cut = len(joined) - self._hold
+            self._pending[key] = dataclasses.replace(event, delta=joined[max(cut, 0) :])
+            return [dataclasses.replace(event, delta=joined[:cut])] if cut > 0 else []
+        flushed: list[ProviderEvent] = []
+        if isinstance(event, ItemCompleted):
+            tail = self._pending.pop((event.native_thread, event.item_id), None)
+            flushed = [tail] if tail is not None and tail.delta else []
+        elif isinstance(event, TurnCompleted):
+            flushed = self._flush(lambda key: key[0] == event.native_thread)
+        elif isinstance(event, RuntimeExited):
+            flushed = self._flush(lambda key: True)
+        return [*flushed, redact_event(event, self.text)]
+
+    def flush(self) -> list[ProviderEvent]:
+        """Every held tail (the stream ends)."""
+        return self._flush(lambda key: True)
+
+    def _flush(self, which: Callable[[tuple[str, str]], bool]) -> list[ProviderEvent]:
+        keys = [key for key in self._pending if which(key)]
+        tails = [self._pending.pop(key) for key in keys]
+        return [tail for tail in tails if tail.delta]
+
+
 def redact_event(event: ProviderEvent, redactor: Callable[[str], str]) -> ProviderEvent:
     """The event with every text it carries passed through `redactor`.
 
     Agents can print what their environment holds (a tool running `env`), so a driver
     redacts its instance's secrets from everything it emits, not only from its stderr.
-    A secret split across two streamed deltas is not caught here; the completed item's
-    text and output, which replace the streamed ones, are.
+    A secret split across two streamed deltas is not caught here: `StreamRedactor` does that.
     """
     changes: dict[str, Any] = {}
     for field in _TEXT_FIELDS:

@@ -54,7 +54,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from threadloom.providers.agent_cli import CliOptions, child_env, find_cli, redact, redact_event
+from threadloom.providers.agent_cli import CliOptions, StreamRedactor, child_env, driver_secrets, find_cli, redact
 from threadloom.providers.child_process import spawn_process
 from threadloom.providers.codex_events import SERVER_NOTIFICATIONS, SERVER_REQUESTS, Translator
 from threadloom.providers.contract import (
@@ -153,7 +153,7 @@ class CodexRuntime:
         self.capabilities = CAPABILITIES
         self.model = model
         self._env = env
-        self._secret_names = secret_names
+        self._redactor = StreamRedactor(driver_secrets(env, secret_names))
         self._translator = Translator(self._redact)
         self._settings: dict[str, ThreadSettings] = {}
 
@@ -168,7 +168,7 @@ class CodexRuntime:
         await self.process.notify("initialized")
 
     def _redact(self, text: str) -> str:
-        return redact(text, self._env, self._secret_names)
+        return self._redactor.text(text)
 
     async def _request(self, method: str, params: dict[str, Any], wait_s: float = 60.0) -> Any:
         try:
@@ -193,9 +193,13 @@ class CodexRuntime:
                 log.exception("codex: could not translate %s", message.get("method"))
                 events = [Warning(str((message.get("params") or {}).get("threadId") or "") or None, "unreadable event")]
             for event in events:
-                yield redact_event(event, self._redact)
+                for cleaned in self._redactor.events(event):
+                    yield cleaned
         for event in self._translator.close_all("interrupted"):
-            yield redact_event(event, self._redact)
+            for cleaned in self._redactor.events(event):
+                yield cleaned
+        for held in self._redactor.flush():
+            yield held
         tail = "; ".join(self.process.stderr_tail)
         reason = "codex app-server exited" + (f": {tail}" if tail else "")
         yield RuntimeExited(self._redact(reason), self.process.exit_code)

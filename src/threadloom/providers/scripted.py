@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from threadloom.providers.agent_cli import child_env, known_secrets, redact_event, secret_redactor
+from threadloom.providers.agent_cli import StreamRedactor, child_env, known_secrets
 from threadloom.providers.codex_events import Translator
 from threadloom.providers.contract import (
     Capabilities,
@@ -36,8 +36,8 @@ class ScriptedRuntime:
     def __init__(self, process: JsonLinesProcess, capabilities: Capabilities, secrets: tuple[str, ...] = ()) -> None:
         self.process = process
         self.capabilities = capabilities
-        self._redact = secret_redactor(secrets)
-        self._translator = Translator(self._redact)
+        self._redactor = StreamRedactor(secrets)
+        self._translator = Translator(self._redactor.text)
 
     @property
     def alive(self) -> bool:
@@ -46,7 +46,10 @@ class ScriptedRuntime:
     async def events(self) -> AsyncIterator[ProviderEvent]:
         async for message in self.process.messages():
             for event in self._translator.translate(message):
-                yield redact_event(event, self._redact)  # a command may print what it can read
+                for cleaned in self._redactor.events(event):  # a command may print what it can read
+                    yield cleaned
+        for tail in self._redactor.flush():
+            yield tail
         yield RuntimeExited("the scripted agent exited", self.process.exit_code)
 
     async def start_thread(self, settings: ThreadSettings) -> str:

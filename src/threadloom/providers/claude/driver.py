@@ -82,5 +82,5 @@ class ClaudeDriver:
         )
         if cli.base_url:
             env["ANTHROPIC_BASE_URL"] = cli.base_url
-        secrets = ("ANTHROPIC_API_KEY", *cli.env)
+        secrets = (cli.api_key_env, *cli.env)
         return ClaudeRuntime(binary, env, state, cli.model, secrets)

@@ -6,7 +6,7 @@ into one event stream. Processes start lazily on the first turn. At most `MAX_ID
 processes of threads with no running turn are kept; when a turn ends beyond that, the least
 recently used idle ones are stopped (a later turn resumes the session in a new process).
 
-Every emitted event is passed through `redact_event` with the instance's secret variables (a tool
+Every emitted event is passed through a `StreamRedactor` with the instance's secret variables (a tool
 running `env` would print the API key). When the CLI abandons a prompt it sends
 `control_cancel_request`; a prompt while no turn runs could not be routed to anyone, so it is
 denied at once. This version plans with TaskCreate/TaskUpdate (TodoWrite is still understood);
@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from threadloom.providers.agent_cli import redact, redact_event
+from threadloom.providers.agent_cli import StreamRedactor, driver_secrets
 from threadloom.providers.claude import sessions
 from threadloom.providers.claude.events import ItemStatus, ThreadTranslator
 from threadloom.providers.claude.permissions import judge, reply_to_approval, reply_to_questions, sandbox_settings
@@ -97,7 +97,7 @@ class ClaudeRuntime:
         self._env = env
         self._sessions = SessionStore(home, Path(env["CLAUDE_CONFIG_DIR"]))
         self._model = model
-        self._secrets = secrets
+        self._redactor = StreamRedactor(driver_secrets(env, secrets))
         self._events: asyncio.Queue[ProviderEvent | None] = asyncio.Queue()
         self._threads: dict[str, _Thread] = {}
         self._requests: dict[str, _Request] = {}
@@ -121,10 +121,11 @@ class ClaudeRuntime:
         """Queue events, with the instance's secrets (e.g. in a tool's `env` output) redacted."""
         if not self._closed:
             for event in events:
-                self._events.put_nowait(redact_event(event, self._redact))
+                for cleaned in self._redactor.events(event):
+                    self._events.put_nowait(cleaned)
 
     def _redact(self, text: str) -> str:
-        return redact(text, self._env, self._secrets)
+        return self._redactor.text(text)
 
     # ---- threads ---------------------------------------------------------------------
 
