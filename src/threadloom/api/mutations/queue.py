@@ -40,7 +40,9 @@ class QueueMutation:
 
     @mutation(RUN)
     async def reorder_queued_run(ctx: Context, input: ReorderQueuedRunInput) -> uuid.UUID:
-        return await ctx.services.control.reorder_queued(ctx.principal, run_id(input.run_id), input.position, input.key())
+        return await ctx.services.control.reorder_queued(
+            ctx.principal, run_id(input.run_id), input.position, input.key()
+        )
 
     @mutation(RUN)
     async def edit_queued_run(ctx: Context, input: EditQueuedRunInput) -> uuid.UUID:
