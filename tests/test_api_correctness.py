@@ -267,3 +267,22 @@ async def test_valid_cursors_and_variables_still_work(client: Client, tmp_path: 
     # A size only known from variables is checked when the field runs, with the same code.
     response = await client.post("query($n: Int) { projects(first: $n) { totalCount } }", {"n": 101})
     assert response.json()["errors"][0]["extensions"]["code"] == "PAGE_SIZE_EXCEEDED"
+
+
+@pytest.mark.parametrize(
+    ("query", "variables", "code"),
+    [
+        ("query($n: Int) { projects(first: $n) { totalCount } }", {"n": 101}, "PAGE_SIZE_EXCEEDED"),
+        ("query($n: Int) { projects(first: $n, last: $n) { totalCount } }", {"n": 0}, "INVALID_INPUT"),
+        ("query($c: String) { projects(after: $c) { totalCount } }", {"c": "not a cursor"}, "INVALID_CURSOR"),
+    ],
+)
+async def test_bad_page_arguments_from_variables_are_request_errors(
+    client: Client, query: str, variables: dict[str, object], code: str
+) -> None:
+    response = await client.post(query, variables, headers={"accept": GRAPHQL_RESPONSE})
+    body = response.json()
+    [error] = body["errors"]
+    assert error["extensions"]["code"] == code
+    assert "data" not in body and "path" not in error, body
+    assert response.status_code == 400, body

@@ -391,3 +391,36 @@ async def test_workspace_roots_through_proc_links_are_refused(client: Client, se
         ]
     assert got == {root: ["INVALID_WORKSPACE_ROOT"] for root in got}
     assert "Traceback" not in "\n".join(server.log)
+
+
+def _objects(value: Any) -> int:
+    """How many objects (dicts) a response holds."""
+    if isinstance(value, dict):
+        return 1 + sum(_objects(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_objects(v) for v in value)
+    return 0
+
+
+async def test_plain_lists_cannot_return_more_than_the_budget(database_url: str, tmp_path: Path) -> None:
+    """The static rule prices a run's `children` at one default page (20); a run with 60 children
+    behind 25 aliases (1,500 objects) must still be stopped at the budget while it executes."""
+    env = {"THREADLOOM_MAX_QUERY_COST": "600"}
+    with serving(database_url, tmp_path / "data", env=env) as server:
+        client = Client(server.url, server.admin_token)
+        try:
+            project = await make_project(client)
+            thread = (await make_thread(client, project))["id"]
+            sent = await send(client, thread, "\n".join("@reply x" for _ in range(60)))
+            done = await finished(client, sent["run"]["id"])
+            assert done["status"] == "COMPLETED"
+            aliases = " ".join(f"a{i}: rootNode {{ children {{ id }} }}" for i in range(25))
+            body = (await client.post(f"query($r: ID!) {{ run(id: $r) {{ {aliases} }} }}", {"r": done["id"]})).json()
+            codes = {e.get("extensions", {}).get("code") for e in body.get("errors") or []}
+            assert codes == {"QUERY_TOO_COSTLY"}, body.get("errors")
+            assert _objects(body.get("data")) <= 600 + 30
+            one = "query($r: ID!) { run(id: $r) { rootNode { children { id } } } }"
+            small = (await client.post(one, {"r": done["id"]})).json()
+            assert "errors" not in small and len(small["data"]["run"]["rootNode"]["children"]) == 60
+        finally:
+            await client.aclose()

@@ -54,6 +54,11 @@ _variables: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
 )
 
 
+def request_variables() -> Mapping[str, Any]:
+    """The variables of the request being validated (empty outside validation)."""
+    return _variables.get()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Pages:
     default: int = DEFAULT_PAGE
@@ -198,7 +203,7 @@ def cost_rule(max_cost: int, default_page: int = DEFAULT_PAGE, max_page: int = 1
 
 
 class CostVariables(SchemaExtension):
-    """Hands the request's variables to the cost rule for the time of validation."""
+    """Hands the request's variables to the cost and page-argument rules for the time of validation."""
 
     def on_validate(self) -> Iterator[None]:
         variables = self.execution_context.variables

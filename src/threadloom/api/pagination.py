@@ -24,10 +24,12 @@ from graphql import (
     StringValueNode,
     ValidationRule,
     ValueNode,
+    VariableNode,
     get_named_type,
 )
 
 from threadloom.api.context import Info
+from threadloom.api.cost import request_variables
 from threadloom.api.errors import ApiError
 from threadloom.api.loaders import PAGED, Filters
 from threadloom.domain.errors import DomainError, ErrorCode
@@ -194,13 +196,24 @@ _CONNECTION_KEYS: dict[str, type] = {
 }
 
 
+def _variable(value: ValueNode | None) -> Any:
+    """The request's value of a variable argument (None when absent)."""
+    return request_variables().get(value.name.value) if isinstance(value, VariableNode) else None
+
+
 def _int(value: ValueNode | None) -> int | None:
-    """An integer written in the document; None for a variable, null or another literal."""
-    return int(value.value) if isinstance(value, IntValueNode) else None
+    """An integer written in the document or given through a variable; None otherwise."""
+    if isinstance(value, IntValueNode):
+        return int(value.value)
+    given = _variable(value)
+    return given if isinstance(given, int) and not isinstance(given, bool) else None
 
 
 def _str(value: ValueNode | None) -> str | None:
-    return value.value if isinstance(value, StringValueNode) else None
+    if isinstance(value, StringValueNode):
+        return value.value
+    given = _variable(value)
+    return given if isinstance(given, str) else None
 
 
 def pagination_rule(max_size: int) -> type[ValidationRule]:
@@ -209,7 +222,8 @@ def pagination_rule(max_size: int) -> type[ValidationRule]:
     Negative or oversized `first`/`last`, both at once, a cursor this connection never
     issued, and more than `max_size` ids for `nodes` are refused before execution, so the
     response is a request error (HTTP 400 with graphql-response+json), never `data: null`.
-    Arguments given through variables are left to `page_args` at execution.
+    Arguments given through variables are checked with the request's values (`CostVariables`
+    hands them to validation), so they are refused the same way.
     """
 
     class PaginationRule(ValidationRule):

@@ -53,7 +53,40 @@ class FreshMemoExecutionContext(StrawberryGraphQLCoreExecutionContext):
         return executor
 
 
-class TimedExecutionContext(FreshMemoExecutionContext):
+class BoundedListsExecutionContext(FreshMemoExecutionContext):
+    """Counts the list items an operation returns and stops at the cost budget (QUERY_TOO_COSTLY).
+
+    The static cost rule prices a plain list (a run's children, its execution graph) at one
+    default page, but those lists return whatever the run holds; an operator can make runs
+    with thousands of nodes. Counting at execution, before a list's items are completed,
+    bounds every response by the same budget the static rule uses (per subscription event).
+    """
+
+    max_items: int = 20_000
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._items = 0
+
+    def build_per_event_executor(self, payload: Any) -> Any:
+        executor = super().build_per_event_executor(payload)
+        executor._items = 0
+        return executor
+
+    def complete_list_value(
+        self, return_type: Any, field_details: Any, info: Any, path: Any, result: Any, *rest: Any
+    ) -> Any:
+        if isinstance(result, list | tuple):
+            self._items += len(result)
+            if self._items > self.max_items:
+                raise GraphQLError(
+                    f"the response would hold more than {self.max_items} list items",
+                    extensions={"code": "QUERY_TOO_COSTLY", "cost": self._items, "maxCost": self.max_items},
+                )
+        return super().complete_list_value(return_type, field_details, info, path, result, *rest)
+
+
+class TimedExecutionContext(BoundedListsExecutionContext):
     """Cancels a query operation that runs longer than `timeout` seconds (QUERY_TIMEOUT).
 
     The cancellation lands at the next await (a loader's SQL, a resolver): pure CPU work
@@ -84,8 +117,8 @@ class TimedExecutionContext(FreshMemoExecutionContext):
 
 
 @functools.cache
-def _execution_context(timeout: float) -> type[TimedExecutionContext]:
-    return type("TimedExecutionContext", (TimedExecutionContext,), {"timeout": timeout})
+def _execution_context(timeout: float, max_items: int) -> type[TimedExecutionContext]:
+    return type("TimedExecutionContext", (TimedExecutionContext,), {"timeout": timeout, "max_items": max_items})
 
 
 @functools.cache
@@ -104,7 +137,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
-        execution_context_class=_execution_context(limits.query_timeout),
+        execution_context_class=_execution_context(limits.query_timeout, limits.max_query_cost),
         types=list(NODE_TYPES.values()),
         extensions=[
             functools.partial(
