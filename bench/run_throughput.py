@@ -9,7 +9,7 @@ paths and report, figures too small to mean anything.
 
 It starts an embedded PostgreSQL in a temp dir under /tmp, migrates a fresh database and
 drives the engine in-process (no HTTP: bench/query_page.py measures that layer):
-`Services.build(...)`, `start()`, one project, then `runs.send_message(..., "hello")`, which
+`Services.build(...)`, `start()`, one project, then `dispatch.send_message(..., "hello")`, which
 the scripted agent (a `python -m threadloom.agent` subprocess, zero chunk delay) answers
 with "You said: hello", streamed word by word.
 
@@ -67,8 +67,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from threadloom.config import Settings
 from threadloom.domain.access import Principal
-from threadloom.domain.dispatch import Dispatch
-from threadloom.domain.runs import DispatchMode
+from threadloom.domain.dispatch import Dispatch, DispatchMode
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.clock import SystemClock
 from threadloom.engine.services import Services
@@ -312,7 +311,7 @@ class Bench:
         ]
 
     async def send(self, thread_id: uuid.UUID) -> None:
-        await self.services.runs.send_message(
+        await self.services.dispatch.send_message(
             self.admin,
             thread_id,
             text=TEXT,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support import builders as b
+from threadloom.domain.effects import DELIVER_EFFECT, START_EFFECT
 from threadloom.domain.entities import (
     AppThread,
     ConversationMessage,
@@ -19,7 +20,7 @@ from threadloom.domain.entities import (
     RunAttempt,
     RuntimeRequest,
 )
-from threadloom.domain.runs import DELIVER_EFFECT, START_EFFECT, RunGraph, finalize_plan, finish_run
+from threadloom.domain.runs import RunGraph, finalize_plan, finish_run
 from threadloom.domain.statuses import (
     AttemptStatus,
     LineageRelationship,

@@ -14,12 +14,12 @@ from collections.abc import Callable
 import pytest
 
 from tests.support import builders as b
-from threadloom.domain import steering
+from threadloom.domain import dispatch as dispatch_rules
 from threadloom.domain.changes import Outcome
-from threadloom.domain.dispatch import Dispatch, SteerAbility, choose
+from threadloom.domain.dispatch import AppliedDispatch, Dispatch, DispatchMode, SteerAbility, choose
+from threadloom.domain.effects import INTERRUPT_EFFECT, START_EFFECT, STEER_EFFECT
 from threadloom.domain.entities import ConversationMessage, ExecutionNode, Run, RunAttempt, RuntimeRequest
 from threadloom.domain.errors import DomainError, ErrorCode
-from threadloom.domain.runs import START_EFFECT, AppliedDispatch, DispatchMode, ThreadState
 from threadloom.domain.statuses import (
     AttemptReason,
     AttemptStatus,
@@ -29,6 +29,7 @@ from threadloom.domain.statuses import (
     RunStatus,
     RuntimeRequestStatus,
 )
+from threadloom.domain.threads import ThreadState
 
 START = AppliedDispatch.START_IMMEDIATELY
 QUEUE = AppliedDispatch.QUEUE_AFTER_ACTIVE
@@ -203,19 +204,19 @@ def test_errors_name_the_field_to_fix() -> None:
         assert error.value.field == field
 
 
-# ---- what an applied steer or restart writes (domain/steering.py) ------------------------------------------
+# ---- what an applied steer or restart writes (domain/dispatch.py) ------------------------------------------
 
 
 def test_steer_in_place_adds_the_message_to_the_run() -> None:
     thread = b.thread()
     run = b.run(thread, 1, RunStatus.RUNNING)
-    outcome = steering.steer(thread, run, "also do this", "c1", b.NOW, b.Ids())
+    outcome = dispatch_rules.steer(thread, run, "also do this", "c1", b.NOW, b.Ids())
     assert b.event_types(outcome) == ["message.created", "activity:run.steered"]
     message = next(iter(b.latest(outcome.changes, ConversationMessage).values()))
     assert (message.run_id, message.input_intent, message.client_message_id) == (run.id, InputIntent.STEER, "c1")
     assert [(e.kind, e.payload, e.replay_safe) for e in outcome.effects] == [
         (
-            steering.STEER_EFFECT,
+            STEER_EFFECT,
             {"runId": str(run.id), "attemptId": str(run.active_attempt_id), "messageId": str(message.id)},
             False,
         )
@@ -229,7 +230,7 @@ def test_a_restart_supersedes_the_attempt_under_the_same_run() -> None:
     attempt, root = b.attempt_of(run, provider_thread_id=b.uid()), b.root_of(run)
     children = [b.child_of(root), b.child_of(root)]
     request = b.approval_of(run, children[0])
-    outcome = steering.restart(
+    outcome = dispatch_rules.restart(
         thread, run, attempt, root, children, "first ask", "change course", None, b.NOW, b.Ids(), [request]
     )
     nodes = b.latest(outcome.changes, ExecutionNode)
@@ -253,7 +254,7 @@ def test_a_restart_supersedes_the_attempt_under_the_same_run() -> None:
     assert expired.status == RuntimeRequestStatus.EXPIRED
     assert expired.response_capability == ResponseCapability.NOT_RESUMABLE
     assert [(e.kind, e.payload.get("attemptId")) for e in outcome.effects] == [
-        (steering.INTERRUPT_EFFECT, str(attempt.id)),  # the old turn ends first
+        (INTERRUPT_EFFECT, str(attempt.id)),  # the old turn ends first
         (START_EFFECT, str(new_attempt.id)),
     ]
     assert outcome.effects[1].payload["input"] == "first ask\n\nchange course"
@@ -265,8 +266,8 @@ def test_a_steering_message_must_say_something(text: str) -> None:
     thread = b.thread()
     run = b.run(thread, 1, RunStatus.RUNNING)
     calls: list[Callable[[], Outcome]] = [
-        lambda: steering.steer(thread, run, text, None, b.NOW, b.Ids()),
-        lambda: steering.restart(
+        lambda: dispatch_rules.steer(thread, run, text, None, b.NOW, b.Ids()),
+        lambda: dispatch_rules.restart(
             thread, run, b.attempt_of(run), b.root_of(run), [], "first", text, None, b.NOW, b.Ids()
         ),
     ]

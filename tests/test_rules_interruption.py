@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from tests.support import builders as b
+from threadloom.domain.effects import INTERRUPT_EFFECT
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.interruption import (
     STOP_HOLD_REASON,
@@ -21,7 +22,6 @@ from threadloom.domain.interruption import (
     unsupported_error,
 )
 from threadloom.domain.statuses import ACTIVE_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
-from threadloom.domain.steering import INTERRUPT_EFFECT
 
 ACTIVE = sorted(ACTIVE_RUN_STATUSES)
 ENDED = sorted(TERMINAL_RUN_STATUSES)

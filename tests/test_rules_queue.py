@@ -10,13 +10,15 @@ import itertools
 import pytest
 
 from tests.support import builders as b
+from threadloom.domain import dispatch as dispatch_rules
 from threadloom.domain import queue as queue_rules
-from threadloom.domain import steering
 from threadloom.domain.changes import Outcome
+from threadloom.domain.dispatch import AppliedDispatch, new_run
+from threadloom.domain.effects import INTERRUPT_EFFECT, START_EFFECT, STEER_EFFECT
 from threadloom.domain.entities import AppThread, ConversationMessage, Run, RunAttempt
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.interruption import hold
-from threadloom.domain.runs import START_EFFECT, AppliedDispatch, drain_queue, new_run, resume_queue
+from threadloom.domain.queue import drain_queue, resume_queue
 from threadloom.domain.statuses import AttemptStatus, InputIntent, NodeStatus, RunStatus
 
 
@@ -90,15 +92,15 @@ def test_a_restart_as_a_new_run_goes_first(waiting: int) -> None:
     thread = b.thread()
     active = b.run(thread, 1, RunStatus.RUNNING)
     queued = b.queue(thread, waiting)
-    outcome = steering.restart_as_new_run(
+    outcome = dispatch_rules.restart_as_new_run(
         b.state(thread, active=active, queued=queued), active, "change course", None, None, b.NOW, b.Ids()
     )
     after = b.apply_to_queue(queued, outcome)
     assert _dense(after) == list(range(1, waiting + 2))
     assert after[0].supersedes_run_id == active.id and _ordinals(after[1:]) == _ordinals(queued)
     assert outcome.result["appliedDispatch"] == AppliedDispatch.RESTART_ACTIVE.value
-    assert [e.kind for e in outcome.effects] == [steering.INTERRUPT_EFFECT]
-    again = steering.restart_as_new_run(
+    assert [e.kind for e in outcome.effects] == [INTERRUPT_EFFECT]
+    again = dispatch_rules.restart_as_new_run(
         b.state(thread, active=active.evolve(interrupt_requested_at=b.NOW), queued=queued),
         active.evolve(interrupt_requested_at=b.NOW),
         "and again",
@@ -235,9 +237,9 @@ def test_promote_cancels_the_queued_run_and_steers_the_active_one(native: bool) 
         reason="promoted to a steer of the active run",
     )
     if native:
-        steered = steering.steer(thread, active, "do this instead", None, b.NOW, b.Ids())
+        steered = dispatch_rules.steer(thread, active, "do this instead", None, b.NOW, b.Ids())
     else:
-        steered = steering.restart(
+        steered = dispatch_rules.restart(
             thread,
             active,
             b.attempt_of(active),
@@ -254,7 +256,7 @@ def test_promote_cancels_the_queued_run_and_steers_the_active_one(native: bool) 
     assert _ordinals(after) == [queued[0].ordinal, queued[2].ordinal] and _dense(after) == [1, 2]
     assert b.latest(outcome.changes, Run)[promoted.id].status_reason == "promoted to a steer of the active run"
     kinds = [e.kind for e in outcome.effects]
-    assert kinds == ([steering.STEER_EFFECT] if native else [steering.INTERRUPT_EFFECT, START_EFFECT])
+    assert kinds == ([STEER_EFFECT] if native else [INTERRUPT_EFFECT, START_EFFECT])
 
 
 # ---- drain, hold, resume -----------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ async def test_a_runtime_with_a_running_turn_is_not_reaped(
     for _ in range(3):
         clock.advance(3600)
         assert await services.sessions.reap_idle() == []
-    await services.control.interrupt_run(ADMIN, busy, hold_queue=False, key=None)
+    await services.interruption.interrupt_run(ADMIN, busy, hold_queue=False, key=None)
     assert await _finished(services, busy) == "interrupted"
     [session] = services.sessions.sessions_of("scripted")
     assert session.runtime.alive

@@ -13,7 +13,7 @@ from tests.support.graphql import CREATE_PROJECT, workspace
 from tests.support.inproc import ADMIN, new_thread
 from tests.support.inproc import send as send_inproc
 from tests.support.runs import finished, run, send
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, providers_env, serving
 from tests.support.waiting import until
 from threadloom.engine.services import Services
 from threadloom.store import tables as t
@@ -46,12 +46,8 @@ INTERRUPT = """mutation($r: ID!, $hold: Boolean!) { interruptRun(input: {runId: 
 
 @pytest.fixture
 def server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = tmp_path / "providers.toml"
-    config.write_text(PROVIDERS)
-    proc = ServerProcess(database_url, data_dir, env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
-    yield proc
-    proc.stop()
-    print("\n".join(proc.log[-60:]))
+    with serving(database_url, data_dir, providers_env(tmp_path, PROVIDERS)) as proc:
+        yield proc
 
 
 async def _thread(client: Client, tmp_path: Path, instance: str = "scripted") -> str:
@@ -312,7 +308,7 @@ async def test_interrupt_before_the_provider_starts(services: Services, tmp_path
     (tmp_path / "ws").mkdir()
     thread = await new_thread(services, tmp_path / "ws")
     run_id = await send_inproc(services, thread, "hello")
-    await services.control.interrupt_run(ADMIN, run_id, hold_queue=False, key=None)
+    await services.interruption.interrupt_run(ADMIN, run_id, hold_queue=False, key=None)
     async with services.db.read() as db:
         status = await db.scalar(sa.select(t.runs.c.status).where(t.runs.c.id == run_id))
     assert status == "interrupted"

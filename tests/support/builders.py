@@ -27,7 +27,7 @@ from threadloom.domain.entities import (
     RuntimeRequest,
 )
 from threadloom.domain.records import Record
-from threadloom.domain.runs import RunGraph, ThreadState
+from threadloom.domain.runs import RunGraph
 from threadloom.domain.statuses import (
     AttemptReason,
     AttemptStatus,
@@ -43,6 +43,7 @@ from threadloom.domain.statuses import (
     RuntimeRequestKind,
     RuntimeRequestStatus,
 )
+from threadloom.domain.threads import ThreadState
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 LATER = datetime(2026, 11, 30, 12, 5, tzinfo=UTC)
@@ -168,23 +169,14 @@ def message_of(r: Run, text: str = "hello", *, streaming: bool = False) -> Conve
 
 def agent_message(r: Run, text: str = "partial answer") -> ConversationMessage:
     """An assistant message still streaming when its turn ends."""
-    return ConversationMessage(
-        id=uid(),
-        thread_id=r.thread_id,
-        run_id=r.id,
-        role=MessageRole.ASSISTANT,
-        text=text,
-        streaming=True,
-        created_at=NOW,
-        updated_at=NOW,
-    )
+    return message_of(r, text, streaming=True).evolve(id=uid(), role=MessageRole.ASSISTANT)
 
 
 def provider_thread_of(owner: AppThread) -> ProviderThread:
     return ProviderThread(
         id=uid(),
         provider_instance_id=owner.provider_instance_id,
-        app_thread_id=owner.id,
+        thread_id=owner.id,
         native_thread_ref="native-1",
         status=ProviderThreadStatus.ACTIVE,
         created_at=NOW,

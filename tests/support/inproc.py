@@ -32,7 +32,7 @@ async def new_thread(services: Services, root: Path, instance: str | None = None
 
 async def send(services: Services, thread: uuid.UUID, text: str) -> uuid.UUID:
     """sendMessage with the default dispatch; the new run's id."""
-    sent = await services.runs.send_message(
+    sent = await services.dispatch.send_message(
         ADMIN, thread, text=text, dispatch=Dispatch(), provider_instance_id=None, model=None, client_message_id=None
     )
     return sent.run_id

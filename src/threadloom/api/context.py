@@ -56,7 +56,7 @@ class Context:
             return uuid.UUID(str(row["id"]))
         if table is t.threads:
             return uuid.UUID(str(row["project_id"]))
-        thread_id = row.get("thread_id") or row.get("app_thread_id") or row.get("target_thread_id")
+        thread_id = row.get("thread_id")
         if thread_id is None:
             return None
         thread = await self.loaders.rows(t.threads).load(thread_id)

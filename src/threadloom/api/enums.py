@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import strawberry
 
+from threadloom.domain import dispatch as r
 from threadloom.domain import plans as p
 from threadloom.domain import requests as q
-from threadloom.domain import runs as r
 from threadloom.domain import statuses as s
 
 for _enum in (

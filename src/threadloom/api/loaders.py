@@ -69,7 +69,7 @@ _pending = [t.runtime_requests.c.status == RuntimeRequestStatus.PENDING.value]
 LISTS: dict[str, tuple[sa.Table, str, str, list[sa.ColumnElement[bool]]]] = {
     "thread.queue": (t.runs, "thread_id", "queue_position", _queued),
     "thread.pendingRequests": (t.runtime_requests, "thread_id", "id", _pending),
-    "thread.providerThreads": (t.provider_threads, "app_thread_id", "id", []),
+    "thread.providerThreads": (t.provider_threads, "thread_id", "id", []),
     "thread.todoLists": (t.plan_artifacts, "thread_id", "id", [t.plan_artifacts.c.kind == "todo_list"]),
     "run.attempts": (t.run_attempts, "run_id", "attempt_ordinal", []),
     "run.nodes": (t.execution_nodes, "run_id", "id", []),

@@ -310,7 +310,7 @@ class _InRun:
 @_entity(e.ProviderThread)
 class ProviderThread(Node, _Entity):
     rec: strawberry.Private[e.ProviderThread]
-    thread: Thread = _one("Thread", "app_thread_id", required=True)
+    thread: Thread = _one("Thread", "thread_id", required=True)
     forked_from: ProviderThread | None = _one("ProviderThread", "forked_from_provider_thread_id", visible=True)
     session: ProviderSession | None = _one("ProviderSession", "session_id", visible=True)
 
@@ -327,7 +327,7 @@ class ProviderTurn(Node, _Entity):
 class ContextTransfer(Node, _Entity):
     rec: strawberry.Private[e.ContextTransfer]
     source_thread: Thread | None = _one("Thread", "source_thread_id", visible=True)
-    target_thread: Thread | None = _one("Thread", "target_thread_id", visible=True)
+    target_thread: Thread | None = _one("Thread", "thread_id", visible=True)
     target_run: Run | None = _one("Run", "target_run_id", visible=True)
 
 

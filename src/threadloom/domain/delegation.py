@@ -12,9 +12,9 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.entities import AppThread, ContextTransfer, ConversationMessage, ExecutionNode, Run
-from threadloom.domain.runs import NewId, activity
 from threadloom.domain.statuses import (
     LineageRelationship,
     MessageRole,
@@ -48,13 +48,13 @@ def spawn_transfer(parent: AppThread, child: AppThread, text: str, now: datetime
         id=new_id(),
         type=TransferType.SUBAGENT_SPAWN,
         source_thread_id=parent.id,
-        target_thread_id=child.id,
+        thread_id=child.id,
         source_point={"task": text},
         status=TransferStatus.CONSUMED,
         created_at=now,
         updated_at=now,
     )
-    return Change("transfer.created", transfer)
+    return Change.created(transfer)
 
 
 def parent_node(parent: AppThread, active: Run | None, child: AppThread, now: datetime, new_id: NewId) -> Outcome:
@@ -77,11 +77,11 @@ def parent_node(parent: AppThread, active: Run | None, child: AppThread, now: da
             updated_at=now,
         )
         node_id = node.id
-        changes.append(Change("node.created", node))
+        changes.append(Change.created(node))
     changes.append(
         activity(
             parent.id,
-            "subagent.started",
+            ActivityKind.SUBAGENT_STARTED,
             f"delegated: {child.title}",
             now,
             new_id,
@@ -106,7 +106,7 @@ def deliver(
         id=new_id(),
         type=TransferType.SUBAGENT_RESULT,
         source_thread_id=child.id,
-        target_thread_id=parent.id,
+        thread_id=parent.id,
         source_point={"runId": str(run.id), "status": run.status.value, "answer": answer},
         status=TransferStatus.RESOLVED_PORTABLE,
         resolution_strategy="final_answer",
@@ -125,16 +125,16 @@ def deliver(
         created_at=now,
         updated_at=now,
     )
-    changes = [Change("transfer.created", transfer), Change("message.created", message)]
+    changes = [Change.created(transfer), Change.created(message)]
     if node is not None and node.status in (NodeStatus.RUNNING, NodeStatus.PENDING, NodeStatus.WAITING):
         ended = NodeStatus.COMPLETED if run.status == RunStatus.COMPLETED else NodeStatus.FAILED
         if run.status == RunStatus.INTERRUPTED:
             ended = NodeStatus.INTERRUPTED
-        changes.append(Change("node.updated", node.evolve(status=ended, updated_at=now, completed_at=now)))
+        changes.append(Change.updated(node.evolve(status=ended, updated_at=now, completed_at=now)))
     changes.append(
         activity(
             parent.id,
-            "subagent.completed",
+            ActivityKind.SUBAGENT_COMPLETED,
             summary,
             now,
             new_id,

@@ -5,15 +5,61 @@
 - the provider can steer a live turn → steer it (same run);
 - it cannot, but can interrupt → restart the run with the steering message (same run, new attempt);
 - a steer that arrives after its target run ended becomes a new run.
+
+What each choice writes is here too: a new run (`new_run`, started now or queued through
+`domain.queue`), a steer in place (`steer`: the message joins the active run and the provider is asked
+to steer its turn), a steer by restart (`restart`: the active attempt is superseded, its root node
+interrupted, and a new attempt with a new root node opens under the same run, its turn carrying the
+interrupted input plus the steering message) or, for instances so configured, a restart as a new run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from enum import StrEnum
 
+from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.changes import Change, NewId, Outcome
+from threadloom.domain.effects import InterruptTurn, StartTurn, SteerTurn
+from threadloom.domain.entities import (
+    AppThread,
+    ConversationMessage,
+    ExecutionNode,
+    Run,
+    RunAttempt,
+    RuntimeRequest,
+)
 from threadloom.domain.errors import DomainError, ErrorCode
-from threadloom.domain.runs import AppliedDispatch, DispatchMode, ThreadState
+from threadloom.domain.queue import start_run
+from threadloom.domain.requests import expire
+from threadloom.domain.statuses import (
+    AttemptReason,
+    AttemptStatus,
+    InputIntent,
+    MessageRole,
+    NodeKind,
+    NodeStatus,
+    RunStatus,
+)
+from threadloom.domain.threads import ThreadState, clean_text
+
+
+class DispatchMode(StrEnum):
+    AUTO = "auto"
+    START_IMMEDIATELY = "start_immediately"
+    QUEUE_AFTER_ACTIVE = "queue_after_active"
+    STEER_ACTIVE = "steer_active"
+    RESTART_ACTIVE = "restart_active"
+
+
+class AppliedDispatch(StrEnum):
+    START_IMMEDIATELY = "start_immediately"
+    QUEUE_AFTER_ACTIVE = "queue_after_active"
+    STEER_ACTIVE = "steer_active"
+    RESTART_ACTIVE = "restart_active"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,3 +114,273 @@ def choose(dispatch: Dispatch, state: ThreadState, ability: SteerAbility) -> App
     if ability.restart:
         return AppliedDispatch.RESTART_ACTIVE
     return AppliedDispatch.QUEUE_AFTER_ACTIVE
+
+
+# ---- what each choice writes ------------------------------------------------------------
+
+
+def new_run(
+    state: ThreadState,
+    *,
+    applied: AppliedDispatch,
+    text: str,
+    provider_instance_id: str,
+    model: str | None,
+    client_message_id: str | None,
+    now: datetime,
+    new_id: NewId,
+    message_id: uuid.UUID | None = None,
+    supersedes: Run | None = None,
+) -> Outcome:
+    """A user message becomes a run: message → run(queued) → root node → initial attempt, started
+    now or queued. `message_id` reuses an existing message (a late steer turned into a run)."""
+    thread = state.thread
+    text = clean_text(text)
+    run_id, node_id, attempt_id = new_id(), new_id(), new_id()
+    reused = message_id is not None
+    message_id = message_id or new_id()
+    starting = applied == AppliedDispatch.START_IMMEDIATELY
+    message = ConversationMessage(
+        id=message_id,
+        thread_id=thread.id,
+        run_id=run_id,
+        role=MessageRole.USER,
+        text=text,
+        input_intent=InputIntent.TURN_START if starting else InputIntent.QUEUED_TURN,
+        client_message_id=client_message_id,
+        created_at=now,
+        updated_at=now,
+    )
+    run = Run(
+        id=run_id,
+        thread_id=thread.id,
+        ordinal=state.last_ordinal + 1,
+        provider_instance_id=provider_instance_id,
+        model=model if model is not None else thread.model,
+        status=RunStatus.QUEUED,
+        user_message_id=message_id,
+        root_node_id=node_id,
+        active_attempt_id=attempt_id,
+        queue_position=1 if supersedes is not None else len(state.queue) + 1,
+        supersedes_run_id=None if supersedes is None else supersedes.id,
+        requested_at=now,
+    )
+    root = ExecutionNode(
+        id=node_id,
+        thread_id=thread.id,
+        run_id=run_id,
+        attempt_id=attempt_id,
+        root_node_id=node_id,
+        kind=NodeKind.ROOT_TURN,
+        status=NodeStatus.PENDING,
+        counts_for_run=True,
+        title=_title(text),
+        created_at=now,
+        updated_at=now,
+    )
+    attempt = RunAttempt(
+        id=attempt_id,
+        thread_id=thread.id,
+        run_id=run_id,
+        attempt_ordinal=1,
+        root_node_id=node_id,
+        provider_thread_id=thread.active_provider_thread_id,
+        reason=AttemptReason.INITIAL,
+        status=AttemptStatus.PENDING,
+        created_at=now,
+    )
+    outcome = Outcome(
+        [
+            Change.updated(message) if reused else Change.created(message),
+            Change.created(run),
+            Change.created(root),
+            Change.created(attempt),
+        ],
+        result={"runId": str(run_id), "messageId": str(message_id), "appliedDispatch": applied.value},
+    )
+    if supersedes is not None:  # it goes first in the queue: the others move down by one
+        outcome.changes += [
+            Change.updated(r.evolve(queue_position=position)) for position, r in enumerate(state.queue, start=2)
+        ]
+    if starting:
+        start_run(outcome, thread.evolve(queue_held=False, queue_hold_reason=None), run, now, new_id)
+    else:
+        outcome.changes.append(
+            activity(
+                thread.id,
+                ActivityKind.RUN_QUEUED,
+                f"run {run.ordinal} queued at position {run.queue_position}",
+                now,
+                new_id,
+                run_id=run_id,
+            )
+        )
+    return outcome
+
+
+def _title(text: str) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first[:80]
+
+
+def _message(
+    thread: AppThread,
+    run: Run,
+    text: str,
+    intent: InputIntent,
+    client_message_id: str | None,
+    now: datetime,
+    new_id: NewId,
+) -> ConversationMessage:
+    return ConversationMessage(
+        id=new_id(),
+        thread_id=thread.id,
+        run_id=run.id,
+        role=MessageRole.USER,
+        text=clean_text(text),
+        input_intent=intent,
+        client_message_id=client_message_id,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def steer(
+    thread: AppThread, run: Run, text: str, client_message_id: str | None, now: datetime, new_id: NewId
+) -> Outcome:
+    message = _message(thread, run, text, InputIntent.STEER, client_message_id, now, new_id)
+    return Outcome(
+        [
+            Change.created(message),
+            activity(
+                thread.id,
+                ActivityKind.RUN_STEERED,
+                f"run {run.ordinal} steered",
+                now,
+                new_id,
+                run_id=run.id,
+                node_id=run.root_node_id,
+            ),
+        ],
+        [SteerTurn(run_id=run.id, attempt_id=run.active_attempt_id, message_id=message.id).envelope()],
+        result={
+            "runId": str(run.id),
+            "messageId": str(message.id),
+            "appliedDispatch": AppliedDispatch.STEER_ACTIVE.value,
+        },
+    )
+
+
+def restart(
+    thread: AppThread,
+    run: Run,
+    attempt: RunAttempt,
+    root: ExecutionNode,
+    open_children: Sequence[ExecutionNode],
+    original_input: str,
+    text: str,
+    client_message_id: str | None,
+    now: datetime,
+    new_id: NewId,
+    pending_requests: Sequence[RuntimeRequest] = (),
+) -> Outcome:
+    """Supersede the active attempt and open a new one under the same run. The superseded turn's
+    open requests (approvals, questions) end with it: expired, not resumable."""
+    message = _message(thread, run, text, InputIntent.RESTART, client_message_id, now, new_id)
+    new_root_id, new_attempt_id = new_id(), new_id()
+    new_root = ExecutionNode(
+        id=new_root_id,
+        thread_id=thread.id,
+        run_id=run.id,
+        attempt_id=new_attempt_id,
+        root_node_id=new_root_id,
+        kind=NodeKind.ROOT_TURN,
+        status=NodeStatus.PENDING,
+        counts_for_run=True,
+        title=root.title,
+        created_at=now,
+        updated_at=now,
+    )
+    new_attempt = RunAttempt(
+        id=new_attempt_id,
+        thread_id=thread.id,
+        run_id=run.id,
+        attempt_ordinal=attempt.attempt_ordinal + 1,
+        root_node_id=new_root_id,
+        provider_thread_id=attempt.provider_thread_id,
+        reason=AttemptReason.STEERING_RESTART,
+        status=AttemptStatus.PENDING,
+        created_at=now,
+    )
+    changes = [Change.created(message)]
+    for request in pending_requests:
+        changes += expire(request, None, "the turn was restarted by a steering message", now)
+    for child in open_children:
+        changes.append(Change.updated(child.evolve(status=NodeStatus.INTERRUPTED, updated_at=now, completed_at=now)))
+    changes += [
+        Change.updated(root.evolve(status=NodeStatus.INTERRUPTED, updated_at=now, completed_at=now)),
+        Change.updated(
+            attempt.evolve(status=AttemptStatus.SUPERSEDED, status_reason="steering_restart", completed_at=now),
+        ),
+        Change.created(new_root),
+        Change.created(new_attempt),
+        Change.updated(
+            run.evolve(status=RunStatus.PREPARING, active_attempt_id=new_attempt_id, root_node_id=new_root_id),
+        ),
+        activity(
+            thread.id,
+            ActivityKind.RUN_RESTARTED,
+            f"run {run.ordinal} restarted with a steering message",
+            now,
+            new_id,
+            run_id=run.id,
+            node_id=new_root_id,
+        ),
+    ]
+    text_for_turn = f"{original_input}\n\n{message.text}"
+    effects = [
+        InterruptTurn(run_id=run.id, attempt_id=attempt.id).envelope(),
+        StartTurn(run_id=run.id, attempt_id=new_attempt_id, input=text_for_turn).envelope(),
+    ]
+    return Outcome(
+        changes,
+        effects,
+        result={
+            "runId": str(run.id),
+            "messageId": str(message.id),
+            "appliedDispatch": AppliedDispatch.RESTART_ACTIVE.value,
+        },
+    )
+
+
+def steer_target(run: Run | None) -> uuid.UUID | None:
+    return None if run is None else run.id
+
+
+def restart_as_new_run(
+    state: ThreadState,
+    active: Run,
+    text: str,
+    client_message_id: str | None,
+    model: str | None,
+    now: datetime,
+    new_id: NewId,
+) -> Outcome:
+    """The alternative representation: the interrupted run stays a counted turn (it ends `interrupted`), and
+    the steering message becomes a new run, first in the queue, linked by `supersedesRunId`."""
+    outcome = new_run(
+        state,
+        applied=AppliedDispatch.QUEUE_AFTER_ACTIVE,
+        text=text,
+        provider_instance_id=active.provider_instance_id,
+        model=model,
+        client_message_id=client_message_id,
+        now=now,
+        new_id=new_id,
+        supersedes=active,
+    )
+    outcome.result["appliedDispatch"] = AppliedDispatch.RESTART_ACTIVE.value
+    if active.interrupt_requested_at is None:
+        outcome.changes.append(Change.updated(active.evolve(interrupt_requested_at=now)))
+        outcome.effects.append(InterruptTurn(run_id=active.id, attempt_id=active.active_attempt_id).envelope())
+    return outcome

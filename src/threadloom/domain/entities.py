@@ -163,7 +163,7 @@ class ProviderSession(Record):
 class ProviderThread(Record):
     entity_type: ClassVar[str] = "provider_thread"
     provider_instance_id: str
-    app_thread_id: uuid.UUID
+    thread_id: uuid.UUID  # the app thread it serves
     owner_node_id: uuid.UUID | None = None
     native_thread_ref: str | None = None
     status: ProviderThreadStatus
@@ -194,7 +194,7 @@ class ContextTransfer(Record):
     entity_type: ClassVar[str] = "context_transfer"
     type: TransferType
     source_thread_id: uuid.UUID
-    target_thread_id: uuid.UUID
+    thread_id: uuid.UUID  # the target: the thread that receives the context (its log holds the transfer)
     source_point: Json = None
     base_point: Json = None
     status: TransferStatus

@@ -12,15 +12,14 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from threadloom.domain.changes import Change, Effect, Outcome
+from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.changes import Change, NewId, Outcome
+from threadloom.domain.effects import InterruptTurn
 from threadloom.domain.entities import AppThread, Run
 from threadloom.domain.errors import DomainError, ErrorCode
-from threadloom.domain.runs import NewId, activity, is_active
+from threadloom.domain.runs import is_active
 from threadloom.domain.statuses import RunStatus
-from threadloom.domain.steering import INTERRUPT_EFFECT
 
-STOP_SESSION_EFFECT = "provider-session.stop"
-STOP_TASKS_EFFECT = "delegated-tasks.stop"
 STOP_HOLD_REASON = "stopped by the user"
 
 
@@ -65,7 +64,7 @@ def unsupported(thread: AppThread, run: Run, now: datetime, new_id: NewId) -> Ou
         [
             activity(
                 thread.id,
-                "run.interrupt_unsupported",
+                ActivityKind.RUN_INTERRUPT_UNSUPPORTED,
                 f"interrupt of run {run.ordinal} refused: {UNSUPPORTED_MESSAGE}",
                 now,
                 new_id,
@@ -87,10 +86,10 @@ def requested(thread: AppThread, run: Run, now: datetime, new_id: NewId) -> Outc
         return Outcome(result={"runId": str(run.id)})
     return Outcome(
         [
-            Change("run.updated", run.evolve(interrupt_requested_at=now)),
+            Change.updated(run.evolve(interrupt_requested_at=now)),
             activity(
                 thread.id,
-                "run.interrupt_requested",
+                ActivityKind.RUN_INTERRUPT_REQUESTED,
                 f"interrupt of run {run.ordinal} requested",
                 now,
                 new_id,
@@ -98,7 +97,7 @@ def requested(thread: AppThread, run: Run, now: datetime, new_id: NewId) -> Outc
                 node_id=run.root_node_id,
             ),
         ],
-        [Effect(INTERRUPT_EFFECT, {"runId": str(run.id), "attemptId": str(run.active_attempt_id)}, replay_safe=False)],
+        [InterruptTurn(run_id=run.id, attempt_id=run.active_attempt_id).envelope()],
         result={"runId": str(run.id)},
     )
 
@@ -107,6 +106,6 @@ def hold(thread: AppThread, now: datetime, new_id: NewId, reason: str = STOP_HOL
     if thread.queue_held:
         return []
     return [
-        Change("thread.updated", thread.evolve(queue_held=True, queue_hold_reason=reason, updated_at=now)),
-        activity(thread.id, "queue.held", reason, now, new_id),
+        Change.updated(thread.evolve(queue_held=True, queue_hold_reason=reason, updated_at=now)),
+        activity(thread.id, ActivityKind.QUEUE_HELD, reason, now, new_id),
     ]

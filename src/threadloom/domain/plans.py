@@ -29,4 +29,4 @@ def implement(plan: PlanArtifact, now: datetime) -> Change:
         raise DomainError(ErrorCode.PLAN_ALREADY_IMPLEMENTED, "this plan was implemented already", "planId")
     if not (plan.text or "").strip():
         raise DomainError(ErrorCode.INVALID_INPUT, "the plan has no text yet", "planId")
-    return Change("plan.updated", plan.evolve(status=PlanStatus.IMPLEMENTED, updated_at=now), node_id=plan.node_id)
+    return Change.updated(plan.evolve(status=PlanStatus.IMPLEMENTED, updated_at=now), node_id=plan.node_id)

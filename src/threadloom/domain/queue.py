@@ -1,15 +1,19 @@
-"""Managing queued runs: cancel, reorder, edit, promote to a steer (docs/lifecycles/steering-and-queue.md)."""
+"""The queue of runs waiting for a thread (docs/lifecycles/steering-and-queue.md): how the first one
+starts (`start_run`, `drain_queue`), holding and resuming, and managing queued runs (cancel, reorder,
+edit; promoting one to a steer composes these with `domain.dispatch`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
 
-from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.changes import Change, NewId, Outcome
+from threadloom.domain.effects import StartTurn
 from threadloom.domain.entities import AppThread, ConversationMessage, ExecutionNode, Run, RunAttempt
 from threadloom.domain.errors import DomainError, ErrorCode
-from threadloom.domain.runs import NewId, activity, clean_text
 from threadloom.domain.statuses import AttemptStatus, NodeStatus, RunStatus
+from threadloom.domain.threads import ThreadState, clean_text
 
 
 def require_queued(run: Run) -> None:
@@ -20,7 +24,7 @@ def require_queued(run: Run) -> None:
 def renumber(queue: Sequence[Run]) -> list[Change]:
     """Positions 1..n in the given order, writing only the runs whose position changes."""
     return [
-        Change("run.updated", run.evolve(queue_position=position))
+        Change.updated(run.evolve(queue_position=position))
         for position, run in enumerate(queue, start=1)
         if run.queue_position != position
     ]
@@ -41,14 +45,13 @@ def cancel(
     rest = [r for r in queue if r.id != run.id]
     return Outcome(
         [
-            Change("node.updated", root.evolve(status=NodeStatus.CANCELLED, updated_at=now, completed_at=now)),
-            Change("attempt.updated", attempt.evolve(status=AttemptStatus.CANCELLED, completed_at=now)),
-            Change(
-                "run.updated",
+            Change.updated(root.evolve(status=NodeStatus.CANCELLED, updated_at=now, completed_at=now)),
+            Change.updated(attempt.evolve(status=AttemptStatus.CANCELLED, completed_at=now)),
+            Change.updated(
                 run.evolve(status=RunStatus.CANCELLED, status_reason=reason, queue_position=None, completed_at=now),
             ),
             *renumber(rest),
-            activity(thread.id, "run.cancelled", f"run {run.ordinal}: {reason}", now, new_id, run_id=run.id),
+            activity(thread.id, ActivityKind.RUN_CANCELLED, f"run {run.ordinal}: {reason}", now, new_id, run_id=run.id),
         ],
         result={"runId": str(run.id)},
     )
@@ -65,7 +68,7 @@ def reorder(thread: AppThread, queue: Sequence[Run], run: Run, position: int, no
             *renumber(rest),
             activity(
                 thread.id,
-                "queue.reordered",
+                ActivityKind.QUEUE_REORDERED,
                 f"run {run.ordinal} moved to position {position}",
                 now,
                 new_id,
@@ -81,8 +84,54 @@ def edit(thread: AppThread, run: Run, message: ConversationMessage, text: str, n
     updated = message.evolve(text=clean_text(text), updated_at=now)
     return Outcome(
         [
-            Change("message.updated", updated),
-            activity(thread.id, "queue.edited", f"run {run.ordinal} edited", now, new_id, run_id=run.id),
+            Change.updated(updated),
+            activity(thread.id, ActivityKind.QUEUE_EDITED, f"run {run.ordinal} edited", now, new_id, run_id=run.id),
         ],
         result={"runId": str(run.id)},
     )
+
+
+def start_run(outcome: Outcome, thread: AppThread, run: Run, now: datetime, new_id: NewId) -> None:
+    """Make `run` the thread's active run and ask the outbox to start its provider turn."""
+    started = run.evolve(status=RunStatus.PREPARING, queue_position=None)
+    outcome.changes.append(Change.updated(started))
+    outcome.changes.append(Change.updated(thread.evolve(active_run_id=run.id, updated_at=now)))
+    outcome.changes.append(
+        activity(
+            thread.id,
+            ActivityKind.RUN_PREPARING,
+            f"run {run.ordinal} is starting",
+            now,
+            new_id,
+            run_id=run.id,
+            node_id=run.root_node_id,
+        )
+    )
+    outcome.effects.append(StartTurn(run_id=run.id, attempt_id=run.active_attempt_id).envelope())
+
+
+def drain_queue(thread: AppThread, queue: Sequence[Run], now: datetime, new_id: NewId) -> Outcome:
+    """When nothing runs: start the first queued run unless the queue is held; renumber the rest."""
+    outcome = Outcome()
+    if thread.queue_held or thread.active_run_id is not None or not queue:
+        return outcome
+    first, rest = queue[0], queue[1:]
+    for position, run in enumerate(rest, start=1):
+        if run.queue_position != position:
+            outcome.changes.append(Change.updated(run.evolve(queue_position=position)))
+    start_run(outcome, thread, first, now, new_id)
+    return outcome
+
+
+def resume_queue(state: ThreadState, now: datetime, new_id: NewId) -> Outcome:
+    thread = state.thread
+    if not thread.queue_held:
+        raise DomainError(ErrorCode.QUEUE_NOT_HELD, "the queue is not held", "threadId")
+    released = thread.evolve(queue_held=False, queue_hold_reason=None, updated_at=now)
+    outcome = Outcome(
+        [Change.updated(released), activity(thread.id, ActivityKind.QUEUE_RESUMED, "queue resumed", now, new_id)]
+    )
+    drained = drain_queue(released, state.queue, now, new_id)
+    outcome.changes += drained.changes
+    outcome.effects += drained.effects
+    return outcome

@@ -15,10 +15,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from threadloom.domain.changes import Change, Effect, Outcome
+from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.changes import Change, NewId, Outcome
+from threadloom.domain.effects import RespondToRequest
 from threadloom.domain.entities import AppThread, ExecutionNode, PlanArtifact, Run, RuntimeRequest
 from threadloom.domain.errors import DomainError, ErrorCode
-from threadloom.domain.runs import NewId, activity
 from threadloom.domain.statuses import (
     NodeKind,
     NodeStatus,
@@ -29,8 +30,6 @@ from threadloom.domain.statuses import (
     RuntimeRequestKind,
     RuntimeRequestStatus,
 )
-
-RESPOND_EFFECT = "runtime-request.respond"
 
 
 class Decision(StrEnum):
@@ -98,11 +97,10 @@ def open_request(
         created_at=now,
         updated_at=now,
     )
-    changes = [Change("node.created", node), Change("request.created", request, node_id=node_id)]
+    changes = [Change.created(node), Change.created(request, node_id=node_id)]
     if is_question:
         changes.append(
-            Change(
-                "plan.created",
+            Change.created(
                 PlanArtifact(
                     id=new_id(),
                     thread_id=thread.id,
@@ -118,8 +116,8 @@ def open_request(
             )
         )
     if run.status == RunStatus.RUNNING:
-        changes.append(Change("run.updated", run.evolve(status=RunStatus.WAITING)))
-    kind_name = "question.asked" if is_question else "approval.requested"
+        changes.append(Change.updated(run.evolve(status=RunStatus.WAITING)))
+    kind_name = ActivityKind.QUESTION_ASKED if is_question else ActivityKind.APPROVAL_REQUESTED
     changes.append(
         activity(
             thread.id,
@@ -182,17 +180,20 @@ def respond(
     """Record the answer, close the node, let the run go on, and send the answer after commit."""
     resolved = request.evolve(status=RuntimeRequestStatus.RESOLVED, response=response, resolved_at=now)
     changes = [
-        Change("request.updated", resolved, node_id=node.id),
-        Change(
-            "node.updated",
+        Change.updated(resolved, node_id=node.id),
+        Change.updated(
             node.evolve(
                 status=NodeStatus.COMPLETED if accepted else NodeStatus.CANCELLED, updated_at=now, completed_at=now
             ),
         ),
     ]
     if run.status == RunStatus.WAITING and other_pending == 0:
-        changes.append(Change("run.updated", run.evolve(status=RunStatus.RUNNING)))
-    kind = "question.answered" if request.kind == RuntimeRequestKind.USER_INPUT else "approval.resolved"
+        changes.append(Change.updated(run.evolve(status=RunStatus.RUNNING)))
+    kind = (
+        ActivityKind.QUESTION_ANSWERED
+        if request.kind == RuntimeRequestKind.USER_INPUT
+        else ActivityKind.APPROVAL_RESOLVED
+    )
     changes.append(
         activity(
             thread.id,
@@ -205,17 +206,13 @@ def respond(
             payload={"requestId": str(request.id), "response": response},
         )
     )
-    effect = Effect(
-        RESPOND_EFFECT,
-        {
-            "requestId": str(request.id),
-            "runId": str(run.id),
-            "attemptId": str(node.attempt_id),
-            "nativeRef": request.native_request_ref,
-            "response": native_response,
-        },
-        replay_safe=False,
-    )
+    effect = RespondToRequest(
+        request_id=request.id,
+        run_id=run.id,
+        attempt_id=node.attempt_id,
+        native_ref=request.native_request_ref,
+        response=native_response,
+    ).envelope()
     return Outcome(changes, [effect], result={"requestId": str(request.id)})
 
 
@@ -240,8 +237,7 @@ def same_response(request: RuntimeRequest, response: dict[str, Any]) -> bool:
 
 def expire(request: RuntimeRequest, node: ExecutionNode | None, reason: str, now: datetime) -> list[Change]:
     changes = [
-        Change(
-            "request.updated",
+        Change.updated(
             request.evolve(
                 status=RuntimeRequestStatus.EXPIRED,
                 response_capability=ResponseCapability.NOT_RESUMABLE,
@@ -252,7 +248,5 @@ def expire(request: RuntimeRequest, node: ExecutionNode | None, reason: str, now
         )
     ]
     if node is not None and node.status in (NodeStatus.WAITING, NodeStatus.RUNNING, NodeStatus.PENDING):
-        changes.append(
-            Change("node.updated", node.evolve(status=NodeStatus.CANCELLED, updated_at=now, completed_at=now))
-        )
+        changes.append(Change.updated(node.evolve(status=NodeStatus.CANCELLED, updated_at=now, completed_at=now)))
     return changes

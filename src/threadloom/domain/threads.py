@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
-from threadloom.domain.changes import Change
-from threadloom.domain.entities import AppThread, Project
+from threadloom.domain.changes import Change, EventVerb, NewId
+from threadloom.domain.entities import AppThread, Project, ProviderThread, Run
 from threadloom.domain.errors import DomainError, ErrorCode
-from threadloom.domain.statuses import ThreadStatus
+from threadloom.domain.statuses import ProviderThreadStatus, ThreadStatus
 
 MAX_TITLE = 200
+MAX_MESSAGE = 200_000
 MAX_MODEL = 200
 DEFAULT_TITLE = "New thread"
 # What an agent's commands may do (docs/providers.md, "Runtime modes"):
@@ -88,11 +90,11 @@ def create_thread(
         created_at=now,
         updated_at=now,
     )
-    return Change("thread.created", thread)
+    return Change.created(thread)
 
 
 def rename_thread(thread: AppThread, title: str, now: datetime) -> Change:
-    return Change("thread.renamed", thread.evolve(title=clean_title(title), updated_at=now))
+    return Change.of(EventVerb.RENAMED, thread.evolve(title=clean_title(title), updated_at=now))
 
 
 def archive_thread(thread: AppThread, now: datetime) -> Change:
@@ -100,15 +102,62 @@ def archive_thread(thread: AppThread, now: datetime) -> Change:
         raise DomainError(ErrorCode.ALREADY_ARCHIVED, "thread is already archived", "threadId")
     if thread.active_run_id is not None:
         raise DomainError(ErrorCode.THREAD_BUSY, "thread has an active run; stop it first", "threadId")
-    return Change("thread.archived", thread.evolve(archived_at=now, updated_at=now))
+    return Change.of(EventVerb.ARCHIVED, thread.evolve(archived_at=now, updated_at=now))
 
 
 def unarchive_thread(thread: AppThread, now: datetime) -> Change:
     if thread.archived_at is None:
         raise DomainError(ErrorCode.NOT_ARCHIVED, "thread is not archived", "threadId")
-    return Change("thread.unarchived", thread.evolve(archived_at=None, updated_at=now))
+    return Change.of(EventVerb.UNARCHIVED, thread.evolve(archived_at=None, updated_at=now))
 
 
 def thread_status(active_run_status: str | None) -> ThreadStatus:
     """Thread status is derived: idle, or the status of its active run."""
     return ThreadStatus.IDLE if active_run_status is None else ThreadStatus(active_run_status)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ThreadState:
+    """What a run decision needs to know about a thread, read under its row lock."""
+
+    thread: AppThread
+    active: Run | None
+    queue: Sequence[Run]  # queued runs by queue_position
+    last_ordinal: int
+
+
+def clean_text(text: str) -> str:
+    if not text.strip():
+        raise DomainError(ErrorCode.INVALID_INPUT, "text must not be blank", "text")
+    if len(text) > MAX_MESSAGE:
+        raise DomainError(ErrorCode.INVALID_INPUT, f"text is longer than {MAX_MESSAGE} characters", "text")
+    return text
+
+
+def attach_provider_thread(
+    thread: AppThread, current: ProviderThread | None, instance: str, now: datetime, new_id: NewId
+) -> tuple[ProviderThread, list[Change]]:
+    """The thread's provider thread for `instance`: `current` if it is of that instance, else a new one
+    (not yet loaded: the agent's native thread is created lazily) made the thread's active one."""
+    if current is not None and current.provider_instance_id == instance:
+        return current, []
+    created = ProviderThread(
+        id=new_id(),
+        provider_instance_id=instance,
+        thread_id=thread.id,
+        status=ProviderThreadStatus.NOT_LOADED,
+        created_at=now,
+        updated_at=now,
+    )
+    return created, [
+        Change.created(created),
+        Change.updated(thread.evolve(active_provider_thread_id=created.id, updated_at=now)),
+    ]
+
+
+def replace_provider_thread(
+    thread: AppThread, broken: ProviderThread, now: datetime, new_id: NewId
+) -> tuple[ProviderThread, list[Change]]:
+    """The native thread is gone for good: mark it broken and give the thread a fresh one."""
+    replacement, changes = attach_provider_thread(thread, None, broken.provider_instance_id, now, new_id)
+    return replacement, [Change.updated(broken.evolve(status=ProviderThreadStatus.ERROR, updated_at=now)), *changes]

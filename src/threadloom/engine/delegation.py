@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from threadloom.domain import delegation
-from threadloom.domain import runs as rules
+from threadloom.domain import dispatch as rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.effects import DeliverToParent
 from threadloom.domain.entities import AppThread, ContextTransfer, ConversationMessage, ExecutionNode, Run
 from threadloom.domain.errors import not_found
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import TokenScope
-from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.domain.threads import ThreadState
+from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
 from threadloom.engine.runs import RunEngine
 from threadloom.store import entities
 from threadloom.store import tables as t
@@ -33,13 +34,13 @@ class Delegation:
         now = self.pipeline.clock.now()
         child_id = new_id()
 
-        async def create_child(db: Reader, _: AppThread | None) -> Outcome:
+        async def create_child(db: Reader) -> Outcome:
             parent = await thread_store.get_thread(db, parent_id)
             if parent is None or not principal.sees(parent.project_id):
                 raise not_found("threadId")
             principal.require(TokenScope.OPERATE)
             child = delegation.child_thread(parent, child_id, title or text.strip().splitlines()[0][:80], now)
-            state = rules.ThreadState(thread=child, active=None, queue=(), last_ordinal=0)
+            state = ThreadState(thread=child, active=None, queue=(), last_ordinal=0)
             first = rules.new_run(
                 state,
                 applied=rules.AppliedDispatch.START_IMMEDIATELY,
@@ -52,7 +53,7 @@ class Delegation:
             )
             outcome = Outcome(
                 [
-                    Change("thread.created", child),
+                    Change.created(child),
                     delegation.spawn_transfer(parent, child, text, now, new_id),
                     *first.changes,
                 ],
@@ -63,31 +64,32 @@ class Delegation:
             return outcome
 
         data = {"threadId": str(parent_id), "text": text, "title": title}
-        result = await self.pipeline.execute(Command("delegateTask", principal, key, data, create_child))
+        result = await self.pipeline.execute(
+            GlobalCommand(command_type="delegateTask", principal=principal, key=key, input=data, decide=create_child)
+        )
         created = uuid.UUID(result["threadId"])
         if created == child_id:  # not a replay of an earlier request: mark it on the parent
 
-            async def on_parent(db: Reader, parent: AppThread | None) -> Outcome:
-                assert parent is not None
+            async def on_parent(db: Reader, parent: AppThread) -> Outcome:
                 child = await entities.require(db, AppThread, created)
                 active = await entities.get(db, Run, parent.active_run_id)
                 return delegation.parent_node(parent, active, child, now, new_id)
 
-            await self.pipeline.execute(Command("delegateTask.parent", None, None, {}, on_parent, parent_id))
+            await self.pipeline.execute(
+                Command(command_type="delegateTask.parent", decide=on_parent, thread_id=parent_id)
+            )
         return created
 
-    async def deliver_effect(self, payload: dict[str, Any]) -> None:
+    async def deliver_effect(self, effect: DeliverToParent) -> None:
         """The completion delivery: the child's result reaches the parent thread."""
-        parent_id, child_id = uuid.UUID(payload["parentThreadId"]), uuid.UUID(payload["childThreadId"])
-        run_id = uuid.UUID(payload["runId"])
+        parent_id, child_id, run_id = effect.parent_thread_id, effect.child_thread_id, effect.run_id
         now = self.pipeline.clock.now()
 
-        async def decide(db: Reader, parent: AppThread | None) -> Outcome:
-            assert parent is not None
+        async def decide(db: Reader, parent: AppThread) -> Outcome:
             done = await entities.where(
                 db,
                 ContextTransfer,
-                t.context_transfers.c.target_thread_id == parent.id,
+                t.context_transfers.c.thread_id == parent.id,
                 t.context_transfers.c.type == "subagent_result",
                 t.context_transfers.c.source_point["runId"].astext == str(run_id),
             )
@@ -111,4 +113,4 @@ class Delegation:
             answer = "\n".join(m.text for m in answers).strip()
             return delegation.deliver(parent, child, run, answer, nodes[0] if nodes else None, now, new_id)
 
-        await self.pipeline.execute(Command("subagent.deliver", None, None, {}, decide, parent_id))
+        await self.pipeline.execute(Command(command_type="subagent.deliver", decide=decide, thread_id=parent_id))

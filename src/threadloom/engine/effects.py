@@ -9,14 +9,16 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+from threadloom.domain.effects import EffectData
 from threadloom.engine.clock import Clock
 from threadloom.store import outbox
 from threadloom.store.db import Database
 
 log = logging.getLogger("threadloom.effects")
-Handler = Callable[[dict[str, Any]], Awaitable[None]]
+Handler = Callable[[dict[str, Any]], Awaitable[None]]  # a stored payload in, decoded by `register`
+E = TypeVar("E", bound=EffectData)
 
 LEASE = timedelta(minutes=5)
 BASE_BACKOFF = 0.2
@@ -38,6 +40,14 @@ class EffectWorker:
         self.handlers: dict[str, Handler] = {}
         self.wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+
+    def register(self, kind: type[E], handler: Callable[[E], Awaitable[None]]) -> None:
+        """`handler` runs every effect of `kind`, given the decoded effect (never the raw payload)."""
+
+        async def decoded(payload: dict[str, Any]) -> None:
+            await handler(kind.decode(payload))
+
+        self.handlers[kind.KIND] = decoded
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._loop(), name=f"effects-{i}") for i in range(self.concurrency)]

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from threadloom.domain import items
 from threadloom.domain import requests as request_rules
 from threadloom.domain import runs as rules
-from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.changes import Change, EventVerb, Outcome
 from threadloom.domain.entities import (
     AppThread,
     ConversationMessage,
@@ -32,11 +35,7 @@ from threadloom.domain.ids import new_id
 from threadloom.domain.records import Record
 from threadloom.domain.statuses import (
     AttemptStatus,
-    MessageRole,
-    NodeKind,
     NodeStatus,
-    PlanKind,
-    PlanStatus,
     RunStatus,
 )
 from threadloom.engine.pipeline import Command, Pipeline
@@ -47,23 +46,6 @@ from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.ingest")
 COALESCE_SECONDS = 0.05
-MAX_OUTPUT = 64 * 1024
-
-_NODE_KIND: dict[str, NodeKind] = {
-    "assistant_message": NodeKind.ASSISTANT_MESSAGE,
-    "tool_call": NodeKind.TOOL_CALL,
-    "file_change": NodeKind.TOOL_CALL,
-    "plan": NodeKind.PLAN,
-    "reasoning": NodeKind.REASONING,
-    "subagent": NodeKind.SUBAGENT,
-    "other": NodeKind.SYSTEM,
-}
-_ITEM_STATUS = {
-    "completed": NodeStatus.COMPLETED,
-    "failed": NodeStatus.FAILED,
-    "declined": NodeStatus.CANCELLED,
-    "interrupted": NodeStatus.INTERRUPTED,
-}
 _TURN_STATUS = {"completed": RunStatus.COMPLETED, "failed": RunStatus.FAILED, "interrupted": RunStatus.INTERRUPTED}
 Delta = ev.TextDelta | ev.OutputDelta
 
@@ -92,15 +74,23 @@ class _Batch:
             self.cache[entity_id] = found
         return found
 
-    def put(self, event_type: str, entity: Record, *, node_id: uuid.UUID | None = None) -> None:
+    def put(self, verb: EventVerb, entity: Record, *, node_id: uuid.UUID | None = None) -> None:
+        self.add(Change.of(verb, entity, node_id=node_id))
+
+    def add(self, change: Change) -> None:
+        """Coalesce: an entity changed twice in one batch is one event with its latest state, named as
+        its first (a node created and updated in one batch is `node.created`)."""
+        entity = change.entity
         self.cache[entity.id] = entity
         at = self._index.get(entity.id)
         if at is not None:
             earlier = self.outcome.changes[at]
-            self.outcome.changes[at] = Change(earlier.event_type, entity, node_id=earlier.node_id or node_id)
+            self.outcome.changes[at] = dataclasses.replace(
+                earlier, entity=entity, node_id=earlier.node_id or change.node_id
+            )
             return
         self._index[entity.id] = len(self.outcome.changes)
-        self.outcome.changes.append(Change(event_type, entity, node_id=node_id))
+        self.outcome.changes.append(change)
 
 
 class Ingestor:
@@ -226,7 +216,7 @@ class Ingestor:
     async def _apply(self, binding: TurnBinding, events: list[Any]) -> None:
         now = self.pipeline.clock.now()
 
-        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
             batch = _Batch(db)
             attempt = await batch.get(RunAttempt, binding.attempt_id)
             if attempt is None or attempt.status not in (AttemptStatus.PENDING, AttemptStatus.RUNNING):
@@ -235,164 +225,115 @@ class Ingestor:
                 await self._one(batch, binding, event, now)
             return batch.outcome
 
-        await self.pipeline.execute(Command("ingest", None, None, {}, decide, binding.thread_id))
+        await self.pipeline.execute(Command(command_type="ingest", decide=decide, thread_id=binding.thread_id))
 
     async def _one(self, b: _Batch, binding: TurnBinding, event: Any, now: Any) -> None:
-        thread_id, run_id = binding.thread_id, binding.run_id
-        if isinstance(event, ev.TurnStarted):
-            if event.parent_turn is None:
-                binding.know_turn(event.native_turn)
-                run = await b.get(Run, run_id)
-                attempt = await b.get(RunAttempt, binding.attempt_id)
-                root = await b.get(ExecutionNode, binding.root_node_id)
-                turn = await b.get(ProviderTurn, binding.provider_turn_id)
-                for change in rules.turn_started(run, attempt, root, turn, event.native_turn, now, new_id).changes:
-                    b.put(change.event_type, change.entity, node_id=change.node_id)
-            elif event.native_turn in binding.child_turns:
-                node = await b.get(ExecutionNode, binding.child_turns[event.native_turn])
-                b.put("node.updated", node.evolve(status=NodeStatus.RUNNING, updated_at=now))
-            return
-        if isinstance(event, ev.TurnCompleted):
-            node_id = binding.child_turns.get(event.native_turn)
-            node = await b.get(ExecutionNode, node_id)
-            run = await b.get(Run, run_id)
-            if node is not None and not rules.completes_run(node, run):  # a child's end is only the child's
-                status = _ITEM_STATUS.get(event.status, NodeStatus.FAILED)
-                b.put("node.updated", node.evolve(status=status, updated_at=now, completed_at=now))
-                b.put(
-                    *_activity(thread_id, "subagent.completed", f"subagent turn {event.status}", now, run_id, node.id)
-                )
-            return
-        if isinstance(event, ev.ItemStarted):
-            await self._item_started(b, binding, event, now)
-        elif isinstance(event, ev.TextDelta):
-            await self._text(b, binding, event, now)
-        elif isinstance(event, ev.OutputDelta):
-            node = await b.get(ExecutionNode, binding.items.get(event.item_id))
-            if node is not None:
-                detail = dict(node.detail or {})
-                detail["output"] = (str(detail.get("output", "")) + event.delta)[-MAX_OUTPUT:]
-                b.put("node.updated", node.evolve(detail=detail, updated_at=now), node_id=node.id)
-        elif isinstance(event, ev.ItemCompleted):
-            await self._item_completed(b, binding, event, now)
-        elif isinstance(event, ev.TodoUpdated):
-            await self._todo(b, binding, event, now)
-        elif isinstance(event, ev.RequestOpened) and event.kind == "user_input" and not self.structured_questions:
-            # No structured questions: the question is shown as a plain message, with nothing to answer.
-            await self._plain_question(b, binding, event, now)
-        elif isinstance(event, ev.RequestOpened):
-            run = await b.get(Run, run_id)
-            outcome, request = request_rules.open_request(
-                run=run,
-                thread=await b.get(AppThread, thread_id),
-                parent_node_id=self._parent_of(binding, event.native_turn),
-                root_node_id=binding.root_node_id,
-                attempt_id=binding.attempt_id,
-                kind=event.kind,
-                native_ref=event.request_ref,
-                payload=event.payload,
-                now=now,
-                new_id=new_id,
-            )
-            binding.requests[event.request_ref] = request.id
-            for change in outcome.changes:
-                b.put(change.event_type, change.entity, node_id=change.node_id)
-        elif isinstance(event, ev.Warning):
-            b.put(*_activity(thread_id, "runtime.warning", event.message, now, run_id, None))
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            await handler(b, binding, event, now)
 
-    async def _plain_question(self, b: _Batch, binding: TurnBinding, event: ev.RequestOpened, now: Any) -> None:
-        questions = event.payload.get("questions") or []
-        text = "\n".join(
-            str(q.get("question")) + "".join(f"\n- {o.get('label')}" for o in q.get("options") or []) for q in questions
+    @property
+    def _handlers(self) -> dict[type, Callable[[_Batch, TurnBinding, Any, Any], Awaitable[None]]]:
+        """What each kind of provider event does; other events (the turn's end, handled by the run) do nothing."""
+        return {
+            ev.TurnStarted: self._turn_started,
+            ev.TurnCompleted: self._turn_completed,
+            ev.ItemStarted: self._item_started,
+            ev.TextDelta: self._text,
+            ev.OutputDelta: self._output,
+            ev.ItemCompleted: self._item_completed,
+            ev.TodoUpdated: self._todo,
+            ev.RequestOpened: self._request,
+            ev.Warning: self._warning,
+        }
+
+    async def _turn_started(self, b: _Batch, binding: TurnBinding, event: ev.TurnStarted, now: Any) -> None:
+        if event.parent_turn is None:
+            binding.know_turn(event.native_turn)
+            run = await b.get(Run, binding.run_id)
+            attempt = await b.get(RunAttempt, binding.attempt_id)
+            root = await b.get(ExecutionNode, binding.root_node_id)
+            turn = await b.get(ProviderTurn, binding.provider_turn_id)
+            for change in rules.turn_started(run, attempt, root, turn, event.native_turn, now, new_id).changes:
+                b.add(change)
+        elif event.native_turn in binding.child_turns:
+            node = await b.get(ExecutionNode, binding.child_turns[event.native_turn])
+            b.put(EventVerb.UPDATED, node.evolve(status=NodeStatus.RUNNING, updated_at=now))
+
+    async def _turn_completed(self, b: _Batch, binding: TurnBinding, event: ev.TurnCompleted, now: Any) -> None:
+        node = await b.get(ExecutionNode, binding.child_turns.get(event.native_turn))
+        run = await b.get(Run, binding.run_id)
+        if node is not None and not rules.completes_run(node, run):  # a child's end is only the child's
+            status = items.ITEM_STATUS.get(event.status, NodeStatus.FAILED)
+            b.put(EventVerb.UPDATED, node.evolve(status=status, updated_at=now, completed_at=now))
+            summary = f"subagent turn {event.status}"
+            b.add(_activity(binding.thread_id, ActivityKind.SUBAGENT_COMPLETED, summary, now, binding.run_id, node.id))
+
+    async def _output(self, b: _Batch, binding: TurnBinding, event: ev.OutputDelta, now: Any) -> None:
+        node = await b.get(ExecutionNode, binding.items.get(event.item_id))
+        if node is not None:
+            b.put(EventVerb.UPDATED, items.with_output(node, event.delta, now), node_id=node.id)
+
+    async def _request(self, b: _Batch, binding: TurnBinding, event: ev.RequestOpened, now: Any) -> None:
+        if event.kind == "user_input" and not self.structured_questions:
+            # No structured questions: the question is shown as a plain message, with nothing to answer.
+            b.put(EventVerb.CREATED, items.question_as_message(binding, event.payload, now, new_id))
+            self.unanswerable.append(event.request_ref)
+            return
+        outcome, request = request_rules.open_request(
+            run=await b.get(Run, binding.run_id),
+            thread=await b.get(AppThread, binding.thread_id),
+            parent_node_id=self._parent_of(binding, event.native_turn),
+            root_node_id=binding.root_node_id,
+            attempt_id=binding.attempt_id,
+            kind=event.kind,
+            native_ref=event.request_ref,
+            payload=event.payload,
+            now=now,
+            new_id=new_id,
         )
-        message = ConversationMessage(
-            id=new_id(),
-            thread_id=binding.thread_id,
-            run_id=binding.run_id,
-            role=MessageRole.ASSISTANT,
-            text=text,
-            created_at=now,
-            updated_at=now,
-        )
-        b.put("message.created", message)
-        self.unanswerable.append(event.request_ref)
+        binding.requests[event.request_ref] = request.id
+        for change in outcome.changes:
+            b.add(change)
+
+    async def _warning(self, b: _Batch, binding: TurnBinding, event: ev.Warning, now: Any) -> None:
+        b.add(_activity(binding.thread_id, ActivityKind.RUNTIME_WARNING, event.message, now, binding.run_id, None))
 
     def _parent_of(self, binding: TurnBinding, native_turn: str) -> uuid.UUID:
         return binding.child_turns.get(native_turn, binding.root_node_id)
 
     async def _item_started(self, b: _Batch, binding: TurnBinding, event: ev.ItemStarted, now: Any) -> None:
         parent = self._parent_of(binding, event.native_turn)
-        node = ExecutionNode(
-            id=new_id(),
-            thread_id=binding.thread_id,
-            run_id=binding.run_id,
-            attempt_id=binding.attempt_id,
-            parent_node_id=parent,
-            root_node_id=binding.root_node_id,
-            kind=_NODE_KIND[event.kind],
-            status=NodeStatus.RUNNING,
-            title=event.title,
-            detail=event.detail or None,
-            created_at=now,
-            updated_at=now,
-        )
+        node = items.item_node(binding, parent, event.kind, event.title, event.detail, now, new_id)
         binding.items[event.item_id] = node.id
-        b.put("node.created", node, node_id=node.id)
+        b.put(EventVerb.CREATED, node, node_id=node.id)
         if event.kind == "assistant_message":
-            message = ConversationMessage(
-                id=new_id(),
-                thread_id=binding.thread_id,
-                run_id=binding.run_id,
-                node_id=node.id,
-                role=MessageRole.ASSISTANT,
-                text="",
-                streaming=True,
-                created_at=now,
-                updated_at=now,
-            )
+            message = items.streaming_message(binding, node.id, now, new_id)
             binding.messages[event.item_id] = message.id
-            b.put("message.created", message, node_id=node.id)
+            b.put(EventVerb.CREATED, message, node_id=node.id)
         elif event.kind in ("tool_call", "file_change"):
-            b.put(
-                *_activity(
-                    binding.thread_id,
-                    "tool.started",
-                    event.title or event.kind,
-                    now,
-                    binding.run_id,
-                    node.id,
-                    event.detail,
+            title = event.title or event.kind
+            b.add(
+                _activity(
+                    binding.thread_id, ActivityKind.TOOL_STARTED, title, now, binding.run_id, node.id, event.detail
                 )
             )
         elif event.kind == "subagent":
             child = event.detail.get("childTurnId")
             if child:
                 binding.child_turns[str(child)] = node.id
-            b.put(
-                *_activity(
-                    binding.thread_id, "subagent.started", event.title or "subagent", now, binding.run_id, node.id
-                )
-            )
+            title = event.title or "subagent"
+            b.add(_activity(binding.thread_id, ActivityKind.SUBAGENT_STARTED, title, now, binding.run_id, node.id))
         elif event.kind == "plan":
-            plan = PlanArtifact(
-                id=new_id(),
-                thread_id=binding.thread_id,
-                run_id=binding.run_id,
-                node_id=node.id,
-                kind=PlanKind.PROPOSED_PLAN,
-                text="",
-                status=PlanStatus.ACTIVE,
-                created_at=now,
-                updated_at=now,
-            )
+            plan = items.proposed_plan(binding, node.id, now, new_id)
             binding.todo_plans[node.id] = plan.id
-            b.put("plan.created", plan, node_id=node.id)
+            b.put(EventVerb.CREATED, plan, node_id=node.id)
 
     async def _text(self, b: _Batch, binding: TurnBinding, event: ev.TextDelta, now: Any) -> None:
         message = await b.get(ConversationMessage, binding.messages.get(event.item_id))
         if message is not None:
             b.put(
-                "message.updated",
+                EventVerb.UPDATED,
                 message.evolve(text=message.text + event.delta, updated_at=now),
                 node_id=message.node_id,
             )
@@ -400,31 +341,25 @@ class Ingestor:
         node_id = binding.items.get(event.item_id)
         plan = await b.get(PlanArtifact, binding.todo_plans.get(node_id) if node_id else None)
         if plan is not None:
-            b.put("plan.updated", plan.evolve(text=(plan.text or "") + event.delta, updated_at=now), node_id=node_id)
+            b.put(EventVerb.UPDATED, plan.evolve(text=(plan.text or "") + event.delta, updated_at=now), node_id=node_id)
 
     async def _item_completed(self, b: _Batch, binding: TurnBinding, event: ev.ItemCompleted, now: Any) -> None:
         node = await b.get(ExecutionNode, binding.items.get(event.item_id))
         if node is None:
             return
-        detail = {**(node.detail or {}), **{k: v for k, v in event.detail.items() if k != "aggregatedOutput"}}
-        if "aggregatedOutput" in event.detail and "output" not in detail:
-            detail["output"] = str(event.detail["aggregatedOutput"])[-MAX_OUTPUT:]
-        status = _ITEM_STATUS[event.status]
-        b.put(
-            "node.updated",
-            node.evolve(status=status, detail=detail or None, updated_at=now, completed_at=now),
-            node_id=node.id,
-        )
+        done = items.completed_item(node, event.status, event.detail, now)
+        detail, status = done.detail or {}, done.status
+        b.put(EventVerb.UPDATED, done, node_id=node.id)
         message = await b.get(ConversationMessage, binding.messages.get(event.item_id))
         if message is not None:
             text = event.text if event.text is not None else message.text
-            b.put("message.updated", message.evolve(text=text, streaming=False, updated_at=now), node_id=node.id)
+            b.put(EventVerb.UPDATED, message.evolve(text=text, streaming=False, updated_at=now), node_id=node.id)
         if event.kind == "tool_call":
             summary = f"{node.title} exited {detail.get('exitCode')}"
-            b.put(
-                *_activity(
+            b.add(
+                _activity(
                     binding.thread_id,
-                    "tool.completed",
+                    ActivityKind.TOOL_COMPLETED,
                     summary,
                     now,
                     binding.run_id,
@@ -433,10 +368,10 @@ class Ingestor:
                 )
             )
         elif event.kind == "file_change":
-            b.put(
-                *_activity(
+            b.add(
+                _activity(
                     binding.thread_id,
-                    "file.changed",
+                    ActivityKind.FILE_CHANGED,
                     node.title or "files changed",
                     now,
                     binding.run_id,
@@ -448,50 +383,39 @@ class Ingestor:
             plan = await b.get(PlanArtifact, binding.todo_plans.get(node.id))
             if plan is not None:
                 text = event.text if event.text is not None else plan.text
-                b.put("plan.updated", plan.evolve(text=text, updated_at=now), node_id=node.id)
+                b.put(EventVerb.UPDATED, plan.evolve(text=text, updated_at=now), node_id=node.id)
 
     async def _todo(self, b: _Batch, binding: TurnBinding, event: ev.TodoUpdated, now: Any) -> None:
         node_id = self._parent_of(binding, event.native_turn)
-        items = [{"step": str(i.get("step")), "status": str(i.get("status"))} for i in event.items]
+        todo = items.todo_items(event.items)
         plan = await b.get(PlanArtifact, binding.todo_plans.get(node_id))
         if plan is None:
-            plan = PlanArtifact(
-                id=new_id(),
-                thread_id=binding.thread_id,
-                run_id=binding.run_id,
-                node_id=node_id,
-                kind=PlanKind.TODO_LIST,
-                items=items,
-                status=PlanStatus.ACTIVE,
-                created_at=now,
-                updated_at=now,
-            )
+            plan = items.todo_list(binding, node_id, todo, now, new_id)
             binding.todo_plans[node_id] = plan.id
-            b.put("plan.created", plan, node_id=node_id)
+            b.put(EventVerb.CREATED, plan, node_id=node_id)
         else:
-            b.put("plan.updated", plan.evolve(items=items, updated_at=now), node_id=node_id)
-        done = sum(1 for i in items if i["status"] == "completed")
-        b.put(
-            *_activity(
+            b.put(EventVerb.UPDATED, plan.evolve(items=todo, updated_at=now), node_id=node_id)
+        done = sum(1 for i in todo if i["status"] == "completed")
+        b.add(
+            _activity(
                 binding.thread_id,
-                "plan.updated",
-                f"{done}/{len(items)} steps done",
+                ActivityKind.PLAN_UPDATED,
+                f"{done}/{len(todo)} steps done",
                 now,
                 binding.run_id,
                 node_id,
-                {"items": items},
+                {"items": todo},
             )
         )
 
 
 def _activity(
     thread_id: uuid.UUID,
-    kind: str,
+    kind: ActivityKind,
     summary: str,
     now: Any,
     run_id: uuid.UUID,
     node_id: uuid.UUID | None,
     payload: dict[str, Any] | None = None,
-) -> tuple[str, Record]:
-    change = rules.activity(thread_id, kind, summary, now, new_id, run_id=run_id, node_id=node_id, payload=payload)
-    return change.event_type, change.entity
+) -> Change:
+    return activity(thread_id, kind, summary, now, new_id, run_id=run_id, node_id=node_id, payload=payload)

@@ -16,12 +16,12 @@ import dataclasses
 import hashlib
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import orjson
 
 from threadloom.domain.access import Principal
-from threadloom.domain.changes import Outcome
+from threadloom.domain.changes import Outcome, Valued
 from threadloom.domain.entities import AppThread
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.statuses import TokenScope
@@ -30,22 +30,58 @@ from threadloom.store import log, outbox, receipts
 from threadloom.store import threads as thread_store
 from threadloom.store.db import Database, Reader, StatementCounter
 
-Decide = Callable[[Reader, AppThread | None], Awaitable[Outcome]]
+T = TypeVar("T")
+OutcomeT = TypeVar("OutcomeT", bound=Outcome)
+Decide = Callable[[Reader, AppThread], Awaitable[Outcome]]  # decides under the locked thread
+DecideGlobal = Callable[[Reader], Awaitable[Outcome]]  # decides without a thread (creates one, or none)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Command:
+def _target_field(data: dict[str, Any]) -> str:
+    """The input field naming a command's object: the first `…Id` of its input."""
+    return next((name for name in data if name.endswith("Id")), "threadId")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Asked:
+    """Who asks and how to answer again: `principal` and `key` are None for the server's own commands
+    (no access check, no receipt); `input` is what the receipt's fingerprint covers."""
+
     command_type: str
-    principal: Principal | None
-    key: str | None
-    input: dict[str, Any]
-    decide: Decide
-    thread_id: uuid.UUID | None = None  # the row to lock; None for thread-less commands
+    principal: Principal | None = None
+    key: str | None = None
+    input: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def target_field(self) -> str:
-        """The input field naming the command's object: the first `…Id` of its input."""
-        return next((name for name in self.input if name.endswith("Id")), "threadId")
+        return _target_field(self.input)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Command(_Asked):
+    """A command on one thread, run under that thread's lock."""
+
+    thread_id: uuid.UUID
+    decide: Decide
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GlobalCommand(_Asked):
+    """A command that locks no thread: it creates a project or a thread, or records a session."""
+
+    decide: DecideGlobal
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Step(Generic[T]):
+    """The server's own step on one thread whose decision hands a typed value back to the caller
+    (`Valued`): no principal, no key, so never a stored answer to replay."""
+
+    command_type: str
+    thread_id: uuid.UUID
+    decide: Callable[[Reader, AppThread], Awaitable[Valued[T]]]
+
+
+AnyCommand = Command | GlobalCommand
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,19 +105,78 @@ class Pipeline:
         self.clock = clock
         self.listeners: list[CommitListener] = []
 
-    async def execute(self, command: Command, counter: StatementCounter | None = None) -> dict[str, Any]:
-        """Run a command; returns its result dict (stored or new)."""
+    @overload
+    async def execute(
+        self, command: Command | GlobalCommand, counter: StatementCounter | None = None
+    ) -> dict[str, Any]: ...
+
+    @overload
+    async def execute(self, command: Step[T], counter: StatementCounter | None = None) -> T: ...
+
+    async def execute(
+        self, command: Command | GlobalCommand | Step[T], counter: StatementCounter | None = None
+    ) -> dict[str, Any] | T:
+        """Run a command; a `Step` answers its decision's value, any other command its result
+        dict (stored or new)."""
+        if isinstance(command, Step):
+            step = command
+
+            async def decide_step(db: Reader) -> Valued[T]:
+                return await self._on_thread(db, step.thread_id, "threadId", step.decide)
+
+            done = await self._commit(step.command_type, None, None, {}, decide_step, counter, step.thread_id)
+            if isinstance(done, dict):  # a step has no key, so never a stored answer
+                raise RuntimeError(f"{step.command_type}: a step has no stored answer")
+            return done.value
+        decide: DecideGlobal
+        if isinstance(command, Command):
+            on_thread = command
+
+            async def decide_on_thread(db: Reader) -> Outcome:
+                return await self._on_thread(db, on_thread.thread_id, on_thread.target_field, on_thread.decide)
+
+            decide, thread_id = decide_on_thread, on_thread.thread_id
+        else:
+            decide, thread_id = command.decide, None
+        done_ = await self._commit(
+            command.command_type, command.principal, command.key, command.input, decide, counter, thread_id
+        )
+        return done_ if isinstance(done_, dict) else done_.result
+
+    async def _on_thread(
+        self, db: Reader, thread_id: uuid.UUID, field: str, decide: Callable[[Reader, AppThread], Awaitable[OutcomeT]]
+    ) -> OutcomeT:
+        """Lock the thread's row (commands on one thread run one at a time) and decide under it."""
+        thread = await thread_store.lock(db, thread_id)
+        if thread is None:
+            raise not_found(field)
+        outcome = await decide(db, thread)
+        outcome.project_id = outcome.project_id or thread.project_id
+        return outcome
+
+    async def _commit(
+        self,
+        command_type: str,
+        principal: Principal | None,
+        client_key: str | None,
+        data: dict[str, Any],
+        decide: Callable[[Reader], Awaitable[OutcomeT]],
+        counter: StatementCounter | None,
+        thread_id: uuid.UUID | None,
+    ) -> OutcomeT | dict[str, Any]:
+        """The one transaction of every command: the outcome, or a stored result on a replay.
+        `thread_id` is the locked thread: the replay's access check and the effects' and listeners' thread."""
         now = self.clock.now()
-        principal = command.principal
         token_id = principal.token_id if principal else None
-        key = receipts.scoped_key(token_id, command.command_type, command.key) if command.key else None
-        print_ = fingerprint(command.command_type, command.input)
+        key = receipts.scoped_key(token_id, command_type, client_key) if client_key else None
+        print_ = fingerprint(command_type, data)
+        field = _target_field(data)
         async with self.db.transaction(counter) as db:
             if key is not None:
                 await receipts.lock_key(db, key)
                 stored = await receipts.find(db, key)
                 if stored is not None:
-                    await self._authorize_replay(db, command, stored)
+                    await self._authorize_replay(db, principal, thread_id, field, stored)
                     if stored["fingerprint"] != print_:
                         raise DomainError(
                             ErrorCode.IDEMPOTENCY_KEY_REUSED,
@@ -89,16 +184,11 @@ class Pipeline:
                             "clientMutationId",
                         )
                     return dict(stored["result"])
-            thread: AppThread | None = None
-            if command.thread_id is not None:
-                thread = await thread_store.lock(db, command.thread_id)
-                if thread is None:
-                    raise not_found(command.target_field)
-            outcome = await command.decide(db, thread)
-            project_id = outcome.project_id or (thread.project_id if thread else None)
+            outcome = await decide(db)
+            project_id = outcome.project_id
             result = outcome.result
             sequences = await log.append(db, outcome.changes, project_id=project_id, command_id=key, now=now)
-            thread_id = command.thread_id or next(
+            thread_id = thread_id or next(
                 (log.thread_of(c.entity) for c in outcome.changes if log.thread_of(c.entity)), None
             )
             if outcome.effects:
@@ -107,7 +197,7 @@ class Pipeline:
                 await receipts.save(
                     db,
                     key=key,
-                    command_type=command.command_type,
+                    command_type=command_type,
                     fingerprint=print_,
                     token_id=token_id,
                     result=orjson.loads(orjson.dumps(result)),
@@ -116,21 +206,22 @@ class Pipeline:
         committed = Committed(thread_id, project_id, sequences, len(outcome.effects))
         for listener in self.listeners:
             await listener(committed)
-        return result
+        return outcome
 
-    async def _authorize_replay(self, db: Reader, command: Command, stored: Any) -> None:
+    async def _authorize_replay(
+        self, db: Reader, principal: Principal | None, thread_id: uuid.UUID | None, field: str, stored: Any
+    ) -> None:
         """A stored answer goes only to whom the command itself would answer.
 
         The key is already the token's own; this also re-checks that the token still sees
         the command's thread (exactly the refusal the command would give: NOT_FOUND).
         """
-        principal = command.principal
         if principal is None:
             return
         if stored["token_id"] != principal.token_id:
-            raise not_found(command.target_field)
-        if command.thread_id is not None:
-            thread = await thread_store.get_thread(db, command.thread_id)
+            raise not_found(field)
+        if thread_id is not None:
+            thread = await thread_store.get_thread(db, thread_id)
             if thread is None:
-                raise not_found(command.target_field)
-            principal.require_project(thread.project_id, TokenScope.OPERATE, command.target_field)
+                raise not_found(field)
+            principal.require_project(thread.project_id, TokenScope.OPERATE, field)

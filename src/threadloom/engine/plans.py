@@ -10,15 +10,14 @@ import uuid
 
 from threadloom.domain import dispatch as dispatch_rules
 from threadloom.domain import plans as rules
-from threadloom.domain import runs as run_rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome
 from threadloom.domain.entities import AppThread, PlanArtifact
 from threadloom.domain.errors import not_found
 from threadloom.domain.ids import new_id
-from threadloom.domain.runs import DispatchMode
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.catalog import Catalog
+from threadloom.engine.dispatch import Dispatcher
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.runs import RunEngine
 from threadloom.store import entities, runs
@@ -26,10 +25,11 @@ from threadloom.store.db import Reader
 
 
 class Plans:
-    def __init__(self, pipeline: Pipeline, catalog: Catalog, run_engine: RunEngine) -> None:
+    def __init__(self, pipeline: Pipeline, catalog: Catalog, run_engine: RunEngine, dispatcher: Dispatcher) -> None:
         self.pipeline = pipeline
         self.catalog = catalog
         self.runs = run_engine
+        self.dispatch = dispatcher
 
     async def implement(
         self, principal: Principal, plan_id: uuid.UUID, target: rules.PlanTarget, key: str | None
@@ -50,18 +50,17 @@ class Plans:
     ) -> tuple[uuid.UUID, uuid.UUID]:
         now = self.pipeline.clock.now()
 
-        async def decide(db: Reader, locked: AppThread | None) -> Outcome:
-            assert locked is not None
+        async def decide(db: Reader, locked: AppThread) -> Outcome:
             principal.require_project(locked.project_id, TokenScope.OPERATE, "planId")
             current = await entities.require(db, PlanArtifact, plan_id)
             implemented = rules.implement(current, now)
             state = await runs.thread_state(db, locked)
             applied = dispatch_rules.choose(
-                dispatch_rules.Dispatch(DispatchMode.QUEUE_AFTER_ACTIVE),
+                dispatch_rules.Dispatch(dispatch_rules.DispatchMode.QUEUE_AFTER_ACTIVE),
                 state,
                 self.runs.ability(locked.provider_instance_id),
             )
-            outcome = run_rules.new_run(
+            outcome = dispatch_rules.new_run(
                 state,
                 applied=applied,
                 text=rules.implementation_input(current),
@@ -76,7 +75,16 @@ class Plans:
             outcome.result = {"planId": str(plan_id), "threadId": str(locked.id), "runId": outcome.result["runId"]}
             return outcome
 
-        result = await self.pipeline.execute(Command("implementPlan", principal, key, data, decide, thread_id))
+        result = await self.pipeline.execute(
+            Command(
+                command_type="implementPlan",
+                principal=principal,
+                key=key,
+                input=data,
+                decide=decide,
+                thread_id=thread_id,
+            )
+        )
         return uuid.UUID(result["threadId"]), uuid.UUID(result["runId"])
 
     async def _as_new_thread(
@@ -87,13 +95,16 @@ class Plans:
         a key derived from the request's, so a retried request finishes the same work."""
         now = self.pipeline.clock.now()
 
-        async def mark(db: Reader, locked: AppThread | None) -> Outcome:
-            assert locked is not None
+        async def mark(db: Reader, locked: AppThread) -> Outcome:
             principal.require_project(locked.project_id, TokenScope.OPERATE, "planId")
             current = await entities.require(db, PlanArtifact, plan.id)
             return Outcome([rules.implement(current, now)], result={"planId": str(plan.id)})
 
-        await self.pipeline.execute(Command("implementPlan", principal, key, data, mark, thread.id))
+        await self.pipeline.execute(
+            Command(
+                command_type="implementPlan", principal=principal, key=key, input=data, decide=mark, thread_id=thread.id
+            )
+        )
         sub_key = None if key is None else f"{key}/work"
         target_thread = await self.catalog.create_thread(
             principal,
@@ -104,11 +115,11 @@ class Plans:
             runtime_mode=thread.runtime_mode,
             key=sub_key,
         )
-        sent = await self.runs.send_message(
+        sent = await self.dispatch.send_message(
             principal,
             target_thread,
             text=rules.implementation_input(plan),
-            dispatch=dispatch_rules.Dispatch(DispatchMode.QUEUE_AFTER_ACTIVE),
+            dispatch=dispatch_rules.Dispatch(dispatch_rules.DispatchMode.QUEUE_AFTER_ACTIVE),
             provider_instance_id=None,
             model=None,
             client_message_id=sub_key,

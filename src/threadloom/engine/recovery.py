@@ -14,10 +14,10 @@ import contextlib
 import logging
 import uuid
 
-from threadloom.domain.changes import Effect, Outcome
+from threadloom.domain.changes import Outcome
+from threadloom.domain.effects import StartTurn
 from threadloom.domain.entities import AppThread, ProviderSession, ProviderThread, Run, RunAttempt
 from threadloom.domain.recovery import RecoveryAction, recover_run
-from threadloom.domain.runs import START_EFFECT
 from threadloom.domain.statuses import RunStatus
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.runs import RunEngine
@@ -87,7 +87,7 @@ class Recovery:
     async def _decide(self, db: Reader, run: Run) -> RecoveryAction:
         """Effects are read first: a start moves effect pending → claimed → turn recorded → effect
         done, so later reads can only see a start further along, never a stale "no start"."""
-        starts = [e for e in await outbox.pending_for_run(db, run.id) if e["kind"] == START_EFFECT]
+        starts = [e for e in await outbox.pending_for_run(db, run.id) if e["kind"] == StartTurn.KIND]
         attempt = await entities.get(db, RunAttempt, run.active_attempt_id)
         if attempt is None:
             return RecoveryAction.NONE
@@ -115,14 +115,13 @@ class Recovery:
             await self._requeue_start(run)
 
     async def _requeue_start(self, run: Run) -> None:
-        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
             current = await entities.get(db, Run, run.id)
             if current is None or current.status != RunStatus.PREPARING:
                 return Outcome()
             if await self._decide(db, current) != RecoveryAction.REQUEUE_START:
                 return Outcome()
-            payload = {"runId": str(run.id), "attemptId": str(current.active_attempt_id)}
             log.warning("requeueing the turn start of run %s (the provider never saw it)", run.id)
-            return Outcome(effects=[Effect(START_EFFECT, payload, replay_safe=False)])
+            return Outcome(effects=[StartTurn(run_id=run.id, attempt_id=current.active_attempt_id).envelope()])
 
-        await self.pipeline.execute(Command("recovery.requeue", None, None, {}, decide, run.thread_id))
+        await self.pipeline.execute(Command(command_type="recovery.requeue", decide=decide, thread_id=run.thread_id))

@@ -10,6 +10,7 @@ from typing import Any
 from threadloom.domain import requests as rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome
+from threadloom.domain.effects import RespondToRequest
 from threadloom.domain.entities import AppThread, ExecutionNode, Run, RuntimeRequest
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
@@ -74,8 +75,7 @@ class Requests:
             raise not_found("requestId")
         now = self.pipeline.clock.now()
 
-        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
-            assert thread is not None
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "requestId")
             request = await entities.require(db, RuntimeRequest, request_id)
             response, native, accepted = answer(request)
@@ -96,20 +96,27 @@ class Requests:
             return outcome
 
         await self.pipeline.execute(
-            Command(command_type, principal, key, {"requestId": str(request_id), **data}, decide, found.thread_id)
+            Command(
+                command_type=command_type,
+                principal=principal,
+                key=key,
+                input={"requestId": str(request_id), **data},
+                decide=decide,
+                thread_id=found.thread_id,
+            )
         )
         return request_id
 
-    async def respond_effect(self, payload: dict[str, Any]) -> None:
+    async def respond_effect(self, effect: RespondToRequest) -> None:
         """Deliver the answer to the live provider callback; if it is gone, the request expires."""
-        found = self.sessions.binding_of_attempt(uuid.UUID(payload["attemptId"]))
+        found = self.sessions.binding_of_attempt(effect.attempt_id)
         if found is not None:
             try:
-                await found[0].runtime.respond_to_request(str(payload["nativeRef"]), dict(payload["response"]))
+                await found[0].runtime.respond_to_request(str(effect.native_ref), dict(effect.response))
                 return
             except ProviderError as error:
-                log.warning("could not deliver the answer to %s: %s", payload["nativeRef"], error)
-        await self._expire(uuid.UUID(payload["requestId"]), "the provider's callback was gone when the answer arrived")
+                log.warning("could not deliver the answer to %s: %s", effect.native_ref, error)
+        await self._expire(effect.request_id, "the provider's callback was gone when the answer arrived")
 
     async def _expire(self, request_id: uuid.UUID, reason: str) -> None:
         now = self.pipeline.clock.now()
@@ -118,9 +125,9 @@ class Requests:
         if request is None:
             return
 
-        async def decide(db: Reader, thread: AppThread | None) -> Outcome:
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
             current = await entities.require(db, RuntimeRequest, request_id)
             node = await entities.get(db, ExecutionNode, current.node_id)
             return Outcome(rules.expire(current, node, reason, now))
 
-        await self.pipeline.execute(Command("request.expire", None, None, {}, decide, request.thread_id))
+        await self.pipeline.execute(Command(command_type="request.expire", decide=decide, thread_id=request.thread_id))

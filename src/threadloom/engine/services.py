@@ -7,19 +7,28 @@ import dataclasses
 import logging
 
 from threadloom.config import Settings
-from threadloom.domain.interruption import STOP_SESSION_EFFECT, STOP_TASKS_EFFECT, UnsupportedPolicy
-from threadloom.domain.requests import RESPOND_EFFECT
-from threadloom.domain.runs import DELIVER_EFFECT, ENSURE_THREAD_EFFECT, START_EFFECT
+from threadloom.domain.effects import (
+    DeliverToParent,
+    EnsureThread,
+    InterruptTurn,
+    RespondToRequest,
+    StartTurn,
+    SteerTurn,
+    StopSession,
+    StopTasks,
+)
+from threadloom.domain.interruption import UnsupportedPolicy
 from threadloom.domain.statuses import RunStatus
-from threadloom.domain.steering import INTERRUPT_EFFECT, STEER_EFFECT
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.clock import Clock
-from threadloom.engine.control import Control
 from threadloom.engine.delegation import Delegation
+from threadloom.engine.dispatch import Dispatcher
 from threadloom.engine.effects import EffectWorker
 from threadloom.engine.ingest import Ingestor
+from threadloom.engine.interruption import Interruption
 from threadloom.engine.pipeline import Committed, Pipeline
 from threadloom.engine.plans import Plans
+from threadloom.engine.queue import QueueCommands
 from threadloom.engine.recovery import Recovery
 from threadloom.engine.requests import Requests
 from threadloom.engine.runs import RunEngine
@@ -44,7 +53,9 @@ class Services:
     runs: RunEngine
     effects: EffectWorker
     recovery: Recovery
-    control: Control
+    dispatch: Dispatcher
+    queue: QueueCommands
+    interruption: Interruption
     delegation: Delegation
     requests: Requests
     plans: Plans
@@ -72,24 +83,26 @@ class Services:
         restart_as_run = frozenset(
             name for name, config in instances.items() if config.options.get("restart_as") == "new_run"
         )
-        run_engine = RunEngine(pipeline, sessions, restart_as_run)
+        run_engine = RunEngine(pipeline, sessions)
+        dispatcher = Dispatcher(pipeline, run_engine, restart_as_run)
+        queue = QueueCommands(pipeline, run_engine)
         effects = EffectWorker(db, clock, worker.id)
-        effects.handlers[START_EFFECT] = run_engine.start_turn
-        effects.handlers[ENSURE_THREAD_EFFECT] = run_engine.ensure_thread
+        effects.register(StartTurn, run_engine.start_turn)
+        effects.register(EnsureThread, run_engine.ensure_thread)
         recovery = Recovery(pipeline, run_engine, worker.id)
         policies = {
             name: UnsupportedPolicy(str(config.options.get("interrupt_unsupported", "reject")))
             for name, config in instances.items()
         }
-        control = Control(pipeline, sessions, run_engine, policies)
-        effects.handlers[STEER_EFFECT] = control.steer_effect
-        effects.handlers[INTERRUPT_EFFECT] = control.interrupt_effect
-        effects.handlers[STOP_SESSION_EFFECT] = control.stop_session_effect
-        effects.handlers[STOP_TASKS_EFFECT] = control.stop_tasks_effect
+        interruption = Interruption(pipeline, sessions, run_engine, policies)
+        effects.register(SteerTurn, dispatcher.steer_effect)
+        effects.register(InterruptTurn, interruption.interrupt_effect)
+        effects.register(StopSession, interruption.stop_session_effect)
+        effects.register(StopTasks, interruption.stop_tasks_effect)
         delegation = Delegation(pipeline, run_engine)
-        effects.handlers[DELIVER_EFFECT] = delegation.deliver_effect
+        effects.register(DeliverToParent, delegation.deliver_effect)
         requests = Requests(pipeline, sessions, run_engine)
-        effects.handlers[RESPOND_EFFECT] = requests.respond_effect
+        effects.register(RespondToRequest, requests.respond_effect)
         services = cls(
             settings,
             db,
@@ -101,10 +114,12 @@ class Services:
             run_engine,
             effects,
             recovery,
-            control,
+            dispatcher,
+            queue,
+            interruption,
             delegation,
             requests,
-            Plans(pipeline, catalog, run_engine),
+            Plans(pipeline, catalog, run_engine, dispatcher),
             dict(instances),
         )
 

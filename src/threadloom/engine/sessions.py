@@ -1,4 +1,4 @@
-"""ProviderSessionManager: the live provider runtimes of this process.
+"""SessionManager: the live provider runtimes of this process.
 
 Sessions open lazily on first work, one runtime per (provider instance, project) per
 process: an agent process serves exactly one project, so its files, its sandbox and its
@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 
-from threadloom.domain.changes import Change, Outcome
-from threadloom.domain.entities import AppThread, Project, ProviderSession, ProviderThread
+from threadloom.domain.changes import Change, EventVerb, Outcome
+from threadloom.domain.entities import Project, ProviderSession, ProviderThread
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import ProviderSessionStatus
-from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.engine.pipeline import GlobalCommand, Pipeline
 from threadloom.providers.contract import ProviderDriver, ProviderRuntime, SessionScope
 from threadloom.store import entities
 from threadloom.store import workers as worker_store
@@ -210,7 +210,7 @@ class SessionManager:
                 created_at=now,
                 updated_at=now,
             )
-            await self._write(record, "provider_session.created")
+            await self._write(record, EventVerb.CREATED)
             try:
                 runtime = await driver.open_session(scope)
             except Exception as error:
@@ -218,12 +218,12 @@ class SessionManager:
                     record.evolve(
                         status=ProviderSessionStatus.ERROR, last_error=str(error), updated_at=self.pipeline.clock.now()
                     ),
-                    "provider_session.updated",
+                    EventVerb.UPDATED,
                 )
                 raise
             await self._write(
                 record.evolve(status=ProviderSessionStatus.READY, updated_at=self.pipeline.clock.now()),
-                "provider_session.updated",
+                EventVerb.UPDATED,
             )
             session = LiveSession(instance_id, project_id, record.id, runtime)
             self.live[key] = session
@@ -259,14 +259,16 @@ class SessionManager:
         if record is not None:
             await self._write(
                 record.evolve(status=status, last_error=error, updated_at=self.pipeline.clock.now()),
-                "provider_session.updated",
+                EventVerb.UPDATED,
             )
 
-    async def _write(self, record: ProviderSession, event_type: str) -> None:
-        async def decide(db: Reader, _: AppThread | None) -> Outcome:
-            return Outcome([Change(event_type, record)])
+    async def _write(self, record: ProviderSession, verb: EventVerb) -> None:
+        change = Change.of(verb, record)
 
-        await self.pipeline.execute(Command(event_type, None, None, {}, decide))
+        async def decide(db: Reader) -> Outcome:
+            return Outcome([change])
+
+        await self.pipeline.execute(GlobalCommand(command_type=change.event_type, decide=decide))
 
     def retire(self, session: LiveSession, reason: str) -> None:
         """Take a runtime out of service without ending its other turns: new work opens a fresh
@@ -293,7 +295,9 @@ class SessionManager:
         self._retired.remove(session)
         self.retiring.pop(session.session_id, None)
 
-    def binding_of_attempt(self, attempt_id: uuid.UUID) -> tuple[LiveSession, TurnBinding] | None:
+    def binding_of_attempt(self, attempt_id: uuid.UUID | None) -> tuple[LiveSession, TurnBinding] | None:
+        if attempt_id is None:
+            return None
         for session in [*self.live.values(), *self._retired]:
             binding = session.binding_of_attempt(attempt_id)
             if binding is not None:

@@ -21,9 +21,7 @@ from threadloom.domain.entities import (
     ENTITY_BY_TYPE,
     Activity,
     AppThread,
-    ContextTransfer,
     ExecutionNode,
-    ProviderThread,
     Run,
 )
 from threadloom.domain.records import Record
@@ -37,10 +35,6 @@ def thread_of(entity: Record) -> uuid.UUID | None:
     """Which thread's log an entity's events belong to (None: global entities)."""
     if isinstance(entity, AppThread):
         return entity.id
-    if isinstance(entity, ContextTransfer):
-        return entity.target_thread_id
-    if isinstance(entity, ProviderThread):
-        return entity.app_thread_id
     value = getattr(entity, "thread_id", None)
     return value if isinstance(value, uuid.UUID) else None
 

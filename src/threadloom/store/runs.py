@@ -17,8 +17,9 @@ from threadloom.domain.entities import (
     RunAttempt,
     RuntimeRequest,
 )
-from threadloom.domain.runs import RunGraph, ThreadState
+from threadloom.domain.runs import RunGraph
 from threadloom.domain.statuses import NodeStatus, PlanStatus, RunStatus, RuntimeRequestStatus
+from threadloom.domain.threads import ThreadState
 from threadloom.store import entities
 from threadloom.store import tables as t
 from threadloom.store.db import Reader

@@ -44,7 +44,7 @@ class InterruptionMutation:
         """Ask the provider to interrupt a run (a queued run is cancelled). The run ends when the provider says so; with
         holdQueue it is the Stop button."""
         run = run_id(input.run_id)
-        return await ctx.services.control.interrupt_run(
+        return await ctx.services.interruption.interrupt_run(
             ctx.principal, run, hold_queue=input.hold_queue, key=input.key()
         )
 
@@ -53,11 +53,11 @@ class InterruptionMutation:
         """Interrupt by node: a root turn node interrupts its run, a delegated subagent node stops its child thread;
         other nodes are NOT_INTERRUPTIBLE."""
         node = gid.decode_as(input.node_id, "ExecutionNode", "nodeId")
-        return await ctx.services.control.interrupt_node(
+        return await ctx.services.interruption.interrupt_node(
             ctx.principal, node, hold_queue=input.hold_queue, key=input.key()
         )
 
     @mutation(THREAD)
     async def stop_thread(ctx: Context, input: StopThreadInput) -> uuid.UUID:
         """Stop: hold the queue, interrupt the active run, stop every delegated task."""
-        return await ctx.services.control.stop_thread(ctx.principal, thread_id(input.thread_id), input.key())
+        return await ctx.services.interruption.stop_thread(ctx.principal, thread_id(input.thread_id), input.key())

@@ -36,24 +36,22 @@ class ResumeQueueInput(KeyedInput):
 class QueueMutation:
     @mutation(RUN)
     async def cancel_queued_run(ctx: Context, input: QueuedRunInput) -> uuid.UUID:
-        return await ctx.services.control.cancel_queued(ctx.principal, run_id(input.run_id), input.key())
+        return await ctx.services.queue.cancel_queued(ctx.principal, run_id(input.run_id), input.key())
 
     @mutation(RUN)
     async def reorder_queued_run(ctx: Context, input: ReorderQueuedRunInput) -> uuid.UUID:
-        return await ctx.services.control.reorder_queued(
-            ctx.principal, run_id(input.run_id), input.position, input.key()
-        )
+        return await ctx.services.queue.reorder_queued(ctx.principal, run_id(input.run_id), input.position, input.key())
 
     @mutation(RUN)
     async def edit_queued_run(ctx: Context, input: EditQueuedRunInput) -> uuid.UUID:
-        return await ctx.services.control.edit_queued(ctx.principal, run_id(input.run_id), input.text, input.key())
+        return await ctx.services.queue.edit_queued(ctx.principal, run_id(input.run_id), input.text, input.key())
 
     @mutation(RUN)
     async def promote_queued_run_to_steer(ctx: Context, input: QueuedRunInput) -> uuid.UUID:
         """The queued run's message steers the active run instead; the queued run ends."""
-        return await ctx.services.control.promote_to_steer(ctx.principal, run_id(input.run_id), input.key())
+        return await ctx.services.queue.promote_to_steer(ctx.principal, run_id(input.run_id), input.key())
 
     @mutation(THREAD)
     async def resume_queue(ctx: Context, input: ResumeQueueInput) -> uuid.UUID:
         """Release a held queue: the next queued run starts if nothing runs."""
-        return await ctx.services.runs.resume_queue(ctx.principal, thread_id(input.thread_id), input.key())
+        return await ctx.services.queue.resume_queue(ctx.principal, thread_id(input.thread_id), input.key())

@@ -10,9 +10,8 @@ from threadloom.api.enums import AppliedDispatch
 from threadloom.api.errors import UserError
 from threadloom.api.mutations.payloads import Shape, key, load, mutation, thread_id
 from threadloom.api.types import ConversationMessage, Run
-from threadloom.domain.dispatch import Dispatch
-from threadloom.domain.runs import DispatchMode
-from threadloom.engine.runs import Sent
+from threadloom.domain.dispatch import Dispatch, DispatchMode
+from threadloom.engine.dispatch import Sent
 
 
 @strawberry.input(description="How to treat a steer of the active run.")
@@ -100,7 +99,7 @@ class RunMutation:
     async def send_message(ctx: Context, input: SendMessageInput) -> Sent:
         """Send a user message: it starts a run now or queues it (see `dispatch`)."""
         client_message_id = key(input.client_message_id)  # checked before the ids, as it always was
-        return await ctx.services.runs.send_message(
+        return await ctx.services.dispatch.send_message(
             ctx.principal,
             thread_id(input.thread_id),
             text=input.text,
