@@ -154,12 +154,15 @@ class GraphQLView(GraphQL[Context, None]):
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
         processed = await super().process_result(request, result)
         failed_before_execution = (
-            result.data is None and bool(result.errors) and all(e.path is None for e in result.errors or [])
+            result.data is None
+            and bool(result.errors)
+            and all(e.path is None and (e.extensions or {}).get("code") != "QUERY_TIMEOUT" for e in result.errors)
         )
-        if failed_before_execution and _media.get() == GRAPHQL_RESPONSE:
-            request.scope["state"]["sub_response"].status_code = 400
-            # Nothing was executed: the response has no `data` entry at all (GraphQL-over-HTTP).
+        if failed_before_execution:
+            # Nothing was executed: no `data` entry at all (the GraphQL spec, for either media type).
             processed.pop("data", None)
+            if _media.get() == GRAPHQL_RESPONSE:
+                request.scope["state"]["sub_response"].status_code = 400
         limited = next((e for e in result.errors or [] if (e.extensions or {}).get("code") == "RATE_LIMITED"), None)
         if limited is not None and result.data is None:
             sub_response = request.scope["state"]["sub_response"]
