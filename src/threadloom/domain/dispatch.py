@@ -140,17 +140,8 @@ def new_run(
     reused = message_id is not None
     message_id = message_id or new_id()
     starting = applied == AppliedDispatch.START_IMMEDIATELY
-    message = ConversationMessage(
-        id=message_id,
-        thread_id=thread.id,
-        run_id=run_id,
-        role=MessageRole.USER,
-        text=text,
-        input_intent=InputIntent.TURN_START if starting else InputIntent.QUEUED_TURN,
-        client_message_id=client_message_id,
-        created_at=now,
-        updated_at=now,
-    )
+    intent = InputIntent.TURN_START if starting else InputIntent.QUEUED_TURN
+    message = _message(message_id, thread, run_id, text, intent, client_message_id, now)
     run = Run(
         id=run_id,
         thread_id=thread.id,
@@ -224,18 +215,19 @@ def _title(text: str) -> str:
 
 
 def _message(
+    message_id: uuid.UUID,
     thread: AppThread,
-    run: Run,
+    run_id: uuid.UUID,
     text: str,
     intent: InputIntent,
     client_message_id: str | None,
     now: datetime,
-    new_id: NewId,
 ) -> ConversationMessage:
+    """The user's message, however it enters the run (a new turn, queued, a steer, a restart)."""
     return ConversationMessage(
-        id=new_id(),
+        id=message_id,
         thread_id=thread.id,
-        run_id=run.id,
+        run_id=run_id,
         role=MessageRole.USER,
         text=clean_text(text),
         input_intent=intent,
@@ -248,7 +240,7 @@ def _message(
 def steer(
     thread: AppThread, run: Run, text: str, client_message_id: str | None, now: datetime, new_id: NewId
 ) -> Outcome:
-    message = _message(thread, run, text, InputIntent.STEER, client_message_id, now, new_id)
+    message = _message(new_id(), thread, run.id, text, InputIntent.STEER, client_message_id, now)
     return Outcome(
         [
             Change.created(message),
@@ -286,7 +278,7 @@ def restart(
 ) -> Outcome:
     """Supersede the active attempt and open a new one under the same run. The superseded turn's
     open requests (approvals, questions) end with it: expired, not resumable."""
-    message = _message(thread, run, text, InputIntent.RESTART, client_message_id, now, new_id)
+    message = _message(new_id(), thread, run.id, text, InputIntent.RESTART, client_message_id, now)
     new_root_id, new_attempt_id = new_id(), new_id()
     new_root = ExecutionNode(
         id=new_root_id,
