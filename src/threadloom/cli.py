@@ -171,9 +171,7 @@ async def _token(args: argparse.Namespace, url: str) -> int:
                     expires_at=expires_at,
                 )
                 expiry = "never" if expires_at is None else f"{expires_at:%Y-%m-%dT%H:%M:%SZ}"
-                print(
-                    f"created token {info.id} scope={info.scope} project={info.project_id or 'all'} expires={expiry}"
-                )
+                print(f"created token {info.id} scope={info.scope} project={info.project_id or 'all'} expires={expiry}")
                 print(secret)
             elif args.token_command == "list":
                 for t in await tokens.list_tokens(tx):

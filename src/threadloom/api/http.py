@@ -156,7 +156,7 @@ class GraphQLView(GraphQL[Context, None]):
         failed_before_execution = (
             result.data is None
             and bool(result.errors)
-            and all(e.path is None and (e.extensions or {}).get("code") != "QUERY_TIMEOUT" for e in result.errors)
+            and all(e.path is None and (e.extensions or {}).get("code") != "QUERY_TIMEOUT" for e in result.errors or [])
         )
         if failed_before_execution:
             # Nothing was executed: no `data` entry at all (the GraphQL spec, for either media type).
