@@ -15,7 +15,7 @@ from threadloom.domain.changes import Outcome
 from threadloom.domain.entities import AppThread, PlanArtifact
 from threadloom.domain.errors import not_found
 from threadloom.domain.ids import new_id
-from threadloom.domain.statuses import TokenScope
+from threadloom.domain.statuses import PlanStatus, TokenScope
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.dispatch import Dispatcher
 from threadloom.engine.pipeline import Command, Pipeline
@@ -90,22 +90,15 @@ class Plans:
     async def _as_new_thread(
         self, principal: Principal, plan: PlanArtifact, thread: AppThread, key: str | None, data: dict[str, str]
     ) -> tuple[uuid.UUID, uuid.UUID]:
-        """A new thread's log is written by commands of its own: the plan is marked first (a message to
-        a brand-new thread is never refused), then the thread and its run are created, each under
-        a key derived from the request's, so a retried request finishes the same work."""
+        """A new thread's log is written by commands of its own, so this takes three: create the thread,
+        send it the plan, and only then mark the plan implemented. A refusal on the way (the instance no
+        longer allows the thread's runtime mode, the project is gone) leaves the plan as it was. Each
+        step has a key derived from the plan, so a retried or interrupted request finishes the same work
+        instead of making a second thread."""
         now = self.pipeline.clock.now()
-
-        async def mark(db: Reader, locked: AppThread) -> Outcome:
-            principal.require_project(locked.project_id, TokenScope.OPERATE, "planId")
-            current = await entities.require(db, PlanArtifact, plan.id)
-            return Outcome([rules.implement(current, now)], result={"planId": str(plan.id)})
-
-        await self.pipeline.execute(
-            Command(
-                command_type="implementPlan", principal=principal, key=key, input=data, decide=mark, thread_id=thread.id
-            )
-        )
-        sub_key = None if key is None else f"{key}/work"
+        if key is None or plan.status != PlanStatus.IMPLEMENTED:  # a keyed retry gets its stored answer below
+            rules.implement(plan, now)  # refuse an unfinished or implemented plan before writing anything
+        sub_key = f"implementPlan:{plan.id}/work"  # every attempt at this plan converges on one thread and run
         target_thread = await self.catalog.create_thread(
             principal,
             project_id=thread.project_id,
@@ -123,5 +116,16 @@ class Plans:
             provider_instance_id=None,
             model=None,
             client_message_id=sub_key,
+        )
+
+        async def mark(db: Reader, locked: AppThread) -> Outcome:
+            principal.require_project(locked.project_id, TokenScope.OPERATE, "planId")
+            current = await entities.require(db, PlanArtifact, plan.id)
+            return Outcome([rules.implement(current, now)], result={"planId": str(plan.id)})
+
+        await self.pipeline.execute(
+            Command(
+                command_type="implementPlan", principal=principal, key=key, input=data, decide=mark, thread_id=thread.id
+            )
         )
         return target_thread, sent.run_id
