@@ -90,7 +90,7 @@ async def test_simple(client: Client, thread_id: str, database_url: str) -> None
     ]
     kinds = [a["node"]["kind"] for a in thread["activities"]["edges"]]
     assert kinds[0] == "run.preparing" and kinds[-1] == "run.completed"
-    assert "checkpoint.skipped" in kinds and kinds.index("checkpoint.skipped") < kinds.index("run.completed")
+    assert "checkpoint.captured" in kinds and kinds.index("checkpoint.captured") < kinds.index("run.completed")
     assert all(a["node"]["runId"] == sent["run"]["id"] for a in thread["activities"]["edges"])
     assert all(a["node"]["nodeId"] for a in thread["activities"]["edges"])
     await _assert_gapless(database_url)

@@ -260,7 +260,7 @@ async def test_run_status_and_activity_streams(client: Client, server: ServerPro
     assert statuses[0] == "QUEUED" and statuses[-1] == "COMPLETED"
     assert "RUNNING" in statuses and len(statuses) == len(set(statuses))  # each change once
     assert [k["kind"] for k in kinds][:1] == ["run.preparing"]
-    assert {"tool.started", "tool.completed", "checkpoint.skipped"} <= {k["kind"] for k in kinds}
+    assert {"tool.started", "tool.completed", "checkpoint.captured"} <= {k["kind"] for k in kinds}
     assert all(k["runId"] == sent["run"]["id"] and k["nodeId"] for k in kinds)
     sequences = [k["sequence"] for k in kinds]
     assert sequences == sorted(sequences)

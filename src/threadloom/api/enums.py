@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import strawberry
 
+from threadloom.domain import checkpoints as c
 from threadloom.domain import dispatch as r
 from threadloom.domain import plans as p
 from threadloom.domain import requests as q
@@ -35,6 +36,7 @@ for _enum in (
     s.HandoffStatus,
     s.CheckpointScopeKind,
     s.CheckpointStatus,
+    c.CheckpointFileStatus,
     s.RuntimeRequestKind,
     s.RuntimeRequestStatus,
     s.ResponseCapability,
@@ -62,6 +64,7 @@ HandoffStrategy = s.HandoffStrategy
 HandoffStatus = s.HandoffStatus
 CheckpointScopeKind = s.CheckpointScopeKind
 CheckpointStatus = s.CheckpointStatus
+CheckpointFileStatus = c.CheckpointFileStatus
 RuntimeRequestKind = s.RuntimeRequestKind
 RuntimeRequestStatus = s.RuntimeRequestStatus
 ResponseCapability = s.ResponseCapability

@@ -60,6 +60,7 @@ PAGED: dict[str, Relation] = {
     "thread.runs": Relation(t.runs, "thread_id", "ordinal", key_type=int),
     "thread.messages": Relation(t.conversation_messages, "thread_id", "id"),
     "thread.activities": Relation(t.activities, "thread_id", "sequence", key_type=int, filters=_activity_filters),
+    "thread.checkpoints": Relation(t.checkpoints, "thread_id", "id"),
 }
 
 _queued = [t.runs.c.status == RunStatus.QUEUED.value]

@@ -24,6 +24,7 @@ from threadloom.api import ids as gid
 from threadloom.api.context import Info
 from threadloom.api.feed_cursor import encode_feed_cursor
 from threadloom.api.pagination import paged
+from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain import entities as e
 from threadloom.domain.records import Record
 from threadloom.domain.threads import thread_status
@@ -183,6 +184,10 @@ class Thread(Node, _Entity):
         "RuntimeRequest", "thread.pendingRequests", description="Approvals and questions waiting for an answer."
     )
     provider_threads: list[ProviderThread] = _many("ProviderThread", "thread.providerThreads")
+
+    @paged("thread.checkpoints", "Checkpoint", description="Every checkpoint of the thread's files, oldest first.")
+    def checkpoints(self, info: Info) -> dict[str, Any]:
+        return {}
 
     @strawberry.field(description="The sequence of the newest event in this thread's log.")
     def latest_sequence(self) -> int:
@@ -345,11 +350,48 @@ class CheckpointScope(_InRun, Node, _Entity):
     parent_scope: CheckpointScope | None = _one("CheckpointScope", "parent_scope_id")
 
 
+@strawberry.type(description="One path a checkpoint changed against the checkpoint before it in its scope.")
+class CheckpointFile:
+    path: str
+    status: enums.CheckpointFileStatus
+    additions: int = strawberry.field(description="Lines added (0 for a binary file).")
+    deletions: int = strawberry.field(description="Lines removed (0 for a binary file).")
+    old_path: str | None = strawberry.field(description="Where a renamed file was before.")
+    binary: bool
+
+
 @_entity(e.Checkpoint)
 class Checkpoint(Node, _Entity):
     rec: strawberry.Private[e.Checkpoint]
     scope: CheckpointScope | None = _one("CheckpointScope", "scope_id")
     run: Run | None = _one("Run", "run_id")
+
+    @strawberry.field(description="What changed against the previous checkpoint of its scope, by path.")
+    def files(self) -> list[CheckpointFile]:
+        return [
+            CheckpointFile(
+                path=f.path,
+                status=f.status,
+                additions=f.additions,
+                deletions=f.deletions,
+                old_path=f.old_path,
+                binary=f.binary,
+            )
+            for f in checkpoint_rules.files_of(self.rec)
+        ]
+
+    @strawberry.field(description="The unified diff of one path (as listed in `files`); null if not captured.")
+    async def diff(self, info: Info, path: str) -> str | None:
+        return await info.context.services.runs.checkpoints.file_diff(self.rec, path)
+
+    @strawberry.field(
+        description="A root checkpoint's child scopes: the checkpoints its run's subagents left when they ended."
+    )
+    async def children(self, info: Info) -> list[Checkpoint]:
+        if self.rec.run_id is None:
+            return []
+        found = await _children(info, Checkpoint, "run.checkpoints", self.rec.run_id)
+        return [c for c in found if c.rec.scope_id != self.rec.scope_id and c.rec.ordinal > 0]
 
 
 @_entity(e.RuntimeRequest, hide=("native_request_ref",))

@@ -157,6 +157,13 @@ class ShadowRepo:
         found = await self._git.run("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
         return found.stdout.decode().strip() if found.returncode == 0 else None
 
+    async def parent(self, commit: str) -> str | None:
+        """The checkpoint a capture was made against (its `parent`), None for a first capture."""
+        full = await self._commit(commit)
+        out = await self._git.text("rev-list", "--parents", "-n", "1", full)
+        parents = out.split()[1:]
+        return parents[0] if parents else None
+
     async def update_ref(self, ref: str, commit: str) -> None:
         """Point `ref` at an existing checkpoint commit (e.g. to mark one stale under another name)."""
         check_ref(ref)

@@ -32,6 +32,8 @@ class ActivityKind(StrEnum):
     RUN_CANCELLED = "run.cancelled"
     STEER_BECAME_RUN = "steer.became_run"
     CHECKPOINT_SKIPPED = "checkpoint.skipped"
+    CHECKPOINT_CAPTURED = "checkpoint.captured"
+    CHECKPOINT_FAILED = "checkpoint.failed"
     RUNTIME_WARNING = "runtime.warning"
     # the queue
     QUEUE_HELD = "queue.held"

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from threadloom.domain.activities import ActivityKind, activity, run_ended
 from threadloom.domain.changes import Change, NewId, Outcome
+from threadloom.domain.checkpoints import Recorded
 from threadloom.domain.effects import DeliverToParent
 from threadloom.domain.entities import (
     AppThread,
@@ -161,12 +162,14 @@ def finish_run(
     new_id: NewId,
     *,
     hold_reason: str | None = None,
+    checkpoint: Recorded | None = None,
 ) -> Outcome:
     """The completion barrier, in its documented order, as one set of changes.
 
     flush (done by the caller) → close streaming messages → finalize todo/plan artifacts →
     close open child nodes → checkpoint step → root node, attempt, turn terminal → run
-    terminal → drain or hold the queue.
+    terminal → drain or hold the queue. `checkpoint` is the run's root checkpoint, captured
+    by the caller before this transaction (git work never runs inside it); None: none kept.
     """
     run, thread = graph.run, graph.thread
     out = Outcome()
@@ -195,17 +198,21 @@ def finish_run(
     child_status = ended.open_child
     for child in graph.open_children:
         out.changes.append(Change.updated(child.evolve(status=child_status, updated_at=now, completed_at=now)))
-    out.changes.append(
-        activity(
-            thread.id,
-            ActivityKind.CHECKPOINT_SKIPPED,
-            "no checkpoint policy",
-            now,
-            new_id,
-            run_id=run.id,
-            node_id=graph.root.id,
+    if checkpoint is not None:
+        out.changes += checkpoint.changes
+        run = run.evolve(checkpoint_id=checkpoint.checkpoint.id)
+    else:
+        out.changes.append(
+            activity(
+                thread.id,
+                ActivityKind.CHECKPOINT_SKIPPED,
+                "no checkpoint kept",
+                now,
+                new_id,
+                run_id=run.id,
+                node_id=graph.root.id,
+            )
         )
-    )
     out.changes.append(Change.updated(graph.root.evolve(status=ended.root, updated_at=now, completed_at=now)))
     out.changes.append(
         Change.updated(

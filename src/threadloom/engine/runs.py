@@ -38,6 +38,7 @@ from threadloom.domain.statuses import (
     RunStatus,
     TokenScope,
 )
+from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import Command, Pipeline, Step
 from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
 from threadloom.providers.contract import ProviderError, ThreadSettings
@@ -81,9 +82,10 @@ def _settings(thread: AppThread, cwd: str, model: str | None = None) -> ThreadSe
 
 
 class RunEngine:
-    def __init__(self, pipeline: Pipeline, sessions: SessionManager) -> None:
+    def __init__(self, pipeline: Pipeline, sessions: SessionManager, checkpoints: Checkpoints | None = None) -> None:
         self.pipeline = pipeline
         self.sessions = sessions
+        self.checkpoints = checkpoints or Checkpoints(pipeline, None, ())
 
     @property
     def now(self) -> Any:
@@ -182,6 +184,7 @@ class RunEngine:
     ) -> bool:
         """End a run through the completion barrier. A no-op (False) if it already ended,
         or if `guard`, checked under the thread lock, says no."""
+        capture = await self.checkpoints.capture_run_end(run_id)  # git work, before the transaction
         now = self.now
 
         async def decide(db: Reader, thread: AppThread) -> Valued[bool]:
@@ -193,7 +196,10 @@ class RunEngine:
             if guard is not None and not await guard(db, run):
                 return Outcome().carrying(False)
             graph = await runs.run_graph(db, thread, run)
-            outcome = rules.finish_run(graph, status, reason, now, new_id, hold_reason=hold_reason)
+            checkpoint = await self.checkpoints.record_run_end(db, thread, run, graph.root.id, capture, status)
+            outcome = rules.finish_run(
+                graph, status, reason, now, new_id, hold_reason=hold_reason, checkpoint=checkpoint
+            )
             await self.route(db, thread, outcome)
             return outcome.carrying(True)
 
@@ -223,6 +229,7 @@ class RunEngine:
         prepared = await self._prepare(effect.run_id, effect.input)
         if prepared is None:
             return
+        await self.checkpoints.ensure_baseline(effect.run_id)  # the workspace before this run
         try:
             # The project's own runtime, kept from the reaper meanwhile.
             async with self.sessions.using(prepared.run.provider_instance_id, prepared.thread.project_id) as session:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 
+from threadloom.checkpoints import CheckpointStore
 from threadloom.config import Settings
+from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain.effects import (
     DeliverToParent,
     EnsureThread,
@@ -20,6 +23,7 @@ from threadloom.domain.effects import (
 from threadloom.domain.interruption import UnsupportedPolicy
 from threadloom.domain.statuses import RunStatus
 from threadloom.engine.catalog import Catalog
+from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.clock import Clock
 from threadloom.engine.delegation import Delegation
 from threadloom.engine.dispatch import Dispatcher
@@ -83,7 +87,9 @@ class Services:
         restart_as_run = frozenset(
             name for name, config in instances.items() if config.options.get("restart_as") == "new_run"
         )
-        run_engine = RunEngine(pipeline, sessions)
+        excludes = checkpoint_rules.excludes(os.environ.get(checkpoint_rules.EXCLUDES_ENV))
+        checkpoints = Checkpoints(pipeline, CheckpointStore(settings.data_dir), excludes)
+        run_engine = RunEngine(pipeline, sessions, checkpoints)
         dispatcher = Dispatcher(pipeline, run_engine, restart_as_run)
         queue = QueueCommands(pipeline, run_engine)
         effects = EffectWorker(db, clock, worker.id)

@@ -1,0 +1,240 @@
+"""Checkpoints in the engine: when the workspace is captured, and recording what the capture returned.
+
+Git never runs inside a database transaction. Each capture reads what it needs in a short read, does the
+git work (`threadloom.checkpoints`, serialized per project by the store's lock), and then records the
+result: the run's checkpoint inside the completion barrier's transaction (`RunEngine.finish` hands the
+capture to `record_run_end`), a baseline or a subagent's checkpoint in a step of its own. Rules are in
+`domain.checkpoints`; what users see is in docs/lifecycles/checkpoints-and-rollback.md.
+
+- before run N's turn starts: `ensure_baseline` captures ordinal N-1 if the thread has no such checkpoint
+  (ordinal 0 before the first run);
+- at run N's end: `capture_run_end` captures ordinal N and diffs it against the latest ready root checkpoint
+  before it; interrupted and failed runs are captured too (their activity says so); a capture that fails is
+  recorded as an `error` (or `missing`, when the workspace is gone) checkpoint with the reason;
+- a subagent node: `node_started` captures its scope's ordinal 0, `node_ended` ordinal 1 with the diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from pathlib import Path
+
+from threadloom.checkpoints import CheckpointError, CheckpointErrorCode, CheckpointStore, ShadowRepo, checkpoint_ref
+from threadloom.domain import checkpoints as rules
+from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.entities import AppThread, Checkpoint, ExecutionNode, Project, Run
+from threadloom.domain.ids import new_id
+from threadloom.domain.runs import is_active
+from threadloom.domain.statuses import RunStatus
+from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.store import checkpoints as stored
+from threadloom.store import entities
+from threadloom.store.db import Reader
+
+log = logging.getLogger("threadloom.checkpoints")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunCapture:
+    """A run's end capture, made before the barrier's transaction and recorded inside it."""
+
+    run_id: uuid.UUID
+    ordinal: int
+    result: rules.CaptureResult
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Where:
+    thread_id: uuid.UUID
+    project_id: uuid.UUID
+    workspace: Path
+
+
+class Checkpoints:
+    """Capture and record checkpoints; `store` None keeps none (runs end with `checkpoint.skipped`)."""
+
+    def __init__(self, pipeline: Pipeline, store: CheckpointStore | None, excludes: tuple[str, ...]) -> None:
+        self.pipeline = pipeline
+        self.store = store
+        self.excludes = excludes
+
+    def repo(self, project_id: uuid.UUID, workspace: Path) -> ShadowRepo:
+        assert self.store is not None
+        return self.store.repo(str(project_id), workspace, self.excludes)
+
+    async def _where(self, db: Reader, thread_id: uuid.UUID) -> _Where | None:
+        thread = await entities.get(db, AppThread, thread_id)
+        project = await entities.get(db, Project, thread.project_id if thread else None)
+        if thread is None or project is None:
+            return None
+        return _Where(thread.id, project.id, Path(project.workspace_root))
+
+    async def _capture(
+        self, where: _Where, scope: str, ordinal: int, base: Checkpoint | None, message: str
+    ) -> rules.CaptureResult:
+        """The git work of one capture; every failure becomes a `CaptureFailed` (a capture never breaks a run)."""
+        try:
+            repo = self.repo(where.project_id, where.workspace)
+            ref = checkpoint_ref(str(where.thread_id), scope, ordinal)
+            base_commit = await repo.resolve(base.ref) if base is not None and base.ref else None
+            captured = await repo.capture(ref, message, parent=base_commit)
+            changes = await repo.diff(base_commit, captured.commit)
+        except CheckpointError as error:
+            log.warning("checkpoint %s/%s/%s not captured: %s", where.thread_id, scope, ordinal, error)
+            return rules.CaptureFailed(str(error), missing=error.code == CheckpointErrorCode.WORKSPACE_MISSING)
+        except Exception as error:
+            log.exception("checkpoint %s/%s/%s failed", where.thread_id, scope, ordinal)
+            return rules.CaptureFailed(f"capture failed: {error}")
+        files = tuple(
+            rules.CheckpointFile(
+                c.path, rules.CheckpointFileStatus(c.status.value), c.additions, c.deletions, c.old_path, c.binary
+            ) for c in changes
+        )
+        return rules.Captured(ref, files, base.ordinal if base_commit is not None and base is not None else None)
+
+    # ---- the root scope: a run's start and end ---------------------------------------------
+
+    async def ensure_baseline(self, run_id: uuid.UUID) -> None:
+        """Before run N's turn starts: the checkpoint N-1 exists (captured now if the thread has none)."""
+        if self.store is None:
+            return
+        async with self.pipeline.db.read() as db:
+            run = await entities.get(db, Run, run_id)
+            where = await self._where(db, run.thread_id) if run is not None else None
+            scope = await stored.root_scope(db, run.thread_id) if run is not None else None
+            known = await stored.of_scope(db, scope.id) if scope is not None else []
+        if run is None or where is None or run.ordinal < 1:
+            return
+        ordinal = run.ordinal - 1
+        if any(c.ordinal == ordinal for c in known):
+            return
+        base = rules.base_of(known, ordinal)
+        result = await self._capture(where, rules.ROOT_SCOPE_NAME, ordinal, base, f"baseline before run {run.ordinal}")
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
+            current = await stored.root_scope(db, thread.id)
+            scope, changes = rules.ensure_root_scope(current, thread.id, now, new_id)
+            checkpoints = await stored.of_scope(db, scope.id) if current is not None else []
+            if any(c.ordinal == ordinal for c in checkpoints):
+                return Outcome()  # recorded meanwhile
+            recorded = rules.record(scope, None, ordinal, result, now, new_id, run_id=None, announce=False)
+            return Outcome(changes + recorded.changes)
+
+        await self.pipeline.execute(
+            Command(command_type="checkpoint.baseline", thread_id=where.thread_id, decide=decide)
+        )
+
+    async def capture_run_end(self, run_id: uuid.UUID) -> RunCapture | None:
+        """Before the barrier: capture the workspace as run N leaves it (None: the run is not active)."""
+        if self.store is None:
+            return None
+        async with self.pipeline.db.read() as db:
+            run = await entities.get(db, Run, run_id)
+            if run is None or not is_active(run):
+                return None
+            where = await self._where(db, run.thread_id)
+            scope = await stored.root_scope(db, run.thread_id)
+            known = await stored.of_scope(db, scope.id) if scope is not None else []
+        if where is None:
+            return None
+        base = rules.base_of(known, run.ordinal)
+        result = await self._capture(where, rules.ROOT_SCOPE_NAME, run.ordinal, base, f"after run {run.ordinal}")
+        return RunCapture(run.id, run.ordinal, result)
+
+    async def record_run_end(
+        self,
+        db: Reader,
+        thread: AppThread,
+        run: Run,
+        root_node_id: uuid.UUID,
+        capture: RunCapture | None,
+        status: RunStatus,
+    ) -> rules.Recorded | None:
+        """Inside the barrier's transaction: the run's checkpoint from the capture made before it."""
+        if capture is None or capture.run_id != run.id:
+            return None
+        current = await stored.root_scope(db, thread.id)
+        now = self.pipeline.clock.now()
+        scope, changes = rules.ensure_root_scope(current, thread.id, now, new_id)
+        checkpoints = await stored.of_scope(db, scope.id) if current is not None else []
+        existing = next((c for c in checkpoints if c.ordinal == capture.ordinal), None)
+        recorded = rules.record(
+            scope,
+            existing,
+            capture.ordinal,
+            capture.result,
+            now,
+            new_id,
+            run_id=run.id,
+            node_id=root_node_id,
+            run_status=status,
+        )
+        return rules.Recorded(recorded.checkpoint, changes + recorded.changes)
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    async def file_diff(self, checkpoint: Checkpoint, path: str) -> str | None:
+        """The unified diff of one path of a checkpoint against the checkpoint it was captured after."""
+        if self.store is None or not checkpoint.ref:
+            return None
+        async with self.pipeline.db.read() as db:
+            where = await self._where(db, checkpoint.thread_id)
+        if where is None:
+            return None
+        repo = self.repo(where.project_id, where.workspace)
+        commit = await repo.resolve(checkpoint.ref)
+        if commit is None:
+            return None
+        old_path = next((f.old_path for f in rules.files_of(checkpoint) if f.path == path), None)
+        return await repo.file_diff(await repo.parent(commit), commit, path, old_path)
+
+    # ---- child scopes ----------------------------------------------------------------------
+
+    async def node_started(self, node_id: uuid.UUID) -> None:
+        """A subagent node started: its scope's ordinal 0 is the workspace as it found it."""
+        await self._node_capture(node_id, 0)
+
+    async def node_ended(self, node_id: uuid.UUID) -> None:
+        """A subagent node ended: ordinal 1 and what it changed since ordinal 0."""
+        await self._node_capture(node_id, 1)
+
+    async def _node_capture(self, node_id: uuid.UUID, ordinal: int) -> None:
+        if self.store is None:
+            return
+        async with self.pipeline.db.read() as db:
+            node = await entities.get(db, ExecutionNode, node_id)
+            if node is None or not rules.has_scope(node):
+                return
+            where = await self._where(db, node.thread_id)
+            scope = await stored.node_scope(db, node.id)
+            known = await stored.of_scope(db, scope.id) if scope is not None else []
+        if where is None or any(c.ordinal == ordinal for c in known):
+            return
+        if ordinal > 0 and not known:
+            return  # never saw it start: no baseline to diff against
+        base = rules.base_of(known, ordinal)
+        result = await self._capture(where, str(node.id), ordinal, base, f"subagent {node.id} {ordinal}")
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
+            current = await stored.node_scope(db, node_id)
+            fresh = await entities.require(db, ExecutionNode, node_id)
+            root, changes = rules.ensure_root_scope(await stored.root_scope(db, thread.id), thread.id, now, new_id)
+            scope = current or rules.child_scope(root, fresh, now, new_id)
+            if current is None:
+                changes.append(Change.created(scope, run_id=fresh.run_id, node_id=fresh.id))
+                changes.append(
+                    Change.updated(fresh.evolve(checkpoint_scope_id=scope.id, updated_at=now), node_id=fresh.id)
+                )
+            checkpoints = await stored.of_scope(db, scope.id) if current is not None else []
+            if any(c.ordinal == ordinal for c in checkpoints):
+                return Outcome()
+            recorded = rules.record(
+                scope, None, ordinal, result, now, new_id, run_id=fresh.run_id, node_id=fresh.id, announce=ordinal > 0
+            )
+            return Outcome(changes + recorded.changes)
+
+        await self.pipeline.execute(Command(command_type="checkpoint.node", thread_id=where.thread_id, decide=decide))

@@ -1,0 +1,35 @@
+"""Reads of checkpoint scopes and checkpoints that the capture steps take (under the thread lock or before it)."""
+
+from __future__ import annotations
+
+import uuid
+
+from threadloom.domain.entities import Checkpoint, CheckpointScope
+from threadloom.domain.statuses import CheckpointScopeKind
+from threadloom.store import entities
+from threadloom.store import tables as t
+from threadloom.store.db import Reader
+
+
+async def root_scope(db: Reader, thread_id: uuid.UUID) -> CheckpointScope | None:
+    """The thread's root scope (one per thread, created with its first checkpoint)."""
+    found = await entities.where(
+        db,
+        CheckpointScope,
+        t.checkpoint_scopes.c.thread_id == thread_id,
+        t.checkpoint_scopes.c.kind == CheckpointScopeKind.ROOT_RUN.value,
+        order_by=[t.checkpoint_scopes.c.created_at, t.checkpoint_scopes.c.id],
+    )
+    return found[0] if found else None
+
+
+async def node_scope(db: Reader, node_id: uuid.UUID) -> CheckpointScope | None:
+    found = await entities.where(db, CheckpointScope, t.checkpoint_scopes.c.node_id == node_id)
+    return found[0] if found else None
+
+
+async def of_scope(db: Reader, scope_id: uuid.UUID) -> list[Checkpoint]:
+    """A scope's checkpoints by ordinal."""
+    return await entities.where(
+        db, Checkpoint, t.checkpoints.c.scope_id == scope_id, order_by=[t.checkpoints.c.ordinal]
+    )

@@ -1,0 +1,146 @@
+"""Checkpoints of runs through a real server, real scripted-agent processes and real git.
+
+Each scenario sends messages whose directives edit the workspace the ways agents do (`@write`, shell commands
+through `@tool`, deletes, renames, binary files) and reads back through GraphQL what a user sees: the run's
+checkpoint, its files with line counts, the unified diff of a path, the thread's checkpoints, and the user's
+own repository untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.runs import finished, send
+from tests.support.server import Client
+
+CHECKPOINT = """
+query($id: ID!, $path: String!) {
+  run(id: $id) {
+    id ordinal status
+    checkpoint {
+      id ordinal status
+      files { path status additions deletions oldPath }
+      diff(path: $path)
+      scope { kind }
+    }
+  }
+}"""
+
+ACTIVITIES = """
+query($t: ID!) { thread(id: $t) { activities(first: 100) { edges { node { kind summary runId nodeId payload } } } } }
+"""
+
+
+@pytest.fixture
+async def project(client: Client, workspace: Path) -> str:
+    data = await client.gql(CREATE_PROJECT, {"name": "Checkpoints", "root": str(workspace)})
+    return str(data["createProject"]["project"]["id"])
+
+
+@pytest.fixture
+async def thread_id(client: Client, project: str) -> str:
+    return str((await make_thread(client, project, "work"))["id"])
+
+
+async def ran(client: Client, thread_id: str, text: str) -> dict[str, Any]:
+    sent = await send(client, thread_id, text)
+    assert sent["userErrors"] == []
+    return await finished(client, sent["run"]["id"])
+
+
+async def checkpoint_of(client: Client, run_id: str, path: str = "-") -> dict[str, Any]:
+    data = await client.gql(CHECKPOINT, {"id": run_id, "path": path})
+    found: dict[str, Any] = data["run"]["checkpoint"]
+    return found
+
+
+def files(checkpoint: dict[str, Any]) -> dict[str, tuple[str, int, int, str | None]]:
+    return {f["path"]: (f["status"], f["additions"], f["deletions"], f["oldPath"]) for f in checkpoint["files"]}
+
+
+async def test_runs_capture_ordinal_after_ordinal(client: Client, thread_id: str, workspace: Path) -> None:
+    (workspace / "keep.txt").write_text("kept\n")
+    (workspace / "gone.txt").write_text("one\ntwo\n")
+    (workspace / "old.txt").write_text("moved unchanged\n" * 5)
+    first = await ran(
+        client,
+        thread_id,
+        "@write notes.md hello\n"
+        "@tool sh -c 'printf \"a\\nb\\nc\\n\" > made.txt'\n"
+        "@tool rm gone.txt\n"
+        "@tool mv old.txt new.txt\n"
+        "@tool printf '\\000\\001\\002' > blob.bin",
+    )
+    assert first["status"] == "COMPLETED"
+    one = await checkpoint_of(client, first["id"], "made.txt")
+    assert one["ordinal"] == 1 and one["status"] == "READY" and one["scope"]["kind"] == "ROOT_RUN"
+    assert files(one) == {
+        "notes.md": ("ADDED", 1, 0, None),
+        "made.txt": ("ADDED", 3, 0, None),
+        "gone.txt": ("DELETED", 0, 2, None),
+        "new.txt": ("RENAMED", 0, 0, "old.txt"),
+        "blob.bin": ("ADDED", 0, 0, None),
+    }
+    assert "+a\n+b\n+c\n" in one["diff"] and one["diff"].startswith("diff --git a/made.txt b/made.txt")
+
+    second = await ran(client, thread_id, "@tool sh -c 'echo more >> made.txt'")
+    two = await checkpoint_of(client, second["id"], "made.txt")
+    assert two["ordinal"] == 2 and files(two) == {"made.txt": ("MODIFIED", 1, 0, None)}
+    assert "+more" in two["diff"] and "+a" not in two["diff"]
+
+    data = await client.gql(ACTIVITIES, {"t": thread_id})
+    captured = [a["node"] for a in data["thread"]["activities"]["edges"] if a["node"]["kind"] == "checkpoint.captured"]
+    assert [(a["runId"], a["payload"]["ordinal"], a["payload"]["files"]) for a in captured] == [
+        (first["id"], 1, 5),
+        (second["id"], 2, 1),
+    ]
+    assert all(a["nodeId"] for a in captured)
+    assert not [a for a in data["thread"]["activities"]["edges"] if a["node"]["kind"] == "checkpoint.skipped"]
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(cwd),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "User",
+        "GIT_AUTHOR_EMAIL": "user@example.com",
+        "GIT_COMMITTER_NAME": "User",
+        "GIT_COMMITTER_EMAIL": "user@example.com",
+        "GIT_OPTIONAL_LOCKS": "0",  # `git status` must not refresh the index we compare
+    }
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def _repo_state(root: Path) -> tuple[bytes, str, str]:
+    """The index file's bytes (read first), HEAD and every ref."""
+    index = (root / ".git" / "index").read_bytes()
+    return index, _git(root, "rev-parse", "HEAD"), _git(root, "for-each-ref")
+
+
+async def test_the_users_repository_is_untouched(client: Client, thread_id: str, workspace: Path) -> None:
+    _git(workspace, "init", "-q", "-b", "main")
+    (workspace / "tracked.txt").write_text("v1\n")
+    _git(workspace, "add", "tracked.txt")
+    _git(workspace, "commit", "-q", "-m", "first")
+    _git(workspace, "branch", "side")
+    _git(workspace, "tag", "v1")
+    (workspace / "tracked.txt").write_text("v2 staged\n")
+    _git(workspace, "add", "tracked.txt")
+    (workspace / "tracked.txt").write_text("v3 unstaged\n")
+    _git(workspace, "update-index", "-q", "--refresh")
+    before = _repo_state(workspace)
+    assert _git(workspace, "status", "--porcelain") == "MM tracked.txt\n"
+    done = await ran(client, thread_id, "@tool sh -c 'echo x > f'\n@write tracked.txt agent")
+    one = await checkpoint_of(client, done["id"], "tracked.txt")
+    assert files(one) == {"f": ("ADDED", 1, 0, None), "tracked.txt": ("MODIFIED", 1, 1, None)}
+    assert "-v3 unstaged\n+agent" in one["diff"]
+    assert ".git" not in {p.split("/")[0] for p in files(one)}
+    assert _repo_state(workspace) == before
+    assert _git(workspace, "status", "--porcelain") == "MM tracked.txt\n?? f\n"  # only the agent's edits
