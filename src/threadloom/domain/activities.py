@@ -35,6 +35,10 @@ class ActivityKind(StrEnum):
     CHECKPOINT_CAPTURED = "checkpoint.captured"
     CHECKPOINT_FAILED = "checkpoint.failed"
     RUNTIME_WARNING = "runtime.warning"
+    # rollback (engine/rollback.py)
+    ROLLBACK_COMPLETED = "rollback.completed"
+    ROLLBACK_FAILED = "rollback.failed"
+    ROLLBACK_UNDONE = "rollback.undone"
     # the queue
     QUEUE_HELD = "queue.held"
     QUEUE_RESUMED = "queue.resumed"

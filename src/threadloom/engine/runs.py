@@ -21,6 +21,7 @@ from threadloom.domain.changes import Change, Outcome, Valued
 from threadloom.domain.effects import EnsureThread, StartTurn
 from threadloom.domain.entities import (
     AppThread,
+    ContextHandoff,
     ConversationMessage,
     Project,
     ProviderThread,
@@ -40,9 +41,10 @@ from threadloom.domain.statuses import (
 )
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import Command, Pipeline, Step
+from threadloom.engine.rollback import handoff_delivered, start_turn_with_handoff
 from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
 from threadloom.providers.contract import ProviderError, ThreadSettings
-from threadloom.store import entities, runs
+from threadloom.store import entities, rollback_facts, runs
 from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.runs")
@@ -69,6 +71,7 @@ class _Prepared:
     provider_thread: ProviderThread
     text: str
     cwd: str
+    handoff: ContextHandoff | None = None  # a rollback's context for a replacement provider thread
 
     @property
     def target(self) -> _Target:
@@ -206,7 +209,10 @@ class RunEngine:
         thread_id = await self._thread_of_run(run_id)
         if thread_id is None:
             return False
-        return await self.pipeline.execute(Step(command_type="run.finish", thread_id=thread_id, decide=decide))
+        ended = await self.pipeline.execute(Step(command_type="run.finish", thread_id=thread_id, decide=decide))
+        if ended:
+            await self.checkpoints.close_scopes(run_id)  # subagents whose end was never reported
+        return ended
 
     async def _close_superseded_turn(self, db: Reader, attempt_id: uuid.UUID, status: RunStatus) -> Outcome:
         """The provider ended the turn of a superseded attempt: record that, and nothing else."""
@@ -261,9 +267,15 @@ class RunEngine:
         )
         session.bind(binding)
         try:
-            native_turn = await session.runtime.start_turn(
-                binding.native_thread, prepared.text, prepared.target.settings
-            )
+            if prepared.handoff is not None:
+                settings, handoff = prepared.target.settings, prepared.handoff.text
+                native_turn = await start_turn_with_handoff(
+                    session.runtime, binding.native_thread, prepared.text, settings, handoff
+                )
+            else:
+                native_turn = await session.runtime.start_turn(
+                    binding.native_thread, prepared.text, prepared.target.settings
+                )
         except ProviderError as error:
             session.unbind(binding.native_thread)
             crashed = error.code == "exited"
@@ -275,6 +287,8 @@ class RunEngine:
             )
             return
         binding.know_turn(native_turn)
+        if prepared.handoff is not None:
+            await handoff_delivered(self.pipeline, prepared.handoff, run_id)
 
     async def _prepare(self, run_id: uuid.UUID, text: str | None = None) -> _Prepared | None:
         now = self.now
@@ -294,7 +308,15 @@ class RunEngine:
             )
             outcome = Outcome(changes)
             return outcome.carrying(
-                _Prepared(run, attempt, thread, provider_thread, text or message.text, project.workspace_root)
+                _Prepared(
+                    run,
+                    attempt,
+                    thread,
+                    provider_thread,
+                    text or message.text,
+                    project.workspace_root,
+                    await rollback_facts.pending_handoff(db, provider_thread.id),
+                )
             )
 
         thread_id = await self._thread_of_run(run_id)

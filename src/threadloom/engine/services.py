@@ -35,6 +35,7 @@ from threadloom.engine.plans import Plans
 from threadloom.engine.queue import QueueCommands
 from threadloom.engine.recovery import Recovery
 from threadloom.engine.requests import Requests
+from threadloom.engine.rollback import Rollbacks
 from threadloom.engine.runs import RunEngine
 from threadloom.engine.sessions import LiveSession, SessionManager
 from threadloom.engine.workers import Worker
@@ -65,6 +66,7 @@ class Services:
     plans: Plans
     instances: dict[str, InstanceConfig] = dataclasses.field(default_factory=dict)
     started: bool = False
+    rollback: Rollbacks = dataclasses.field(init=False)  # set by build(): it needs the checkpoints
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
@@ -129,12 +131,14 @@ class Services:
             dict(instances),
         )
 
+        services.rollback = Rollbacks(pipeline, sessions, checkpoints.repo)
+
         async def wake(committed: Committed) -> None:
             if committed.effects:
                 effects.wake.set()
 
         async def open_ingest(session: LiveSession) -> None:
-            ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost)
+            ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints)
             session.task = asyncio.create_task(ingestor.run(), name=f"ingest-{session.instance_id}")
 
         pipeline.listeners.append(wake)

@@ -1,0 +1,106 @@
+"""Reading what a rollback is planned from, and the record of the last rollback (for its undo).
+
+Everything is read under the thread's lock by the rollback command, so the plan and the state it changes are
+the same. The facts are the planner's (`domain.rollback`): runs with their root turns, provider threads,
+checkpoints with the run they belong to.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+from threadloom.domain.entities import (
+    Activity,
+    Checkpoint,
+    CheckpointScope,
+    ContextHandoff,
+    ProviderThread,
+    ProviderTurn,
+    Run,
+    RunAttempt,
+)
+from threadloom.domain.statuses import HandoffStatus
+from threadloom.store import entities
+from threadloom.store import tables as t
+from threadloom.store.db import Reader
+
+
+async def runs_of(db: Reader, thread_id: uuid.UUID) -> list[Run]:
+    return await entities.where(db, Run, t.runs.c.thread_id == thread_id, order_by=[t.runs.c.ordinal])
+
+
+async def root_turns(db: Reader, thread_id: uuid.UUID) -> list[tuple[uuid.UUID, ProviderTurn]]:
+    """(run id, turn) for every root provider turn of every attempt of the thread's runs, by turn ordinal.
+
+    A root turn is the one an attempt started on its root node; a subagent's child turns are not the thread's
+    conversation and are left out."""
+    attempts = t.run_attempts
+    turns = t.provider_turns
+    rows = await db.rows(
+        sa.select(turns, attempts.c.run_id.label("owning_run_id"))
+        .select_from(turns.join(attempts, attempts.c.id == turns.c.run_attempt_id))
+        .where(turns.c.thread_id == thread_id, turns.c.node_id == attempts.c.root_node_id)
+        .order_by(turns.c.ordinal, turns.c.id)
+    )
+    found: list[tuple[uuid.UUID, ProviderTurn]] = []
+    for row in rows:
+        values = {k: v for k, v in row.items() if k != "owning_run_id"}
+        found.append((row["owning_run_id"], ProviderTurn.from_mapping(values)))
+    return found
+
+
+async def provider_threads_of(db: Reader, thread_id: uuid.UUID) -> list[ProviderThread]:
+    return await entities.where(
+        db, ProviderThread, t.provider_threads.c.thread_id == thread_id, order_by=[t.provider_threads.c.created_at]
+    )
+
+
+async def checkpoints_of(db: Reader, thread_id: uuid.UUID) -> list[tuple[Checkpoint, CheckpointScope]]:
+    """Every checkpoint of the thread with its scope, oldest first."""
+    checkpoints = await entities.where(
+        db, Checkpoint, t.checkpoints.c.thread_id == thread_id, order_by=[t.checkpoints.c.created_at]
+    )
+    scopes = {s.id: s for s in await scopes_of(db, thread_id)}
+    return [(c, scopes[c.scope_id]) for c in checkpoints if c.scope_id in scopes]
+
+
+async def scopes_of(db: Reader, thread_id: uuid.UUID) -> list[CheckpointScope]:
+    return await entities.where(db, CheckpointScope, t.checkpoint_scopes.c.thread_id == thread_id)
+
+
+async def attempts_of(db: Reader, run_ids: list[uuid.UUID]) -> list[RunAttempt]:
+    if not run_ids:
+        return []
+    return await entities.where(db, RunAttempt, t.run_attempts.c.run_id.in_(run_ids))
+
+
+async def last_activity(db: Reader, thread_id: uuid.UUID, kinds: list[str]) -> Activity | None:
+    """The thread's newest activity of one of these kinds."""
+    table = t.activities
+    row = await db.one_or_none(
+        sa.select(table)
+        .where(table.c.thread_id == thread_id, table.c.kind.in_(kinds))
+        .order_by(table.c.sequence.desc())
+        .limit(1)
+    )
+    return None if row is None else Activity.from_mapping(row)
+
+
+def payload(activity: Activity) -> dict[str, Any]:
+    return dict(activity.payload) if isinstance(activity.payload, dict) else {}
+
+
+async def pending_handoff(db: Reader, provider_thread_id: uuid.UUID) -> ContextHandoff | None:
+    """The handoff waiting to be given to this provider thread with its next turn (a rollback's replacement)."""
+    table = t.context_handoffs
+    found = await entities.where(
+        db,
+        ContextHandoff,
+        table.c.to_provider_thread_id == provider_thread_id,
+        table.c.status == HandoffStatus.PENDING.value,
+        order_by=[table.c.created_at.desc()],
+    )
+    return found[0] if found else None
