@@ -102,20 +102,7 @@ MODE_POLICIES: dict[str, tuple[str, str]] = {
     "full_access": ("never", ":danger-full-access"),
 }
 
-CAPABILITIES = Capabilities(
-    supports_active_steering=True,
-    supports_interrupt=True,
-    supports_steering_by_interrupt_restart=True,
-    can_fork_thread=True,
-    can_fork_from_turn=True,
-    can_rollback_thread=True,
-    can_read_thread_snapshot=True,
-    supports_structured_questions=True,
-    emits_todo_list=True,
-    supports_subagents=True,
-    pending_requests_survive_restart=False,
-    supports_empty_thread_creation=True,
-)
+CAPABILITIES = Capabilities.every(pending_requests_survive_restart=False)
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

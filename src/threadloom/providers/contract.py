@@ -27,6 +27,11 @@ class Capabilities:
     pending_requests_survive_restart: bool = False
     supports_empty_thread_creation: bool = True
 
+    @classmethod
+    def every(cls, **lacking: bool) -> Capabilities:
+        """Every capability on except those given: a driver states only where it falls short."""
+        return cls(**{f.name: True for f in dataclasses.fields(cls)} | lacking)
+
     def to_json(self) -> dict[str, bool]:
         return dataclasses.asdict(self)
 

@@ -105,6 +105,17 @@ class ScriptedRuntime:
         await self.process.close()
 
 
+# The scripted agent's optional features (the driver's attribute) and the capabilities each stands for;
+# it has all the others.
+_OPTIONAL: dict[str, tuple[str, ...]] = {
+    "steering": ("supports_active_steering",),
+    "interrupt": ("supports_interrupt", "supports_steering_by_interrupt_restart"),
+    "fork": ("can_fork_thread", "can_fork_from_turn"),
+    "rollback": ("can_rollback_thread",),
+    "questions": ("supports_structured_questions",),
+}
+
+
 class ScriptedDriver:
     """One configured `scripted` instance: its state folder, chunk delay and capability flags.
 
@@ -127,19 +138,8 @@ class ScriptedDriver:
         self.rollback = bool(options.get("supports_native_rollback", True))
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            supports_active_steering=self.steering,
-            supports_interrupt=self.interrupt,
-            supports_steering_by_interrupt_restart=self.interrupt,
-            can_fork_thread=self.fork,
-            can_fork_from_turn=self.fork,
-            can_rollback_thread=self.rollback,
-            can_read_thread_snapshot=True,
-            supports_structured_questions=self.questions,
-            emits_todo_list=True,
-            supports_subagents=True,
-            pending_requests_survive_restart=False,
-        )
+        flags = {cap: bool(getattr(self, option)) for option, caps in _OPTIONAL.items() for cap in caps}
+        return Capabilities.every(pending_requests_survive_restart=False, **flags)
 
     async def open_session(self, scope: SessionScope) -> ScriptedRuntime:
         scope.state_dir.mkdir(parents=True, exist_ok=True)

@@ -47,19 +47,11 @@ from threadloom.providers.contract import (
 
 log = logging.getLogger("threadloom.providers.claude")
 MAX_IDLE_CHILDREN = 4  # claude processes (~200 MB each) kept for threads with no running turn
-CAPABILITIES = Capabilities(
-    supports_active_steering=True,
-    supports_interrupt=True,
+CAPABILITIES = Capabilities.every(
     supports_steering_by_interrupt_restart=False,
-    can_fork_thread=True,
-    can_fork_from_turn=True,
     can_rollback_thread=False,
     can_read_thread_snapshot=False,
-    supports_structured_questions=True,
-    emits_todo_list=True,
-    supports_subagents=True,
     pending_requests_survive_restart=False,
-    supports_empty_thread_creation=True,
 )
 
 
