@@ -213,26 +213,14 @@ class Server:
         return Answer({"thread": {"id": record.id, "cwd": record.cwd, "turns": len(record.turns)}})
 
     def _thread_read(self, params: Message) -> Answer:
-        thread_id = _str_param(params, "threadId")
-        session = self.sessions.get(thread_id)
-        if session is not None:
-            record = session.record
-        else:
-            record = self._load(thread_id)
-            record.settle_stale_turns()  # shown as they will be on resume; the file is left alone
+        record = self._current(_str_param(params, "threadId"))
         return Answer({"thread": record.to_json()})
 
     def _thread_fork(self, params: Message) -> Answer:
         """A new thread holding the source's turns up to and including `lastTurnId` (all of them without it)."""
         if not self.options.capabilities.get("supportsFork"):
             raise RpcError(CAPABILITY_OFF, "forking is not supported")
-        thread_id = _str_param(params, "threadId")
-        session = self.sessions.get(thread_id)
-        if session is not None:
-            source = session.record
-        else:
-            source = self._load(thread_id)
-            source.settle_stale_turns()  # a dead process's turn is copied as it will be on resume
+        source = self._current(_str_param(params, "threadId"))  # a dead process's turn copied as on resume
         last = params.get("lastTurnId")
         if last is not None and not isinstance(last, str):
             raise RpcError(INVALID_PARAMS, "lastTurnId must be a string")
@@ -369,6 +357,16 @@ class Server:
             record.turns.extend(dropped)
             raise
         return Answer({"thread": {"id": record.id, "cwd": record.cwd, "turns": len(record.turns)}})
+
+    def _current(self, thread_id: str) -> ThreadRecord:
+        """The thread as it stands: the open session's record, or the saved one with its stale turns
+        settled as they will be on resume (in memory only; the file is left alone)."""
+        session = self.sessions.get(thread_id)
+        if session is not None:
+            return session.record
+        record = self._load(thread_id)
+        record.settle_stale_turns()
+        return record
 
     def _load(self, thread_id: str) -> ThreadRecord:
         try:

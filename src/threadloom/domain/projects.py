@@ -11,17 +11,13 @@ from pathlib import PurePosixPath
 from threadloom.domain.changes import Change
 from threadloom.domain.entities import Project
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.labels import clean_label
 
 MAX_NAME = 200
 
 
 def clean_name(name: str) -> str:
-    cleaned = " ".join(name.split())
-    if not cleaned:
-        raise DomainError(ErrorCode.INVALID_INPUT, "name must not be blank", "name")
-    if len(cleaned) > MAX_NAME:
-        raise DomainError(ErrorCode.INVALID_INPUT, f"name is longer than {MAX_NAME} characters", "name")
-    return cleaned
+    return clean_label(name, "name", MAX_NAME)
 
 
 def clean_workspace_root(path: str) -> str:

@@ -10,6 +10,7 @@ from datetime import datetime
 from threadloom.domain.changes import Change, EventVerb, NewId
 from threadloom.domain.entities import AppThread, Project, ProviderThread, Run
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.labels import clean_label
 from threadloom.domain.statuses import ProviderThreadStatus, ThreadStatus
 
 MAX_TITLE = 200
@@ -25,12 +26,7 @@ DEFAULT_RUNTIME_MODE = "workspace_write"
 
 
 def clean_title(title: str) -> str:
-    cleaned = " ".join(title.split())
-    if not cleaned:
-        raise DomainError(ErrorCode.INVALID_INPUT, "title must not be blank", "title")
-    if len(cleaned) > MAX_TITLE:
-        raise DomainError(ErrorCode.INVALID_INPUT, f"title is longer than {MAX_TITLE} characters", "title")
-    return cleaned
+    return clean_label(title, "title", MAX_TITLE)
 
 
 def clean_model(model: str | None) -> str | None:

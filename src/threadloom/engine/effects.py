@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from threadloom.aio import cancel_all
 from threadloom.domain.effects import EffectData
 from threadloom.engine.clock import Clock
 from threadloom.store import outbox
@@ -53,11 +54,7 @@ class EffectWorker:
         self._tasks = [asyncio.create_task(self._loop(), name=f"effects-{i}") for i in range(self.concurrency)]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         self._tasks = []
 
     async def _loop(self) -> None:

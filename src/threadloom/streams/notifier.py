@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from broadcaster import Broadcast
 
+from threadloom.aio import cancel_all
 from threadloom.streams.hub import Hub
 
 log = logging.getLogger("threadloom.streams")
@@ -51,11 +52,7 @@ class Notifier:
             await asyncio.wait_for(self._connected.wait(), 5)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         await self._close(self._current)
 
     async def publish(self, message: dict[str, Any]) -> None:
