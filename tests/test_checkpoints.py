@@ -9,6 +9,8 @@ own repository untouched.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from tests.support.graphql import CREATE_PROJECT, make_thread
 from tests.support.runs import finished, send
 from tests.support.server import Client
+from tests.support.waiting import until
 
 CHECKPOINT = """
 query($id: ID!, $path: String!) {
@@ -144,3 +147,121 @@ async def test_the_users_repository_is_untouched(client: Client, thread_id: str,
     assert ".git" not in {p.split("/")[0] for p in files(one)}
     assert _repo_state(workspace) == before
     assert _git(workspace, "status", "--porcelain") == "MM tracked.txt\n?? f\n"  # only the agent's edits
+
+
+APPROVE = """mutation($r: ID!) {
+  respondToApproval(input: {requestId: $r, decision: ACCEPT}) { userErrors { code } } }"""
+PENDING = """query($t: ID!) { thread(id: $t) { pendingRequests { id } } }"""
+INTERRUPT = """mutation($r: ID!) { interruptRun(input: {runId: $r, holdQueue: false}) { userErrors { code } } }"""
+THREAD_CHECKPOINTS = """
+query($t: ID!) {
+  thread(id: $t) {
+    checkpoints(first: 50) {
+      totalCount
+      edges { node { id ordinal status files { path status additions deletions oldPath binary }
+                     scope { kind } run { ordinal } children { id ordinal } } }
+    }
+  }
+}"""
+
+
+async def pending(client: Client, thread_id: str) -> str:
+    """The id of the request the agent waits on (polled until there is one)."""
+
+    async def check() -> str | None:
+        found = (await client.gql(PENDING, {"t": thread_id}))["thread"]["pendingRequests"]
+        return str(found[0]["id"]) if found else None
+
+    return await until(check)
+
+
+async def test_a_subagent_gets_its_own_scope(client: Client, thread_id: str, workspace: Path) -> None:
+    (workspace / "shared.txt").write_text("base\n")
+    sent = await send(
+        client,
+        thread_id,
+        "@write parent.txt from-parent\n"
+        "@subagent @approval echo from-child > child.txt\n"
+        "@approval echo late > after.txt",  # asks after the subagent's end was seen (and captured)
+    )
+    for _ in range(2):
+        request = await pending(client, thread_id)
+        assert (await client.gql(APPROVE, {"r": request}))["respondToApproval"]["userErrors"] == []
+    done = await finished(client, sent["run"]["id"])
+    assert done["status"] == "COMPLETED"
+    root = await checkpoint_of(client, done["id"], "child.txt")
+    assert set(files(root)) == {"parent.txt", "child.txt", "after.txt"}  # the run's diff covers its subagent's
+
+    data = await client.gql(THREAD_CHECKPOINTS, {"t": thread_id})
+    nodes = [e["node"] for e in data["thread"]["checkpoints"]["edges"]]
+    by_kind = [(n["scope"]["kind"], n["ordinal"], n["run"] and n["run"]["ordinal"]) for n in nodes]
+    assert by_kind == [("ROOT_RUN", 0, None), ("SUBAGENT", 0, 1), ("SUBAGENT", 1, 1), ("ROOT_RUN", 1, 1)]
+    child_end = nodes[2]
+    assert [(f["path"], f["status"], f["additions"]) for f in child_end["files"]] == [("child.txt", "ADDED", 1)]
+    assert nodes[3]["children"] == [{"id": child_end["id"], "ordinal": 1}]  # the root names its child scope
+
+    subagent = await client.gql(
+        """query($id: ID!) { node(id: $id) { ... on Checkpoint { diff(path: "child.txt")
+             scope { id kind node { kind checkpointScope { id } } parentScope { kind } } } } }""",
+        {"id": child_end["id"]},
+    )
+    scope = subagent["node"]["scope"]
+    assert scope["kind"] == "SUBAGENT" and scope["parentScope"] == {"kind": "ROOT_RUN"}
+    assert scope["node"]["kind"] == "SUBAGENT" and scope["node"]["checkpointScope"] == {"id": scope["id"]}
+    assert "+from-child" in subagent["node"]["diff"]
+    data = await client.gql(ACTIVITIES, {"t": thread_id})
+    captured = [a["node"] for a in data["thread"]["activities"]["edges"] if a["node"]["kind"] == "checkpoint.captured"]
+    assert [(a["payload"]["scope"], a["payload"]["ordinal"]) for a in captured] == [("subagent", 1), ("root_run", 1)]
+    assert all(a["runId"] == done["id"] and a["nodeId"] for a in captured)
+
+
+async def test_an_interrupted_run_is_captured_as_it_stopped(client: Client, thread_id: str, workspace: Path) -> None:
+    sent = await send(client, thread_id, "@tool sh -c 'echo partial > half.txt'\n@delay 10000\n@reply never")
+
+    async def written() -> bool:
+        return (workspace / "half.txt").exists()
+
+    await until(written)
+    assert (await client.gql(INTERRUPT, {"r": sent["run"]["id"]}))["interruptRun"]["userErrors"] == []
+    done = await finished(client, sent["run"]["id"])
+    assert done["status"] == "INTERRUPTED"
+    checkpoint = await checkpoint_of(client, done["id"], "half.txt")
+    assert checkpoint["status"] == "READY" and files(checkpoint) == {"half.txt": ("ADDED", 1, 0, None)}
+    data = await client.gql(ACTIVITIES, {"t": thread_id})
+    summaries = [a["node"]["summary"] for a in data["thread"]["activities"]["edges"]]
+    assert "checkpoint 1 captured: 1 file changed (run interrupted)" in summaries
+
+
+async def test_a_workspace_that_is_gone_records_a_missing_checkpoint(
+    client: Client, thread_id: str, workspace: Path
+) -> None:
+    sent = await send(client, thread_id, "@approval true\n@reply gone")
+    request = await pending(client, thread_id)
+    shutil.rmtree(workspace)  # the baseline was captured before the turn started
+    assert (await client.gql(APPROVE, {"r": request}))["respondToApproval"]["userErrors"] == []
+    done = await finished(client, sent["run"]["id"])
+    checkpoint = await checkpoint_of(client, done["id"])
+    assert checkpoint["status"] == "MISSING" and checkpoint["files"] == [] and checkpoint["diff"] is None
+    data = await client.gql(ACTIVITIES, {"t": thread_id})
+    failed = [a["node"] for a in data["thread"]["activities"]["edges"] if a["node"]["kind"] == "checkpoint.failed"]
+    assert len(failed) == 1 and "workspace" in failed[0]["payload"]["reason"]
+
+
+def statements(headers: Any) -> int:
+    match = re.search(r'desc="(\d+) statements"', headers["server-timing"])
+    assert match, headers
+    return int(match.group(1))
+
+
+async def test_thread_checkpoints_cost_the_same_for_2_and_10_runs(client: Client, project: str) -> None:
+    counts = []
+    for n in (2, 10):
+        thread = str((await make_thread(client, project, f"runs{n}"))["id"])
+        for i in range(n):
+            await ran(client, thread, f"@write f{i}.txt {i}")
+        response = await client.post(THREAD_CHECKPOINTS, {"t": thread})
+        body = response.json()
+        assert "errors" not in body, body
+        assert body["data"]["thread"]["checkpoints"]["totalCount"] == n + 1  # the baseline and one per run
+        counts.append(statements(response.headers))
+    assert counts[0] == counts[1]

@@ -283,6 +283,11 @@ class ExecutionNode(Node, _Entity):
     run: Run = _one("Run", "run_id", required=True)
     attempt: RunAttempt | None = _one("RunAttempt", "attempt_id")
     runtime_request: RuntimeRequest | None = _one("RuntimeRequest", "runtime_request_id")
+    checkpoint_scope: CheckpointScope | None = _one(
+        "CheckpointScope",
+        "checkpoint_scope_id",
+        description="The checkpoint scope of this node's work: the run's root scope, or a subagent's own.",
+    )
     child_thread: Thread | None = _one(
         "Thread", "child_thread_id", visible=True, description="The delegated child thread of a subagent node."
     )

@@ -198,9 +198,11 @@ def finish_run(
     child_status = ended.open_child
     for child in graph.open_children:
         out.changes.append(Change.updated(child.evolve(status=child_status, updated_at=now, completed_at=now)))
+    root = graph.root
     if checkpoint is not None:
         out.changes += checkpoint.changes
         run = run.evolve(checkpoint_id=checkpoint.checkpoint.id)
+        root = root.evolve(checkpoint_scope_id=checkpoint.checkpoint.scope_id)
     else:
         out.changes.append(
             activity(
@@ -213,7 +215,7 @@ def finish_run(
                 node_id=graph.root.id,
             )
         )
-    out.changes.append(Change.updated(graph.root.evolve(status=ended.root, updated_at=now, completed_at=now)))
+    out.changes.append(Change.updated(root.evolve(status=ended.root, updated_at=now, completed_at=now)))
     out.changes.append(
         Change.updated(
             graph.attempt.evolve(status=ended.attempt, status_reason=reason, completed_at=now),

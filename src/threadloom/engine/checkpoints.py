@@ -90,7 +90,8 @@ class Checkpoints:
         files = tuple(
             rules.CheckpointFile(
                 c.path, rules.CheckpointFileStatus(c.status.value), c.additions, c.deletions, c.old_path, c.binary
-            ) for c in changes
+            )
+            for c in changes
         )
         return rules.Captured(ref, files, base.ordinal if base_commit is not None and base is not None else None)
 
@@ -200,6 +201,17 @@ class Checkpoints:
     async def node_ended(self, node_id: uuid.UUID) -> None:
         """A subagent node ended: ordinal 1 and what it changed since ordinal 0."""
         await self._node_capture(node_id, 1)
+
+    async def close_scopes(self, run_id: uuid.UUID) -> None:
+        """After a run ended: a subagent whose end was never reported (the run was interrupted or failed
+        around it) gets its end checkpoint now, the workspace as the run left it."""
+        if self.store is None:
+            return
+        async with self.pipeline.db.read() as db:
+            scopes = await stored.child_scopes_of_run(db, run_id)
+        for scope in scopes:
+            if scope.node_id is not None:
+                await self._node_capture(scope.node_id, 1)
 
     async def _node_capture(self, node_id: uuid.UUID, ordinal: int) -> None:
         if self.store is None:

@@ -38,6 +38,7 @@ from threadloom.domain.statuses import (
     NodeStatus,
     RunStatus,
 )
+from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.sessions import LiveSession, TurnBinding
 from threadloom.providers import contract as ev
@@ -100,11 +101,13 @@ class Ingestor:
         session: LiveSession,
         finish: Callable[..., Any],
         on_exit: Callable[[LiveSession, str], Any],
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.session = session
         self.finish = finish
         self.on_exit = on_exit
+        self.checkpoints = checkpoints
         self.deltas: dict[str, list[Delta]] = {}
         self.first_delta_at: float | None = None
         self.structured_questions = session.runtime.capabilities.supports_structured_questions
@@ -184,6 +187,7 @@ class Ingestor:
             )
             return False
         await self._apply(binding, [event])
+        await self._scope_step(binding, event)
         while self.unanswerable:  # release the provider: it asked something nobody can answer here
             ref = self.unanswerable.pop()
             try:
@@ -191,6 +195,22 @@ class Ingestor:
             except Exception:
                 log.exception("could not release provider request %s", ref)
         return False
+
+    async def _scope_step(self, binding: TurnBinding, event: ev.ProviderEvent) -> None:
+        """A subagent's child scope: captured when its node starts and when it ends (after the event is
+        recorded, outside its transaction)."""
+        if self.checkpoints is None:
+            return
+        if isinstance(event, ev.ItemStarted) and event.kind == "subagent":
+            node_id = binding.items.get(event.item_id)
+            if node_id is not None:
+                await self.checkpoints.node_started(node_id)
+        elif isinstance(event, ev.ItemCompleted) and event.kind == "subagent":
+            node_id = binding.items.get(event.item_id)
+            if node_id is not None:
+                await self.checkpoints.node_ended(node_id)
+        elif isinstance(event, ev.TurnCompleted) and event.native_turn in binding.child_turns:
+            await self.checkpoints.node_ended(binding.child_turns[event.native_turn])
 
     async def _refuse(self, event: ev.RequestOpened) -> None:
         response: dict[str, Any] = {"answers": {}} if event.kind == "user_input" else {"decision": "decline"}

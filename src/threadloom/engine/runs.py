@@ -209,7 +209,10 @@ class RunEngine:
         thread_id = await self._thread_of_run(run_id)
         if thread_id is None:
             return False
-        return await self.pipeline.execute(Step(command_type="run.finish", thread_id=thread_id, decide=decide))
+        ended = await self.pipeline.execute(Step(command_type="run.finish", thread_id=thread_id, decide=decide))
+        if ended:
+            await self.checkpoints.close_scopes(run_id)  # subagents whose end was never reported
+        return ended
 
     async def _close_superseded_turn(self, db: Reader, attempt_id: uuid.UUID, status: RunStatus) -> Outcome:
         """The provider ended the turn of a superseded attempt: record that, and nothing else."""

@@ -138,7 +138,7 @@ class Services:
                 effects.wake.set()
 
         async def open_ingest(session: LiveSession) -> None:
-            ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost)
+            ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints)
             session.task = asyncio.create_task(ingestor.run(), name=f"ingest-{session.instance_id}")
 
         pipeline.listeners.append(wake)

@@ -28,6 +28,17 @@ async def node_scope(db: Reader, node_id: uuid.UUID) -> CheckpointScope | None:
     return found[0] if found else None
 
 
+async def child_scopes_of_run(db: Reader, run_id: uuid.UUID) -> list[CheckpointScope]:
+    """The child scopes opened during a run (its subagents')."""
+    return await entities.where(
+        db,
+        CheckpointScope,
+        t.checkpoint_scopes.c.run_id == run_id,
+        t.checkpoint_scopes.c.kind == CheckpointScopeKind.SUBAGENT.value,
+        order_by=[t.checkpoint_scopes.c.id],
+    )
+
+
 async def of_scope(db: Reader, scope_id: uuid.UUID) -> list[Checkpoint]:
     """A scope's checkpoints by ordinal."""
     return await entities.where(
