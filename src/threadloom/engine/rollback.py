@@ -524,6 +524,7 @@ class Rollbacks:
                     id=new_id(),
                     native_thread_ref=step.undo_native_ref,
                     forked_from_provider_thread_id=current.id,
+                    first_run_ordinal=await _last_ran(db, thread.id) + 1,  # the fork holds every run so far
                     status=ProviderThreadStatus.IDLE,
                     created_at=now,
                     updated_at=now,
@@ -611,6 +612,8 @@ class Rollbacks:
                     id=new_id(),
                     native_thread_ref=str(entry["undoNativeRef"]),
                     forked_from_provider_thread_id=original.id,
+                    # the undo fork holds the runs the rollback undid: its context starts after the last of them
+                    first_run_ordinal=max([0, *(int(r["ordinal"]) for r in record.get("runs") or [])]) + 1,
                     status=ProviderThreadStatus.IDLE,
                     created_at=now,
                     updated_at=now,
@@ -758,6 +761,12 @@ class Rollbacks:
                 "preRollbackRef": op.pre_ref,
             },
         )
+
+
+async def _last_ran(db: Reader, thread_id: uuid.UUID) -> int:
+    """The ordinal of the thread's last run that reached the provider (0: none)."""
+    ran = [run.ordinal for run in await facts.runs_of(db, thread_id) if run.status in plan_rules.RAN]
+    return max(ran, default=0)
 
 
 def _descendants(scope_id: uuid.UUID, scopes: dict[uuid.UUID, CheckpointScope]) -> set[uuid.UUID]:
