@@ -19,6 +19,7 @@ from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, providers_env
+from tests.support.waiting import until
 
 PROVIDERS = """
 [instances.scripted]
@@ -335,3 +336,53 @@ async def test_a_failed_step_leaves_files_and_conversation_as_they_were(
             assert await thread.recall() == ["user: @write a.txt one", "user: @write a.txt two\\n@write b.txt new"]
         finally:
             await client.aclose()
+
+
+# ---- a subagent's scope ----------------------------------------------------------------------------------
+
+APPROVE = """mutation($r: ID!) {
+  respondToApproval(input: {requestId: $r, decision: ACCEPT}) { userErrors { code } } }"""
+PENDING = """query($t: ID!) { thread(id: $t) { pendingRequests { id } } }"""
+CHECKPOINTS = """query($t: ID!) { thread(id: $t) { checkpoints(first: 50) { edges { node {
+  id ordinal status scope { kind node { id } } } } } } }"""
+ROLLBACK_NODE = """mutation($n: ID!, $c: ID!) { rollbackNode(input: {nodeId: $n, checkpointId: $c}) {
+  node { id } checkpoint { id } dirtiedParentWorkspace preRollbackRef userErrors { code message } } }"""
+
+
+async def test_rollback_of_a_subagent_scope_keeps_the_parents_history(api: Client, home: Path) -> None:
+    thread = await Thread.create(api, home)
+    sent = await send(
+        api, thread.id, "@write parent.txt p\n@subagent @approval echo from-child > child.txt\n@write after.txt late"
+    )
+
+    async def pending() -> str | None:
+        found = (await api.gql(PENDING, {"t": thread.id}))["thread"]["pendingRequests"]
+        return str(found[0]["id"]) if found else None
+
+    request = await until(pending)
+    assert (await api.gql(APPROVE, {"r": request}))["respondToApproval"]["userErrors"] == []
+    assert (await finished(api, sent["run"]["id"]))["status"] == "COMPLETED"
+    after_run = tree(home)
+    assert set(after_run) == {"parent.txt", "child.txt", "after.txt"}
+
+    nodes = [e["node"] for e in (await api.gql(CHECKPOINTS, {"t": thread.id}))["thread"]["checkpoints"]["edges"]]
+    child = [n for n in nodes if n["scope"]["kind"] == "SUBAGENT"]
+    start, end = sorted(child, key=lambda n: n["ordinal"])
+    node_id = start["scope"]["node"]["id"]
+
+    answer = (await api.gql(ROLLBACK_NODE, {"n": node_id, "c": start["id"]}))["rollbackNode"]
+    assert answer["userErrors"] == [], answer
+    assert answer["dirtiedParentWorkspace"] is True  # the subagent shares the parent's workspace
+    assert tree(home) == {"parent.txt": b"p"}  # as the subagent found it: its file and the parent's later one gone
+    edges = (await api.gql(CHECKPOINTS, {"t": thread.id}))["thread"]["checkpoints"]["edges"]
+    statuses = {e["node"]["id"]: e["node"]["status"] for e in edges}
+    assert statuses[end["id"]] == "STALE" and statuses[start["id"]] == "READY"
+    assert (await thread.statuses()) == {1: "COMPLETED"}  # the parent's history stays
+
+    # A checkpoint of another scope is refused; the undo brings the files back.
+    root = next(n for n in nodes if n["scope"]["kind"] == "ROOT_RUN" and n["ordinal"] == 1)
+    wrong = (await api.gql(ROLLBACK_NODE, {"n": node_id, "c": root["id"]}))["rollbackNode"]
+    assert [e["code"] for e in wrong["userErrors"]] == ["INVALID_INPUT"]
+    undone = (await api.gql(UNDO, {"t": thread.id}))["undoRollback"]
+    assert undone["userErrors"] == [], undone
+    assert tree(home) == after_run

@@ -720,7 +720,12 @@ class Rollbacks:
         # descendants: scopes under this one (transitively) whose checkpoints are now out of date
         descendants = _descendants(scope.id, all_scopes)
         checkpoints = [c for c, _ in await facts.checkpoints_of(db, thread.id)]
-        stale = [c for c in checkpoints if c.scope_id in descendants and c.status != CheckpointStatus.STALE]
+        later = [c for c in checkpoints if c.scope_id == scope.id and c.ordinal > checkpoint.ordinal]
+        stale = [
+            c
+            for c in [*later, *(c for c in checkpoints if c.scope_id in descendants)]
+            if c.status != CheckpointStatus.STALE
+        ]
         changes += [Change.updated(c.evolve(status=CheckpointStatus.STALE)) for c in stale]
         # the child's own provider thread (a delegated task's), if it has one, loses its later turns natively
         child_pts = [pt for pt in await facts.provider_threads_of(db, thread.id) if pt.owner_node_id == node_id]
