@@ -60,8 +60,18 @@ class Checkpoints:
         self.store = store
         self.excludes = excludes
 
+    @classmethod
+    def open(cls, pipeline: Pipeline, data_dir: Path, excludes: tuple[str, ...]) -> Checkpoints:
+        """Checkpoints in `<data dir>/checkpoints`; without git on PATH the server keeps none (and says so)."""
+        try:
+            return cls(pipeline, CheckpointStore(data_dir), excludes)
+        except CheckpointError as error:
+            log.warning("checkpoints are off: %s", error)
+            return cls(pipeline, None, excludes)
+
     def repo(self, project_id: uuid.UUID, workspace: Path) -> ShadowRepo:
-        assert self.store is not None
+        if self.store is None:
+            raise CheckpointError(CheckpointErrorCode.GIT_NOT_FOUND, "this server keeps no checkpoints (no git)")
         return self.store.repo(str(project_id), workspace, self.excludes)
 
     async def _where(self, db: Reader, thread_id: uuid.UUID) -> _Where | None:

@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 
-from threadloom.checkpoints import CheckpointStore
 from threadloom.config import Settings
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain.effects import (
@@ -90,7 +89,7 @@ class Services:
             name for name, config in instances.items() if config.options.get("restart_as") == "new_run"
         )
         excludes = checkpoint_rules.excludes(os.environ.get(checkpoint_rules.EXCLUDES_ENV))
-        checkpoints = Checkpoints(pipeline, CheckpointStore(settings.data_dir), excludes)
+        checkpoints = Checkpoints.open(pipeline, settings.data_dir, excludes)
         run_engine = RunEngine(pipeline, sessions, checkpoints)
         dispatcher = Dispatcher(pipeline, run_engine, restart_as_run)
         queue = QueueCommands(pipeline, run_engine)
