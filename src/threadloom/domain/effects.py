@@ -71,6 +71,13 @@ class _OnAttempt(EffectData):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _OnThread(EffectData):
+    """Work on an app thread as a whole."""
+
+    thread_id: uuid.UUID
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class StartTurn(_OnAttempt):
     """runs: start the run's provider turn (`input` replaces the message text: a restart's combined input)."""
 
@@ -79,11 +86,10 @@ class StartTurn(_OnAttempt):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class EnsureThread(EffectData):
+class EnsureThread(_OnThread):
     """runs: create the native thread ahead of the first run (instances configured for it)."""
 
     KIND: ClassVar[str] = "provider-thread.ensure"
-    thread_id: uuid.UUID
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,11 +119,10 @@ class StopSession(EffectData):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class StopTasks(EffectData):
+class StopTasks(_OnThread):
     """interruption: Stop's cascade, stopping the thread's delegated tasks deepest first."""
 
     KIND: ClassVar[str] = "delegated-tasks.stop"
-    thread_id: uuid.UUID
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
