@@ -97,12 +97,11 @@ class Delegation:
                 return Outcome()  # delivered already (the effect may be replayed)
             child = await entities.require(db, AppThread, child_id)
             run = await entities.require(db, Run, run_id)
-            answers = await entities.where(
+            answers = await entities.in_order(
                 db,
                 ConversationMessage,
                 t.conversation_messages.c.run_id == run_id,
                 t.conversation_messages.c.role == "assistant",
-                order_by=[t.conversation_messages.c.id],
             )
             nodes = await entities.where(
                 db,

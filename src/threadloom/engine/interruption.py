@@ -210,12 +210,8 @@ class Interruption:
 
     async def _tasks_of(self, parent: uuid.UUID) -> list[uuid.UUID]:
         async with self.pipeline.db.read() as db:
-            children = await entities.where(
-                db,
-                AppThread,
-                t.threads.c.parent_thread_id == parent,
-                t.threads.c.lineage_relationship == "subagent",
-                order_by=[t.threads.c.id],
+            children = await entities.in_order(
+                db, AppThread, t.threads.c.parent_thread_id == parent, t.threads.c.lineage_relationship == "subagent"
             )
         return [child.id for child in children]
 

@@ -36,3 +36,8 @@ async def where(db: Reader, cls: type[R], *conditions: sa.ColumnElement[bool], o
     if order_by:
         stmt = stmt.order_by(*order_by)
     return [cls.from_mapping(r) for r in await db.rows(stmt)]
+
+
+async def in_order(db: Reader, cls: type[R], *conditions: sa.ColumnElement[bool]) -> list[R]:
+    """`where`, in id order: ids are UUIDv7, so that is the order they were created in."""
+    return await where(db, cls, *conditions, order_by=[t.PROJECTIONS[cls].c.id])

@@ -33,20 +33,8 @@ class LogEvent:
     shared: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
-_COLUMNS = (
-    t.events.c.sequence,
-    t.events.c.thread_id,
-    t.events.c.project_id,
-    t.events.c.event_type,
-    t.events.c.entity_type,
-    t.events.c.entity_id,
-    t.events.c.run_id,
-    t.events.c.node_id,
-    t.events.c.occurred_at,
-    t.events.c.payload,
-    t.events.c.xid,
-    t.events.c.position,
-)
+# The columns a LogEvent carries (`shared` is built later, in memory).
+_COLUMNS = tuple(t.events.c[f.name] for f in dataclasses.fields(LogEvent) if f.name != "shared")
 
 
 def _event(row: sa.RowMapping) -> LogEvent:

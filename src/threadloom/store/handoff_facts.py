@@ -73,26 +73,10 @@ async def read_run_facts(db: Reader, thread_id: uuid.UUID, ordinals: Collection[
         .select_from(t.threads.join(t.projects, t.projects.c.id == t.threads.c.project_id))
         .where(t.threads.c.id == thread_id)
     )
-    messages = await db.rows(
-        sa.select(t.conversation_messages)
-        .where(t.conversation_messages.c.run_id.in_(run_ids))
-        .order_by(t.conversation_messages.c.created_at, t.conversation_messages.c.id)
-    )
-    nodes = await db.rows(
-        sa.select(t.execution_nodes)
-        .where(t.execution_nodes.c.run_id.in_(run_ids), t.execution_nodes.c.kind.in_(_NODE_KINDS))
-        .order_by(t.execution_nodes.c.created_at, t.execution_nodes.c.id)
-    )
-    requests = await db.rows(
-        sa.select(t.runtime_requests)
-        .where(t.runtime_requests.c.run_id.in_(run_ids))
-        .order_by(t.runtime_requests.c.created_at, t.runtime_requests.c.id)
-    )
-    plans = await db.rows(
-        sa.select(t.plan_artifacts)
-        .where(t.plan_artifacts.c.run_id.in_(run_ids), t.plan_artifacts.c.kind != PlanKind.QUESTIONS.value)
-        .order_by(t.plan_artifacts.c.created_at, t.plan_artifacts.c.id)
-    )
+    messages = await _of_runs(db, t.conversation_messages, run_ids)
+    nodes = await _of_runs(db, t.execution_nodes, run_ids, t.execution_nodes.c.kind.in_(_NODE_KINDS))
+    requests = await _of_runs(db, t.runtime_requests, run_ids)
+    plans = await _of_runs(db, t.plan_artifacts, run_ids, t.plan_artifacts.c.kind != PlanKind.QUESTIONS.value)
     checkpoints = await db.rows(
         sa.select(t.checkpoints)
         .select_from(t.checkpoints.join(t.checkpoint_scopes, t.checkpoint_scopes.c.id == t.checkpoints.c.scope_id))
@@ -115,6 +99,14 @@ async def read_run_facts(db: Reader, thread_id: uuid.UUID, ordinals: Collection[
     for c in checkpoints:
         per_run[c["run_id"]].checkpoint = c  # the latest ready root checkpoint of the run
     return [_facts(run, per_run[run["id"]], str(root) if root else None) for run in runs]
+
+
+async def _of_runs(
+    db: Reader, table: sa.Table, run_ids: list[uuid.UUID], *conditions: sa.ColumnElement[bool]
+) -> list[sa.RowMapping]:
+    """The table's rows of these runs (that also meet `conditions`), in the order they were created."""
+    stmt = sa.select(table).where(table.c.run_id.in_(run_ids), *conditions)
+    return await db.rows(stmt.order_by(table.c.created_at, table.c.id))
 
 
 class _Rows:

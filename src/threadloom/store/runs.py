@@ -58,35 +58,28 @@ async def run_graph(db: Reader, thread: AppThread, run: Run) -> RunGraph:
         root=root,
         turn=await entities.get(db, ProviderTurn, attempt.provider_turn_id),
         provider_thread=await entities.get(db, ProviderThread, attempt.provider_thread_id),
-        open_messages=await entities.where(
+        open_messages=await entities.in_order(
             db,
             ConversationMessage,
             t.conversation_messages.c.run_id == run.id,
             t.conversation_messages.c.streaming.is_(True),
-            order_by=[t.conversation_messages.c.id],
         ),
-        open_children=await entities.where(
+        open_children=await entities.in_order(
             db,
             ExecutionNode,
             t.execution_nodes.c.attempt_id == attempt.id,
             t.execution_nodes.c.id != root.id,
             t.execution_nodes.c.status.in_(open_statuses),
-            order_by=[t.execution_nodes.c.id],
         ),
-        active_plans=await entities.where(
-            db,
-            PlanArtifact,
-            t.plan_artifacts.c.run_id == run.id,
-            t.plan_artifacts.c.status == PlanStatus.ACTIVE.value,
-            order_by=[t.plan_artifacts.c.id],
+        active_plans=await entities.in_order(
+            db, PlanArtifact, t.plan_artifacts.c.run_id == run.id, t.plan_artifacts.c.status == PlanStatus.ACTIVE.value
         ),
         queue=await queue(db, thread.id),
-        pending_requests=await entities.where(
+        pending_requests=await entities.in_order(
             db,
             RuntimeRequest,
             t.runtime_requests.c.run_id == run.id,
             t.runtime_requests.c.status == RuntimeRequestStatus.PENDING.value,
-            order_by=[t.runtime_requests.c.id],
         ),
     )
 
@@ -113,11 +106,7 @@ async def active_runs(db: Reader) -> list[Run]:
 
 async def run_input(db: Reader, run: Run) -> str:
     """What the run was asked so far: its user message and every steer or restart message after it."""
-    messages = await entities.where(
-        db,
-        ConversationMessage,
-        t.conversation_messages.c.run_id == run.id,
-        t.conversation_messages.c.role == "user",
-        order_by=[t.conversation_messages.c.id],
+    messages = await entities.in_order(
+        db, ConversationMessage, t.conversation_messages.c.run_id == run.id, t.conversation_messages.c.role == "user"
     )
     return "\n\n".join(m.text for m in messages)
