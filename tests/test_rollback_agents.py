@@ -1,0 +1,91 @@
+"""rollbackToRun with the real Codex and Claude Code CLIs against the fake model server.
+
+After two runs, a rollback to run 1: the model's next request no longer carries run 2, and the files are run 1's.
+Codex rolls its thread back natively; Claude Code forks its session at run 1's last message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.fake_model import FakeModel
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import finished, send
+from tests.support.server import Client, ServerProcess
+
+MODEL_PATH = {"codex": "/v1/responses", "claude": "/v1/messages"}
+THREAD = """mutation($p: ID!, $i: String!) {
+  createThread(input: {projectId: $p, providerInstanceId: $i, runtimeMode: "workspace_write", title: "t"}) {
+    thread { id } userErrors { code message } } }"""
+ROLLBACK = """mutation($t: ID!) { rollbackToRun(input: {threadId: $t, runOrdinal: 1}) {
+  rolledBackRuns { ordinal status } userErrors { code message } } }"""
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeModel]:
+    model = FakeModel().start()
+    yield model
+    model.stop()
+
+
+@pytest.fixture
+async def api(database_url: str, tmp_path: Path, fake: FakeModel) -> Any:
+    config = tmp_path / "providers.toml"
+    config.write_text(
+        f"""
+[instances.codex]
+driver = "codex"
+base_url = "{fake.url}/v1"
+api_key_env = "FAKE_OPENAI_API_KEY"
+
+[instances.claude]
+driver = "claude"
+base_url = "{fake.url}"
+api_key_env = "FAKE_ANTHROPIC_API_KEY"
+"""
+    )
+    env = {
+        "THREADLOOM_PROVIDERS": str(config),
+        "FAKE_OPENAI_API_KEY": "sk-fake-openai",
+        "FAKE_ANTHROPIC_API_KEY": "sk-fake-anthropic",
+    }
+    proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    client = Client(proc.url, proc.admin_token)
+    yield client
+    await client.aclose()
+    proc.stop()
+    print("\n".join(proc.log[-80:]))
+
+
+async def _done(client: Client, thread: str, text: str) -> None:
+    sent = await send(client, thread, text)
+    assert sent["userErrors"] == [], sent
+    assert (await finished(client, sent["run"]["id"], within=90))["status"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("provider", ["codex", "claude"])
+async def test_rollback_to_run_one_forgets_run_two(api: Client, fake: FakeModel, tmp_path: Path, provider: str) -> None:
+    workspace = tmp_path / f"ws-{provider}"
+    workspace.mkdir()
+    project = (await api.gql(CREATE_PROJECT, {"name": provider, "root": str(workspace)}))["createProject"]
+    made = (await api.gql(THREAD, {"p": project["project"]["id"], "i": provider}))["createThread"]
+    thread = made["thread"]["id"]
+    await _done(api, thread, "WRITE: one.txt alpha-file")
+    await _done(api, thread, "WRITE: two.txt zulu-marker")
+    assert (workspace / "two.txt").exists()
+
+    answer = (await api.gql(ROLLBACK, {"t": thread}))["rollbackToRun"]
+    assert answer["userErrors"] == [], answer
+    assert answer["rolledBackRuns"] == [{"ordinal": 2, "status": "ROLLED_BACK"}]
+    assert (workspace / "one.txt").exists() and not (workspace / "two.txt").exists()
+
+    seen = len(fake.bodies(MODEL_PATH[provider]))
+    await _done(api, thread, "third words")
+    later = fake.bodies(MODEL_PATH[provider])[seen:]
+    assert later, "the third run reached the model"
+    assert "alpha-file" in str(later[0])  # run 1 is still in the conversation
+    assert not any("zulu-marker" in str(body) for body in later)  # run 2 is not
