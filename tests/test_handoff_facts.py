@@ -106,7 +106,8 @@ async def test_the_facts_of_real_runs_and_their_handoff(running: Services, works
             provider_thread_id=provider_thread,
             user_messages=(RUN_1,),
             assistant_messages=("done one",),
-            files_changed=(FileChange("a.txt", "added"),),  # relative to the workspace; no checkpoint yet
+            files_changed=(FileChange("a.txt", "added", 1, 0),),  # from the run's checkpoint, with line counts
+            files_from_checkpoint=True,
             commands=(CommandRun("echo hi && exit 3", 3, "failed"),),
             plans=(PlanFact("todo_list", "finalized", items=(TodoItem("A", "completed"), TodoItem("B", "completed"))),),
         ),
@@ -121,6 +122,7 @@ async def test_the_facts_of_real_runs_and_their_handoff(running: Services, works
                 Decision("command_approval", "echo approved", "accept"),
                 Decision("user_input", "Which db?", "Postgres"),
             ),
+            files_from_checkpoint=True,  # its checkpoint lists no file
             commands=(CommandRun("echo approved", 0, "completed"),),
             plans=(PlanFact("proposed_plan", "finalized", text="do X then Y"),),
             subagents=(SubagentResult("check docs", "completed", "Subagent: check docs"),),
@@ -142,7 +144,7 @@ async def test_the_facts_of_real_runs_and_their_handoff(running: Services, works
     ]
     for expected_line in (
         "  - `echo hi && exit 3` → exit 3",
-        "  - added a.txt",
+        "  - added a.txt (+1 -0)",
         "  - user_input `Which db?`: Postgres",
         "  - command_approval `touch never` (expired)",
         "Subagent `check docs` (completed):",
