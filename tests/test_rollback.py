@@ -29,6 +29,10 @@ driver = "scripted"
 driver = "scripted"
 supports_native_rollback = false
 
+[instances.reverting]
+driver = "scripted"
+supports_native_fork = false
+
 [instances.plain]
 driver = "scripted"
 supports_native_rollback = false
@@ -314,8 +318,20 @@ async def test_a_symlink_out_of_the_workspace_is_never_followed(api: Client, hom
     assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
 
 
-@pytest.mark.parametrize("step", ["capture", "provider", "files", "record"])
-@pytest.mark.parametrize("instance", ["scripted", "forking"])
+@pytest.mark.parametrize(
+    ("step", "instance"),
+    [
+        *(
+            (step, instance)
+            for step in ("capture", "provider", "files", "record")
+            for instance in ("scripted", "forking")
+        ),
+        # Rolled back in place with no undo fork: that provider step runs after the files, so a failure of the
+        # files leaves the conversation untouched.
+        ("files", "reverting"),
+        ("provider", "reverting"),
+    ],
+)
 async def test_a_failed_step_leaves_files_and_conversation_as_they_were(
     database_url: str, tmp_path: Path, home: Path, step: str, instance: str
 ) -> None:

@@ -543,9 +543,10 @@ class Rollbacks:
                 "steps": op.step_list(),
                 "undoErrors": op.undo_errors,
             }
-            summary = f"rollback to run {op.target} failed at {failure.step}; nothing changed"
+            what = f"rollback to run {op.target}" if op.target >= 0 else "node rollback"
+            summary = f"{what} failed at {failure.step}; nothing changed"
             if op.undo_errors:
-                summary = f"rollback to run {op.target} failed at {failure.step}: {'; '.join(op.undo_errors)}"
+                summary = f"{what} failed at {failure.step}: {'; '.join(op.undo_errors)}"
             changes.append(activity(thread.id, ActivityKind.ROLLBACK_FAILED, summary, now, new_id, payload=record))
             return Outcome(changes)
 
@@ -676,6 +677,7 @@ class Rollbacks:
         except (_StepFailed, CheckpointError, ProviderError, OSError) as error:
             failure = op.failure or _as_failure("record", error)
             await self._undo(op)
+            await self._record_failure(op, failure)
             raise DomainError(ErrorCode.ROLLBACK_FAILED, _failure_message(op, failure)) from error
 
     async def _restore_node(
