@@ -83,16 +83,28 @@ TurnStatus = Literal["completed", "failed", "interrupted"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TurnStarted:
+class _InTurn:
+    """An event of one native turn: these two fields lead every such event (positional order)."""
+
     native_thread: str
     native_turn: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _ItemDelta(_InTurn):
+    """A piece of an item's streamed text."""
+
+    item_id: str
+    delta: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnStarted(_InTurn):
     parent_turn: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ItemStarted:
-    native_thread: str
-    native_turn: str
+class ItemStarted(_InTurn):
     item_id: str
     kind: ItemKind
     title: str | None = None
@@ -100,29 +112,17 @@ class ItemStarted:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TextDelta:
+class TextDelta(_ItemDelta):
     """Streaming text of an assistant message (or plan) item."""
 
-    native_thread: str
-    native_turn: str
-    item_id: str
-    delta: str
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class OutputDelta:
+class OutputDelta(_ItemDelta):
     """Streaming output of a tool call."""
 
-    native_thread: str
-    native_turn: str
-    item_id: str
-    delta: str
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ItemCompleted:
-    native_thread: str
-    native_turn: str
+class ItemCompleted(_InTurn):
     item_id: str
     kind: ItemKind
     status: Literal["completed", "failed", "declined", "interrupted"]
@@ -131,27 +131,21 @@ class ItemCompleted:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TodoUpdated:
-    native_thread: str
-    native_turn: str
+class TodoUpdated(_InTurn):
     items: list[dict[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class RequestOpened:
+class RequestOpened(_InTurn):
     """The provider asks the user something; `respond_to_request` answers it."""
 
-    native_thread: str
-    native_turn: str
     request_ref: str
     kind: str
     payload: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TurnCompleted:
-    native_thread: str
-    native_turn: str
+class TurnCompleted(_InTurn):
     status: TurnStatus
     error: str | None = None
     parent_turn: str | None = None
