@@ -698,6 +698,13 @@ class Rollbacks:
         runs = await facts.runs_of(db, thread.id)
         if any(run.status in ACTIVE_RUN_STATUSES for run in runs):
             raise DomainError(ErrorCode.THREAD_BUSY, "a run is active; interrupt it or wait first", "nodeId")
+        if any(pt.owner_node_id == node_id for pt in await facts.provider_threads_of(db, thread.id)):
+            # Its conversation would have to go back too, and that is not built: refuse rather than diverge.
+            raise DomainError(
+                ErrorCode.ROLLBACK_UNSUPPORTED,
+                "this subagent has a provider thread of its own, which cannot be rolled back yet",
+                "nodeId",
+            )
         project = await entities.require(db, Project, thread.project_id)
         op.repo = self._repo(project)
         try:
@@ -729,11 +736,6 @@ class Rollbacks:
             if c.status != CheckpointStatus.STALE
         ]
         changes += [Change.updated(c.evolve(status=CheckpointStatus.STALE)) for c in stale]
-        # the child's own provider thread (a delegated task's), if it has one, loses its later turns natively
-        child_pts = [pt for pt in await facts.provider_threads_of(db, thread.id) if pt.owner_node_id == node_id]
-        provider_note = "none"
-        if child_pts:
-            provider_note = "kept (no turn after this checkpoint)"
         dirtied = _shares_parent_workspace(node)
         payload = {
             "operationId": str(op.id),
@@ -741,7 +743,6 @@ class Rollbacks:
             "checkpointId": str(checkpoint_id),
             "preRollback": {"ref": op.pre_ref, "commit": op.pre_commit},
             "staleCheckpoints": [{"id": str(c.id), "status": c.status.value} for c in stale],
-            "providerThread": provider_note,
             "dirtiedParentWorkspace": dirtied,
             "steps": op.step_list(),
         }
