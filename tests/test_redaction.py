@@ -33,11 +33,12 @@ def test_a_secret_cut_anywhere_is_redacted_and_nothing_else_is_lost() -> None:
 
 def test_tails_are_flushed_by_the_turn_end_and_by_flush() -> None:
     redactor = StreamRedactor((SECRET,))
-    held = _stream(redactor, [TextDelta("t", "u", "m", "hello")])
-    assert held == ""  # shorter than a secret: kept back
-    assert _stream(redactor, [TurnCompleted("t", "u", "completed")]) == "hello"
-    assert _stream(redactor, [OutputDelta("t", "u", "x", "abc")]) == ""
-    assert [e.delta for e in redactor.flush() if isinstance(e, OutputDelta)] == ["abc"]
+    assert _stream(redactor, [TextDelta("t", "u", "m", "hello")]) == "hello"  # no secret starts here: not held
+    held = _stream(redactor, [TextDelta("t", "u", "m", " and sk-li")])
+    assert held == " and "  # the tail could begin the secret: kept back
+    assert _stream(redactor, [TurnCompleted("t", "u", "completed")]) == "sk-li"
+    assert _stream(redactor, [OutputDelta("t", "u", "x", "sk-")]) == ""
+    assert [e.delta for e in redactor.flush() if isinstance(e, OutputDelta)] == ["sk-"]
 
 
 def test_completed_items_are_redacted_whole() -> None:

@@ -184,27 +184,34 @@ def _redact_tree(value: Any, redactor: Callable[[str], str]) -> Any:
 class StreamRedactor:
     """Redacts secrets from a driver's events, also when a secret is split across streamed deltas.
 
-    Each item's streamed text keeps back its last `longest secret - 1` characters until the next
-    delta joins them (then a secret cut in two is whole again and replaced) or the item ends (then
-    the tail is flushed: it cannot hold a whole secret). Streams lag by that many characters; the
-    completed item carries the whole, redacted, text anyway.
+    Each item's streamed text keeps back only its tail that could be the start of a secret, until
+    the next delta joins it (then a secret cut in two is whole again and replaced) or the item ends
+    (then the tail is flushed: it cannot hold a whole secret). Ordinary output is not delayed.
     """
 
     def __init__(self, secrets: tuple[str, ...]) -> None:
         self.text = secret_redactor(secrets)
+        self._secrets = secrets
         self._hold = max((len(s) for s in secrets), default=1) - 1
         self._pending: dict[tuple[str, str], TextDelta | OutputDelta] = {}  # (thread, item) -> held tail
+
+    def _held(self, text: str) -> int:
+        """The length of the longest tail of `text` that begins some secret."""
+        for size in range(min(len(text), self._hold), 0, -1):
+            tail = text[-size:]
+            if any(secret.startswith(tail) for secret in self._secrets):
+                return size
+        return 0
 
     def events(self, event: ProviderEvent) -> list[ProviderEvent]:
         """What to emit for `event`: nothing (all held back), the redacted event, or a flush then it."""
         if isinstance(event, TextDelta | OutputDelta):
-            if self._hold <= 0:
-                return [redact_event(event, self.text)]
             key = (event.native_thread, event.item_id)
             held = self._pending.pop(key, None)
             joined = self.text((held.delta if held is not None else "") + event.delta)
-            cut = len(joined) - self._hold
-            self._pending[key] = dataclasses.replace(event, delta=joined[max(cut, 0) :])
+            cut = len(joined) - self._held(joined)
+            if cut < len(joined):
+                self._pending[key] = dataclasses.replace(event, delta=joined[cut:])
             return [dataclasses.replace(event, delta=joined[:cut])] if cut > 0 else []
         flushed: list[ProviderEvent] = []
         if isinstance(event, ItemCompleted):
