@@ -138,13 +138,16 @@ class Checkpoints:
             Command(command_type="checkpoint.baseline", thread_id=where.thread_id, decide=decide)
         )
 
-    async def capture_run_end(self, run_id: uuid.UUID) -> RunCapture | None:
-        """Before the barrier: capture the workspace as run N leaves it (None: the run is not active)."""
+    async def capture_run_end(self, run_id: uuid.UUID, attempt_id: uuid.UUID | None = None) -> RunCapture | None:
+        """Before the barrier: capture the workspace as run N leaves it (None: the run is not active, or
+        `attempt_id` is a superseded attempt's, whose end does not end the run)."""
         if self.store is None:
             return None
         async with self.pipeline.db.read() as db:
             run = await entities.get(db, Run, run_id)
             if run is None or not is_active(run):
+                return None
+            if attempt_id is not None and run.active_attempt_id != attempt_id:
                 return None
             where = await self._where(db, run.thread_id)
             scope = await stored.root_scope(db, run.thread_id)

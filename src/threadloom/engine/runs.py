@@ -187,7 +187,7 @@ class RunEngine:
     ) -> bool:
         """End a run through the completion barrier. A no-op (False) if it already ended,
         or if `guard`, checked under the thread lock, says no."""
-        capture = await self.checkpoints.capture_run_end(run_id)  # git work, before the transaction
+        capture = await self.checkpoints.capture_run_end(run_id, attempt_id)  # git work, before the transaction
         now = self.now
 
         async def decide(db: Reader, thread: AppThread) -> Valued[bool]:
