@@ -30,12 +30,13 @@ only when set, for tests of the undo path, and is documented as test-only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -242,15 +243,9 @@ class Rollbacks:
         # capture
         if plan.restore_checkpoint_id is not None:
             op.repo = self._repo(project)
-            try:
-                _injected("capture")
+            with _step(op, "capture", CheckpointError, OSError):
                 op.pre_ref = check_ref(f"{REF_PREFIX}{thread.id}/rollback/{op.id}")
                 op.pre_commit = (await op.repo.capture(op.pre_ref, f"before rollback to run {op.target}")).commit
-            except (_StepFailed, CheckpointError, OSError) as error:
-                op.steps["capture"] = "failed"
-                op.failure = _as_failure("capture", error)
-                raise op.failure from error
-            op.steps["capture"] = "done"
         else:
             op.steps["capture"] = "skipped"
 
@@ -261,31 +256,20 @@ class Rollbacks:
         # files
         if plan.restore_checkpoint_id is not None and op.repo is not None:
             target = next(c for c, _ in checkpoints if c.id == plan.restore_checkpoint_id)
-            try:
-                _injected("files")
+            with _step(op, "files", CheckpointError, OSError):
                 commit = await op.repo.resolve(target.ref) if target.ref else None
                 if commit is None:
                     raise _StepFailed("files", f"the checkpoint of run {op.target} has no commit any more")
                 op.files_restored = True  # from here on, an undo restores the pre-rollback capture
                 await op.repo.restore(commit)
-            except (_StepFailed, CheckpointError, OSError) as error:
-                op.steps["files"] = "failed"
-                op.failure = _as_failure("files", error)
-                raise op.failure from error
-            op.steps["files"] = "done"
         else:
             op.steps["files"] = "skipped"
         if late:
             await self._provider_step(db, thread, project, op, late, final=True)
 
         # record
-        try:
-            _injected("record")
-        except _StepFailed as error:
-            op.steps["record"] = "failed"
-            op.failure = error
-            raise
-        op.steps["record"] = "done"
+        with _step(op, "record"):
+            pass  # only the test hook: the caller commits what `_recorded` returns
         return self._recorded(thread, op, plan, runs, [c for c, _ in checkpoints])
 
     def _provider_fact(self, pt: ProviderThread) -> plan_rules.ProviderThreadFact:
@@ -707,23 +691,15 @@ class Rollbacks:
             )
         project = await entities.require(db, Project, thread.project_id)
         op.repo = self._repo(project)
-        try:
-            _injected("capture")
+        with _step(op, "capture", CheckpointError, OSError):
             op.pre_ref = check_ref(f"{REF_PREFIX}{thread.id}/rollback/{op.id}")
             op.pre_commit = (await op.repo.capture(op.pre_ref, "before node rollback")).commit
-            op.steps["capture"] = "done"
+        with _step(op, "files", CheckpointError, OSError):
             commit = await op.repo.resolve(checkpoint.ref)
             if commit is None:
                 raise _StepFailed("files", "the checkpoint has no commit any more")
-            _injected("files")
             op.files_restored = True
             await op.repo.restore(commit)
-            op.steps["files"] = "done"
-        except (_StepFailed, CheckpointError, OSError) as error:
-            step = "capture" if op.steps["capture"] == "pending" else "files"
-            op.steps[step] = "failed"
-            op.failure = _as_failure(step, error)
-            raise op.failure from error
         now = self.now
         changes: list[Change] = []
         # descendants: scopes under this one (transitively) whose checkpoints are now out of date
@@ -802,6 +778,23 @@ def _checkpoint_fact(
         run_id = checkpoint.run_id or scope.run_id
         run_ordinal = ordinal_of.get(run_id, 0) if run_id else 0
     return plan_rules.CheckpointFact(checkpoint.id, run_ordinal, checkpoint.status, root)
+
+
+@contextlib.contextmanager
+def _step(op: _Operation, name: str, *caught: type[BaseException]) -> Iterator[None]:
+    """One step of a rollback: the test hook first, then the body; a failure marks the step failed and
+    becomes the operation's failure (what the undo and the error message report)."""
+    failures: tuple[type[BaseException], ...] = (_StepFailed, *caught)
+    try:
+        _injected(name)
+        yield
+    except failures as error:
+        op.steps[name] = "failed"
+        op.failure = _as_failure(name, error)
+        if op.failure is error:
+            raise
+        raise op.failure from error
+    op.steps[name] = "done"
 
 
 def _as_failure(step: str, error: BaseException) -> _StepFailed:

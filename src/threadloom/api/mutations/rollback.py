@@ -69,27 +69,26 @@ async def _to_run(
 ) -> RollbackToRunPayload:
     done = done or {}
     runs = [await load(info, Run, uuid.UUID(r)) for r in done.get("rolledBackRunIds", [])]
-    return RollbackToRunPayload(
-        thread=await load(info, Thread, _uuid(done.get("threadId"))),
-        rolled_back_runs=[r for r in runs if r is not None],
-        pre_rollback_ref=done.get("preRollbackRef"),
-        user_errors=errors,
-        client_mutation_id=client_key,
-    )
+    thread = await load(info, Thread, _uuid(done.get("threadId")))
+    fields = {"thread": thread, "rolled_back_runs": [r for r in runs if r is not None]}
+    return RollbackToRunPayload(**fields, **_rolled_back(done, errors, client_key))
 
 
 async def _node(
     info: Info, done: dict[str, Any] | None, errors: list[UserError], client_key: str | None
 ) -> RollbackNodePayload:
     done = done or {}
+    node = await load(info, ExecutionNode, _uuid(done.get("nodeId")))
+    checkpoint = await load(info, Checkpoint, _uuid(done.get("checkpointId")))
+    dirtied = done.get("dirtiedParentWorkspace")
     return RollbackNodePayload(
-        node=await load(info, ExecutionNode, _uuid(done.get("nodeId"))),
-        checkpoint=await load(info, Checkpoint, _uuid(done.get("checkpointId"))),
-        dirtied_parent_workspace=done.get("dirtiedParentWorkspace"),
-        pre_rollback_ref=done.get("preRollbackRef"),
-        user_errors=errors,
-        client_mutation_id=client_key,
+        node=node, checkpoint=checkpoint, dirtied_parent_workspace=dirtied, **_rolled_back(done, errors, client_key)
     )
+
+
+def _rolled_back(done: dict[str, Any], errors: list[UserError], client_key: str | None) -> dict[str, Any]:
+    """What both rollback payloads end with: the pre-rollback ref (for undo), the errors, the client's key."""
+    return {"pre_rollback_ref": done.get("preRollbackRef"), "user_errors": errors, "client_mutation_id": client_key}
 
 
 async def _undone(
