@@ -106,7 +106,8 @@ def fake() -> Iterator[FakeModel]:
 @pytest.fixture
 def driver(fake: FakeModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ClaudeDriver:
     monkeypatch.setenv("FAKE_ANTHROPIC_API_KEY", "x")
-    options = {"base_url": fake.url, "api_key_env": "FAKE_ANTHROPIC_API_KEY"}
+    # The fixture's threads default to full_access, which the instance must allow (an admin's setting).
+    options = {"base_url": fake.url, "api_key_env": "FAKE_ANTHROPIC_API_KEY", "allow_full_access": True}
     return ClaudeDriver("claude-test", tmp_path / "agents" / "claude-test", options)
 
 

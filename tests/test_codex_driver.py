@@ -116,7 +116,8 @@ async def codex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     fake = FakeModel().start()
     cwd = tmp_path / "work"
     cwd.mkdir()
-    options = {"base_url": fake.url + "/v1", "api_key_env": "FAKE_OPENAI_API_KEY"}
+    # The fixture's threads default to full_access, which the instance must allow (an admin's setting).
+    options = {"base_url": fake.url + "/v1", "api_key_env": "FAKE_OPENAI_API_KEY", "allow_full_access": True}
     driver = CodexDriver("codex-test", tmp_path / "agent", options)
     session = await Session.open(driver, cwd)
     handle = Codex(fake, driver, cwd, session)

@@ -11,6 +11,8 @@ from threadloom.api.cost import cost_rule, operation_cost
 from threadloom.api.schema import build_schema
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.projects import check_not_system, check_workspace_root
+from threadloom.providers.agent_cli import permitted
+from threadloom.providers.contract import ThreadSettings
 
 SCHEMA = build_schema()._schema
 
@@ -120,3 +122,16 @@ def test_the_servers_installation_is_never_a_workspace(root: str) -> None:
     with pytest.raises(DomainError) as refused:
         check_workspace_root(root, existing=[], data_dir=DATA, install_dirs=["/opt/venv"])
     assert refused.value.code == ErrorCode.INVALID_WORKSPACE_ROOT
+
+
+@pytest.mark.parametrize(
+    ("mode", "allowed", "effective"),
+    [
+        ("full_access", False, "workspace_write"),
+        ("full_access", True, "full_access"),
+        ("read_only", False, "read_only"),
+        ("approval_required", True, "approval_required"),
+    ],
+)
+def test_a_driver_never_opens_full_access_the_instance_does_not_allow(mode: str, allowed: bool, effective: str) -> None:
+    assert permitted(ThreadSettings(cwd="/w", runtime_mode=mode), allowed).runtime_mode == effective

@@ -28,6 +28,7 @@ from threadloom.providers.contract import (
     ProviderEvent,
     RuntimeExited,
     TextDelta,
+    ThreadSettings,
     TurnCompleted,
 )
 
@@ -92,6 +93,17 @@ class CliOptions:
             api_key_env=str(options.get("api_key_env") or default_key_env),
             env={str(k): str(v) for k, v in (options.get("env") or {}).items()},
         )
+
+
+def permitted(settings: ThreadSettings, allow_full_access: bool) -> ThreadSettings:
+    """`settings` with `full_access` lowered to `workspace_write` unless the instance allows it.
+
+    Thread creation already refuses `full_access` on such an instance; this covers threads made
+    before an admin took the permission away, so a driver never opens its sandbox on its own.
+    """
+    if settings.runtime_mode == "full_access" and not allow_full_access:
+        return dataclasses.replace(settings, runtime_mode="workspace_write")
+    return settings
 
 
 def child_env(api_key_env: str | None, extra: Mapping[str, str], *, require_key: bool = True) -> dict[str, str]:

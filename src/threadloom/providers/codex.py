@@ -54,7 +54,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from threadloom.providers.agent_cli import CliOptions, StreamRedactor, child_env, driver_secrets, find_cli, redact
+from threadloom.providers.agent_cli import (
+    CliOptions,
+    StreamRedactor,
+    child_env,
+    driver_secrets,
+    find_cli,
+    permitted,
+    redact,
+)
 from threadloom.providers.child_process import spawn_process
 from threadloom.providers.codex_events import SERVER_NOTIFICATIONS, SERVER_REQUESTS, Translator
 from threadloom.providers.contract import (
@@ -139,6 +147,7 @@ class CodexRuntime:
         self.process = process
         self.capabilities = CAPABILITIES
         self.model = model
+        self.allow_full_access = False  # the driver sets the instance's `allow_full_access`
         self._env = env
         self._redactor = StreamRedactor(driver_secrets(env, secret_names))
         self._translator = Translator(self._redact)
@@ -192,6 +201,7 @@ class CodexRuntime:
         yield RuntimeExited(self._redact(reason), self.process.exit_code)
 
     def _thread_params(self, settings: ThreadSettings) -> dict[str, Any]:
+        settings = permitted(settings, self.allow_full_access)
         if settings.runtime_mode not in MODE_POLICIES:
             raise ProviderError("bad_settings", f"unknown runtime mode {settings.runtime_mode!r}")
         approval, profile = MODE_POLICIES[settings.runtime_mode]
@@ -287,6 +297,7 @@ class CodexDriver:
         cli = CliOptions.parse(options, DEFAULT_API_KEY_ENV)
         self.binary = cli.binary
         self.model = cli.model or DEFAULT_MODEL
+        self.allow_full_access = options.get("allow_full_access") is True
         self.base_url = cli.base_url
         self.api_key_env = cli.api_key_env
         self.extra_env = cli.env
@@ -367,6 +378,7 @@ class CodexDriver:
             raise ProviderError("cli_missing", f"cannot start {argv[0]}: {error.strerror}") from error
         process = CodexProcess(proc, f"codex:{self.instance_id}:{scope.project_id}", env, secret_names)
         runtime = CodexRuntime(process, self.model, env, secret_names)
+        runtime.allow_full_access = self.allow_full_access
         try:
             await runtime.initialize()
         except ProviderError:

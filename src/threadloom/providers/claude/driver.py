@@ -83,4 +83,6 @@ class ClaudeDriver:
         if cli.base_url:
             env["ANTHROPIC_BASE_URL"] = cli.base_url
         secrets = (cli.api_key_env, *cli.env)
-        return ClaudeRuntime(binary, env, state, cli.model, secrets)
+        runtime = ClaudeRuntime(binary, env, state, cli.model, secrets)
+        runtime.allow_full_access = self.options.get("allow_full_access") is True
+        return runtime

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from threadloom.providers.agent_cli import StreamRedactor, driver_secrets
+from threadloom.providers.agent_cli import StreamRedactor, driver_secrets, permitted
 from threadloom.providers.claude import sessions
 from threadloom.providers.claude.events import ItemStatus, ThreadTranslator
 from threadloom.providers.claude.permissions import judge, reply_to_approval, reply_to_questions, sandbox_settings
@@ -85,6 +85,7 @@ class ClaudeRuntime:
 
     def __init__(self, binary: str, env: dict[str, str], home: Path, model: str | None, secrets: tuple[str, ...]):
         self.capabilities = CAPABILITIES
+        self.allow_full_access = False  # the driver sets the instance's `allow_full_access`
         self._binary = binary
         self._env = env
         self._sessions = SessionStore(home, Path(env["CLAUDE_CONFIG_DIR"]))
@@ -128,7 +129,7 @@ class ClaudeRuntime:
         return thread
 
     def _add_thread(self, sid: str, settings: ThreadSettings, record: Record) -> _Thread:
-        thread = _Thread(sid, settings, record, ThreadTranslator(sid))
+        thread = _Thread(sid, permitted(settings, self.allow_full_access), record, ThreadTranslator(sid))
         thread.tr.last_assistant_uuid = sessions.last_mark(record)
         self._threads[sid] = thread
         self._sessions.save(sid, record)
@@ -145,7 +146,7 @@ class ClaudeRuntime:
     async def resume_thread(self, native_thread: str, settings: ThreadSettings) -> None:
         sessions.check_sid(native_thread)
         if native_thread in self._threads:
-            self._threads[native_thread].settings = settings
+            self._threads[native_thread].settings = permitted(settings, self.allow_full_access)
             return
         record = self._sessions.load(native_thread)
         transcript = self._sessions.transcript(native_thread)
