@@ -63,6 +63,14 @@ class Command(_Asked):
     thread_id: uuid.UUID
     decide: Decide
 
+    @classmethod
+    def naming(
+        cls, field: str, target_id: uuid.UUID, data: dict[str, Any], *, thread_id: uuid.UUID, **asked: Any
+    ) -> Command:
+        """A client's command on one object of a thread: its input names the object first (`field`,
+        so `target_field` finds it), then `data`; `asked` is the rest (type, principal, key, decide)."""
+        return cls(input={field: str(target_id), **data}, thread_id=thread_id, **asked)
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GlobalCommand(_Asked):

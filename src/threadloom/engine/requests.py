@@ -95,16 +95,8 @@ class Requests:
             await self.runs.route(db, thread, outcome)
             return outcome
 
-        await self.pipeline.execute(
-            Command(
-                command_type=command_type,
-                principal=principal,
-                key=key,
-                input={"requestId": str(request_id), **data},
-                decide=decide,
-                thread_id=found.thread_id,
-            )
-        )
+        asked = {"command_type": command_type, "principal": principal, "key": key, "decide": decide}
+        await self.pipeline.execute(Command.naming("requestId", request_id, data, thread_id=found.thread_id, **asked))
         return request_id
 
     async def respond_effect(self, effect: RespondToRequest) -> None:

@@ -149,16 +149,8 @@ class RunEngine:
             await self.route(db, thread, outcome)
             return outcome
 
-        return await self.pipeline.execute(
-            Command(
-                command_type=command_type,
-                principal=principal,
-                key=key,
-                input={"runId": str(run_id), **data},
-                decide=locked,
-                thread_id=thread_id,
-            )
-        )
+        asked = {"command_type": command_type, "principal": principal, "key": key, "decide": locked}
+        return await self.pipeline.execute(Command.naming("runId", run_id, data, thread_id=thread_id, **asked))
 
     async def thread_of(self, run_id: uuid.UUID) -> uuid.UUID:
         async with self.pipeline.db.read() as db:
