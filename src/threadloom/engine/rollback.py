@@ -37,6 +37,7 @@ import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -504,19 +505,9 @@ class Rollbacks:
                 current = await entities.get(db, ProviderThread, step.provider_thread.id)
                 if current is None:
                     continue
-                back = current.evolve(
-                    id=new_id(),
-                    native_thread_ref=step.undo_native_ref,
-                    forked_from_provider_thread_id=current.id,
-                    first_run_ordinal=await _last_ran(db, thread.id) + 1,  # the fork holds every run so far
-                    status=ProviderThreadStatus.IDLE,
-                    created_at=now,
-                    updated_at=now,
-                )
-                changes += [
-                    Change.updated(current.evolve(status=ProviderThreadStatus.CLOSED, updated_at=now)),
-                    Change.created(back),
-                ]
+                # the fork holds every run so far
+                back, swapped = _to_undo_fork(current, step.undo_native_ref, await _last_ran(db, thread.id) + 1, now)
+                changes += swapped
                 if thread.active_provider_thread_id == current.id:
                     changes.append(Change.updated(thread.evolve(active_provider_thread_id=back.id, updated_at=now)))
             record = {
@@ -593,20 +584,10 @@ class Rollbacks:
                 changes.append(Change.updated(original.evolve(status=ProviderThreadStatus.IDLE, updated_at=now)))
                 active = original.id
             elif entry.get("undoNativeRef"):
-                back = original.evolve(
-                    id=new_id(),
-                    native_thread_ref=str(entry["undoNativeRef"]),
-                    forked_from_provider_thread_id=original.id,
-                    # the undo fork holds the runs the rollback undid: its context starts after the last of them
-                    first_run_ordinal=max([0, *(int(r["ordinal"]) for r in record.get("runs") or [])]) + 1,
-                    status=ProviderThreadStatus.IDLE,
-                    created_at=now,
-                    updated_at=now,
-                )
-                changes += [
-                    Change.updated(original.evolve(status=ProviderThreadStatus.CLOSED, updated_at=now)),
-                    Change.created(back),
-                ]
+                # the undo fork holds the runs the rollback undid: its context starts after the last of them
+                first = max([0, *(int(r["ordinal"]) for r in record.get("runs") or [])]) + 1
+                back, swapped = _to_undo_fork(original, str(entry["undoNativeRef"]), first, now)
+                changes += swapped
                 active = back.id
             else:
                 raise DomainError(
@@ -795,6 +776,26 @@ def _step(op: _Operation, name: str, *caught: type[BaseException]) -> Iterator[N
             raise
         raise op.failure from error
     op.steps[name] = "done"
+
+
+def _to_undo_fork(
+    current: ProviderThread, undo_native_ref: str, first_run_ordinal: int, now: datetime
+) -> tuple[ProviderThread, list[Change]]:
+    """An in-place provider rollback is taken back by moving to the fork made of the conversation before it
+    (`undo_native_ref`): `current` closes, the fork (holding runs from `first_run_ordinal` on) is created idle."""
+    back = current.evolve(
+        id=new_id(),
+        native_thread_ref=undo_native_ref,
+        forked_from_provider_thread_id=current.id,
+        first_run_ordinal=first_run_ordinal,
+        status=ProviderThreadStatus.IDLE,
+        created_at=now,
+        updated_at=now,
+    )
+    return back, [
+        Change.updated(current.evolve(status=ProviderThreadStatus.CLOSED, updated_at=now)),
+        Change.created(back),
+    ]
 
 
 def _as_failure(step: str, error: BaseException) -> _StepFailed:
