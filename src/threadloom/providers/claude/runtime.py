@@ -163,6 +163,7 @@ class ClaudeRuntime:
         if record is None:
             raise ProviderError("not_found", f"no Claude session {native_thread} known to this instance")
         cwd = str(record.get("cwd") or (parent.settings.cwd if parent else ""))
+        await self._sessions.wait_flushed(native_thread, record, sessions.last_mark(record), within=10.0)
         fork = self._sessions.fork_record(native_thread, record, native_turn, cwd)
         settings = parent.settings if parent is not None else ThreadSettings(cwd=cwd)
         sid = str(uuid.uuid4())
@@ -280,9 +281,10 @@ class ClaudeRuntime:
 
     def _running(self, native_thread: str, native_turn: str) -> tuple[_Thread, Turn, ClaudeProcess] | None:
         thread = self._thread(native_thread)
-        if thread.turn is None or thread.turn.id != native_turn or thread.child is None:
+        turn = thread.turn
+        if turn is None or turn.id != native_turn or turn.finishing or thread.child is None:
             return None
-        return thread, thread.turn, thread.child
+        return thread, turn, thread.child
 
     async def steer_turn(self, native_thread: str, native_turn: str, text: str) -> None:
         found = self._running(native_thread, native_turn)
@@ -299,6 +301,16 @@ class ClaudeRuntime:
         _, turn, child = found
         turn.interrupted = True
         await child.send_interrupt()
+
+    async def _settle(self, thread: _Thread) -> None:
+        """Hold a completed turn until the CLI has written it, so a crash right after cannot lose it."""
+        if thread.turn is None:
+            return
+        thread.turn.finishing = True  # no steer or interrupt reaches a turn that is over
+        try:
+            await self._sessions.wait_flushed(thread.sid, thread.record, thread.tr.last_assistant_uuid, within=3.0)
+        except ProviderError:
+            log.warning("claude session %s: transcript not written within 3 s of a completed turn", thread.sid)
 
     def _finish(self, thread: _Thread, status: TurnStatus, error: str | None) -> None:
         turn = thread.turn
@@ -335,6 +347,8 @@ class ClaudeRuntime:
             outcome = thread.turn.outcome(message) if thread.turn is not None else None
             if outcome is not None:
                 status, error = outcome
+                if status == "completed":
+                    await self._settle(thread)
                 self._finish(thread, status, self._redact(error) if error is not None else None)
         elif kind == "system" and message.get("subtype") == "init":
             if thread.turn is not None and thread.turn.interrupted:

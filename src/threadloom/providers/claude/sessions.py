@@ -16,6 +16,11 @@ Behaviour of Claude Code 2.1.197 this relies on (observed against the fake model
   message). `--resume-session-at <assistant message uuid>` (hidden flag) cuts the
   history after that message, so a fork from a turn uses the uuid of the turn's last
   assistant message.
+- The CLI writes its transcript in batches (a short flush timer), so right after a turn ends the
+  file may lack that turn, or not exist yet. A fork first waits until the parent's transcript
+  holds the parent's last assistant message (`wait_flushed`); forking earlier silently lost history.
+  A completed turn is reported only once its last message is written too, so a process killed
+  right after a turn still resumes with that turn.
 """
 
 from __future__ import annotations
@@ -60,6 +65,13 @@ def _slug(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "-", path)
 
 
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
 class SessionStore:
     """The records under `home/threads` and the transcripts under the CLI's config folder."""
 
@@ -88,6 +100,27 @@ class SessionStore:
         """The session's transcript, wherever its project folder is (None before the first message)."""
         found = sorted(self.config_dir.glob(f"projects/*/{sid}.jsonl"))
         return found[0] if found else None
+
+    async def wait_flushed(self, sid: str, record: Record, mark: str | None, within: float) -> None:
+        """Return once the transcript session `sid` resumes from holds message `mark`; else `not_flushed`.
+
+        That transcript is the session's own, or its origin's while a fork has had no turn yet
+        (a fork keeps its origin's message ids, so the mark is found in either).
+        """
+        if mark is None:
+            return
+        needle = mark.encode()
+        sources = [sid, *([str(record["fork_of"])] if record.get("fork_of") else [])]
+        try:
+            async with asyncio.timeout(within):
+                while True:
+                    for source in sources:
+                        path = self.transcript(source)
+                        if path is not None and needle in await asyncio.to_thread(_read, path):
+                            return
+                    await asyncio.sleep(0.02)  # the CLI offers no flush signal; its timer is ~100 ms
+        except TimeoutError:
+            raise ProviderError("not_flushed", f"Claude has not written session {sid} up to its last turn") from None
 
     async def check_workspace(self, sid: str, transcript: Path, cwd: str) -> None:
         """Refuse (`cwd_mismatch`) a session whose transcript belongs to another workspace: it would not resume."""

@@ -36,6 +36,7 @@ class Turn:
     id: str
     unechoed: int = 1  # user messages sent for this turn that the CLI has not taken in yet
     interrupted: bool = False  # the user stopped it: every further query of it is interrupted too
+    finishing: bool = False  # completed; waiting for the CLI to write its transcript
 
     def steered(self) -> None:
         """One more user message was sent for this turn."""
