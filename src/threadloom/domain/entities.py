@@ -40,17 +40,60 @@ from threadloom.domain.statuses import (
 Json = Any
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Project(Record):
-    entity_type: ClassVar[str] = "project"
-    name: str
-    workspace_root: str
+# The fields entities share, declared once. Ownership is a chain of `Record` subclasses (a base's fields
+# come first in an entity's field list, so its columns and payload keys start with `id`, `thread_id`, ...).
+# Timestamps combine with any of them as mixins: their `__slots__` is empty so they sit beside a slotted
+# `Record` base, and each entity's own slots hold their values.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Created:
+    """An entity stamped once, when it is made."""
+
+    __slots__ = ()
     created_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Timestamps(Created):
+    """An entity that changes after it is made: `updated_at` is the time of its last change."""
+
+    __slots__ = ()
     updated_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class AppThread(Record):
+class ThreadOwned(Record):
+    """An entity held in one app thread's log: `thread_id` names that thread (`store.log.thread_of`)."""
+
+    thread_id: uuid.UUID
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class InRun(ThreadOwned):
+    """Part of one run of its thread."""
+
+    run_id: uuid.UUID
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class MaybeInRun(ThreadOwned):
+    """Tied to a run, and to the node of it that made it, when it came from one (a user's message before its
+    run exists, a thread-level checkpoint scope or activity has neither)."""
+
+    run_id: uuid.UUID | None = None
+    node_id: uuid.UUID | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Project(Timestamps, Record):
+    entity_type: ClassVar[str] = "project"
+    name: str
+    workspace_root: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AppThread(Timestamps, Record):
     entity_type: ClassVar[str] = "thread"
     project_id: uuid.UUID
     title: str
@@ -66,14 +109,11 @@ class AppThread(Record):
     queue_held: bool = False
     queue_hold_reason: str | None = None
     archived_at: datetime | None = None
-    created_at: datetime
-    updated_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Run(Record):
+class Run(ThreadOwned):
     entity_type: ClassVar[str] = "run"
-    thread_id: uuid.UUID
     ordinal: int
     provider_instance_id: str
     model: str | None
@@ -94,10 +134,8 @@ class Run(Record):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RunAttempt(Record):
+class RunAttempt(Created, InRun):
     entity_type: ClassVar[str] = "run_attempt"
-    thread_id: uuid.UUID
-    run_id: uuid.UUID
     attempt_ordinal: int
     root_node_id: uuid.UUID
     provider_thread_id: uuid.UUID | None = None
@@ -105,15 +143,12 @@ class RunAttempt(Record):
     reason: AttemptReason
     status: AttemptStatus
     status_reason: str | None = None
-    created_at: datetime
     completed_at: datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ExecutionNode(Record):
+class ExecutionNode(Timestamps, InRun):
     entity_type: ClassVar[str] = "execution_node"
-    thread_id: uuid.UUID
-    run_id: uuid.UUID
     attempt_id: uuid.UUID | None = None
     parent_node_id: uuid.UUID | None = None
     root_node_id: uuid.UUID | None = None
@@ -126,28 +161,21 @@ class ExecutionNode(Record):
     child_thread_id: uuid.UUID | None = None
     title: str | None = None
     detail: Json = None
-    created_at: datetime
-    updated_at: datetime
     completed_at: datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ConversationMessage(Record):
+class ConversationMessage(Timestamps, MaybeInRun):
     entity_type: ClassVar[str] = "conversation_message"
-    thread_id: uuid.UUID
-    run_id: uuid.UUID | None = None
-    node_id: uuid.UUID | None = None
     role: MessageRole
     text: str
     streaming: bool = False
     input_intent: InputIntent | None = None
     client_message_id: str | None = None
-    created_at: datetime
-    updated_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ProviderSession(Record):
+class ProviderSession(Timestamps, Record):
     entity_type: ClassVar[str] = "provider_session"
     provider_instance_id: str
     status: ProviderSessionStatus
@@ -155,15 +183,14 @@ class ProviderSession(Record):
     lease_expires_at: datetime | None = None
     capabilities: Json = None
     last_error: str | None = None
-    created_at: datetime
-    updated_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ProviderThread(Record):
+class ProviderThread(Timestamps, ThreadOwned):
+    """An agent's native thread; `thread_id` is the app thread it serves."""
+
     entity_type: ClassVar[str] = "provider_thread"
     provider_instance_id: str
-    thread_id: uuid.UUID  # the app thread it serves
     owner_node_id: uuid.UUID | None = None
     native_thread_ref: str | None = None
     status: ProviderThreadStatus
@@ -171,45 +198,40 @@ class ProviderThread(Record):
     session_id: uuid.UUID | None = None
     first_run_ordinal: int | None = None
     last_run_ordinal: int | None = None
-    created_at: datetime
-    updated_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ProviderTurn(Record):
+class ProviderTurn(Created, ThreadOwned):
     entity_type: ClassVar[str] = "provider_turn"
-    thread_id: uuid.UUID
     provider_thread_id: uuid.UUID
     run_attempt_id: uuid.UUID
     node_id: uuid.UUID
     native_turn_ref: str | None = None
     ordinal: int
     status: ProviderTurnStatus
-    created_at: datetime
     completed_at: datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ContextTransfer(Record):
+class ContextTransfer(Timestamps, ThreadOwned):
+    """Context moving between threads; `thread_id` is the target, the thread that receives it (its log holds
+    the transfer)."""
+
     entity_type: ClassVar[str] = "context_transfer"
     type: TransferType
     source_thread_id: uuid.UUID
-    thread_id: uuid.UUID  # the target: the thread that receives the context (its log holds the transfer)
     source_point: Json = None
     base_point: Json = None
     status: TransferStatus
     resolution_strategy: str | None = None
     resolution_fidelity: str | None = None
     target_run_id: uuid.UUID | None = None
-    created_at: datetime
-    updated_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ContextHandoff(Record):
+class ContextHandoff(Created, ThreadOwned):
     entity_type: ClassVar[str] = "context_handoff"
     transfer_id: uuid.UUID | None = None
-    thread_id: uuid.UUID
     target_run_id: uuid.UUID | None = None
     from_provider_thread_ids: Json = None
     to_provider_thread_id: uuid.UUID | None = None
@@ -218,39 +240,30 @@ class ContextHandoff(Record):
     status: HandoffStatus
     text: str
     token_estimate: int
-    created_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointScope(Record):
+class CheckpointScope(Created, MaybeInRun):
     entity_type: ClassVar[str] = "checkpoint_scope"
-    thread_id: uuid.UUID
-    run_id: uuid.UUID | None = None
-    node_id: uuid.UUID | None = None
     parent_scope_id: uuid.UUID | None = None
     kind: CheckpointScopeKind
     advances_run_count: bool
-    created_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Checkpoint(Record):
+class Checkpoint(Created, ThreadOwned):
     entity_type: ClassVar[str] = "checkpoint"
-    thread_id: uuid.UUID
     scope_id: uuid.UUID
     run_id: uuid.UUID | None = None
     ordinal: int
     ref: str | None = None
     status: CheckpointStatus
     files: Json = None
-    created_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RuntimeRequest(Record):
+class RuntimeRequest(Created, InRun):
     entity_type: ClassVar[str] = "runtime_request"
-    thread_id: uuid.UUID
-    run_id: uuid.UUID
     node_id: uuid.UUID
     native_request_ref: str | None = None
     kind: RuntimeRequestKind
@@ -259,37 +272,28 @@ class RuntimeRequest(Record):
     not_resumable_reason: str | None = None
     payload: Json = None
     response: Json = None
-    created_at: datetime
     resolved_at: datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class PlanArtifact(Record):
+class PlanArtifact(Timestamps, InRun):
     entity_type: ClassVar[str] = "plan_artifact"
-    thread_id: uuid.UUID
-    run_id: uuid.UUID
     node_id: uuid.UUID | None = None
     kind: PlanKind
     items: Json = None
     text: str | None = None
     status: PlanStatus
-    created_at: datetime
-    updated_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Activity(Record):
+class Activity(Created, MaybeInRun):
     """A UI projection of an event; `sequence` is the event's sequence in its thread."""
 
     entity_type: ClassVar[str] = "activity"
-    thread_id: uuid.UUID
     sequence: int
     kind: str
-    run_id: uuid.UUID | None = None
-    node_id: uuid.UUID | None = None
     summary: str
     payload: Json = None
-    created_at: datetime
 
 
 ENTITY_TYPES: tuple[type[Record], ...] = (

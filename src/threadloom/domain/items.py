@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from threadloom.domain.changes import NewId
 from threadloom.domain.entities import ConversationMessage, ExecutionNode, PlanArtifact
@@ -46,6 +46,20 @@ class Turn(Protocol):
     def root_node_id(self) -> uuid.UUID: ...
 
 
+class _Produced(TypedDict):
+    """The fields every entity a turn produces starts with: a new id, the turn's thread and run, made now."""
+
+    id: uuid.UUID
+    thread_id: uuid.UUID
+    run_id: uuid.UUID
+    created_at: datetime
+    updated_at: datetime
+
+
+def _produced(turn: Turn, now: datetime, new_id: NewId) -> _Produced:
+    return _Produced(id=new_id(), thread_id=turn.thread_id, run_id=turn.run_id, created_at=now, updated_at=now)
+
+
 def item_node(
     turn: Turn,
     parent_node_id: uuid.UUID,
@@ -57,9 +71,7 @@ def item_node(
 ) -> ExecutionNode:
     """A running node for an item the agent started, under the turn (or subagent turn) it belongs to."""
     return ExecutionNode(
-        id=new_id(),
-        thread_id=turn.thread_id,
-        run_id=turn.run_id,
+        **_produced(turn, now, new_id),
         attempt_id=turn.attempt_id,
         parent_node_id=parent_node_id,
         root_node_id=turn.root_node_id,
@@ -67,23 +79,17 @@ def item_node(
         status=NodeStatus.RUNNING,
         title=title,
         detail=dict(detail) if detail else None,
-        created_at=now,
-        updated_at=now,
     )
 
 
 def streaming_message(turn: Turn, node_id: uuid.UUID, now: datetime, new_id: NewId) -> ConversationMessage:
     """The assistant's message of an item, empty and streaming until the item completes."""
     return ConversationMessage(
-        id=new_id(),
-        thread_id=turn.thread_id,
-        run_id=turn.run_id,
+        **_produced(turn, now, new_id),
         node_id=node_id,
         role=MessageRole.ASSISTANT,
         text="",
         streaming=True,
-        created_at=now,
-        updated_at=now,
     )
 
 
@@ -93,15 +99,7 @@ def question_as_message(turn: Turn, payload: Mapping[str, Any], now: datetime, n
     text = "\n".join(
         str(q.get("question")) + "".join(f"\n- {o.get('label')}" for o in q.get("options") or []) for q in questions
     )
-    return ConversationMessage(
-        id=new_id(),
-        thread_id=turn.thread_id,
-        run_id=turn.run_id,
-        role=MessageRole.ASSISTANT,
-        text=text,
-        created_at=now,
-        updated_at=now,
-    )
+    return ConversationMessage(**_produced(turn, now, new_id), role=MessageRole.ASSISTANT, text=text)
 
 
 def proposed_plan(turn: Turn, node_id: uuid.UUID, now: datetime, new_id: NewId) -> PlanArtifact:
@@ -131,16 +129,12 @@ def _plan(
     items: list[dict[str, str]] | None = None,
 ) -> PlanArtifact:
     return PlanArtifact(
-        id=new_id(),
-        thread_id=turn.thread_id,
-        run_id=turn.run_id,
+        **_produced(turn, now, new_id),
         node_id=node_id,
         kind=kind,
         text=text,
         items=items,
         status=PlanStatus.ACTIVE,
-        created_at=now,
-        updated_at=now,
     )
 
 
