@@ -8,31 +8,15 @@ rename rather than a delete and an add: `--raw` gives each path's status and old
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from enum import StrEnum
+
+from threadloom.domain.checkpoints import CheckpointFile, CheckpointFileStatus
 
 # git's well-known id of the empty tree: "no checkpoint yet" diffs against it.
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
-
-class FileStatus(StrEnum):
-    ADDED = "added"
-    MODIFIED = "modified"
-    DELETED = "deleted"
-    RENAMED = "renamed"
-
-
-@dataclass(frozen=True, slots=True)
-class FileChange:
-    """One path that differs; `old_path` is set for renames; binary files count no lines."""
-
-    path: str
-    status: FileStatus
-    additions: int
-    deletions: int
-    old_path: str | None = None
-    binary: bool = False
-
+# A diff's entries are the domain's checkpoint files: what git reports is recorded as is.
+FileChange = CheckpointFile
+FileStatus = CheckpointFileStatus
 
 _STATUS = {
     "A": FileStatus.ADDED,

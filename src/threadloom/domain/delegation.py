@@ -15,6 +15,7 @@ from datetime import datetime
 from threadloom.domain.activities import ActivityKind, activity
 from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.entities import AppThread, ContextTransfer, ConversationMessage, ExecutionNode, Run
+from threadloom.domain.nodes import Place, open_node
 from threadloom.domain.statuses import (
     LineageRelationship,
     MessageRole,
@@ -61,20 +62,17 @@ def parent_node(parent: AppThread, active: Run | None, child: AppThread, now: da
     """On the parent: a subagent node under its active run (if any) and an activity."""
     changes: list[Change] = []
     node_id = None
-    if active is not None and active.root_node_id is not None:
-        node = ExecutionNode(
-            id=new_id(),
-            thread_id=parent.id,
-            run_id=active.id,
-            attempt_id=active.active_attempt_id,
-            parent_node_id=active.root_node_id,
-            root_node_id=active.root_node_id,
-            kind=NodeKind.SUBAGENT,
-            status=NodeStatus.RUNNING,
+    place = None if active is None else Place.of(active)
+    if place is not None:
+        node = open_node(
+            place,
+            place.root_node_id,
+            new_id(),
+            NodeKind.SUBAGENT,
+            NodeStatus.RUNNING,
+            now,
             child_thread_id=child.id,
             title=child.title,
-            created_at=now,
-            updated_at=now,
         )
         node_id = node.id
         changes.append(Change.created(node))

@@ -33,6 +33,7 @@ from threadloom.domain.entities import (
     RuntimeRequest,
 )
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.nodes import Place, open_node
 from threadloom.domain.queue import start_run
 from threadloom.domain.requests import expire
 from threadloom.domain.statuses import (
@@ -156,30 +157,8 @@ def new_run(
         supersedes_run_id=None if supersedes is None else supersedes.id,
         requested_at=now,
     )
-    root = ExecutionNode(
-        id=node_id,
-        thread_id=thread.id,
-        run_id=run_id,
-        attempt_id=attempt_id,
-        root_node_id=node_id,
-        kind=NodeKind.ROOT_TURN,
-        status=NodeStatus.PENDING,
-        counts_for_run=True,
-        title=_title(text),
-        created_at=now,
-        updated_at=now,
-    )
-    attempt = RunAttempt(
-        id=attempt_id,
-        thread_id=thread.id,
-        run_id=run_id,
-        attempt_ordinal=1,
-        root_node_id=node_id,
-        provider_thread_id=thread.active_provider_thread_id,
-        reason=AttemptReason.INITIAL,
-        status=AttemptStatus.PENDING,
-        created_at=now,
-    )
+    place = Place(thread.id, run_id, attempt_id, node_id)
+    root, attempt = _open_attempt(place, 1, AttemptReason.INITIAL, thread.active_provider_thread_id, _title(text), now)
     outcome = Outcome(
         [
             Change.updated(message) if reused else Change.created(message),
@@ -207,6 +186,32 @@ def new_run(
             )
         )
     return outcome
+
+
+def _open_attempt(
+    place: Place,
+    ordinal: int,
+    reason: AttemptReason,
+    provider_thread_id: uuid.UUID | None,
+    title: str | None,
+    now: datetime,
+) -> tuple[ExecutionNode, RunAttempt]:
+    """A pending attempt at `place` and its root node: a run's first turn, or a steering restart's."""
+    root = open_node(
+        place, None, place.root_node_id, NodeKind.ROOT_TURN, NodeStatus.PENDING, now, counts_for_run=True, title=title
+    )
+    attempt = RunAttempt(
+        id=place.attempt_id,
+        thread_id=place.thread_id,
+        run_id=place.run_id,
+        attempt_ordinal=ordinal,
+        root_node_id=place.root_node_id,
+        provider_thread_id=provider_thread_id,
+        reason=reason,
+        status=AttemptStatus.PENDING,
+        created_at=now,
+    )
+    return root, attempt
 
 
 def _title(text: str) -> str:
@@ -280,29 +285,9 @@ def restart(
     open requests (approvals, questions) end with it: expired, not resumable."""
     message = _message(new_id(), thread, run.id, text, InputIntent.RESTART, client_message_id, now)
     new_root_id, new_attempt_id = new_id(), new_id()
-    new_root = ExecutionNode(
-        id=new_root_id,
-        thread_id=thread.id,
-        run_id=run.id,
-        attempt_id=new_attempt_id,
-        root_node_id=new_root_id,
-        kind=NodeKind.ROOT_TURN,
-        status=NodeStatus.PENDING,
-        counts_for_run=True,
-        title=root.title,
-        created_at=now,
-        updated_at=now,
-    )
-    new_attempt = RunAttempt(
-        id=new_attempt_id,
-        thread_id=thread.id,
-        run_id=run.id,
-        attempt_ordinal=attempt.attempt_ordinal + 1,
-        root_node_id=new_root_id,
-        provider_thread_id=attempt.provider_thread_id,
-        reason=AttemptReason.STEERING_RESTART,
-        status=AttemptStatus.PENDING,
-        created_at=now,
+    place = Place(thread.id, run.id, new_attempt_id, new_root_id)
+    new_root, new_attempt = _open_attempt(
+        place, attempt.attempt_ordinal + 1, AttemptReason.STEERING_RESTART, attempt.provider_thread_id, root.title, now
     )
     changes = [Change.created(message)]
     for request in pending_requests:

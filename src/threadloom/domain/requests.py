@@ -20,6 +20,8 @@ from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.effects import RespondToRequest
 from threadloom.domain.entities import AppThread, ExecutionNode, PlanArtifact, Run, RuntimeRequest
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.items import Turn
+from threadloom.domain.nodes import open_node
 from threadloom.domain.statuses import (
     NodeKind,
     NodeStatus,
@@ -54,24 +56,24 @@ _KINDS = {
 
 
 def open_request(
-    thread: AppThread,
+    turn: Turn,
     run: Run,
     parent_node_id: uuid.UUID,
-    root_node_id: uuid.UUID,
-    attempt_id: uuid.UUID,
     kind: str,
     native_ref: str,
     payload: dict[str, Any],
     now: datetime,
     new_id: NewId,
 ) -> tuple[Outcome, RuntimeRequest]:
+    """A provider's request in `turn`: the request, its node under `parent_node_id` (the turn's root or a
+    subagent's turn) and, for questions, the question artifact; a running run now waits."""
     request_kind = _KINDS.get(kind, RuntimeRequestKind.PERMISSION)
     is_question = request_kind == RuntimeRequestKind.USER_INPUT
     request_id, node_id = new_id(), new_id()
     request = RuntimeRequest(
         id=request_id,
-        thread_id=thread.id,
-        run_id=run.id,
+        thread_id=turn.thread_id,
+        run_id=turn.run_id,
         node_id=node_id,
         native_request_ref=native_ref,
         kind=request_kind,
@@ -83,19 +85,10 @@ def open_request(
     title = payload.get("command") or (
         "; ".join(str(q.get("question")) for q in payload.get("questions") or []) if is_question else kind
     )
-    node = ExecutionNode(
-        id=node_id,
-        thread_id=thread.id,
-        run_id=run.id,
-        attempt_id=attempt_id,
-        parent_node_id=parent_node_id,
-        root_node_id=root_node_id,
-        kind=NodeKind.USER_INPUT_REQUEST if is_question else NodeKind.APPROVAL_REQUEST,
-        status=NodeStatus.WAITING,
-        runtime_request_id=request_id,
-        title=str(title)[:200],
-        created_at=now,
-        updated_at=now,
+    summary = str(title)[:200]
+    node_kind = NodeKind.USER_INPUT_REQUEST if is_question else NodeKind.APPROVAL_REQUEST
+    node = open_node(
+        turn, parent_node_id, node_id, node_kind, NodeStatus.WAITING, now, runtime_request_id=request_id, title=summary
     )
     changes = [Change.created(node), Change.created(request, node_id=node_id)]
     if is_question:
@@ -103,7 +96,7 @@ def open_request(
             Change.created(
                 PlanArtifact(
                     id=new_id(),
-                    thread_id=thread.id,
+                    thread_id=turn.thread_id,
                     run_id=run.id,
                     node_id=node_id,
                     kind=PlanKind.QUESTIONS,
@@ -120,9 +113,9 @@ def open_request(
     kind_name = ActivityKind.QUESTION_ASKED if is_question else ActivityKind.APPROVAL_REQUESTED
     changes.append(
         activity(
-            thread.id,
+            turn.thread_id,
             kind_name,
-            str(title)[:200],
+            summary,
             now,
             new_id,
             run_id=run.id,

@@ -97,13 +97,8 @@ class Checkpoints:
         except Exception as error:
             log.exception("checkpoint %s/%s/%s failed", where.thread_id, scope, ordinal)
             return rules.CaptureFailed(f"capture failed: {error}")
-        files = tuple(
-            rules.CheckpointFile(
-                c.path, rules.CheckpointFileStatus(c.status.value), c.additions, c.deletions, c.old_path, c.binary
-            )
-            for c in changes
-        )
-        return rules.Captured(ref, files, base.ordinal if base_commit is not None and base is not None else None)
+        base_ordinal = base.ordinal if base_commit is not None and base is not None else None
+        return rules.Captured(ref, tuple(changes), base_ordinal)
 
     # ---- the root scope: a run's start and end ---------------------------------------------
 

@@ -300,17 +300,10 @@ class Ingestor:
             b.put(EventVerb.CREATED, items.question_as_message(binding, event.payload, now, new_id))
             self.unanswerable.append(event.request_ref)
             return
+        run = await b.get(Run, binding.run_id)
+        parent = self._parent_of(binding, event.native_turn)
         outcome, request = request_rules.open_request(
-            run=await b.get(Run, binding.run_id),
-            thread=await b.get(AppThread, binding.thread_id),
-            parent_node_id=self._parent_of(binding, event.native_turn),
-            root_node_id=binding.root_node_id,
-            attempt_id=binding.attempt_id,
-            kind=event.kind,
-            native_ref=event.request_ref,
-            payload=event.payload,
-            now=now,
-            new_id=new_id,
+            binding, run, parent, event.kind, event.request_ref, event.payload, now, new_id
         )
         binding.requests[event.request_ref] = request.id
         for change in outcome.changes:
