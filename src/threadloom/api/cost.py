@@ -76,22 +76,15 @@ def _int_value(node: ValueNode | None, variables: Mapping[str, Any], defaults: M
     return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Walker:
     """Walks one operation's selections with the schema's types (cycles in fragments stop)."""
 
-    def __init__(
-        self,
-        schema: GraphQLSchema,
-        fragments: Mapping[str, FragmentNode],
-        variables: Mapping[str, Any],
-        defaults: Mapping[str, Any],
-        pages: Pages,
-    ) -> None:
-        self.schema = schema
-        self.fragments = fragments
-        self.variables = variables
-        self.defaults = defaults
-        self.pages = pages
+    schema: GraphQLSchema
+    fragments: Mapping[str, FragmentNode]
+    variables: Mapping[str, Any]
+    defaults: Mapping[str, Any]
+    pages: Pages
 
     def _fields(
         self, selection_set: SelectionSetNode | None, parent: Any, seen: frozenset[str]

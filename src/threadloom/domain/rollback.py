@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
-from threadloom.domain.errors import ErrorCode
+from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.statuses import ACTIVE_RUN_STATUSES, CheckpointStatus, RunStatus
 
 # Runs whose turns reached the provider: the ones a rollback undoes, and the only valid targets.
@@ -32,22 +32,23 @@ RAN = frozenset({RunStatus.COMPLETED, RunStatus.INTERRUPTED, RunStatus.FAILED})
 
 
 class RollbackCode(StrEnum):
-    """Stable refusal codes; the first three are `ErrorCode`s, `CHECKPOINT_MISSING` is new to rollback."""
+    """The `ErrorCode`s a rollback plan can be refused with."""
 
     THREAD_BUSY = ErrorCode.THREAD_BUSY.value
     INVALID_INPUT = ErrorCode.INVALID_INPUT.value
     NOT_FOUND = ErrorCode.NOT_FOUND.value
-    CHECKPOINT_MISSING = "CHECKPOINT_MISSING"
+    CHECKPOINT_MISSING = ErrorCode.CHECKPOINT_MISSING.value
 
 
-class RollbackRefused(Exception):
-    """The rollback cannot be planned; nothing was changed."""
+class RollbackRefused(DomainError):
+    """The rollback cannot be planned; nothing was changed.
+
+    A `DomainError` like any other refusal (the API reports it as a user error); the constructor only narrows
+    the codes to those a plan can give.
+    """
 
     def __init__(self, code: RollbackCode, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
+        super().__init__(ErrorCode(code), message, field)
 
 
 class Strategy(StrEnum):
