@@ -54,6 +54,10 @@ def _activity_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
     return out
 
 
+def _fork_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
+    return [t.threads.c.lineage_relationship == "fork", *_thread_filters(f)]
+
+
 PAGED: dict[str, Relation] = {
     "projects": Relation(t.projects, None, "id", filters=_project_filters),
     "project.threads": Relation(t.threads, "project_id", "id", filters=_thread_filters),
@@ -61,6 +65,7 @@ PAGED: dict[str, Relation] = {
     "thread.messages": Relation(t.conversation_messages, "thread_id", "id"),
     "thread.activities": Relation(t.activities, "thread_id", "sequence", key_type=int, filters=_activity_filters),
     "thread.checkpoints": Relation(t.checkpoints, "thread_id", "id"),
+    "thread.forks": Relation(t.threads, "parent_thread_id", "id", filters=_fork_filters),
 }
 
 _queued = [t.runs.c.status == RunStatus.QUEUED.value]
@@ -79,6 +84,10 @@ LISTS: dict[str, tuple[sa.Table, str, str, list[sa.ColumnElement[bool]]]] = {
     "run.checkpoints": (t.checkpoints, "run_id", "ordinal", []),
     "node.children": (t.execution_nodes, "parent_node_id", "id", []),
     "attempt.turns": (t.provider_turns, "run_attempt_id", "ordinal", []),
+    "thread.transfersIn": (t.context_transfers, "thread_id", "created_at", []),
+    "thread.transfersOut": (t.context_transfers, "source_thread_id", "created_at", []),
+    "run.contextTransfers": (t.context_transfers, "target_run_id", "created_at", []),
+    "transfer.handoffs": (t.context_handoffs, "transfer_id", "created_at", []),
 }
 
 PageKey = tuple[Hashable, reads.PageArgs, Filters]

@@ -171,6 +171,10 @@ class Lineage:
         description="The transfer this thread was forked through, if it is a fork.",
     )
 
+    @paged("thread.forks", "Thread", description="The threads forked from this one, oldest first.")
+    def forks(self, info: Info, include_archived: bool = False) -> dict[str, Any]:
+        return {"include_archived": include_archived}
+
 
 @_entity(e.AppThread, hide=("lineage_relationship",))  # shown in `lineage`
 class Thread(Node, _Entity):
@@ -227,6 +231,15 @@ class Thread(Node, _Entity):
     def lineage(self) -> Lineage:
         return Lineage(relationship=self.rec.lineage_relationship, rec=self.rec)
 
+    @strawberry.field(description="Context transfers into and out of this thread, oldest first; `type` filters.")
+    async def transfers(self, info: Info, type: enums.TransferType | None = None) -> list[ContextTransfer]:
+        both = [
+            *await _children(info, ContextTransfer, "thread.transfersIn", self.rec.id),
+            *await _children(info, ContextTransfer, "thread.transfersOut", self.rec.id),
+        ]
+        unique = {x.rec.id: x for x in both if type is None or x.rec.type == type}
+        return sorted(unique.values(), key=lambda x: (x.rec.created_at, str(x.rec.id)))
+
 
 @strawberry.type(description="A parent→child link of the execution graph; both ends are nodes of the graph.")
 class ExecutionEdge:
@@ -257,6 +270,9 @@ class Run(Node, _Entity):
     context_handoff: ContextHandoff | None = _one("ContextHandoff", "context_handoff_id")
     plans: list[PlanArtifact] = _many("PlanArtifact", "run.plans")
     runtime_requests: list[RuntimeRequest] = _many("RuntimeRequest", "run.requests")
+    context_transfers: list[ContextTransfer] = _many(
+        "ContextTransfer", "run.contextTransfers", description="The transfers this run resolved or consumed."
+    )
 
     @strawberry.field(description="Every node of every attempt of this run, and the parent→child edges.")
     async def execution_graph(self, info: Info) -> ExecutionGraph:
@@ -339,6 +355,20 @@ class ContextTransfer(Node, _Entity):
     source_thread: Thread | None = _one("Thread", "source_thread_id", visible=True)
     target_thread: Thread | None = _one("Thread", "thread_id", visible=True)
     target_run: Run | None = _one("Run", "target_run_id", visible=True)
+
+    @strawberry.field(description="The run of the source thread the transfer starts from (a fork point), if any.")
+    async def source_run(self, info: Info) -> Run | None:
+        point = self.rec.source_point if isinstance(self.rec.source_point, dict) else {}
+        try:
+            run_id = uuid.UUID(str(point["runId"]))
+        except (KeyError, ValueError):
+            return None
+        return await _load_visible(info, Run, run_id)
+
+    @strawberry.field(description="Exactly the context given to the provider for this transfer (portable resolution).")
+    async def handoff(self, info: Info) -> ContextHandoff | None:
+        found = await _children(info, ContextHandoff, "transfer.handoffs", self.rec.id)
+        return found[-1] if found else None
 
 
 @_entity(e.ContextHandoff, hide=("from_provider_thread_ids",))

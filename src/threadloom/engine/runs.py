@@ -30,6 +30,7 @@ from threadloom.domain.entities import (
     RunAttempt,
 )
 from threadloom.domain.errors import not_found
+from threadloom.domain.forks import with_handoff
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import (
     AttemptStatus,
@@ -40,8 +41,9 @@ from threadloom.domain.statuses import (
     TokenScope,
 )
 from threadloom.engine.checkpoints import Checkpoints
+from threadloom.engine.forks import NativeFork, fall_back_to_handoff, fork_resolution, natively_forked
 from threadloom.engine.pipeline import Command, Pipeline, Step
-from threadloom.engine.rollback import handoff_delivered, start_turn_with_handoff
+from threadloom.engine.rollback import accepts_handoff, handoff_delivered, start_turn_with_handoff
 from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
 from threadloom.providers.contract import ProviderError, ThreadSettings
 from threadloom.store import entities, rollback_facts, runs
@@ -61,6 +63,7 @@ class _Target:
     run_id: uuid.UUID | None
     provider_thread: ProviderThread
     project_id: uuid.UUID  # whose runtime serves it
+    fork: NativeFork | None = None  # a fork's first run: the provider forks the source's thread
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,12 +74,13 @@ class _Prepared:
     provider_thread: ProviderThread
     text: str
     cwd: str
-    handoff: ContextHandoff | None = None  # a rollback's context for a replacement provider thread
+    handoff: ContextHandoff | None = None  # context for a new provider thread (rollback replacement, fork)
+    fork: NativeFork | None = None
 
     @property
     def target(self) -> _Target:
         settings = _settings(self.thread, self.cwd, self.run.model)
-        return _Target(self.thread.id, settings, self.run.id, self.provider_thread, self.thread.project_id)
+        return _Target(self.thread.id, settings, self.run.id, self.provider_thread, self.thread.project_id, self.fork)
 
 
 def _settings(thread: AppThread, cwd: str, model: str | None = None) -> ThreadSettings:
@@ -249,6 +253,9 @@ class RunEngine:
         turn = await self._record_turn(prepared, provider_thread)
         if turn is None:
             return
+        handoff = prepared.handoff
+        if prepared.fork is not None and provider_thread.forked_from_provider_thread_id is None:
+            handoff = await self._pending_handoff(provider_thread.id)  # the native fork fell back to a handoff
         binding = TurnBinding(
             thread_id=prepared.thread.id,
             run_id=run_id,
@@ -259,15 +266,14 @@ class RunEngine:
         )
         session.bind(binding)
         try:
-            if prepared.handoff is not None:
-                settings, handoff = prepared.target.settings, prepared.handoff.text
+            settings = prepared.target.settings
+            if handoff is not None and accepts_handoff(session.runtime):
                 native_turn = await start_turn_with_handoff(
-                    session.runtime, binding.native_thread, prepared.text, settings, handoff
+                    session.runtime, binding.native_thread, prepared.text, settings, handoff.text
                 )
-            else:
-                native_turn = await session.runtime.start_turn(
-                    binding.native_thread, prepared.text, prepared.target.settings
-                )
+            else:  # a provider without a context item gets a fork's handoff in front of the message
+                text = prepared.text if handoff is None else with_handoff(handoff.text, prepared.text)
+                native_turn = await session.runtime.start_turn(binding.native_thread, text, settings)
         except ProviderError as error:
             session.unbind(binding.native_thread)
             crashed = error.code == "exited"
@@ -279,8 +285,12 @@ class RunEngine:
             )
             return
         binding.know_turn(native_turn)
-        if prepared.handoff is not None:
-            await handoff_delivered(self.pipeline, prepared.handoff, run_id)
+        if handoff is not None:
+            await handoff_delivered(self.pipeline, handoff, run_id)
+
+    async def _pending_handoff(self, provider_thread_id: uuid.UUID) -> ContextHandoff | None:
+        async with self.pipeline.db.read() as db:
+            return await rollback_facts.pending_handoff(db, provider_thread_id)
 
     async def _prepare(self, run_id: uuid.UUID, text: str | None = None) -> _Prepared | None:
         now = self.now
@@ -299,6 +309,11 @@ class RunEngine:
                 thread, current, run.provider_instance_id, now, new_id
             )
             outcome = Outcome(changes)
+            handoff = await rollback_facts.pending_handoff(db, provider_thread.id)
+            fork = await fork_resolution(db, thread, run, provider_thread, self._fork_ability(run), now, new_id)
+            if fork is not None:
+                outcome.changes.extend(fork.changes)
+                handoff = fork.handoff or handoff
             return outcome.carrying(
                 _Prepared(
                     run,
@@ -307,7 +322,8 @@ class RunEngine:
                     provider_thread,
                     text or message.text,
                     project.workspace_root,
-                    await rollback_facts.pending_handoff(db, provider_thread.id),
+                    handoff,
+                    fork.native if fork is not None else None,
                 )
             )
 
@@ -329,6 +345,17 @@ class RunEngine:
                     raise
                 warning = f"could not resume provider thread {pt.native_thread_ref}: {error}; starting a new one"
                 pt = await self._replace_provider_thread(p, pt)
+        if pt.native_thread_ref is None and p.fork is not None:
+            try:
+                ref = await runtime.fork_thread(p.fork.native_thread, p.fork.native_turn)
+                pt = pt.evolve(native_thread_ref=ref, forked_from_provider_thread_id=p.fork.provider_thread_id)
+            except ProviderError as error:
+                if error.code == "exited":
+                    raise
+                warning = (
+                    f"the provider could not fork thread {p.fork.native_thread}: {error}; context goes as a handoff"
+                )
+                await self._fork_portably(p, pt)
         if pt.native_thread_ref is None:
             with contextlib.suppress(OSError):
                 os.makedirs(p.settings.cwd, exist_ok=True)
@@ -338,6 +365,21 @@ class RunEngine:
         return await self._record_provider_thread(
             p, pt.evolve(session_id=session.session_id, status=ProviderThreadStatus.ACTIVE), warning
         )
+
+    def _fork_ability(self, run: Run) -> tuple[bool, bool]:
+        """Whether the run's provider can fork a thread natively, and at a given turn."""
+        driver = self.sessions.drivers.get(run.provider_instance_id)
+        caps = driver.capabilities() if driver is not None else None
+        return (bool(caps and caps.can_fork_thread), bool(caps and caps.can_fork_from_turn))
+
+    async def _fork_portably(self, p: _Target, pt: ProviderThread) -> None:
+        """The provider refused the native fork: resolve the fork's transfer with a handoff instead."""
+        now = self.now
+
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
+            return Outcome(await fall_back_to_handoff(db, thread, p.run_id, pt.id, now, new_id))
+
+        await self.pipeline.execute(Command(command_type="fork.portable", decide=decide, thread_id=p.thread_id))
 
     async def _replace_provider_thread(self, p: _Target, broken: ProviderThread) -> ProviderThread:
         now = self.now
@@ -355,6 +397,8 @@ class RunEngine:
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             outcome = Outcome([Change.updated(pt.evolve(updated_at=now))])
+            if p.fork is not None and pt.forked_from_provider_thread_id is not None:
+                outcome.changes.extend(await natively_forked(db, p.fork, p.run_id, now))
             if warning:
                 outcome.changes.append(
                     activity(p.thread_id, ActivityKind.RUNTIME_WARNING, warning, now, new_id, run_id=p.run_id)

@@ -27,6 +27,7 @@ from threadloom.engine.clock import Clock
 from threadloom.engine.delegation import Delegation
 from threadloom.engine.dispatch import Dispatcher
 from threadloom.engine.effects import EffectWorker
+from threadloom.engine.forks import Forks
 from threadloom.engine.ingest import Ingestor
 from threadloom.engine.interruption import Interruption
 from threadloom.engine.pipeline import Committed, Pipeline
@@ -66,6 +67,7 @@ class Services:
     instances: dict[str, InstanceConfig] = dataclasses.field(default_factory=dict)
     started: bool = False
     rollback: Rollbacks = dataclasses.field(init=False)  # set by build(): it needs the checkpoints
+    forks: Forks = dataclasses.field(init=False)
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
@@ -131,6 +133,7 @@ class Services:
         )
 
         services.rollback = Rollbacks(pipeline, sessions, checkpoints.repo)
+        services.forks = Forks(pipeline)
 
         async def wake(committed: Committed) -> None:
             if committed.effects:

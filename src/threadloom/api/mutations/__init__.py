@@ -8,6 +8,7 @@ from __future__ import annotations
 import strawberry.tools
 
 from threadloom.api.mutations.delegation import DelegationMutation
+from threadloom.api.mutations.forks import ForkMutation
 from threadloom.api.mutations.interruption import InterruptionMutation
 from threadloom.api.mutations.plans import PlanMutation
 from threadloom.api.mutations.queue import QueueMutation
@@ -27,6 +28,7 @@ Mutation = strawberry.tools.merge_types(
         PlanMutation,
         DelegationMutation,
         RollbackMutation,
+        ForkMutation,
     ),
 )
 

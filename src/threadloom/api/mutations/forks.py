@@ -1,0 +1,96 @@
+"""Forks: forkThread (the engine's `engine.forks`)."""
+
+from __future__ import annotations
+
+import uuid
+
+import strawberry
+
+from threadloom.api import ids as gid
+from threadloom.api.context import Context, Info
+from threadloom.api.errors import UserError
+from threadloom.api.mutations.payloads import KeyedInput, Shape, load, mutation
+from threadloom.api.types import ContextTransfer, Thread
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.engine.forks import Source
+
+
+@strawberry.input
+class ProviderThreadPointInput:
+    id: strawberry.ID = strawberry.field(description="A provider thread of a thread you can operate.")
+    turn_id: strawberry.ID | None = strawberry.field(
+        default=None, description="One of its provider turns; absent means its latest turn."
+    )
+
+
+@strawberry.input(one_of=True, description="Exactly one field: the stable point the fork continues from.")
+class ForkSourceInput:
+    run: strawberry.ID | None = strawberry.field(
+        default=strawberry.UNSET,
+        description="A completed run, or an interrupted or failed run with a ready checkpoint.",
+    )
+    node: strawberry.ID | None = strawberry.field(
+        default=strawberry.UNSET,
+        description="A run's root node (its run), or a completed subagent node (its child thread's latest stable run).",
+    )
+    provider_thread: ProviderThreadPointInput | None = strawberry.UNSET
+    checkpoint: strawberry.ID | None = strawberry.field(
+        default=strawberry.UNSET, description="A ready checkpoint: the conversation up to its run."
+    )
+
+
+@strawberry.input
+class ForkThreadInput(KeyedInput):
+    source: ForkSourceInput
+    title: str | None = strawberry.field(default=None, description="Absent means `Fork of <source title>`.")
+
+
+@strawberry.type
+class ForkThreadPayload:
+    thread: Thread | None = strawberry.field(description="The fork: no provider thread until its first run.")
+    transfer: ContextTransfer | None = strawberry.field(description="The FORK transfer, PENDING until the first run.")
+    user_errors: list[UserError]
+    client_mutation_id: str | None
+
+
+async def _fork_payload(
+    info: Info, fork_id: uuid.UUID | None, errors: list[UserError], client_key: str | None
+) -> ForkThreadPayload:
+    thread = await load(info, Thread, fork_id)
+    transfer = None if thread is None else await load(info, ContextTransfer, thread.rec.forked_from_transfer_id)
+    return ForkThreadPayload(thread=thread, transfer=transfer, user_errors=errors, client_mutation_id=client_key)
+
+
+FORK = Shape(ForkThreadPayload, _fork_payload)
+
+
+def source_of(source: ForkSourceInput) -> Source:
+    """The one field set, its id decoded as the type it names."""
+    if isinstance(source.run, str):
+        return Source("run", gid.decode_as(source.run, "Run", "source.run"))
+    if isinstance(source.node, str):
+        return Source("node", gid.decode_as(source.node, "ExecutionNode", "source.node"))
+    if isinstance(source.checkpoint, str):
+        return Source("checkpoint", gid.decode_as(source.checkpoint, "Checkpoint", "source.checkpoint"))
+    point = source.provider_thread
+    if isinstance(point, ProviderThreadPointInput):
+        pt = gid.decode_as(point.id, "ProviderThread", "source.providerThread.id")
+        turn = (
+            None
+            if point.turn_id is None
+            else gid.decode_as(point.turn_id, "ProviderTurn", "source.providerThread.turnId")
+        )
+        return Source("provider_thread", pt, turn)
+    raise DomainError(ErrorCode.INVALID_INPUT, "name one source: run, node, providerThread or checkpoint", "source")
+
+
+@strawberry.type
+class ForkMutation:
+    @mutation(FORK)
+    async def fork_thread(ctx: Context, input: ForkThreadInput) -> uuid.UUID:
+        """Fork a thread from a stable point into a new thread (lineage `FORK`). Nothing starts and no provider
+        state is made: the fork's first message resolves its transfer, natively when that run's provider is the
+        source's and can fork there, otherwise with a handoff from the log (lower fidelity)."""
+        source = source_of(input.source)
+        title = input.title
+        return await ctx.services.forks.fork(ctx.principal, source, title=title, key=input.key())

@@ -1,0 +1,212 @@
+"""Forks: a new app thread that continues another's conversation from a stable point.
+
+`forkThread` only records: the fork (lineage `FORK`, its parent and root) and a `FORK`
+ContextTransfer `PENDING` holding the fork point. No provider session or provider thread is
+made then. The fork's first run resolves the transfer (`resolve`): natively when that run's
+provider is the source's and can fork at the point's turn (the provider copies its own
+thread), otherwise portably: a handoff built from the log up to the fork point goes with the
+first message (lower fidelity, recorded as exactly what the provider received).
+
+A fork point must be stable: a completed run; an interrupted or failed run with a ready
+checkpoint; a completed subagent (its child thread's latest stable run); a checkpoint.
+Anything streaming or waiting is refused with `UNSTABLE_FORK_POINT` and the latest stable run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from threadloom.domain.changes import Change, NewId
+from threadloom.domain.entities import AppThread, Checkpoint, ContextTransfer, Run
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.statuses import (
+    CheckpointStatus,
+    LineageRelationship,
+    RunStatus,
+    TransferStatus,
+    TransferType,
+)
+from threadloom.domain.threads import clean_title
+
+HANDOFF_SEPARATOR = "\n\n"  # between a portable handoff and the first message it goes with
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForkPoint:
+    """Where a fork starts: runs 1..`run_ordinal` of the source thread are its history (0: none)."""
+
+    source_thread_id: uuid.UUID
+    run_ordinal: int
+    run_id: uuid.UUID | None = None
+    provider_thread_id: uuid.UUID | None = None  # the source's provider thread at that run
+    provider_instance_id: str | None = None
+    native_thread_ref: str | None = None
+    native_turn_ref: str | None = None  # the provider's last turn of that run
+    checkpoint_id: uuid.UUID | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The transfer's `sourcePoint` (camelCase, ids as strings): clients read it as JSON."""
+        return {
+            "threadId": str(self.source_thread_id),
+            "runOrdinal": self.run_ordinal,
+            "runId": _str(self.run_id),
+            "providerThreadId": _str(self.provider_thread_id),
+            "providerInstanceId": self.provider_instance_id,
+            "nativeThreadRef": self.native_thread_ref,
+            "nativeTurnRef": self.native_turn_ref,
+            "checkpointId": _str(self.checkpoint_id),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> ForkPoint:
+        point = data if isinstance(data, dict) else {}
+        return cls(
+            source_thread_id=uuid.UUID(str(point["threadId"])),
+            run_ordinal=int(point.get("runOrdinal") or 0),
+            run_id=_uuid(point.get("runId")),
+            provider_thread_id=_uuid(point.get("providerThreadId")),
+            provider_instance_id=point.get("providerInstanceId"),
+            native_thread_ref=point.get("nativeThreadRef"),
+            native_turn_ref=point.get("nativeTurnRef"),
+            checkpoint_id=_uuid(point.get("checkpointId")),
+        )
+
+
+def _str(value: uuid.UUID | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    return None if value is None else uuid.UUID(str(value))
+
+
+# --- stable points ---------------------------------------------------------------------------------------
+
+
+def is_stable(run: Run, checkpoint: Checkpoint | None) -> bool:
+    """A run the conversation can continue from: completed, or interrupted/failed with its files captured."""
+    if run.status == RunStatus.COMPLETED:
+        return True
+    ready = checkpoint is not None and checkpoint.status == CheckpointStatus.READY
+    return run.status in (RunStatus.INTERRUPTED, RunStatus.FAILED) and ready
+
+
+def latest_stable(runs: Sequence[tuple[Run, Checkpoint | None]]) -> Run | None:
+    """The newest stable run of a thread (the hint a refusal gives)."""
+    stable = [run for run, checkpoint in runs if is_stable(run, checkpoint)]
+    return max(stable, key=lambda r: r.ordinal, default=None)
+
+
+def unstable(what: str, hint: Run | None, field: str) -> DomainError:
+    """The refusal of an unstable point, naming the latest stable run to fork from instead."""
+    if hint is None:
+        advice = "the thread has no stable run yet"
+    else:
+        advice = f"the latest stable point is run {hint.ordinal}"
+    return DomainError(ErrorCode.UNSTABLE_FORK_POINT, f"cannot fork from {what}: {advice}", field)
+
+
+def require_stable(run: Run, checkpoint: Checkpoint | None, hint: Run | None, field: str) -> None:
+    if not is_stable(run, checkpoint):
+        state = "an active run" if run.status not in _ENDED else f"a {run.status.value} run"
+        raise unstable(f"{state} (run {run.ordinal})", hint, field)
+
+
+_ENDED = frozenset(
+    {RunStatus.COMPLETED, RunStatus.INTERRUPTED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.ROLLED_BACK}
+)
+
+
+def require_ready_checkpoint(checkpoint: Checkpoint, field: str) -> None:
+    if checkpoint.status != CheckpointStatus.READY:
+        raise DomainError(
+            ErrorCode.UNSTABLE_FORK_POINT,
+            f"cannot fork from a checkpoint whose status is {checkpoint.status.value}",
+            field,
+        )
+
+
+# --- creating the fork -----------------------------------------------------------------------------------
+
+
+def fork_of(
+    source: AppThread, title: str | None, fork_id: uuid.UUID, transfer_id: uuid.UUID, now: datetime
+) -> AppThread:
+    """The fork: the source's project, provider and settings, lineage `FORK` under the source."""
+    return AppThread(
+        id=fork_id,
+        project_id=source.project_id,
+        title=clean_title(title or f"Fork of {source.title}")[:200],
+        provider_instance_id=source.provider_instance_id,
+        model=source.model,
+        runtime_mode=source.runtime_mode,
+        parent_thread_id=source.id,
+        lineage_relationship=LineageRelationship.FORK,
+        root_thread_id=source.root_thread_id or source.id,
+        forked_from_transfer_id=transfer_id,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def create_fork(
+    source: AppThread, point: ForkPoint, title: str | None, now: datetime, new_id: NewId
+) -> tuple[AppThread, list[Change]]:
+    """The fork thread and its pending `FORK` transfer (no provider state: that waits for the first run)."""
+    transfer_id = new_id()
+    fork = fork_of(source, title, new_id(), transfer_id, now)
+    transfer = ContextTransfer(
+        id=transfer_id,
+        type=TransferType.FORK,
+        source_thread_id=source.id,
+        thread_id=fork.id,
+        source_point=point.to_json(),
+        status=TransferStatus.PENDING,
+        created_at=now,
+        updated_at=now,
+    )
+    return fork, [Change.created(fork), Change.created(transfer)]
+
+
+# --- resolving at the first run --------------------------------------------------------------------------
+
+
+class Resolution(StrEnum):
+    NATIVE = "native"  # the provider forks its own thread at the point's turn
+    PORTABLE = "portable"  # a handoff from the log goes with the first message
+
+
+FIDELITY = {Resolution.NATIVE: "exact", Resolution.PORTABLE: "summary"}
+
+
+def resolve(point: ForkPoint, instance: str, can_fork_thread: bool, can_fork_from_turn: bool) -> Resolution:
+    """Native only when the run's provider instance is the source's and it can fork there; else portable."""
+    if point.native_thread_ref is None or point.provider_instance_id != instance or not can_fork_thread:
+        return Resolution.PORTABLE
+    if point.native_turn_ref is not None and not can_fork_from_turn:
+        return Resolution.PORTABLE
+    return Resolution.NATIVE
+
+
+def resolved(transfer: ContextTransfer, how: Resolution, run_id: uuid.UUID | None, now: datetime) -> Change:
+    """The transfer as the fork's first run resolved it."""
+    status = TransferStatus.RESOLVED_NATIVE if how == Resolution.NATIVE else TransferStatus.RESOLVED_PORTABLE
+    return Change.updated(
+        transfer.evolve(
+            status=status,
+            resolution_strategy=how.value,
+            resolution_fidelity=FIDELITY[how],
+            target_run_id=run_id,
+            updated_at=now,
+        )
+    )
+
+
+def with_handoff(handoff: str, text: str) -> str:
+    """The first message of a portable fork for a provider that takes no separate context item."""
+    return f"{handoff.rstrip()}{HANDOFF_SEPARATOR}{text}"

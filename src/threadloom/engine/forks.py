@@ -1,0 +1,291 @@
+"""forkThread: find the stable point a source names, then record the fork (rules in `domain.forks`).
+
+The fork's first run resolves the pending transfer in `engine.runs` (`fork_resolution`): the
+provider forks its own thread, or a handoff built from the log goes with the first message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import datetime
+from typing import Literal, TypeVar
+
+from threadloom.domain import forks
+from threadloom.domain.access import Principal
+from threadloom.domain.changes import Change, NewId, Outcome
+from threadloom.domain.entities import (
+    AppThread,
+    Checkpoint,
+    ContextHandoff,
+    ContextTransfer,
+    ExecutionNode,
+    ProviderThread,
+    ProviderTurn,
+    Run,
+)
+from threadloom.domain.errors import DomainError, ErrorCode, not_found
+from threadloom.domain.handoffs import HandoffKind, Selection, build_handoff, estimate_tokens
+from threadloom.domain.ids import new_id
+from threadloom.domain.statuses import HandoffStatus, NodeKind, NodeStatus, TokenScope, TransferStatus
+from threadloom.engine.pipeline import GlobalCommand, Pipeline
+from threadloom.store import entities, handoff_facts
+from threadloom.store import forks as fork_store
+from threadloom.store import threads as thread_store
+from threadloom.store.db import Reader
+
+T = TypeVar("T")
+SourceKind = Literal["run", "node", "provider_thread", "checkpoint"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Source:
+    """What the client named: one object, and for a provider thread optionally one of its turns."""
+
+    kind: SourceKind
+    id: uuid.UUID
+    turn_id: uuid.UUID | None = None
+
+    @property
+    def field(self) -> str:
+        return {"run": "source.run", "node": "source.node", "checkpoint": "source.checkpoint"}.get(
+            self.kind, "source.providerThread"
+        )
+
+
+class Forks:
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    async def fork(self, principal: Principal, source: Source, *, title: str | None, key: str | None) -> uuid.UUID:
+        """Record the fork and its pending transfer; the fork thread's id."""
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader) -> Outcome:
+            thread, point = await _point(db, principal, source)
+            principal.require(TokenScope.OPERATE)
+            fork, changes = forks.create_fork(thread, point, title, now, new_id)
+            return Outcome(changes, result={"threadId": str(fork.id)}, project_id=thread.project_id)
+
+        data = {"source": {"kind": source.kind, "id": str(source.id), "turnId": _str(source.turn_id)}, "title": title}
+        command = GlobalCommand(command_type="forkThread", principal=principal, key=key, input=data, decide=decide)
+        result = await self.pipeline.execute(command)
+        return uuid.UUID(result["threadId"])
+
+
+def _str(value: uuid.UUID | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _found(value: T | None, field: str) -> T:
+    if value is None:
+        raise not_found(field)
+    return value
+
+
+async def _visible_thread(db: Reader, principal: Principal, thread_id: uuid.UUID | None, field: str) -> AppThread:
+    thread = await thread_store.get_thread(db, thread_id) if thread_id is not None else None
+    if thread is None or not principal.sees(thread.project_id):
+        raise not_found(field)
+    return thread
+
+
+async def _point(db: Reader, principal: Principal, source: Source) -> tuple[AppThread, forks.ForkPoint]:
+    """The source thread and the stable point the source names (refusals as `domain.forks` says)."""
+    field = source.field
+    if source.kind == "run":
+        run = _found(await entities.get(db, Run, source.id), field)
+        thread = await _visible_thread(db, principal, run.thread_id, field)
+        return thread, await _at_run(db, thread, run, field)
+    if source.kind == "checkpoint":
+        checkpoint = _found(await entities.get(db, Checkpoint, source.id), field)
+        thread = await _visible_thread(db, principal, checkpoint.thread_id, field)
+        return thread, await _at_checkpoint(db, thread, checkpoint, field)
+    if source.kind == "node":
+        node = _found(await entities.get(db, ExecutionNode, source.id), field)
+        thread = await _visible_thread(db, principal, node.thread_id, field)
+        return await _at_node(db, principal, thread, node, field)
+    pt = _found(await entities.get(db, ProviderThread, source.id), field)
+    thread = await _visible_thread(db, principal, pt.thread_id, field)
+    return thread, await _at_provider_thread(db, thread, pt, source.turn_id, field)
+
+
+async def _at_run(db: Reader, thread: AppThread, run: Run, field: str) -> forks.ForkPoint:
+    runs = await fork_store.runs_with_checkpoints(db, thread.id)
+    checkpoint = next((c for r, c in runs if r.id == run.id), None)
+    forks.require_stable(run, checkpoint, forks.latest_stable(runs), field)
+    return await _point_of(db, thread, run, checkpoint)
+
+
+async def _point_of(db: Reader, thread: AppThread, run: Run, checkpoint: Checkpoint | None) -> forks.ForkPoint:
+    pt = await entities.get(db, ProviderThread, run.provider_thread_id)
+    turn = await fork_store.last_turn(db, run)
+    return forks.ForkPoint(
+        source_thread_id=thread.id,
+        run_ordinal=run.ordinal,
+        run_id=run.id,
+        provider_thread_id=pt.id if pt else None,
+        provider_instance_id=pt.provider_instance_id if pt else run.provider_instance_id,
+        native_thread_ref=pt.native_thread_ref if pt else None,
+        native_turn_ref=turn.native_turn_ref if turn else None,
+        checkpoint_id=checkpoint.id if checkpoint else None,
+    )
+
+
+async def _at_checkpoint(db: Reader, thread: AppThread, checkpoint: Checkpoint, field: str) -> forks.ForkPoint:
+    forks.require_ready_checkpoint(checkpoint, field)
+    run = await entities.get(db, Run, checkpoint.run_id)
+    if run is None:  # the baseline before the first run: an empty conversation
+        return forks.ForkPoint(source_thread_id=thread.id, run_ordinal=0, checkpoint_id=checkpoint.id)
+    runs = await fork_store.runs_with_checkpoints(db, thread.id)
+    if run.checkpoint_id != checkpoint.id:  # a subagent's scope, or the baseline of a run
+        forks.require_stable(run, None, forks.latest_stable(runs), field)
+    point = await _point_of(db, thread, run, checkpoint)
+    return dataclasses.replace(point, checkpoint_id=checkpoint.id)
+
+
+async def _at_node(
+    db: Reader, principal: Principal, thread: AppThread, node: ExecutionNode, field: str
+) -> tuple[AppThread, forks.ForkPoint]:
+    """A run's root node is its run; a completed subagent node forks its child thread at its latest stable run."""
+    if node.kind == NodeKind.ROOT_TURN:
+        run = await entities.require(db, Run, node.run_id)
+        return thread, await _at_run(db, thread, run, field)
+    if node.kind != NodeKind.SUBAGENT or node.child_thread_id is None:
+        raise DomainError(ErrorCode.INVALID_INPUT, "fork from a run's root node or from a subagent node", field)
+    if node.status != NodeStatus.COMPLETED:
+        raise forks.unstable(f"a {node.status.value} subagent node", None, field)
+    child = await _visible_thread(db, principal, node.child_thread_id, field)
+    runs = await fork_store.runs_with_checkpoints(db, child.id)
+    latest = forks.latest_stable(runs)
+    if latest is None:
+        raise forks.unstable("a subagent that has no stable run", None, field)
+    checkpoint = next((c for r, c in runs if r.id == latest.id), None)
+    return child, await _point_of(db, child, latest, checkpoint)
+
+
+async def _at_provider_thread(
+    db: Reader, thread: AppThread, pt: ProviderThread, turn_id: uuid.UUID | None, field: str
+) -> forks.ForkPoint:
+    turn = await entities.get(db, ProviderTurn, turn_id) if turn_id else await fork_store.latest_turn(db, pt.id)
+    if turn_id is not None and (turn is None or turn.provider_thread_id != pt.id):
+        raise not_found("source.providerThread.turnId")
+    if turn is None:
+        raise forks.unstable("a provider thread with no turn", None, field)
+    run = await fork_store.run_of_turn(db, turn)
+    if run is None:
+        raise not_found(field)
+    point = await _at_run(db, thread, run, field)
+    return dataclasses.replace(point, provider_thread_id=pt.id, native_turn_ref=turn.native_turn_ref)
+
+
+# --- the fork's first run ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NativeFork:
+    """What the provider forks: the source's native thread, after the point's turn."""
+
+    transfer_id: uuid.UUID
+    native_thread: str
+    native_turn: str | None
+    provider_thread_id: uuid.UUID | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForkStart:
+    changes: list[Change]
+    handoff: ContextHandoff | None = None  # portable: goes with the first message
+    native: NativeFork | None = None
+
+
+async def fork_resolution(
+    db: Reader,
+    thread: AppThread,
+    run: Run,
+    provider_thread: ProviderThread,
+    ability: tuple[bool, bool],
+    now: datetime,
+    new_id: NewId,
+) -> ForkStart | None:
+    """How a fork's first run gets the source's conversation; None when nothing is pending.
+
+    Portable is decided (and recorded) here; native is recorded once the provider has forked
+    (`natively_forked`), or falls back to portable if it refuses (`fall_back_to_handoff`).
+    """
+    transfer = await fork_store.pending_fork(db, thread.forked_from_transfer_id)
+    if transfer is None or provider_thread.native_thread_ref is not None:
+        return None
+    point = forks.ForkPoint.from_json(transfer.source_point)
+    how = forks.resolve(point, run.provider_instance_id, *ability)
+    if how == forks.Resolution.NATIVE and point.native_thread_ref is not None:
+        native = NativeFork(transfer.id, point.native_thread_ref, point.native_turn_ref, point.provider_thread_id)
+        return ForkStart([], native=native)
+    handoff = await portable_handoff(db, thread, transfer, provider_thread.id, now, new_id)
+    return ForkStart(
+        [Change.created(handoff), forks.resolved(transfer, forks.Resolution.PORTABLE, run.id, now)], handoff
+    )
+
+
+async def natively_forked(db: Reader, fork: NativeFork, run_id: uuid.UUID | None, now: datetime) -> list[Change]:
+    transfer = await entities.get(db, ContextTransfer, fork.transfer_id)
+    if transfer is None or transfer.status != TransferStatus.PENDING:
+        return []
+    return [forks.resolved(transfer, forks.Resolution.NATIVE, run_id, now)]
+
+
+async def fall_back_to_handoff(
+    db: Reader, thread: AppThread, run_id: uuid.UUID | None, provider_thread_id: uuid.UUID, now: datetime, new_id: NewId
+) -> list[Change]:
+    transfer = await fork_store.pending_fork(db, thread.forked_from_transfer_id)
+    if transfer is None:
+        return []
+    handoff = await portable_handoff(db, thread, transfer, provider_thread_id, now, new_id)
+    return [Change.created(handoff), forks.resolved(transfer, forks.Resolution.PORTABLE, run_id, now)]
+
+
+async def portable_handoff(
+    db: Reader,
+    fork: AppThread,
+    transfer: ContextTransfer,
+    to_provider_thread: uuid.UUID,
+    now: datetime,
+    new_id: NewId,
+) -> ContextHandoff:
+    """The fork's context from the log: each ancestor up to where its child forked, oldest first."""
+    point = forks.ForkPoint.from_json(transfer.source_point)
+    chain: list[tuple[uuid.UUID, int]] = [(point.source_thread_id, point.run_ordinal)]
+    seen = {fork.id}
+    source = await thread_store.get_thread(db, point.source_thread_id)
+    while source is not None and source.id not in seen and source.forked_from_transfer_id is not None:
+        seen.add(source.id)
+        parent = await entities.get(db, ContextTransfer, source.forked_from_transfer_id)
+        if parent is None:
+            break
+        above = forks.ForkPoint.from_json(parent.source_point)
+        chain.append((above.source_thread_id, above.run_ordinal))
+        source = await thread_store.get_thread(db, above.source_thread_id)
+    parts: list[str] = []
+    covered: list[int] = []
+    for thread_id, upto in reversed(chain):
+        if upto <= 0:
+            continue
+        facts = await handoff_facts.read_run_facts(db, thread_id, range(1, upto + 1))
+        built = build_handoff(HandoffKind.FORK_CONTEXT, facts, Selection.up_to(upto))
+        parts.append(built.text)
+        if thread_id == point.source_thread_id:
+            covered = list(built.covered_run_ordinals)
+    text = "\n".join(parts) or build_handoff(HandoffKind.FORK_CONTEXT, [], Selection.up_to(0)).text
+    return ContextHandoff(
+        id=new_id(),
+        transfer_id=transfer.id,
+        thread_id=fork.id,
+        from_provider_thread_ids=[str(point.provider_thread_id)] if point.provider_thread_id else [],
+        to_provider_thread_id=to_provider_thread,
+        covered_run_ordinals=covered,
+        strategy=HandoffKind.FORK_CONTEXT.stored_strategy,
+        status=HandoffStatus.PENDING,
+        text=text,
+        token_estimate=estimate_tokens(text),
+        created_at=now,
+    )

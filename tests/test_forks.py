@@ -1,0 +1,257 @@
+"""forkThread against a real server and the scripted agent: lineage, lazy resolution, stable points.
+
+What a user sees is asserted: the fork's lineage and transfer, and what the fork's agent remembers
+(`@recall` lists every user message and handoff its conversation holds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cli import create_token
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import finished, send
+from tests.support.server import Client, ServerProcess, providers_env
+from tests.support.waiting import until
+
+PROVIDERS = """
+[instances.scripted]
+driver = "scripted"
+
+[instances.plain]
+driver = "scripted"
+supports_native_fork = false
+"""
+
+CREATE_THREAD = """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
+  thread { id } userErrors { code } } }"""
+FORK = """mutation($source: ForkSourceInput!, $title: String, $key: String) {
+  forkThread(input: {source: $source, title: $title, clientMutationId: $key}) {
+    thread { id title providerThreads { id }
+             lineage { relationship parentThread { id } rootThread { id } forkedFrom { id } } }
+    transfer { id type status sourceThread { id } targetThread { id } sourceRun { id ordinal } targetRun { id }
+               sourcePoint resolutionStrategy resolutionFidelity handoff { text } }
+    userErrors { code message field } clientMutationId } }"""
+TRANSFER = """query($id: ID!) { node(id: $id) { ... on ContextTransfer {
+  status resolutionStrategy resolutionFidelity targetRun { id ordinal contextTransfers { id } }
+  handoff { text status targetRun { id } } } } }"""
+THREAD = """query($t: ID!) { thread(id: $t) {
+  providerThreads { id forkedFrom { id } }
+  lineage { forks(first: 50) { totalCount edges { node { id title } } } }
+  transfers { id type } forkTransfers: transfers(type: FORK) { id } } }"""
+REPLIES = """query($t: ID!) { thread(id: $t) { messages(first: 100) { edges { node { role text run { id } } } } } }"""
+RUN_CHECKPOINT = """query($r: ID!) { run(id: $r) { checkpoint { id } attempts { providerTurns { id } }
+  providerThread { id } rootNode { id } } }"""
+PROJECT_OF = """query($t: ID!) { thread(id: $t) { project { id } } }"""
+
+
+@contextlib.contextmanager
+def _server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(database_url, tmp_path / "data", env=providers_env(tmp_path, PROVIDERS)).wait_ready()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        print("\n".join(proc.log[-60:]))
+
+
+@pytest.fixture
+async def server(database_url: str, tmp_path: Path) -> AsyncIterator[ServerProcess]:
+    with _server(database_url, tmp_path) as proc:
+        yield proc
+
+
+@pytest.fixture
+async def api(server: ServerProcess) -> AsyncIterator[Client]:
+    client = Client(server.url, server.admin_token)
+    yield client
+    await client.aclose()
+
+
+class Thread:
+    def __init__(self, client: Client, thread_id: str) -> None:
+        self.client = client
+        self.id = thread_id
+
+    @classmethod
+    async def create(cls, client: Client, workspace: Path, instance: str = "scripted") -> Thread:
+        workspace.mkdir(exist_ok=True)
+        project = await client.gql(CREATE_PROJECT, {"name": f"p-{workspace.name}", "root": str(workspace)})
+        assert project["createProject"]["userErrors"] == [], project
+        created = await client.gql(CREATE_THREAD, {"p": project["createProject"]["project"]["id"], "i": instance})
+        assert created["createThread"]["userErrors"] == [], created
+        return cls(client, created["createThread"]["thread"]["id"])
+
+    async def run(self, text: str) -> dict[str, Any]:
+        sent = await send(self.client, self.id, text)
+        assert sent["userErrors"] == [], sent
+        done = await finished(self.client, sent["run"]["id"])
+        assert done["status"] == "COMPLETED", done
+        return done
+
+    async def recall(self) -> list[str]:
+        """What the agent's conversation holds, minus the `@recall` asking for it."""
+        done = await self.run("@recall")
+        data = await self.client.gql(REPLIES, {"t": self.id})
+        texts = [
+            e["node"]["text"]
+            for e in data["thread"]["messages"]["edges"]
+            if e["node"]["role"] == "ASSISTANT" and e["node"]["run"]["id"] == done["id"]
+        ]
+        lines = "".join(texts).split("\n")
+        assert lines[-1] == "user: @recall", lines
+        return lines[:-1]
+
+    async def fork(self, source: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        data = await self.client.gql(FORK, {"source": source, **kw})
+        return data["forkThread"]  # type: ignore[no-any-return]
+
+
+async def forked(parent: Thread, source: dict[str, Any], **kw: Any) -> tuple[Thread, dict[str, Any]]:
+    payload = await parent.fork(source, **kw)
+    assert payload["userErrors"] == [], payload
+    return Thread(parent.client, payload["thread"]["id"]), payload
+
+
+async def test_a_native_fork_holds_the_conversation_up_to_its_point(api: Client, tmp_path: Path) -> None:
+    source = await Thread.create(api, tmp_path / "ws")
+    first = await source.run("@reply alpha")
+    await source.run("@reply beta")
+
+    fork, payload = await forked(source, {"run": first["id"]}, title="explore")
+    assert payload["thread"]["title"] == "explore"
+    assert payload["thread"]["providerThreads"] == []  # nothing until the first run
+    assert payload["thread"]["lineage"] == {
+        "relationship": "FORK",
+        "parentThread": {"id": source.id},
+        "rootThread": {"id": source.id},
+        "forkedFrom": {"id": payload["transfer"]["id"]},
+    }
+    transfer = payload["transfer"]
+    assert transfer["type"] == "FORK" and transfer["status"] == "PENDING"
+    assert transfer["sourceThread"] == {"id": source.id} and transfer["targetThread"] == {"id": fork.id}
+    assert transfer["sourceRun"] == {"id": first["id"], "ordinal": 1} and transfer["targetRun"] is None
+
+    assert await fork.recall() == ["user: @reply alpha"]
+    resolved = (await api.gql(TRANSFER, {"id": transfer["id"]}))["node"]
+    assert resolved["status"] == "RESOLVED_NATIVE" and resolved["resolutionFidelity"] == "exact"
+    assert resolved["targetRun"]["ordinal"] == 1 and resolved["handoff"] is None
+    assert resolved["targetRun"]["contextTransfers"] == [{"id": transfer["id"]}]
+
+    view = (await api.gql(THREAD, {"t": fork.id}))["thread"]
+    source_pt = (await api.gql(RUN_CHECKPOINT, {"r": first["id"]}))["run"]["providerThread"]["id"]
+    assert [pt["forkedFrom"] for pt in view["providerThreads"]] == [{"id": source_pt}]
+    parent = (await api.gql(THREAD, {"t": source.id}))["thread"]
+    assert parent["lineage"]["forks"]["totalCount"] == 1
+    assert parent["lineage"]["forks"]["edges"][0]["node"] == {"id": fork.id, "title": "explore"}
+    assert parent["forkTransfers"] == [{"id": transfer["id"]}]
+    # The source is untouched: it still remembers both runs.
+    assert await source.recall() == ["user: @reply alpha", "user: @reply beta"]
+
+
+async def test_a_portable_fork_gets_a_handoff_that_is_what_the_agent_received(api: Client, tmp_path: Path) -> None:
+    source = await Thread.create(api, tmp_path / "ws", instance="plain")
+    first = await source.run("@reply alpha")
+    await source.run("@reply beta")
+
+    fork, payload = await forked(source, {"run": first["id"]})
+    assert payload["thread"]["title"].startswith("Fork of ")
+    memory = await fork.recall()
+    resolved = (await api.gql(TRANSFER, {"id": payload["transfer"]["id"]}))["node"]
+    assert resolved["status"] == "RESOLVED_PORTABLE" and resolved["resolutionFidelity"] == "summary"
+    handoff = resolved["handoff"]
+    assert handoff["status"] == "DELIVERED" and handoff["targetRun"] == {"id": resolved["targetRun"]["id"]}
+    escaped = handoff["text"].replace("\\", "\\\\").replace("\n", "\\n")
+    assert memory == [f"handoff: {escaped}"]
+    assert "@reply alpha" in handoff["text"] and "@reply beta" not in handoff["text"]
+
+
+async def test_unstable_points_are_refused_with_the_latest_stable_run(api: Client, tmp_path: Path) -> None:
+    source = await Thread.create(api, tmp_path / "ws")
+    await source.run("@reply alpha")
+    waiting = await send(api, source.id, "@approval echo hi")
+    await until(lambda: _status_is(api, waiting["run"]["id"], "WAITING"))
+    queued = await send(api, source.id, "@reply later", d={"queueAfterActive": True})
+    assert queued["run"]["status"] == "QUEUED", queued
+
+    for run_id in (waiting["run"]["id"], queued["run"]["id"]):
+        refused = await source.fork({"run": run_id})
+        assert refused["thread"] is None
+        [error] = refused["userErrors"]
+        assert error["code"] == "UNSTABLE_FORK_POINT" and error["field"] == "source.run"
+        assert error["message"].endswith("the latest stable point is run 1"), error
+    node = (await api.gql(RUN_CHECKPOINT, {"r": waiting["run"]["id"]}))["run"]["rootNode"]["id"]
+    refused = await source.fork({"node": node})
+    assert [e["code"] for e in refused["userErrors"]] == ["UNSTABLE_FORK_POINT"]
+    two = await api.post(FORK, {"source": {"run": waiting["run"]["id"], "node": node}})  # @oneOf: exactly one field
+    assert "data" not in two.json() and "exactly one" in str(two.json()["errors"]).lower(), two.json()
+    view = (await api.gql(THREAD, {"t": source.id}))["thread"]
+    assert view["lineage"]["forks"]["totalCount"] == 0 and view["transfers"] == []
+
+
+async def _status_is(api: Client, run_id: str, status: str) -> bool:
+    data = await api.gql("query($r: ID!) { run(id: $r) { status } }", {"r": run_id})
+    return bool(data["run"]["status"] == status)
+
+
+async def test_forks_of_forks_keep_the_root_and_carry_the_whole_history(api: Client, tmp_path: Path) -> None:
+    for instance in ("scripted", "plain"):
+        source = await Thread.create(api, tmp_path / f"ws-{instance}", instance=instance)
+        first = await source.run("@reply root one")
+        await source.run("@reply root two")
+        child, _ = await forked(source, {"run": first["id"]})
+        on_child = await child.run("@reply child one")
+        grandchild, payload = await forked(child, {"run": on_child["id"]})
+        assert payload["thread"]["lineage"]["rootThread"] == {"id": source.id}
+        assert payload["thread"]["lineage"]["parentThread"] == {"id": child.id}
+        memory = "\n".join(await grandchild.recall())
+        assert "root one" in memory and "child one" in memory and "root two" not in memory, (instance, memory)
+
+
+async def test_fork_from_a_checkpoint_a_provider_turn_and_a_root_node(api: Client, tmp_path: Path) -> None:
+    source = await Thread.create(api, tmp_path / "ws")
+    first = await source.run("@reply alpha")
+    second = await source.run("@reply beta")
+    await source.run("@reply gamma")
+    facts = (await api.gql(RUN_CHECKPOINT, {"r": second["id"]}))["run"]
+
+    by_checkpoint, payload = await forked(source, {"checkpoint": facts["checkpoint"]["id"]})
+    assert payload["transfer"]["sourceRun"]["ordinal"] == 2
+    assert await by_checkpoint.recall() == ["user: @reply alpha", "user: @reply beta"]
+
+    turn = facts["attempts"][-1]["providerTurns"][-1]["id"]
+    by_turn, _ = await forked(source, {"providerThread": {"id": facts["providerThread"]["id"], "turnId": turn}})
+    assert await by_turn.recall() == ["user: @reply alpha", "user: @reply beta"]
+
+    root = (await api.gql(RUN_CHECKPOINT, {"r": first["id"]}))["run"]["rootNode"]["id"]
+    by_node, _ = await forked(source, {"node": root})
+    assert await by_node.recall() == ["user: @reply alpha"]
+
+
+async def test_fork_is_idempotent_and_invisible_to_other_projects(
+    server: ServerProcess, api: Client, tmp_path: Path, database_url: str
+) -> None:
+    source = await Thread.create(api, tmp_path / "ws")
+    first = await source.run("@reply alpha")
+    once = await source.fork({"run": first["id"]}, key="k1")
+    again = await source.fork({"run": first["id"]}, key="k1")
+    assert once["userErrors"] == [] and again["thread"]["id"] == once["thread"]["id"]
+    assert again["clientMutationId"] == "k1"
+
+    other = await Thread.create(api, tmp_path / "other")
+    project = (await api.gql(PROJECT_OF, {"t": other.id}))["thread"]["project"]["id"]
+    _, token = create_token(database_url, "operate", project)
+    stranger = Client(server.url, token)
+    try:
+        refused = (await stranger.gql(FORK, {"source": {"run": first["id"]}}))["forkThread"]
+        assert refused["thread"] is None
+        assert [(e["code"], e["field"]) for e in refused["userErrors"]] == [("NOT_FOUND", "source.run")]
+    finally:
+        await stranger.aclose()
+    view = (await api.gql(THREAD, {"t": source.id}))["thread"]
+    assert view["lineage"]["forks"]["totalCount"] == 1
