@@ -25,23 +25,11 @@ from threadloom.domain.statuses import (
     TransferStatus,
     TransferType,
 )
-from threadloom.domain.threads import clean_title
+from threadloom.domain.threads import descendant_thread
 
 
 def child_thread(parent: AppThread, child_id: uuid.UUID, title: str, now: datetime) -> AppThread:
-    return AppThread(
-        id=child_id,
-        project_id=parent.project_id,
-        title=clean_title(title)[:200],
-        provider_instance_id=parent.provider_instance_id,
-        model=parent.model,
-        runtime_mode=parent.runtime_mode,
-        parent_thread_id=parent.id,
-        lineage_relationship=LineageRelationship.SUBAGENT,
-        root_thread_id=parent.root_thread_id or parent.id,
-        created_at=now,
-        updated_at=now,
-    )
+    return descendant_thread(parent, child_id, title, LineageRelationship.SUBAGENT, now)
 
 
 def spawn_transfer(parent: AppThread, child: AppThread, text: str, now: datetime, new_id: NewId) -> Change:

@@ -125,16 +125,17 @@ def new_run(
     *,
     applied: AppliedDispatch,
     text: str,
-    provider_instance_id: str,
-    model: str | None,
-    client_message_id: str | None,
     now: datetime,
     new_id: NewId,
+    provider_instance_id: str | None = None,
+    model: str | None = None,
+    client_message_id: str | None = None,
     message_id: uuid.UUID | None = None,
     supersedes: Run | None = None,
 ) -> Outcome:
     """A user message becomes a run: message → run(queued) → root node → initial attempt, started
-    now or queued. `message_id` reuses an existing message (a late steer turned into a run)."""
+    now or queued. The run uses the thread's provider instance and model unless given others;
+    `message_id` reuses an existing message (a late steer turned into a run)."""
     thread = state.thread
     text = clean_text(text)
     run_id, node_id, attempt_id = new_id(), new_id(), new_id()
@@ -147,7 +148,7 @@ def new_run(
         id=run_id,
         thread_id=thread.id,
         ordinal=state.last_ordinal + 1,
-        provider_instance_id=provider_instance_id,
+        provider_instance_id=provider_instance_id if provider_instance_id is not None else thread.provider_instance_id,
         model=model if model is not None else thread.model,
         status=RunStatus.QUEUED,
         user_message_id=message_id,

@@ -31,7 +31,7 @@ from threadloom.domain.statuses import (
     TransferStatus,
     TransferType,
 )
-from threadloom.domain.threads import clean_title
+from threadloom.domain.threads import descendant_thread
 
 HANDOFF_SEPARATOR = "\n\n"  # between a portable handoff and the first message it goes with
 
@@ -138,20 +138,8 @@ def fork_of(
     source: AppThread, title: str | None, fork_id: uuid.UUID, transfer_id: uuid.UUID, now: datetime
 ) -> AppThread:
     """The fork: the source's project, provider and settings, lineage `FORK` under the source."""
-    return AppThread(
-        id=fork_id,
-        project_id=source.project_id,
-        title=clean_title(title or f"Fork of {source.title}")[:200],
-        provider_instance_id=source.provider_instance_id,
-        model=source.model,
-        runtime_mode=source.runtime_mode,
-        parent_thread_id=source.id,
-        lineage_relationship=LineageRelationship.FORK,
-        root_thread_id=source.root_thread_id or source.id,
-        forked_from_transfer_id=transfer_id,
-        created_at=now,
-        updated_at=now,
-    )
+    title = title or f"Fork of {source.title}"
+    return descendant_thread(source, fork_id, title, LineageRelationship.FORK, now, forked_from_transfer_id=transfer_id)
 
 
 def create_fork(

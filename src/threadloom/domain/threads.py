@@ -11,7 +11,7 @@ from threadloom.domain.changes import Change, EventVerb, NewId
 from threadloom.domain.entities import AppThread, Project, ProviderThread, Run
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.labels import clean_label
-from threadloom.domain.statuses import ProviderThreadStatus, ThreadStatus
+from threadloom.domain.statuses import LineageRelationship, ProviderThreadStatus, ThreadStatus
 
 MAX_TITLE = 200
 MAX_MESSAGE = 200_000
@@ -87,6 +87,32 @@ def create_thread(
         updated_at=now,
     )
     return Change.created(thread)
+
+
+def descendant_thread(
+    parent: AppThread,
+    thread_id: uuid.UUID,
+    title: str,
+    lineage: LineageRelationship,
+    now: datetime,
+    forked_from_transfer_id: uuid.UUID | None = None,
+) -> AppThread:
+    """A thread made from `parent` (a subagent's, a fork): its project, provider, model and runtime mode,
+    under `parent` in the lineage tree."""
+    return AppThread(
+        id=thread_id,
+        project_id=parent.project_id,
+        title=clean_title(title)[:MAX_TITLE],
+        provider_instance_id=parent.provider_instance_id,
+        model=parent.model,
+        runtime_mode=parent.runtime_mode,
+        parent_thread_id=parent.id,
+        lineage_relationship=lineage,
+        root_thread_id=parent.root_thread_id or parent.id,
+        forked_from_transfer_id=forked_from_transfer_id,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def rename_thread(thread: AppThread, title: str, now: datetime) -> Change:

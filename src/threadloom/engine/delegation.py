@@ -42,14 +42,7 @@ class Delegation:
             child = delegation.child_thread(parent, child_id, title or text.strip().splitlines()[0][:80], now)
             state = ThreadState(thread=child, active=None, queue=(), last_ordinal=0)
             first = rules.new_run(
-                state,
-                applied=rules.AppliedDispatch.START_IMMEDIATELY,
-                text=text,
-                provider_instance_id=child.provider_instance_id,
-                model=child.model,
-                client_message_id=None,
-                now=now,
-                new_id=new_id,
+                state, applied=rules.AppliedDispatch.START_IMMEDIATELY, text=text, now=now, new_id=new_id
             )
             outcome = Outcome(
                 [

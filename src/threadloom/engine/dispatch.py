@@ -96,11 +96,10 @@ class Dispatcher:
                     state,
                     applied=applied,
                     text=text,
-                    provider_instance_id=thread.provider_instance_id,
-                    model=clean_model(model),
-                    client_message_id=client_message_id,
                     now=now,
                     new_id=new_id,
+                    model=clean_model(model),
+                    client_message_id=client_message_id,
                 )
             await self.runs.route(db, thread, outcome)
             return outcome
@@ -175,11 +174,9 @@ class Dispatcher:
                 state,
                 applied=applied,
                 text=message.text,
-                provider_instance_id=thread.provider_instance_id,
-                model=None,
-                client_message_id=message.client_message_id,
                 now=now,
                 new_id=new_id,
+                client_message_id=message.client_message_id,
                 message_id=message.id,
             )
             outcome.changes.append(
