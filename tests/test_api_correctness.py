@@ -5,25 +5,18 @@ Every test runs against a real `threadloom serve` over real HTTP and WebSockets.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
+from tests.support.graphql import CREATE_PROJECT, make_thread, statements, workspace
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from tests.support.ws import WsClient
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
-
-
-def statements(response_headers: Any) -> int:
-    match = re.search(r'desc="(\d+) statements"', response_headers["server-timing"])
-    assert match, response_headers
-    return int(match.group(1))
 
 
 async def _thread(client: Client, tmp_path: Path, title: str = "t") -> str:

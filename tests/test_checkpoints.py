@@ -9,7 +9,6 @@ own repository untouched.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.graphql import CREATE_PROJECT, make_thread
+from tests.support.graphql import CREATE_PROJECT, make_thread, statements
 from tests.support.runs import finished, send
 from tests.support.server import Client
 from tests.support.waiting import until
@@ -245,12 +244,6 @@ async def test_a_workspace_that_is_gone_records_a_missing_checkpoint(
     data = await client.gql(ACTIVITIES, {"t": thread_id})
     failed = [a["node"] for a in data["thread"]["activities"]["edges"] if a["node"]["kind"] == "checkpoint.failed"]
     assert len(failed) == 1 and "workspace" in failed[0]["payload"]["reason"]
-
-
-def statements(headers: Any) -> int:
-    match = re.search(r'desc="(\d+) statements"', headers["server-timing"])
-    assert match, headers
-    return int(match.group(1))
 
 
 async def test_thread_checkpoints_cost_the_same_for_2_and_10_runs(client: Client, project: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import create_token
-from tests.support.graphql import CREATE_PROJECT
+from tests.support.graphql import CREATE_PROJECT, statements
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
@@ -80,7 +80,6 @@ class Thread:
 
     @classmethod
     async def create(cls, client: Client, workspace: Path, instance: str = "scripted") -> Thread:
-        workspace.mkdir(exist_ok=True)
         project = await client.gql(CREATE_PROJECT, {"name": f"p-{workspace.name}", "root": str(workspace)})
         assert project["createProject"]["userErrors"] == [], project
         created = await client.gql(CREATE_THREAD, {"p": project["createProject"]["project"]["id"], "i": instance})
@@ -112,6 +111,11 @@ class Thread:
         return data["forkThread"]  # type: ignore[no-any-return]
 
 
+def _folder(path: Path) -> Path:
+    path.mkdir(exist_ok=True)
+    return path
+
+
 async def forked(parent: Thread, source: dict[str, Any], **kw: Any) -> tuple[Thread, dict[str, Any]]:
     payload = await parent.fork(source, **kw)
     assert payload["userErrors"] == [], payload
@@ -119,7 +123,7 @@ async def forked(parent: Thread, source: dict[str, Any], **kw: Any) -> tuple[Thr
 
 
 async def test_a_native_fork_holds_the_conversation_up_to_its_point(api: Client, tmp_path: Path) -> None:
-    source = await Thread.create(api, tmp_path / "ws")
+    source = await Thread.create(api, _folder(tmp_path / "ws"))
     first = await source.run("@reply alpha")
     await source.run("@reply beta")
 
@@ -155,7 +159,7 @@ async def test_a_native_fork_holds_the_conversation_up_to_its_point(api: Client,
 
 
 async def test_a_portable_fork_gets_a_handoff_that_is_what_the_agent_received(api: Client, tmp_path: Path) -> None:
-    source = await Thread.create(api, tmp_path / "ws", instance="plain")
+    source = await Thread.create(api, _folder(tmp_path / "ws"), instance="plain")
     first = await source.run("@reply alpha")
     await source.run("@reply beta")
 
@@ -172,7 +176,7 @@ async def test_a_portable_fork_gets_a_handoff_that_is_what_the_agent_received(ap
 
 
 async def test_unstable_points_are_refused_with_the_latest_stable_run(api: Client, tmp_path: Path) -> None:
-    source = await Thread.create(api, tmp_path / "ws")
+    source = await Thread.create(api, _folder(tmp_path / "ws"))
     await source.run("@reply alpha")
     waiting = await send(api, source.id, "@approval echo hi")
     await until(lambda: _status_is(api, waiting["run"]["id"], "WAITING"))
@@ -201,7 +205,7 @@ async def _status_is(api: Client, run_id: str, status: str) -> bool:
 
 async def test_forks_of_forks_keep_the_root_and_carry_the_whole_history(api: Client, tmp_path: Path) -> None:
     for instance in ("scripted", "plain"):
-        source = await Thread.create(api, tmp_path / f"ws-{instance}", instance=instance)
+        source = await Thread.create(api, _folder(tmp_path / f"ws-{instance}"), instance=instance)
         first = await source.run("@reply root one")
         await source.run("@reply root two")
         child, _ = await forked(source, {"run": first["id"]})
@@ -214,7 +218,7 @@ async def test_forks_of_forks_keep_the_root_and_carry_the_whole_history(api: Cli
 
 
 async def test_fork_from_a_checkpoint_a_provider_turn_and_a_root_node(api: Client, tmp_path: Path) -> None:
-    source = await Thread.create(api, tmp_path / "ws")
+    source = await Thread.create(api, _folder(tmp_path / "ws"))
     first = await source.run("@reply alpha")
     second = await source.run("@reply beta")
     await source.run("@reply gamma")
@@ -236,14 +240,14 @@ async def test_fork_from_a_checkpoint_a_provider_turn_and_a_root_node(api: Clien
 async def test_fork_is_idempotent_and_invisible_to_other_projects(
     server: ServerProcess, api: Client, tmp_path: Path, database_url: str
 ) -> None:
-    source = await Thread.create(api, tmp_path / "ws")
+    source = await Thread.create(api, _folder(tmp_path / "ws"))
     first = await source.run("@reply alpha")
     once = await source.fork({"run": first["id"]}, key="k1")
     again = await source.fork({"run": first["id"]}, key="k1")
     assert once["userErrors"] == [] and again["thread"]["id"] == once["thread"]["id"]
     assert again["clientMutationId"] == "k1"
 
-    other = await Thread.create(api, tmp_path / "other")
+    other = await Thread.create(api, _folder(tmp_path / "other"))
     project = (await api.gql(PROJECT_OF, {"t": other.id}))["thread"]["project"]["id"]
     _, token = create_token(database_url, "operate", project)
     stranger = Client(server.url, token)
@@ -255,3 +259,32 @@ async def test_fork_is_idempotent_and_invisible_to_other_projects(
         await stranger.aclose()
     view = (await api.gql(THREAD, {"t": source.id}))["thread"]
     assert view["lineage"]["forks"]["totalCount"] == 1
+
+
+TREE = """query($t: ID!) { thread(id: $t) { lineage { forks(first: 50) { totalCount edges { node {
+  id title transfers { id type status }
+  lineage { relationship rootThread { id } forkedFrom { status sourceRun { ordinal } handoff { text } }
+            forks(first: 50) { totalCount edges { node { id lineage { forkedFrom { id } } } } } } } } } } } }"""
+
+
+async def test_the_fork_tree_costs_the_same_statements_for_2_and_20_forks(api: Client, tmp_path: Path) -> None:
+    counts = {}
+    for size in (2, 20):
+        source = await Thread.create(api, _folder(tmp_path / f"ws{size}"))
+        first = await source.run("@reply alpha")
+        children = [(await forked(source, {"run": first["id"]}))[0] for _ in range(size)]
+        for child in children[:2]:  # grandchildren under two of them
+            on_child = await child.run("@reply on the child")
+            await forked(child, {"checkpoint": await _checkpoint(api, on_child["id"])})
+        response = await api.post(TREE, {"t": source.id})
+        body = response.json()
+        assert "errors" not in body, body
+        forks = body["data"]["thread"]["lineage"]["forks"]
+        assert forks["totalCount"] == size and len(forks["edges"]) == size
+        assert sum(e["node"]["lineage"]["forks"]["totalCount"] for e in forks["edges"]) == 2
+        counts[size] = statements(dict(response.headers))
+    assert counts[2] == counts[20], counts
+
+
+async def _checkpoint(api: Client, run_id: str) -> str:
+    return str((await api.gql(RUN_CHECKPOINT, {"r": run_id}))["run"]["checkpoint"]["id"])

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import re
 
-from tests.support.graphql import THREADS_PAGE, make_project, make_thread
+from tests.support.graphql import THREADS_PAGE, make_project, make_thread, statements
 from tests.support.server import Client
-
-
-def statements(response_headers: dict[str, str]) -> int:
-    match = re.search(r'desc="(\d+) statements"', response_headers["server-timing"])
-    assert match, response_headers
-    return int(match.group(1))
 
 
 async def test_keyset_pages_walk_forward_and_back(client: Client) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import create_token
-from tests.support.graphql import CREATE_PROJECT, CREATE_THREAD, make_project, make_thread, workspace
+from tests.support.graphql import CREATE_PROJECT, CREATE_THREAD, make_project, make_thread, statements, workspace
 from tests.support.runs import SEND, finished, send
 from tests.support.server import Client, ServerProcess, serving
 from tests.support.ws import WsClient
@@ -25,12 +24,6 @@ GRAPHQL_RESPONSE = {"accept": "application/graphql-response+json"}
 NESTED = """threads(projectId: $p, first: 100) { edges { node {
   messages(first: 100) { edges { node { thread { messages(first: 100) { nodes { text } } } } } } } } }"""
 NESTED_COST = 100 + 100 * 100 + 100 * 100 * 100
-
-
-def statements(headers: Any) -> int:
-    match = re.search(r'desc="(\d+) statements"', headers["server-timing"])
-    assert match, headers
-    return int(match.group(1))
 
 
 def random_id(type_name: str) -> str:

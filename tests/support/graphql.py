@@ -1,7 +1,9 @@
 """GraphQL documents shared by several tests."""
 
+import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 CREATE_PROJECT = """
 mutation($name: String!, $root: String!, $key: String) {
@@ -61,3 +63,10 @@ async def make_thread(client, project_id: str, title: str | None = "T", key: str
     data = await client.gql(CREATE_THREAD, {"projectId": project_id, "title": title, "key": key})
     assert data["createThread"]["userErrors"] == []
     return data["createThread"]["thread"]  # type: ignore[no-any-return]
+
+
+def statements(headers: Any) -> int:
+    """The SQL statements the server ran for a request (its `Server-Timing` header)."""
+    match = re.search(r'desc="(\d+) statements"', headers["server-timing"])
+    assert match, headers
+    return int(match.group(1))

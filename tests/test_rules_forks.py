@@ -1,0 +1,139 @@
+"""The fork rules as tables (domain/forks.py): stable points, native or portable, the fork's lineage. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from tests.support import builders as b
+from threadloom.domain import forks
+from threadloom.domain.entities import AppThread, Checkpoint, ContextTransfer
+from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.statuses import CheckpointStatus, LineageRelationship, RunStatus, TransferStatus, TransferType
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+OWNER = b.thread()
+
+
+def checkpoint(status: CheckpointStatus) -> Checkpoint:
+    return Checkpoint(id=b.uid(), thread_id=OWNER.id, scope_id=b.uid(), ordinal=1, status=status, created_at=NOW)
+
+
+READY, MISSING = CheckpointStatus.READY, CheckpointStatus.MISSING
+
+
+@pytest.mark.parametrize(
+    ("status", "files", "stable"),
+    [
+        (RunStatus.COMPLETED, None, True),
+        (RunStatus.COMPLETED, MISSING, True),
+        (RunStatus.INTERRUPTED, READY, True),
+        (RunStatus.FAILED, READY, True),
+        (RunStatus.INTERRUPTED, None, False),
+        (RunStatus.FAILED, MISSING, False),
+        (RunStatus.QUEUED, None, False),
+        (RunStatus.PREPARING, None, False),
+        (RunStatus.RUNNING, READY, False),
+        (RunStatus.WAITING, None, False),
+        (RunStatus.CANCELLED, READY, False),
+        (RunStatus.ROLLED_BACK, READY, False),
+    ],
+)
+def test_stable_points(status: RunStatus, files: CheckpointStatus | None, stable: bool) -> None:
+    run = b.run(OWNER, 1, status)
+    found = None if files is None else checkpoint(files)
+    assert forks.is_stable(run, found) is stable
+    if stable:
+        forks.require_stable(run, found, None, "source.run")
+    else:
+        with pytest.raises(DomainError) as refused:
+            forks.require_stable(run, found, b.run(OWNER, 7, RunStatus.COMPLETED), "source.run")
+        assert refused.value.code == ErrorCode.UNSTABLE_FORK_POINT and refused.value.field == "source.run"
+        assert refused.value.message.endswith("the latest stable point is run 7")
+
+
+def test_the_hint_is_the_newest_stable_run() -> None:
+    runs = [
+        (b.run(OWNER, 1, RunStatus.COMPLETED), None),
+        (b.run(OWNER, 2, RunStatus.FAILED), checkpoint(READY)),
+        (b.run(OWNER, 3, RunStatus.FAILED), None),
+        (b.run(OWNER, 4, RunStatus.RUNNING), None),
+    ]
+    hint = forks.latest_stable(runs)
+    assert hint is not None and hint.ordinal == 2
+    assert forks.latest_stable([(b.run(OWNER, 1, RunStatus.RUNNING), None)]) is None
+    assert forks.unstable("x", None, "f").message.endswith("the thread has no stable run yet")
+
+
+POINT = forks.ForkPoint(
+    source_thread_id=OWNER.id,
+    run_ordinal=2,
+    run_id=b.uid(),
+    provider_thread_id=b.uid(),
+    provider_instance_id="codex",
+    native_thread_ref="thr-1",
+    native_turn_ref="turn-2",
+    checkpoint_id=b.uid(),
+)
+N, P = forks.Resolution.NATIVE, forks.Resolution.PORTABLE
+
+
+@pytest.mark.parametrize(
+    ("point", "instance", "can_fork", "from_turn", "expected"),
+    [
+        (POINT, "codex", True, True, N),
+        (POINT, "claude", True, True, P),  # another provider: the log is the only common ground
+        (POINT, "codex", False, False, P),
+        (POINT, "codex", True, False, P),  # can fork, but only a whole thread: the point is a turn
+        (dataclasses.replace(POINT, native_turn_ref=None), "codex", True, False, N),
+        (dataclasses.replace(POINT, native_thread_ref=None), "codex", True, True, P),  # never reached the provider
+    ],
+)
+def test_native_or_portable(
+    point: forks.ForkPoint, instance: str, can_fork: bool, from_turn: bool, expected: forks.Resolution
+) -> None:
+    assert forks.resolve(point, instance, can_fork, from_turn) == expected
+
+
+def test_the_point_survives_its_json() -> None:
+    assert forks.ForkPoint.from_json(POINT.to_json()) == POINT
+    empty = forks.ForkPoint(source_thread_id=OWNER.id, run_ordinal=0)
+    assert forks.ForkPoint.from_json(empty.to_json()) == empty
+
+
+def test_a_fork_records_lineage_and_a_pending_transfer_only() -> None:
+    root_id = uuid.uuid4()
+    source = dataclasses.replace(OWNER, root_thread_id=root_id, title="Main")
+    fork, changes = forks.create_fork(source, POINT, None, NOW, uuid.uuid4)
+    assert [type(c.entity) for c in changes] == [AppThread, ContextTransfer]
+    transfer = changes[1].entity
+    assert isinstance(transfer, ContextTransfer)
+    assert fork.title == "Fork of Main" and fork.project_id == source.project_id
+    assert (fork.parent_thread_id, fork.root_thread_id) == (source.id, root_id)
+    assert fork.lineage_relationship == LineageRelationship.FORK and fork.forked_from_transfer_id == transfer.id
+    assert fork.active_provider_thread_id is None
+    assert (transfer.type, transfer.status) == (TransferType.FORK, TransferStatus.PENDING)
+    assert (transfer.source_thread_id, transfer.thread_id) == (source.id, fork.id)
+    assert transfer.source_point == POINT.to_json()
+    top, _ = forks.create_fork(OWNER, POINT, "  named  ", NOW, uuid.uuid4)
+    assert top.root_thread_id == OWNER.id and top.title == "named"
+
+
+def test_resolution_and_the_message_with_a_handoff() -> None:
+    _, changes = forks.create_fork(OWNER, POINT, None, NOW, uuid.uuid4)
+    transfer = changes[1].entity
+    assert isinstance(transfer, ContextTransfer)
+    run_id = uuid.uuid4()
+    native = forks.resolved(transfer, N, run_id, NOW).entity
+    portable = forks.resolved(transfer, P, run_id, NOW).entity
+    assert isinstance(native, ContextTransfer) and isinstance(portable, ContextTransfer)
+    assert (native.status, native.resolution_fidelity, native.target_run_id) == (
+        TransferStatus.RESOLVED_NATIVE,
+        "exact",
+        run_id,
+    )
+    assert (portable.status, portable.resolution_fidelity) == (TransferStatus.RESOLVED_PORTABLE, "summary")
+    assert forks.with_handoff("# context\n", "hello") == "# context\n\nhello"
