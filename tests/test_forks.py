@@ -288,3 +288,29 @@ async def test_the_fork_tree_costs_the_same_statements_for_2_and_20_forks(api: C
 
 async def _checkpoint(api: Client, run_id: str) -> str:
     return str((await api.gql(RUN_CHECKPOINT, {"r": run_id}))["run"]["checkpoint"]["id"])
+
+
+DELEGATE = """mutation($t: ID!, $text: String!) { delegateTask(input: {threadId: $t, text: $text}) {
+  thread { id runs(first: 1) { edges { node { id } } } } userErrors { code } } }"""
+SUBAGENT_NODES = """query($r: ID!) { run(id: $r) { executionGraph { nodes { id kind status childThread { id } } } } }"""
+
+
+async def test_fork_from_a_completed_subagent_node_continues_its_child_thread(api: Client, tmp_path: Path) -> None:
+    parent = await Thread.create(api, _folder(tmp_path / "ws"))
+    waiting = await send(api, parent.id, "@approval echo hi")  # the parent's run stays active meanwhile
+    await until(lambda: _status_is(api, waiting["run"]["id"], "WAITING"))
+    made = (await api.gql(DELEGATE, {"t": parent.id, "text": "@reply from the subagent"}))["delegateTask"]
+    assert made["userErrors"] == [], made
+    child_id = made["thread"]["id"]
+
+    async def subagent_node() -> dict[str, Any] | None:
+        graph = (await api.gql(SUBAGENT_NODES, {"r": waiting["run"]["id"]}))["run"]["executionGraph"]
+        found = [n for n in graph["nodes"] if n["kind"] == "SUBAGENT"]
+        return found[0] if found and found[0]["status"] == "COMPLETED" else None
+
+    node = await until(subagent_node)
+    assert node["childThread"] == {"id": child_id}
+    fork, payload = await forked(parent, {"node": node["id"]})
+    assert payload["thread"]["lineage"]["parentThread"] == {"id": child_id}
+    assert payload["thread"]["lineage"]["rootThread"] == {"id": parent.id}
+    assert await fork.recall() == ["user: @reply from the subagent"]
