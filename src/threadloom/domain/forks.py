@@ -104,10 +104,7 @@ def latest_stable(runs: Sequence[tuple[Run, Checkpoint | None]]) -> Run | None:
 
 def unstable(what: str, hint: Run | None, field: str) -> DomainError:
     """The refusal of an unstable point, naming the latest stable run to fork from instead."""
-    if hint is None:
-        advice = "the thread has no stable run yet"
-    else:
-        advice = f"the latest stable point is run {hint.ordinal}"
+    advice = "the thread has no stable run yet" if hint is None else f"the latest stable point is run {hint.ordinal}"
     return DomainError(ErrorCode.UNSTABLE_FORK_POINT, f"cannot fork from {what}: {advice}", field)
 
 
@@ -159,6 +156,12 @@ def create_fork(
         updated_at=now,
     )
     return fork, [Change.created(fork), Change.created(transfer)]
+
+
+def chooses_provider(thread: AppThread, runs_so_far: int) -> bool:
+    """A fork's first message may pick another provider instance (then the fork resolves portably)."""
+    first = runs_so_far == 0 and thread.active_provider_thread_id is None
+    return first and thread.lineage_relationship == LineageRelationship.FORK
 
 
 # --- resolving at the first run --------------------------------------------------------------------------

@@ -9,9 +9,10 @@ import uuid
 from typing import Any
 
 from threadloom.domain import dispatch as rules
+from threadloom.domain import forks
 from threadloom.domain.access import Principal
 from threadloom.domain.activities import ActivityKind, activity
-from threadloom.domain.changes import Outcome
+from threadloom.domain.changes import Change, Outcome
 from threadloom.domain.effects import SteerTurn
 from threadloom.domain.entities import AppThread, ConversationMessage, Run
 from threadloom.domain.errors import DomainError, ErrorCode
@@ -72,13 +73,22 @@ class Dispatcher:
                 raise DomainError(
                     ErrorCode.IDEMPOTENCY_KEY_REUSED, "this clientMessageId is used on this thread", "clientMessageId"
                 )
-            if provider_instance_id is not None and provider_instance_id != thread.provider_instance_id:
-                raise DomainError(
-                    ErrorCode.PROVIDER_SWITCH_UNAVAILABLE,
-                    "switching a thread's provider is not available on this server yet",
-                    "providerInstanceId",
-                )
             state = await runs.thread_state(db, thread)
+            chosen: Change | None = None
+            if provider_instance_id is not None and provider_instance_id != thread.provider_instance_id:
+                if not forks.chooses_provider(thread, state.last_ordinal):
+                    raise DomainError(
+                        ErrorCode.PROVIDER_SWITCH_UNAVAILABLE,
+                        "switching a thread's provider is not available on this server yet",
+                        "providerInstanceId",
+                    )
+                if provider_instance_id not in self.runs.sessions.drivers:
+                    raise DomainError(
+                        ErrorCode.UNKNOWN_PROVIDER_INSTANCE, "no such provider instance", "providerInstanceId"
+                    )
+                thread = thread.evolve(provider_instance_id=provider_instance_id, updated_at=now)
+                state = dataclasses.replace(state, thread=thread)
+                chosen = Change.updated(thread)
             applied = rules.choose(dispatch, state, self.runs.ability(thread.provider_instance_id))
             if applied == rules.AppliedDispatch.STEER_ACTIVE:
                 assert state.active is not None
@@ -101,6 +111,8 @@ class Dispatcher:
                     model=clean_model(model),
                     client_message_id=client_message_id,
                 )
+            if chosen is not None:
+                outcome.changes.insert(0, chosen)
             await self.runs.route(db, thread, outcome)
             return outcome
 

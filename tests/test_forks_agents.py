@@ -1,0 +1,121 @@
+"""forkThread with the real Codex and Claude Code CLIs against the fake model server.
+
+After two runs, a fork from run 1: the model's first request on the fork carries run 1 and not run 2
+(a native fork, the provider's own thread cut after run 1's turn). A fork whose first message picks the
+other CLI resolves portably: that request carries the handoff built from run 1 and not run 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.fake_model import FakeModel
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import finished
+from tests.support.server import Client, ServerProcess
+
+MODEL_PATH = {"codex": "/v1/responses", "claude": "/v1/messages"}
+THREAD = """mutation($p: ID!, $i: String!) {
+  createThread(input: {projectId: $p, providerInstanceId: $i, runtimeMode: "workspace_write", title: "t"}) {
+    thread { id } userErrors { code message } } }"""
+FORK = """mutation($r: ID!) { forkThread(input: {source: {run: $r}}) {
+  thread { id } transfer { id } userErrors { code message } } }"""
+SEND_ON = """mutation($t: ID!, $text: String!, $i: String) {
+  sendMessage(input: {threadId: $t, text: $text, providerInstanceId: $i}) {
+    run { id } userErrors { code message field } } }"""
+TRANSFER = """query($id: ID!) { node(id: $id) { ... on ContextTransfer {
+  status targetRun { providerThread { providerInstanceId } } handoff { text } } } }"""
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeModel]:
+    model = FakeModel().start()
+    yield model
+    model.stop()
+
+
+@pytest.fixture
+async def api(database_url: str, tmp_path: Path, fake: FakeModel) -> Any:
+    config = tmp_path / "providers.toml"
+    config.write_text(
+        f"""
+[instances.codex]
+driver = "codex"
+base_url = "{fake.url}/v1"
+api_key_env = "FAKE_OPENAI_API_KEY"
+
+[instances.claude]
+driver = "claude"
+base_url = "{fake.url}"
+api_key_env = "FAKE_ANTHROPIC_API_KEY"
+"""
+    )
+    env = {
+        "THREADLOOM_PROVIDERS": str(config),
+        "FAKE_OPENAI_API_KEY": "sk-fake-openai",
+        "FAKE_ANTHROPIC_API_KEY": "sk-fake-anthropic",
+    }
+    proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    client = Client(proc.url, proc.admin_token)
+    yield client
+    await client.aclose()
+    proc.stop()
+    print("\n".join(proc.log[-80:]))
+
+
+async def _done(client: Client, thread: str, text: str, provider: str | None = None) -> dict[str, Any]:
+    sent = (await client.gql(SEND_ON, {"t": thread, "text": text, "i": provider}))["sendMessage"]
+    assert sent["userErrors"] == [], sent
+    done = await finished(client, sent["run"]["id"], within=90)
+    assert done["status"] == "COMPLETED", done
+    return done
+
+
+async def _thread_with_two_runs(api: Client, workspace: Path, provider: str) -> tuple[str, dict[str, Any]]:
+    project = (await api.gql(CREATE_PROJECT, {"name": provider, "root": str(workspace)}))["createProject"]
+    made = (await api.gql(THREAD, {"p": project["project"]["id"], "i": provider}))["createThread"]
+    thread = made["thread"]["id"]
+    first = await _done(api, thread, "alpha-words for run one")
+    await _done(api, thread, "zulu-marker for run two")
+    return thread, first
+
+
+@pytest.mark.parametrize("provider", ["codex", "claude"])
+async def test_a_native_fork_carries_the_history_up_to_its_point(
+    api: Client, fake: FakeModel, tmp_path: Path, provider: str
+) -> None:
+    (tmp_path / f"ws-{provider}").mkdir()
+    _, first = await _thread_with_two_runs(api, tmp_path / f"ws-{provider}", provider)
+    fork = (await api.gql(FORK, {"r": first["id"]}))["forkThread"]
+    assert fork["userErrors"] == [], fork
+
+    seen = len(fake.bodies(MODEL_PATH[provider]))
+    await _done(api, fork["thread"]["id"], "on the fork")
+    later = fake.bodies(MODEL_PATH[provider])[seen:]
+    assert later, "the fork's run reached the model"
+    assert "alpha-words" in str(later[0]) and "on the fork" in str(later[0])
+    assert not any("zulu-marker" in str(body) for body in later)
+    transfer = (await api.gql(TRANSFER, {"id": fork["transfer"]["id"]}))["node"]
+    assert transfer["status"] == "RESOLVED_NATIVE" and transfer["handoff"] is None
+
+
+async def test_a_fork_onto_the_other_cli_resolves_portably(api: Client, fake: FakeModel, tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    _, first = await _thread_with_two_runs(api, tmp_path / "ws", "codex")
+    fork = (await api.gql(FORK, {"r": first["id"]}))["forkThread"]
+    assert fork["userErrors"] == [], fork
+
+    seen = len(fake.bodies(MODEL_PATH["claude"]))
+    await _done(api, fork["thread"]["id"], "on the claude fork", provider="claude")
+    later = [b for b in fake.bodies(MODEL_PATH["claude"])[seen:] if b.get("tools")]
+    assert later, "the fork's run reached Claude's model"
+    assert "alpha-words" in str(later[0]) and "on the claude fork" in str(later[0])
+    assert not any("zulu-marker" in str(body) for body in later)
+    transfer = (await api.gql(TRANSFER, {"id": fork["transfer"]["id"]}))["node"]
+    assert transfer["status"] == "RESOLVED_PORTABLE"
+    assert transfer["targetRun"]["providerThread"]["providerInstanceId"] == "claude"
+    assert transfer["handoff"]["text"].splitlines()[0] in str(later[0])
