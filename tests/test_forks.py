@@ -255,6 +255,8 @@ async def test_fork_is_idempotent_and_invisible_to_other_projects(
         refused = (await stranger.gql(FORK, {"source": {"run": first["id"]}}))["forkThread"]
         assert refused["thread"] is None
         assert [(e["code"], e["field"]) for e in refused["userErrors"]] == [("NOT_FOUND", "source.run")]
+        merged = (await stranger.gql(MERGE, {"f": once["thread"]["id"]}))["mergeBack"]
+        assert [(e["code"], e["field"]) for e in merged["userErrors"]] == [("NOT_FOUND", "forkThreadId")]
     finally:
         await stranger.aclose()
     view = (await api.gql(THREAD, {"t": source.id}))["thread"]
@@ -314,3 +316,51 @@ async def test_fork_from_a_completed_subagent_node_continues_its_child_thread(ap
     assert payload["thread"]["lineage"]["parentThread"] == {"id": child_id}
     assert payload["thread"]["lineage"]["rootThread"] == {"id": parent.id}
     assert await fork.recall() == ["user: @reply from the subagent"]
+
+
+MERGE = """mutation($f: ID!, $key: String) { mergeBack(input: {forkThreadId: $f, clientMutationId: $key}) {
+  thread { id } transfer { id type status basePoint sourcePoint sourceThread { id } targetThread { id } }
+  userErrors { code message field } } }"""
+
+
+async def merge(api: Client, fork: Thread, key: str | None = None) -> dict[str, Any]:
+    return (await api.gql(MERGE, {"f": fork.id, "key": key}))["mergeBack"]  # type: ignore[no-any-return]
+
+
+def handoff_lines(memory: list[str]) -> list[str]:
+    return [line for line in memory if line.startswith("handoff: ")]
+
+
+async def test_merge_back_brings_each_forks_own_delta_to_the_source(api: Client, tmp_path: Path) -> None:
+    source = await Thread.create(api, _folder(tmp_path / "ws"))
+    first = await source.run("@reply alpha")
+    one, _ = await forked(source, {"run": first["id"]}, title="one")
+    two, _ = await forked(source, {"run": first["id"]}, title="two")
+    await one.run("@reply idea from fork one")
+    await one.run("@write one.txt decided")
+    await two.run("@reply idea from fork two")
+
+    merged = await merge(api, one, key="m1")
+    assert merged["userErrors"] == [], merged
+    transfer = merged["transfer"]
+    assert (transfer["type"], transfer["status"]) == ("MERGE_BACK", "PENDING")
+    assert transfer["sourceThread"] == {"id": one.id} and transfer["targetThread"] == {"id": source.id}
+    assert merged["thread"] == {"id": source.id}
+    assert transfer["basePoint"]["runOrdinal"] == 1 and transfer["sourcePoint"]["runOrdinal"] == 2
+    assert (await merge(api, one, key="m1"))["transfer"]["id"] == transfer["id"]  # the key replays
+
+    memory = handoff_lines(await source.recall())
+    assert len(memory) == 1
+    assert "idea from fork one" in memory[0] and "one.txt" in memory[0] and "fork two" not in memory[0]
+    consumed = (await api.gql(TRANSFER, {"id": transfer["id"]}))["node"]
+    assert consumed["status"] == "CONSUMED" and consumed["handoff"]["status"] == "DELIVERED"
+    assert handoff_lines([f"handoff: {consumed['handoff']['text']}".replace("\n", "\\n")]) == memory
+
+    assert (await merge(api, two))["userErrors"] == []
+    memory = handoff_lines(await source.recall())
+    assert len(memory) == 2 and "idea from fork two" in memory[1] and "fork one" not in memory[1]
+
+    again = await merge(api, one)
+    assert [e["code"] for e in again["userErrors"]] == ["NOTHING_TO_MERGE"] and again["transfer"] is None
+    not_a_fork = (await api.gql(MERGE, {"f": source.id}))["mergeBack"]
+    assert [e["code"] for e in not_a_fork["userErrors"]] == ["NOT_A_FORK"]

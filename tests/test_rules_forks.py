@@ -137,3 +137,49 @@ def test_resolution_and_the_message_with_a_handoff() -> None:
     )
     assert (portable.status, portable.resolution_fidelity) == (TransferStatus.RESOLVED_PORTABLE, "summary")
     assert forks.with_handoff("# context\n", "hello") == "# context\n\nhello"
+
+
+def _fork_and_transfer() -> tuple[AppThread, ContextTransfer]:
+    fork, changes = forks.create_fork(OWNER, POINT, None, NOW, uuid.uuid4)
+    transfer = changes[1].entity
+    assert isinstance(transfer, ContextTransfer)
+    return fork, transfer
+
+
+def test_merge_back_covers_the_forks_runs_since_its_last_merge() -> None:
+    fork, transfer = _fork_and_transfer()
+    latest = b.run(fork, 3, RunStatus.COMPLETED)
+    first = forks.merge_back(fork, transfer, latest, [], NOW, uuid.uuid4)
+    assert (first.type, first.status) == (TransferType.MERGE_BACK, TransferStatus.PENDING)
+    assert (first.source_thread_id, first.thread_id) == (fork.id, OWNER.id)
+    assert first.base_point == POINT.to_json()
+    assert forks.merge_range(first) == (fork.id, 0, 3)
+    later = forks.merge_back(fork, transfer, b.run(fork, 5, RunStatus.COMPLETED), [first], NOW, uuid.uuid4)
+    assert forks.merge_range(later) == (fork.id, 3, 5)
+    failed = first.evolve(status=TransferStatus.FAILED)
+    assert forks.merge_range(forks.merge_back(fork, transfer, latest, [failed], NOW, uuid.uuid4)) == (fork.id, 0, 3)
+
+
+@pytest.mark.parametrize(
+    ("latest", "merged_before", "code"),
+    [(None, 0, ErrorCode.NOTHING_TO_MERGE), (3, 3, ErrorCode.NOTHING_TO_MERGE), (2, 3, ErrorCode.NOTHING_TO_MERGE)],
+)
+def test_merge_back_refuses_when_nothing_is_new(latest: int | None, merged_before: int, code: ErrorCode) -> None:
+    fork, transfer = _fork_and_transfer()
+    done = b.run(fork, merged_before, RunStatus.COMPLETED)
+    earlier = [forks.merge_back(fork, transfer, done, [], NOW, uuid.uuid4)] if merged_before else []
+    stable = None if latest is None else b.run(fork, latest, RunStatus.COMPLETED)
+    with pytest.raises(DomainError) as refused:
+        forks.merge_back(fork, transfer, stable, earlier, NOW, uuid.uuid4)
+    assert refused.value.code == code
+
+
+def test_only_a_fork_merges_back_and_only_its_first_message_picks_a_provider() -> None:
+    fork, transfer = _fork_and_transfer()
+    with pytest.raises(DomainError) as refused:
+        forks.merge_back(OWNER, transfer, b.run(OWNER, 1, RunStatus.COMPLETED), [], NOW, uuid.uuid4)
+    assert refused.value.code == ErrorCode.NOT_A_FORK
+    assert forks.chooses_provider(fork, 0)
+    assert not forks.chooses_provider(fork, 1)
+    assert not forks.chooses_provider(fork.evolve(active_provider_thread_id=uuid.uuid4()), 0)
+    assert not forks.chooses_provider(OWNER, 0)

@@ -201,3 +201,55 @@ def resolved(transfer: ContextTransfer, how: Resolution, run_id: uuid.UUID | Non
 def with_handoff(handoff: str, text: str) -> str:
     """The first message of a portable fork for a provider that takes no separate context item."""
     return f"{handoff.rstrip()}{HANDOFF_SEPARATOR}{text}"
+
+
+# --- merge-back --------------------------------------------------------------------------------------------
+
+
+def merged_up_to(earlier: Sequence[ContextTransfer]) -> int:
+    """The fork's last run an earlier merge-back already brought (0: none); failed ones do not count."""
+    counted = [t for t in earlier if t.status not in (TransferStatus.FAILED, TransferStatus.SUPERSEDED)]
+    return max((_ordinal(t.source_point) for t in counted), default=0)
+
+
+def _ordinal(point: Any) -> int:
+    return int(point.get("runOrdinal") or 0) if isinstance(point, dict) else 0
+
+
+def merge_back(
+    fork: AppThread,
+    fork_transfer: ContextTransfer | None,
+    latest: Run | None,
+    earlier: Sequence[ContextTransfer],
+    now: datetime,
+    new_id: NewId,
+) -> ContextTransfer:
+    """A `MERGE_BACK` transfer, PENDING on the fork's source: the fork's runs since its last merge, up to its
+    latest stable run (`sourcePoint`), over the fork point (`basePoint`). The source's next run consumes it."""
+    if fork.lineage_relationship != LineageRelationship.FORK or fork.parent_thread_id is None or fork_transfer is None:
+        raise DomainError(ErrorCode.NOT_A_FORK, "this thread is not a fork", "forkThreadId")
+    since = merged_up_to(earlier)
+    if latest is None or latest.ordinal <= since:
+        where = "has no stable run" if latest is None else f"has no stable run after run {since}, already merged"
+        raise DomainError(ErrorCode.NOTHING_TO_MERGE, f"the fork {where}", "forkThreadId")
+    return ContextTransfer(
+        id=new_id(),
+        type=TransferType.MERGE_BACK,
+        source_thread_id=fork.id,
+        thread_id=fork.parent_thread_id,
+        base_point=fork_transfer.source_point,
+        source_point={"threadId": str(fork.id), "runOrdinal": latest.ordinal, "runId": str(latest.id), "since": since},
+        status=TransferStatus.PENDING,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def merge_range(transfer: ContextTransfer) -> tuple[uuid.UUID, int, int]:
+    """(fork thread, after run, up to run): the fork's runs a merge-back brings."""
+    point = transfer.source_point if isinstance(transfer.source_point, dict) else {}
+    return transfer.source_thread_id, int(point.get("since") or 0), _ordinal(point)
+
+
+def consumed(transfer: ContextTransfer, run_id: uuid.UUID, now: datetime) -> Change:
+    return Change.updated(transfer.evolve(status=TransferStatus.CONSUMED, target_run_id=run_id, updated_at=now))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, TypeVar
 
@@ -28,7 +29,7 @@ from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.handoffs import HandoffKind, Selection, build_handoff, estimate_tokens
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import HandoffStatus, NodeKind, NodeStatus, TokenScope, TransferStatus
-from threadloom.engine.pipeline import GlobalCommand, Pipeline
+from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
 from threadloom.store import entities, handoff_facts
 from threadloom.store import forks as fork_store
 from threadloom.store import threads as thread_store
@@ -71,6 +72,35 @@ class Forks:
         command = GlobalCommand(command_type="forkThread", principal=principal, key=key, input=data, decide=decide)
         result = await self.pipeline.execute(command)
         return uuid.UUID(result["threadId"])
+
+    async def merge_back(self, principal: Principal, fork_id: uuid.UUID, *, key: str | None) -> uuid.UUID:
+        """Record a MERGE_BACK transfer on the fork's source thread; the transfer's id."""
+        async with self.pipeline.db.read() as db:
+            fork = await _visible_thread(db, principal, fork_id, "forkThreadId")
+        principal.require_project(fork.project_id, TokenScope.OPERATE, "forkThreadId")
+        if fork.parent_thread_id is None or fork.forked_from_transfer_id is None:
+            raise DomainError(ErrorCode.NOT_A_FORK, "this thread is not a fork", "forkThreadId")
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, source: AppThread) -> Outcome:
+            principal.require_project(source.project_id, TokenScope.OPERATE, "forkThreadId")
+            transfer = await entities.get(db, ContextTransfer, fork.forked_from_transfer_id)
+            latest = forks.latest_stable(await fork_store.runs_with_checkpoints(db, fork.id))
+            earlier = await fork_store.merges(db, of_fork=fork.id)
+            merge = forks.merge_back(fork, transfer, latest, earlier, now, new_id)
+            return Outcome([Change.created(merge)], result={"transferId": str(merge.id)})
+
+        data = {"forkThreadId": str(fork_id)}
+        command = Command(
+            command_type="mergeBack",
+            principal=principal,
+            key=key,
+            input=data,
+            decide=decide,
+            thread_id=fork.parent_thread_id,
+        )
+        result = await self.pipeline.execute(command)
+        return uuid.UUID(result["transferId"])
 
 
 def _str(value: uuid.UUID | None) -> str | None:
@@ -289,3 +319,45 @@ async def portable_handoff(
         token_estimate=estimate_tokens(text),
         created_at=now,
     )
+
+
+# --- merge-backs consumed by the source's next run -----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Merged:
+    changes: list[Change]
+    handoffs: list[ContextHandoff]
+
+
+async def consume_merges(
+    db: Reader, thread: AppThread, run: Run, to_provider_thread: uuid.UUID, now: datetime, new_id: NewId
+) -> Merged:
+    """Each pending merge-back into this thread becomes a MERGE_BACK_DELTA handoff for this run, oldest first."""
+    changes: list[Change] = []
+    handoffs: list[ContextHandoff] = []
+    for transfer in await fork_store.merges(db, into=thread.id):
+        fork_id, since, upto = forks.merge_range(transfer)
+        facts = await handoff_facts.read_run_facts(db, fork_id, range(since + 1, upto + 1))
+        built = build_handoff(HandoffKind.MERGE_BACK_DELTA, facts, Selection.between(since, upto))
+        handoff = ContextHandoff(
+            id=new_id(),
+            transfer_id=transfer.id,
+            thread_id=thread.id,
+            from_provider_thread_ids=sorted({str(f.provider_thread_id) for f in facts if f.provider_thread_id}),
+            to_provider_thread_id=to_provider_thread,
+            covered_run_ordinals=list(built.covered_run_ordinals),
+            strategy=HandoffKind.MERGE_BACK_DELTA.stored_strategy,
+            status=HandoffStatus.PENDING,
+            text=built.text,
+            token_estimate=built.token_estimate,
+            created_at=now,
+        )
+        handoffs.append(handoff)
+        changes += [Change.created(handoff), forks.consumed(transfer, run.id, now)]
+    return Merged(changes, handoffs)
+
+
+def joined(handoffs: Sequence[ContextHandoff]) -> str | None:
+    """The handoffs a turn carries, as one context text (None: none)."""
+    return "\n".join(h.text for h in handoffs) if handoffs else None

@@ -41,7 +41,14 @@ from threadloom.domain.statuses import (
     TokenScope,
 )
 from threadloom.engine.checkpoints import Checkpoints
-from threadloom.engine.forks import NativeFork, fall_back_to_handoff, fork_resolution, natively_forked
+from threadloom.engine.forks import (
+    NativeFork,
+    consume_merges,
+    fall_back_to_handoff,
+    fork_resolution,
+    joined,
+    natively_forked,
+)
 from threadloom.engine.pipeline import Command, Pipeline, Step
 from threadloom.engine.rollback import accepts_handoff, handoff_delivered, start_turn_with_handoff
 from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
@@ -74,7 +81,7 @@ class _Prepared:
     provider_thread: ProviderThread
     text: str
     cwd: str
-    handoff: ContextHandoff | None = None  # context for a new provider thread (rollback replacement, fork)
+    handoffs: tuple[ContextHandoff, ...] = ()  # context the agent lacks (rollback, portable fork, merge-backs)
     fork: NativeFork | None = None
 
     @property
@@ -253,9 +260,10 @@ class RunEngine:
         turn = await self._record_turn(prepared, provider_thread)
         if turn is None:
             return
-        handoff = prepared.handoff
+        handoffs = prepared.handoffs
         if prepared.fork is not None and provider_thread.forked_from_provider_thread_id is None:
-            handoff = await self._pending_handoff(provider_thread.id)  # the native fork fell back to a handoff
+            handoffs = await self._pending_handoffs(provider_thread.id)  # the native fork fell back to a handoff
+        handoff = joined(handoffs)
         binding = TurnBinding(
             thread_id=prepared.thread.id,
             run_id=run_id,
@@ -269,10 +277,10 @@ class RunEngine:
             settings = prepared.target.settings
             if handoff is not None and accepts_handoff(session.runtime):
                 native_turn = await start_turn_with_handoff(
-                    session.runtime, binding.native_thread, prepared.text, settings, handoff.text
+                    session.runtime, binding.native_thread, prepared.text, settings, handoff
                 )
-            else:  # a provider without a context item gets a fork's handoff in front of the message
-                text = prepared.text if handoff is None else with_handoff(handoff.text, prepared.text)
+            else:  # a provider without a context item gets the handoff in front of the message
+                text = prepared.text if handoff is None else with_handoff(handoff, prepared.text)
                 native_turn = await session.runtime.start_turn(binding.native_thread, text, settings)
         except ProviderError as error:
             session.unbind(binding.native_thread)
@@ -285,12 +293,12 @@ class RunEngine:
             )
             return
         binding.know_turn(native_turn)
-        if handoff is not None:
-            await handoff_delivered(self.pipeline, handoff, run_id)
+        for delivered in handoffs:
+            await handoff_delivered(self.pipeline, delivered, run_id)
 
-    async def _pending_handoff(self, provider_thread_id: uuid.UUID) -> ContextHandoff | None:
+    async def _pending_handoffs(self, provider_thread_id: uuid.UUID) -> tuple[ContextHandoff, ...]:
         async with self.pipeline.db.read() as db:
-            return await rollback_facts.pending_handoff(db, provider_thread_id)
+            return tuple(await rollback_facts.pending_handoffs(db, provider_thread_id))
 
     async def _prepare(self, run_id: uuid.UUID, text: str | None = None) -> _Prepared | None:
         now = self.now
@@ -309,11 +317,14 @@ class RunEngine:
                 thread, current, run.provider_instance_id, now, new_id
             )
             outcome = Outcome(changes)
-            handoff = await rollback_facts.pending_handoff(db, provider_thread.id)
+            handoffs = await rollback_facts.pending_handoffs(db, provider_thread.id)
             fork = await fork_resolution(db, thread, run, provider_thread, self._fork_ability(run), now, new_id)
             if fork is not None:
                 outcome.changes.extend(fork.changes)
-                handoff = fork.handoff or handoff
+                handoffs.extend([fork.handoff] if fork.handoff else [])
+            merged = await consume_merges(db, thread, run, provider_thread.id, now, new_id)
+            outcome.changes.extend(merged.changes)
+            handoffs.extend(merged.handoffs)
             return outcome.carrying(
                 _Prepared(
                     run,
@@ -322,7 +333,7 @@ class RunEngine:
                     provider_thread,
                     text or message.text,
                     project.workspace_root,
-                    handoff,
+                    tuple(handoffs),
                     fork.native if fork is not None else None,
                 )
             )

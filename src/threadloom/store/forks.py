@@ -45,3 +45,16 @@ async def pending_fork(db: Reader, transfer_id: uuid.UUID | None) -> ContextTran
     if transfer is None or transfer.type != TransferType.FORK or transfer.status != TransferStatus.PENDING:
         return None
     return transfer
+
+
+async def merges(
+    db: Reader, *, into: uuid.UUID | None = None, of_fork: uuid.UUID | None = None
+) -> list[ContextTransfer]:
+    """MERGE_BACK transfers into a thread (pending ones only) or of a fork (all), oldest first."""
+    table = t.context_transfers
+    where = [table.c.type == TransferType.MERGE_BACK.value]
+    if into is not None:
+        where += [table.c.thread_id == into, table.c.status == TransferStatus.PENDING.value]
+    if of_fork is not None:
+        where.append(table.c.source_thread_id == of_fork)
+    return await entities.where(db, ContextTransfer, *where, order_by=[table.c.created_at, table.c.id])

@@ -93,14 +93,14 @@ def payload(activity: Activity) -> dict[str, Any]:
     return dict(activity.payload) if isinstance(activity.payload, dict) else {}
 
 
-async def pending_handoff(db: Reader, provider_thread_id: uuid.UUID) -> ContextHandoff | None:
-    """The handoff waiting to be given to this provider thread with its next turn (a rollback's replacement)."""
+async def pending_handoffs(db: Reader, provider_thread_id: uuid.UUID) -> list[ContextHandoff]:
+    """The handoffs waiting to go to this provider thread with its next turn, oldest first (a rollback's
+    replacement, a portable fork, merge-backs)."""
     table = t.context_handoffs
-    found = await entities.where(
+    return await entities.where(
         db,
         ContextHandoff,
         table.c.to_provider_thread_id == provider_thread_id,
         table.c.status == HandoffStatus.PENDING.value,
-        order_by=[table.c.created_at.desc()],
+        order_by=[table.c.created_at, table.c.id],
     )
-    return found[0] if found else None

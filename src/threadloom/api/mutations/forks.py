@@ -1,4 +1,4 @@
-"""Forks: forkThread (the engine's `engine.forks`)."""
+"""Forks: forkThread and mergeBack (the engine's `engine.forks`)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,32 @@ async def _fork_payload(
 FORK = Shape(ForkThreadPayload, _fork_payload)
 
 
+@strawberry.input
+class MergeBackInput(KeyedInput):
+    fork_thread_id: strawberry.ID = strawberry.field(description="The fork whose work goes back to its source thread.")
+
+
+@strawberry.type
+class MergeBackPayload:
+    thread: Thread | None = strawberry.field(description="The source thread: its next run receives the delta.")
+    transfer: ContextTransfer | None = strawberry.field(
+        description="The MERGE_BACK transfer, PENDING until the source's next run consumes it."
+    )
+    user_errors: list[UserError]
+    client_mutation_id: str | None
+
+
+async def _merge_payload(
+    info: Info, transfer_id: uuid.UUID | None, errors: list[UserError], client_key: str | None
+) -> MergeBackPayload:
+    transfer = await load(info, ContextTransfer, transfer_id)
+    thread = None if transfer is None else await load(info, Thread, transfer.rec.thread_id)
+    return MergeBackPayload(thread=thread, transfer=transfer, user_errors=errors, client_mutation_id=client_key)
+
+
+MERGE = Shape(MergeBackPayload, _merge_payload)
+
+
 def source_of(source: ForkSourceInput) -> Source:
     """The one field set, its id decoded as the type it names."""
     if isinstance(source.run, str):
@@ -94,3 +120,11 @@ class ForkMutation:
         source = source_of(input.source)
         title = input.title
         return await ctx.services.forks.fork(ctx.principal, source, title=title, key=input.key())
+
+    @mutation(MERGE)
+    async def merge_back(ctx: Context, input: MergeBackInput) -> uuid.UUID:
+        """Bring a fork's work back to its source thread: a MERGE_BACK transfer over the fork's runs since it was
+        forked (or last merged) up to its latest stable run. The source's next run receives the delta — decisions,
+        files changed, commands, conclusions, open requests — as a handoff with its message."""
+        fork = gid.decode_as(input.fork_thread_id, "Thread", "forkThreadId")
+        return await ctx.services.forks.merge_back(ctx.principal, fork, key=input.key())
