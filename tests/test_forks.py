@@ -30,8 +30,8 @@ supports_native_fork = false
 
 CREATE_THREAD = """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
   thread { id } userErrors { code } } }"""
-FORK = """mutation($source: ForkSourceInput!, $title: String, $key: String) {
-  forkThread(input: {source: $source, title: $title, clientMutationId: $key}) {
+FORK = """mutation($source: ForkSourceInput!, $title: String, $key: String, $own: Boolean! = false) {
+  forkThread(input: {source: $source, title: $title, clientMutationId: $key, ownWorkspace: $own}) {
     thread { id title providerThreads { id }
              lineage { relationship parentThread { id } rootThread { id } forkedFrom { id } } }
     transfer { id type status sourceThread { id } targetThread { id } sourceRun { id ordinal } targetRun { id }
@@ -364,3 +364,38 @@ async def test_merge_back_brings_each_forks_own_delta_to_the_source(api: Client,
     assert [e["code"] for e in again["userErrors"]] == ["NOTHING_TO_MERGE"] and again["transfer"] is None
     not_a_fork = (await api.gql(MERGE, {"f": source.id}))["mergeBack"]
     assert [e["code"] for e in not_a_fork["userErrors"]] == ["NOT_A_FORK"]
+
+
+ROLLBACK = """mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n}) {
+  userErrors { code message } } }"""
+FILES = """query($r: ID!) { run(id: $r) { checkpoint { files { path } } } }"""
+
+
+async def test_a_fork_with_its_own_workspace_starts_from_the_fork_points_files(api: Client, tmp_path: Path) -> None:
+    root = _folder(tmp_path / "ws")
+    source = await Thread.create(api, root)
+    first = await source.run("@write a.txt one")
+    await source.run("@write a.txt two\n@write b.txt later")
+
+    fork, _ = await forked(source, {"run": first["id"]}, own=True)
+    path = (await api.gql("query($t: ID!) { thread(id: $t) { workspacePath } }", {"t": fork.id}))["thread"]
+    own = root / path["workspacePath"]
+    assert own.parent == root / ".threadloom" / "forks"
+    assert (own / "a.txt").read_text() == "one" and not (own / "b.txt").exists()  # made by forkThread
+
+    on_fork = await fork.run("@write c.txt fork")
+    assert (own / "c.txt").read_text() == "fork" and not (root / "c.txt").exists()
+    assert (root / "a.txt").read_text() == "two"  # the source's files are untouched
+    changed = (await api.gql(FILES, {"r": on_fork["id"]}))["run"]["checkpoint"]["files"]
+    assert [f["path"] for f in changed] == ["c.txt"]
+
+    on_source = await source.run("@write d.txt main")
+    main_files = [f["path"] for f in (await api.gql(FILES, {"r": on_source["id"]}))["run"]["checkpoint"]["files"]]
+    assert main_files == ["d.txt"]  # the fork's folder is never part of the project's checkpoints
+
+    assert (await api.gql(ROLLBACK, {"t": fork.id, "n": 0}))["rollbackToRun"]["userErrors"] == []
+    assert not (own / "c.txt").exists() and (own / "a.txt").read_text() == "one"
+    assert (root / "d.txt").exists()  # rolling the fork back leaves the project's files alone
+    assert (await api.gql(ROLLBACK, {"t": source.id, "n": 1}))["rollbackToRun"]["userErrors"] == []
+    assert (own / "a.txt").read_text() == "one" and (root / "a.txt").read_text() == "one"
+    assert not (root / "d.txt").exists()  # and rolling the source back leaves the fork's folder alone

@@ -28,10 +28,10 @@ def _checkpoint(ordinal: int, status: CheckpointStatus = CheckpointStatus.READY)
 
 
 def test_excludes_add_and_drop_defaults() -> None:
-    assert rules.excludes(None) == rules.DEFAULT_EXCLUDES
-    chosen = rules.excludes("dist/, *.log\n-node_modules/,,node_modules/x")
+    assert rules.excludes(None) == (*rules.DEFAULT_EXCLUDES, "/.threadloom/forks/")
+    chosen = rules.excludes("dist/, *.log\n-node_modules/,,node_modules/x,-/.threadloom/forks/")
     assert "node_modules/" not in chosen
-    assert chosen[-3:] == ("dist/", "*.log", "node_modules/x")
+    assert chosen[-4:] == ("dist/", "*.log", "node_modules/x", "/.threadloom/forks/")  # forks' folders stay out
 
 
 def test_the_base_is_the_latest_ready_checkpoint_before() -> None:

@@ -95,7 +95,10 @@ N, P = forks.Resolution.NATIVE, forks.Resolution.PORTABLE
 def test_native_or_portable(
     point: forks.ForkPoint, instance: str, can_fork: bool, from_turn: bool, expected: forks.Resolution
 ) -> None:
-    assert forks.resolve(point, instance, can_fork, from_turn) == expected
+    assert forks.resolve(point, OWNER, instance, can_fork, from_turn) == expected
+    if expected == N:  # a fork working in another folder than the source cannot take the provider's thread
+        elsewhere = OWNER.evolve(workspace_path=".threadloom/forks/x")
+        assert forks.resolve(point, elsewhere, instance, can_fork, from_turn) == P
 
 
 def test_the_point_survives_its_json() -> None:

@@ -23,8 +23,13 @@ class CheckpointStore:
     def git_dir(self, project_id: str) -> Path:
         return self.root / f"{check_project_id(project_id)}.git"
 
-    def repo(self, project_id: str, workspace_root: Path, excludes: Sequence[str] = ()) -> ShadowRepo:
+    def repo(
+        self, project_id: str, workspace_root: Path, excludes: Sequence[str] = (), index_key: str | None = None
+    ) -> ShadowRepo:
         """The project's shadow repository over `workspace_root`; created on its first capture.
+
+        A folder other than the project's workspace (a fork's own) gets its own index (`index_key`),
+        so the two never disturb each other's staged state; both share the objects and the lock.
 
         The exclude list is the project's current one: it decides what the next capture or restore
         walks, and is written to the repository's `info/exclude` for anyone inspecting it.
@@ -33,5 +38,6 @@ class CheckpointStore:
         lock = self._locks.get(project_id)
         if lock is None:
             lock = self._locks[project_id] = RepoLock(self.root / f"{project_id}.lock")
-        git = Git(self._git, git_dir, Path(workspace_root).resolve(), git_dir / INDEX_NAME)
+        index = INDEX_NAME if index_key is None else f"{INDEX_NAME}-{check_project_id(index_key)}"
+        git = Git(self._git, git_dir, Path(workspace_root).resolve(), git_dir / index)
         return ShadowRepo(git, Excludes(excludes), lock)

@@ -38,6 +38,9 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
     ".ruff_cache/",
     ".tox/",
 )
+# Always excluded: the own workspaces of forks live here, each captured and restored on its own.
+FORK_WORKSPACES = ".threadloom/forks"
+ALWAYS_EXCLUDED = (f"/{FORK_WORKSPACES}/",)
 EXCLUDES_ENV = "THREADLOOM_CHECKPOINT_EXCLUDES"
 ROOT_SCOPE_NAME = "root"  # the ref component of the root scope (`checkpoint_ref(thread, "root", n)`)
 
@@ -56,7 +59,7 @@ def excludes(env_value: str | None) -> tuple[str, ...]:
             chosen = [p for p in chosen if p != pattern[1:]]
         elif pattern not in chosen:
             chosen.append(pattern)
-    return tuple(chosen)
+    return (*chosen, *ALWAYS_EXCLUDED)
 
 
 class CheckpointFileStatus(StrEnum):

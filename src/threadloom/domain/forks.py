@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from threadloom.domain.changes import Change, NewId
+from threadloom.domain.checkpoints import FORK_WORKSPACES
 from threadloom.domain.entities import AppThread, Checkpoint, ContextTransfer, Run
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.statuses import (
@@ -48,6 +49,7 @@ class ForkPoint:
     native_thread_ref: str | None = None
     native_turn_ref: str | None = None  # the provider's last turn of that run
     checkpoint_id: uuid.UUID | None = None
+    workspace_path: str | None = None  # the source thread's own folder (None: the project's workspace)
 
     def to_json(self) -> dict[str, Any]:
         """The transfer's `sourcePoint` (camelCase, ids as strings): clients read it as JSON."""
@@ -60,6 +62,7 @@ class ForkPoint:
             "nativeThreadRef": self.native_thread_ref,
             "nativeTurnRef": self.native_turn_ref,
             "checkpointId": _str(self.checkpoint_id),
+            "workspacePath": self.workspace_path,
         }
 
     @classmethod
@@ -74,6 +77,7 @@ class ForkPoint:
             native_thread_ref=point.get("nativeThreadRef"),
             native_turn_ref=point.get("nativeTurnRef"),
             checkpoint_id=_uuid(point.get("checkpointId")),
+            workspace_path=point.get("workspacePath"),
         )
 
 
@@ -140,11 +144,17 @@ def fork_of(
 
 
 def create_fork(
-    source: AppThread, point: ForkPoint, title: str | None, now: datetime, new_id: NewId
+    source: AppThread, point: ForkPoint, title: str | None, now: datetime, new_id: NewId, *, own_workspace: bool = False
 ) -> tuple[AppThread, list[Change]]:
-    """The fork thread and its pending `FORK` transfer (no provider state: that waits for the first run)."""
+    """The fork thread and its pending `FORK` transfer (no provider state: that waits for the first run).
+
+    With `own_workspace` the fork works in a folder of its own inside the project's workspace
+    (`.threadloom/forks/<fork id>`), made from the fork point's checkpoint; otherwise it shares the project's.
+    """
     transfer_id = new_id()
     fork = fork_of(source, title, new_id(), transfer_id, now)
+    if own_workspace:
+        fork = fork.evolve(workspace_path=f"{FORK_WORKSPACES}/{fork.id}")
     transfer = ContextTransfer(
         id=transfer_id,
         type=TransferType.FORK,
@@ -175,9 +185,14 @@ class Resolution(StrEnum):
 FIDELITY = {Resolution.NATIVE: "exact", Resolution.PORTABLE: "summary"}
 
 
-def resolve(point: ForkPoint, instance: str, can_fork_thread: bool, can_fork_from_turn: bool) -> Resolution:
-    """Native only when the run's provider instance is the source's and it can fork there; else portable."""
+def resolve(
+    point: ForkPoint, fork: AppThread, instance: str, can_fork_thread: bool, can_fork_from_turn: bool
+) -> Resolution:
+    """Native only when the run's provider instance is the source's and it can fork there, in the same folder
+    (a provider's thread keeps its working directory); else portable."""
     if point.native_thread_ref is None or point.provider_instance_id != instance or not can_fork_thread:
+        return Resolution.PORTABLE
+    if point.workspace_path != fork.workspace_path:
         return Resolution.PORTABLE
     if point.native_turn_ref is not None and not can_fork_from_turn:
         return Resolution.PORTABLE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -154,6 +155,16 @@ def clean_text(text: str) -> str:
     if len(text) > MAX_MESSAGE:
         raise DomainError(ErrorCode.INVALID_INPUT, f"text is longer than {MAX_MESSAGE} characters", "text")
     return text
+
+
+def workspace_of(thread: AppThread, project_root: str) -> str:
+    """The folder the thread's agent works in: the project's workspace, or a fork's own folder inside it."""
+    return posixpath.join(project_root, thread.workspace_path) if thread.workspace_path else project_root
+
+
+def index_key(thread: AppThread) -> str | None:
+    """The checkpoint index of a thread's own workspace (None: the project's shared index)."""
+    return str(thread.id) if thread.workspace_path else None
 
 
 def attach_provider_thread(

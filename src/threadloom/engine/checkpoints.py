@@ -16,8 +16,10 @@ capture to `record_run_end`), a baseline or a subagent's checkpoint in a step of
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import shutil
 import uuid
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from threadloom.domain.entities import AppThread, Checkpoint, ExecutionNode, Pro
 from threadloom.domain.ids import new_id
 from threadloom.domain.runs import is_active
 from threadloom.domain.statuses import RunStatus
+from threadloom.domain.threads import index_key, workspace_of
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.store import checkpoints as stored
 from threadloom.store import entities
@@ -50,6 +53,7 @@ class _Where:
     thread_id: uuid.UUID
     project_id: uuid.UUID
     workspace: Path
+    index_key: str | None = None  # a fork's own workspace has its own index
 
 
 class Checkpoints:
@@ -69,24 +73,25 @@ class Checkpoints:
             log.warning("checkpoints are off: %s", error)
             return cls(pipeline, None, excludes)
 
-    def repo(self, project_id: uuid.UUID, workspace: Path) -> ShadowRepo:
+    def repo(self, project_id: uuid.UUID, workspace: Path, index_key: str | None = None) -> ShadowRepo:
         if self.store is None:
             raise CheckpointError(CheckpointErrorCode.GIT_NOT_FOUND, "this server keeps no checkpoints (no git)")
-        return self.store.repo(str(project_id), workspace, self.excludes)
+        return self.store.repo(str(project_id), workspace, self.excludes, index_key)
 
     async def _where(self, db: Reader, thread_id: uuid.UUID) -> _Where | None:
         thread = await entities.get(db, AppThread, thread_id)
         project = await entities.get(db, Project, thread.project_id if thread else None)
         if thread is None or project is None:
             return None
-        return _Where(thread.id, project.id, Path(project.workspace_root))
+        workspace = Path(workspace_of(thread, project.workspace_root))
+        return _Where(thread.id, project.id, workspace, index_key(thread))
 
     async def _capture(
         self, where: _Where, scope: str, ordinal: int, base: Checkpoint | None, message: str
     ) -> rules.CaptureResult:
         """The git work of one capture; every failure becomes a `CaptureFailed` (a capture never breaks a run)."""
         try:
-            repo = self.repo(where.project_id, where.workspace)
+            repo = self.repo(where.project_id, where.workspace, where.index_key)
             ref = checkpoint_ref(str(where.thread_id), scope, ordinal)
             base_commit = await repo.resolve(base.ref) if base is not None and base.ref else None
             captured = await repo.capture(ref, message, parent=base_commit)
@@ -99,6 +104,33 @@ class Checkpoints:
             return rules.CaptureFailed(f"capture failed: {error}")
         base_ordinal = base.ordinal if base_commit is not None and base is not None else None
         return rules.Captured(ref, tuple(changes), base_ordinal)
+
+    # ---- a fork's own workspace ---------------------------------------------------------------
+
+    async def ensure_own_workspace(self, thread_id: uuid.UUID) -> None:
+        """A fork with a workspace of its own: its folder, made once from the fork point's checkpoint.
+
+        The files go to a `.partial` folder that is renamed when complete, so a crash midway leaves
+        nothing a run would mistake for the fork's files; the next call starts again.
+        """
+        async with self.pipeline.db.read() as db:
+            thread = await entities.get(db, AppThread, thread_id)
+            if thread is None or not thread.workspace_path:
+                return
+            project = await entities.require(db, Project, thread.project_id)
+            source = await stored.fork_point_checkpoint(db, thread)
+        folder = Path(workspace_of(thread, project.workspace_root))
+        if await asyncio.to_thread(folder.is_dir):
+            return
+        partial = folder.with_name(f"{folder.name}.partial")
+        await asyncio.to_thread(_fresh_folder, partial)
+        if source is not None and source.ref and self.store is not None:
+            repo = self.repo(project.id, partial, f"{thread.id}-partial")
+            commit = await repo.resolve(source.ref)
+            if commit is None:
+                raise CheckpointError(CheckpointErrorCode.UNKNOWN_COMMIT, f"checkpoint {source.id} has no commit")
+            await repo.restore(commit)
+        await asyncio.to_thread(partial.rename, folder)
 
     # ---- the root scope: a run's start and end ---------------------------------------------
 
@@ -193,7 +225,7 @@ class Checkpoints:
             where = await self._where(db, checkpoint.thread_id)
         if where is None:
             return None
-        repo = self.repo(where.project_id, where.workspace)
+        repo = self.repo(where.project_id, where.workspace, where.index_key)
         commit = await repo.resolve(checkpoint.ref)
         if commit is None:
             return None
@@ -258,3 +290,9 @@ class Checkpoints:
             return Outcome(changes + recorded.changes)
 
         await self.pipeline.execute(Command(command_type="checkpoint.node", thread_id=where.thread_id, decide=decide))
+
+
+def _fresh_folder(path: Path) -> None:
+    """An empty folder at `path` (a leftover of an interrupted attempt is removed first)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)

@@ -7,11 +7,13 @@ provider forks its own thread, or a handoff built from the log goes with the fir
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, TypeVar
 
+from threadloom.checkpoints import CheckpointError
 from threadloom.domain import forks
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change, NewId, Outcome
@@ -29,12 +31,14 @@ from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.handoffs import HandoffKind, Selection, build_handoff, estimate_tokens
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import HandoffStatus, NodeKind, NodeStatus, TokenScope, TransferStatus
+from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
 from threadloom.store import entities, handoff_facts
 from threadloom.store import forks as fork_store
 from threadloom.store import threads as thread_store
 from threadloom.store.db import Reader
 
+log = logging.getLogger("threadloom.forks")
 T = TypeVar("T")
 SourceKind = Literal["run", "node", "provider_thread", "checkpoint"]
 
@@ -55,23 +59,32 @@ class Source:
 
 
 class Forks:
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, checkpoints: Checkpoints) -> None:
         self.pipeline = pipeline
+        self.checkpoints = checkpoints
 
-    async def fork(self, principal: Principal, source: Source, *, title: str | None, key: str | None) -> uuid.UUID:
-        """Record the fork and its pending transfer; the fork thread's id."""
+    async def fork(
+        self, principal: Principal, source: Source, *, title: str | None, own_workspace: bool, key: str | None
+    ) -> uuid.UUID:
+        """Record the fork and its pending transfer (then make its own workspace, if asked); the fork's id."""
         now = self.pipeline.clock.now()
 
         async def decide(db: Reader) -> Outcome:
             thread, point = await _point(db, principal, source)
             principal.require(TokenScope.OPERATE)
-            fork, changes = forks.create_fork(thread, point, title, now, new_id)
+            fork, changes = forks.create_fork(thread, point, title, now, new_id, own_workspace=own_workspace)
             return Outcome(changes, result={"threadId": str(fork.id)}, project_id=thread.project_id)
 
-        data = {"source": {"kind": source.kind, "id": str(source.id), "turnId": _str(source.turn_id)}, "title": title}
+        point = {"kind": source.kind, "id": str(source.id), "turnId": _str(source.turn_id)}
+        data = {"source": point, "title": title, "ownWorkspace": own_workspace}
         command = GlobalCommand(command_type="forkThread", principal=principal, key=key, input=data, decide=decide)
         result = await self.pipeline.execute(command)
-        return uuid.UUID(result["threadId"])
+        fork_id = uuid.UUID(result["threadId"])
+        try:  # git work after the commit; the fork's first run tries again if this fails
+            await self.checkpoints.ensure_own_workspace(fork_id)
+        except (CheckpointError, OSError) as error:
+            log.warning("fork %s: its workspace is not made yet: %s", fork_id, error)
+        return fork_id
 
     async def merge_back(self, principal: Principal, fork_id: uuid.UUID, *, key: str | None) -> uuid.UUID:
         """Record a MERGE_BACK transfer on the fork's source thread; the transfer's id."""
@@ -159,6 +172,7 @@ async def _point_of(db: Reader, thread: AppThread, run: Run, checkpoint: Checkpo
         native_thread_ref=pt.native_thread_ref if pt else None,
         native_turn_ref=turn.native_turn_ref if turn else None,
         checkpoint_id=checkpoint.id if checkpoint else None,
+        workspace_path=thread.workspace_path,
     )
 
 
@@ -166,7 +180,9 @@ async def _at_checkpoint(db: Reader, thread: AppThread, checkpoint: Checkpoint, 
     forks.require_ready_checkpoint(checkpoint, field)
     run = await entities.get(db, Run, checkpoint.run_id)
     if run is None:  # the baseline before the first run: an empty conversation
-        return forks.ForkPoint(source_thread_id=thread.id, run_ordinal=0, checkpoint_id=checkpoint.id)
+        return forks.ForkPoint(
+            source_thread_id=thread.id, run_ordinal=0, checkpoint_id=checkpoint.id, workspace_path=thread.workspace_path
+        )
     runs = await fork_store.runs_with_checkpoints(db, thread.id)
     if run.checkpoint_id != checkpoint.id:  # a subagent's scope, or the baseline of a run
         forks.require_stable(run, None, forks.latest_stable(runs), field)
@@ -247,7 +263,7 @@ async def fork_resolution(
     if transfer is None or provider_thread.native_thread_ref is not None:
         return None
     point = forks.ForkPoint.from_json(transfer.source_point)
-    how = forks.resolve(point, run.provider_instance_id, *ability)
+    how = forks.resolve(point, thread, run.provider_instance_id, *ability)
     if how == forks.Resolution.NATIVE and point.native_thread_ref is not None:
         native = NativeFork(transfer.id, point.native_thread_ref, point.native_turn_ref, point.provider_thread_id)
         return ForkStart([], native=native)

@@ -70,6 +70,7 @@ from threadloom.domain.statuses import (
     RunStatus,
     TokenScope,
 )
+from threadloom.domain.threads import index_key, workspace_of
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.sessions import SessionManager
 from threadloom.providers.contract import ProviderError, ProviderRuntime, ThreadSettings
@@ -166,7 +167,7 @@ def _refused(error: plan_rules.RollbackRefused) -> DomainError:
 
 class Rollbacks:
     def __init__(
-        self, pipeline: Pipeline, sessions: SessionManager, repo_of: Callable[[uuid.UUID, Path], ShadowRepo]
+        self, pipeline: Pipeline, sessions: SessionManager, repo_of: Callable[[uuid.UUID, Path, str | None], ShadowRepo]
     ) -> None:
         self.pipeline = pipeline
         self.sessions = sessions
@@ -176,8 +177,8 @@ class Rollbacks:
     def now(self) -> Any:
         return self.pipeline.clock.now()
 
-    def _repo(self, project: Project) -> ShadowRepo:
-        return self.repo_of(project.id, Path(project.workspace_root))
+    def _repo(self, project: Project, thread: AppThread) -> ShadowRepo:
+        return self.repo_of(project.id, Path(workspace_of(thread, project.workspace_root)), index_key(thread))
 
     # ---- rollbackToRun ------------------------------------------------------------------------------------
 
@@ -243,7 +244,7 @@ class Rollbacks:
 
         # capture
         if plan.restore_checkpoint_id is not None:
-            op.repo = self._repo(project)
+            op.repo = self._repo(project, thread)
             with _step(op, "capture", CheckpointError, OSError):
                 op.pre_ref = check_ref(f"{REF_PREFIX}{thread.id}/rollback/{op.id}")
                 op.pre_commit = (await op.repo.capture(op.pre_ref, f"before rollback to run {op.target}")).commit
@@ -382,7 +383,8 @@ class Rollbacks:
         planned = step.planned
         if planned is None:
             raise _StepFailed("provider", "no plan for this provider thread")
-        settings = ThreadSettings(cwd=project.workspace_root, runtime_mode=thread.runtime_mode, model=thread.model)
+        cwd = workspace_of(thread, project.workspace_root)
+        settings = ThreadSettings(cwd=cwd, runtime_mode=thread.runtime_mode, model=thread.model)
         async with self.sessions.using(pt.provider_instance_id, project.id) as session:
             runtime = session.runtime
             ref = pt.native_thread_ref
@@ -566,7 +568,7 @@ class Rollbacks:
         pre = record.get("preRollback") or {}
         if pre.get("commit"):
             try:
-                await self._repo(project).restore(str(pre["commit"]))
+                await self._repo(project, thread).restore(str(pre["commit"]))
             except (CheckpointError, OSError) as error:
                 raise DomainError(ErrorCode.ROLLBACK_FAILED, f"files could not be put back: {error}") from error
         changes: list[Change] = []
@@ -671,7 +673,7 @@ class Rollbacks:
                 "nodeId",
             )
         project = await entities.require(db, Project, thread.project_id)
-        op.repo = self._repo(project)
+        op.repo = self._repo(project, thread)
         with _step(op, "capture", CheckpointError, OSError):
             op.pre_ref = check_ref(f"{REF_PREFIX}{thread.id}/rollback/{op.id}")
             op.pre_commit = (await op.repo.capture(op.pre_ref, "before node rollback")).commit

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from threadloom.checkpoints import CheckpointError
 from threadloom.domain import dispatch as dispatch_rules
 from threadloom.domain import runs as rules
 from threadloom.domain import threads as thread_rules
@@ -238,6 +239,12 @@ class RunEngine:
         prepared = await self._prepare(effect.run_id, effect.input)
         if prepared is None:
             return
+        try:
+            await self.checkpoints.ensure_own_workspace(prepared.thread.id)  # a fork's own folder, once
+        except (CheckpointError, OSError) as error:
+            reason = f"the fork's workspace could not be made: {error}"
+            await self.finish(effect.run_id, RunStatus.FAILED, "workspace_error", hold_reason=reason)
+            return
         await self.checkpoints.ensure_baseline(effect.run_id)  # the workspace before this run
         try:
             # The project's own runtime, kept from the reaper meanwhile.
@@ -332,7 +339,7 @@ class RunEngine:
                     thread,
                     provider_thread,
                     text or message.text,
-                    project.workspace_root,
+                    thread_rules.workspace_of(thread, project.workspace_root),
                     tuple(handoffs),
                     fork.native if fork is not None else None,
                 )
@@ -445,7 +452,13 @@ class RunEngine:
             project = await entities.require(db, Project, thread.project_id)
             pt, changes = thread_rules.attach_provider_thread(thread, current, thread.provider_instance_id, now, new_id)
             return Outcome(changes).carrying(
-                _Target(thread.id, _settings(thread, project.workspace_root), None, pt, project.id)
+                _Target(
+                    thread.id,
+                    _settings(thread, thread_rules.workspace_of(thread, project.workspace_root)),
+                    None,
+                    pt,
+                    project.id,
+                )
             )
 
         step = Step(command_type="provider_thread.ensure", thread_id=thread_id, decide=decide)

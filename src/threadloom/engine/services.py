@@ -133,7 +133,7 @@ class Services:
         )
 
         services.rollback = Rollbacks(pipeline, sessions, checkpoints.repo)
-        services.forks = Forks(pipeline)
+        services.forks = Forks(pipeline, checkpoints)
 
         async def wake(committed: Committed) -> None:
             if committed.effects:

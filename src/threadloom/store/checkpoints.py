@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from threadloom.domain.entities import Checkpoint, CheckpointScope
+from threadloom.domain.entities import AppThread, Checkpoint, CheckpointScope, ContextTransfer
+from threadloom.domain.forks import ForkPoint
 from threadloom.domain.statuses import CheckpointScopeKind
 from threadloom.store import entities
 from threadloom.store import tables as t
@@ -44,3 +45,11 @@ async def of_scope(db: Reader, scope_id: uuid.UUID) -> list[Checkpoint]:
     return await entities.where(
         db, Checkpoint, t.checkpoints.c.scope_id == scope_id, order_by=[t.checkpoints.c.ordinal]
     )
+
+
+async def fork_point_checkpoint(db: Reader, thread: AppThread) -> Checkpoint | None:
+    """The checkpoint a fork was made at (its files are the fork's starting files), if any."""
+    transfer = await entities.get(db, ContextTransfer, thread.forked_from_transfer_id)
+    if transfer is None:
+        return None
+    return await entities.get(db, Checkpoint, ForkPoint.from_json(transfer.source_point).checkpoint_id)

@@ -43,6 +43,11 @@ class ForkSourceInput:
 class ForkThreadInput(KeyedInput):
     source: ForkSourceInput
     title: str | None = strawberry.field(default=None, description="Absent means `Fork of <source title>`.")
+    own_workspace: bool = strawberry.field(
+        default=False,
+        description="Work in a folder of its own (`.threadloom/forks/<id>` in the project's workspace) holding the "
+        "fork point's files, instead of sharing the project's workspace.",
+    )
 
 
 @strawberry.type
@@ -119,7 +124,8 @@ class ForkMutation:
         source's and can fork there, otherwise with a handoff from the log (lower fidelity)."""
         source = source_of(input.source)
         title = input.title
-        return await ctx.services.forks.fork(ctx.principal, source, title=title, key=input.key())
+        forks = ctx.services.forks
+        return await forks.fork(ctx.principal, source, title=title, own_workspace=input.own_workspace, key=input.key())
 
     @mutation(MERGE)
     async def merge_back(ctx: Context, input: MergeBackInput) -> uuid.UUID:
