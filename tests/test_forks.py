@@ -259,6 +259,14 @@ async def test_fork_is_idempotent_and_invisible_to_other_projects(
         assert [(e["code"], e["field"]) for e in merged["userErrors"]] == [("NOT_FOUND", "forkThreadId")]
     finally:
         await stranger.aclose()
+    own = (await api.gql(PROJECT_OF, {"t": source.id}))["thread"]["project"]["id"]
+    _, reader_token = create_token(database_url, "read", own)  # sees the source, may not change anything
+    reader = Client(server.url, reader_token)
+    try:
+        refused = (await reader.gql(FORK, {"source": {"run": first["id"]}}))["forkThread"]
+        assert refused["thread"] is None and [e["code"] for e in refused["userErrors"]] == ["FORBIDDEN"]
+    finally:
+        await reader.aclose()
     view = (await api.gql(THREAD, {"t": source.id}))["thread"]
     assert view["lineage"]["forks"]["totalCount"] == 1
 
@@ -377,7 +385,7 @@ async def test_a_fork_with_its_own_workspace_starts_from_the_fork_points_files(a
     first = await source.run("@write a.txt one")
     await source.run("@write a.txt two\n@write b.txt later")
 
-    fork, _ = await forked(source, {"run": first["id"]}, own=True)
+    fork, _ = await forked(source, {"checkpoint": await _checkpoint(api, first["id"])}, own=True)
     path = (await api.gql("query($t: ID!) { thread(id: $t) { workspacePath } }", {"t": fork.id}))["thread"]
     own = root / path["workspacePath"]
     assert own.parent == root / ".threadloom" / "forks"
