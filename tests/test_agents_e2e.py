@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.support.agents import MODEL_PATH, cli_providers_env
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished, run, send
@@ -25,7 +26,6 @@ from threadloom.store import tables as t
 from threadloom.store.db import Database
 
 PROVIDERS = ["codex", "claude"]
-MODEL_PATH = {"codex": "/v1/responses", "claude": "/v1/messages"}
 THREAD = """mutation($p: ID!, $i: String!, $m: String!) {
   createThread(input: {projectId: $p, providerInstanceId: $i, runtimeMode: $m, title: "t"}) {
     thread { id providerInstanceId runtimeMode } userErrors { code message } } }"""
@@ -51,25 +51,9 @@ def fake() -> Iterator[FakeModel]:
 
 @pytest.fixture
 def agents_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterator[ServerProcess]:
-    config = tmp_path / "providers.toml"
-    config.write_text(
-        f"""
-[instances.codex]
-driver = "codex"
-base_url = "{fake.url}/v1"
-api_key_env = "FAKE_OPENAI_API_KEY"
-
-[instances.claude]
-driver = "claude"
-base_url = "{fake.url}"
-api_key_env = "FAKE_ANTHROPIC_API_KEY"
-"""
+    env = cli_providers_env(
+        tmp_path, fake, openai_key="sk-fake-openai-SECRET", anthropic_key="sk-fake-anthropic-SECRET"
     )
-    env = {
-        "THREADLOOM_PROVIDERS": str(config),
-        "FAKE_OPENAI_API_KEY": "sk-fake-openai-SECRET",
-        "FAKE_ANTHROPIC_API_KEY": "sk-fake-anthropic-SECRET",
-    }
     proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
     yield proc
     proc.stop()

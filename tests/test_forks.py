@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from tests.support.cli import create_token
-from tests.support.graphql import CREATE_PROJECT, statements
-from tests.support.runs import finished, send
+from tests.support.graphql import statements
+from tests.support.runs import send
+from tests.support.scripted import ScriptedThread
 from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
 
@@ -28,8 +29,6 @@ driver = "scripted"
 supports_native_fork = false
 """
 
-CREATE_THREAD = """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
-  thread { id } userErrors { code } } }"""
 FORK = """mutation($source: ForkSourceInput!, $title: String, $key: String, $own: Boolean! = false) {
   forkThread(input: {source: $source, title: $title, clientMutationId: $key, ownWorkspace: $own}) {
     thread { id title providerThreads { id }
@@ -44,7 +43,6 @@ THREAD = """query($t: ID!) { thread(id: $t) {
   providerThreads { id forkedFrom { id } }
   lineage { forks(first: 50) { totalCount edges { node { id title } } } }
   transfers { id type } forkTransfers: transfers(type: FORK) { id } } }"""
-REPLIES = """query($t: ID!) { thread(id: $t) { messages(first: 100) { edges { node { role text run { id } } } } } }"""
 RUN_CHECKPOINT = """query($r: ID!) { run(id: $r) { checkpoint { id } attempts { providerTurns { id } }
   providerThread { id } rootNode { id } } }"""
 PROJECT_OF = """query($t: ID!) { thread(id: $t) { project { id } } }"""
@@ -73,39 +71,7 @@ async def api(server: ServerProcess) -> AsyncIterator[Client]:
     await client.aclose()
 
 
-class Thread:
-    def __init__(self, client: Client, thread_id: str) -> None:
-        self.client = client
-        self.id = thread_id
-
-    @classmethod
-    async def create(cls, client: Client, workspace: Path, instance: str = "scripted") -> Thread:
-        project = await client.gql(CREATE_PROJECT, {"name": f"p-{workspace.name}", "root": str(workspace)})
-        assert project["createProject"]["userErrors"] == [], project
-        created = await client.gql(CREATE_THREAD, {"p": project["createProject"]["project"]["id"], "i": instance})
-        assert created["createThread"]["userErrors"] == [], created
-        return cls(client, created["createThread"]["thread"]["id"])
-
-    async def run(self, text: str) -> dict[str, Any]:
-        sent = await send(self.client, self.id, text)
-        assert sent["userErrors"] == [], sent
-        done = await finished(self.client, sent["run"]["id"])
-        assert done["status"] == "COMPLETED", done
-        return done
-
-    async def recall(self) -> list[str]:
-        """What the agent's conversation holds, minus the `@recall` asking for it."""
-        done = await self.run("@recall")
-        data = await self.client.gql(REPLIES, {"t": self.id})
-        texts = [
-            e["node"]["text"]
-            for e in data["thread"]["messages"]["edges"]
-            if e["node"]["role"] == "ASSISTANT" and e["node"]["run"]["id"] == done["id"]
-        ]
-        lines = "".join(texts).split("\n")
-        assert lines[-1] == "user: @recall", lines
-        return lines[:-1]
-
+class Thread(ScriptedThread):
     async def fork(self, source: dict[str, Any], **kw: Any) -> dict[str, Any]:
         data = await self.client.gql(FORK, {"source": source, **kw})
         return data["forkThread"]  # type: ignore[no-any-return]
@@ -119,7 +85,7 @@ def _folder(path: Path) -> Path:
 async def forked(parent: Thread, source: dict[str, Any], **kw: Any) -> tuple[Thread, dict[str, Any]]:
     payload = await parent.fork(source, **kw)
     assert payload["userErrors"] == [], payload
-    return Thread(parent.client, payload["thread"]["id"]), payload
+    return Thread(parent.client, payload["thread"]["id"], parent.workspace), payload
 
 
 async def test_a_native_fork_holds_the_conversation_up_to_its_point(api: Client, tmp_path: Path) -> None:

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from tests.support.agents import MODEL_PATH, cli_providers_env
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished
 from tests.support.server import Client, ServerProcess
 
-MODEL_PATH = {"codex": "/v1/responses", "claude": "/v1/messages"}
 THREAD = """mutation($p: ID!, $i: String!) {
   createThread(input: {projectId: $p, providerInstanceId: $i, runtimeMode: "workspace_write", title: "t"}) {
     thread { id } userErrors { code message } } }"""
@@ -40,25 +40,7 @@ def fake() -> Iterator[FakeModel]:
 
 @pytest.fixture
 async def api(database_url: str, tmp_path: Path, fake: FakeModel) -> Any:
-    config = tmp_path / "providers.toml"
-    config.write_text(
-        f"""
-[instances.codex]
-driver = "codex"
-base_url = "{fake.url}/v1"
-api_key_env = "FAKE_OPENAI_API_KEY"
-
-[instances.claude]
-driver = "claude"
-base_url = "{fake.url}"
-api_key_env = "FAKE_ANTHROPIC_API_KEY"
-"""
-    )
-    env = {
-        "THREADLOOM_PROVIDERS": str(config),
-        "FAKE_OPENAI_API_KEY": "sk-fake-openai",
-        "FAKE_ANTHROPIC_API_KEY": "sk-fake-anthropic",
-    }
+    env = cli_providers_env(tmp_path, fake)
     proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
     client = Client(proc.url, proc.admin_token)
     yield client

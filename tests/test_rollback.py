@@ -18,6 +18,7 @@ import pytest
 from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished, send
+from tests.support.scripted import ScriptedThread
 from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
 
@@ -39,16 +40,12 @@ supports_native_rollback = false
 supports_native_fork = false
 """
 
-CREATE_THREAD = """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
-  thread { id } userErrors { code } } }"""
 ROLLBACK = """mutation($t: ID!, $n: Int!, $files: Boolean, $key: String) {
   rollbackToRun(input: {threadId: $t, runOrdinal: $n, restoreFiles: $files, clientMutationId: $key}) {
     thread { id } rolledBackRuns { ordinal status } preRollbackRef userErrors { code message field }
     clientMutationId } }"""
 UNDO = """mutation($t: ID!) { undoRollback(input: {threadId: $t}) { thread { id } userErrors { code message } } }"""
 RUNS = """query($t: ID!) { thread(id: $t) { runs(first: 50) { edges { node { ordinal status } } } } }"""
-REPLIES = """query($t: ID!) { thread(id: $t) {
-  messages(first: 100) { edges { node { role text run { id } } } } } }"""
 ACTIVITIES = (
     """query($t: ID!) { thread(id: $t) { activities(first: 100) { edges { node { kind summary payload } } } } }"""
 )
@@ -79,40 +76,7 @@ async def api(database_url: str, tmp_path: Path) -> AsyncIterator[Client]:
         await client.aclose()
 
 
-class Thread:
-    def __init__(self, client: Client, thread_id: str, workspace: Path) -> None:
-        self.client = client
-        self.id = thread_id
-        self.workspace = workspace
-
-    @classmethod
-    async def create(cls, client: Client, workspace: Path, instance: str = "scripted") -> Thread:
-        project = await client.gql(CREATE_PROJECT, {"name": f"p-{instance}", "root": str(workspace)})
-        assert project["createProject"]["userErrors"] == [], project
-        created = await client.gql(CREATE_THREAD, {"p": project["createProject"]["project"]["id"], "i": instance})
-        assert created["createThread"]["userErrors"] == [], created
-        return cls(client, created["createThread"]["thread"]["id"], workspace)
-
-    async def run(self, text: str) -> dict[str, Any]:
-        sent = await send(self.client, self.id, text)
-        assert sent["userErrors"] == [], sent
-        done = await finished(self.client, sent["run"]["id"])
-        assert done["status"] == "COMPLETED", done
-        return done
-
-    async def recall(self) -> list[str]:
-        """What the agent's conversation holds, minus the `@recall` asking for it."""
-        done = await self.run("@recall")
-        data = await self.client.gql(REPLIES, {"t": self.id})
-        texts = [
-            e["node"]["text"]
-            for e in data["thread"]["messages"]["edges"]
-            if e["node"]["role"] == "ASSISTANT" and e["node"]["run"]["id"] == done["id"]
-        ]
-        lines = "".join(texts).split("\n")
-        assert lines[-1] == "user: @recall", lines
-        return lines[:-1]
-
+class Thread(ScriptedThread):
     async def rollback(self, ordinal: int, files: bool = True, key: str | None = None) -> dict[str, Any]:
         data = await self.client.gql(ROLLBACK, {"t": self.id, "n": ordinal, "files": files, "key": key})
         return data["rollbackToRun"]  # type: ignore[no-any-return]

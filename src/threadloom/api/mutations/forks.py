@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import TypeVar
 
 import strawberry
 
@@ -58,17 +59,6 @@ class ForkThreadPayload:
     client_mutation_id: str | None
 
 
-async def _fork_payload(
-    info: Info, fork_id: uuid.UUID | None, errors: list[UserError], client_key: str | None
-) -> ForkThreadPayload:
-    thread = await load(info, Thread, fork_id)
-    transfer = None if thread is None else await load(info, ContextTransfer, thread.rec.forked_from_transfer_id)
-    return ForkThreadPayload(thread=thread, transfer=transfer, user_errors=errors, client_mutation_id=client_key)
-
-
-FORK = Shape(ForkThreadPayload, _fork_payload)
-
-
 @strawberry.input
 class MergeBackInput(KeyedInput):
     fork_thread_id: strawberry.ID = strawberry.field(description="The fork whose work goes back to its source thread.")
@@ -84,15 +74,27 @@ class MergeBackPayload:
     client_mutation_id: str | None
 
 
-async def _merge_payload(
-    info: Info, transfer_id: uuid.UUID | None, errors: list[UserError], client_key: str | None
-) -> MergeBackPayload:
-    transfer = await load(info, ContextTransfer, transfer_id)
-    thread = None if transfer is None else await load(info, Thread, transfer.rec.thread_id)
-    return MergeBackPayload(thread=thread, transfer=transfer, user_errors=errors, client_mutation_id=client_key)
+P = TypeVar("P", ForkThreadPayload, MergeBackPayload)
 
 
-MERGE = Shape(MergeBackPayload, _merge_payload)
+def _thread_and_transfer(payload: type[P], *, by_transfer: bool) -> Shape[uuid.UUID, P]:
+    """The payload naming a thread and a transfer from the id the command returned: the fork (its FORK
+    transfer) or the MERGE_BACK transfer (its target thread)."""
+
+    async def build(info: Info, found: uuid.UUID | None, errors: list[UserError], client_key: str | None) -> P:
+        if by_transfer:
+            transfer = await load(info, ContextTransfer, found)
+            thread = None if transfer is None else await load(info, Thread, transfer.rec.thread_id)
+        else:
+            thread = await load(info, Thread, found)
+            transfer = None if thread is None else await load(info, ContextTransfer, thread.rec.forked_from_transfer_id)
+        return payload(thread=thread, transfer=transfer, user_errors=errors, client_mutation_id=client_key)
+
+    return Shape(payload, build)
+
+
+FORK = _thread_and_transfer(ForkThreadPayload, by_transfer=False)
+MERGE = _thread_and_transfer(MergeBackPayload, by_transfer=True)
 
 
 def source_of(source: ForkSourceInput) -> Source:
