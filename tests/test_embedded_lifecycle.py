@@ -54,3 +54,19 @@ async def test_a_crash_leaves_the_server_for_the_next_start(tmp_path: Path) -> N
     finally:
         for pid in postgres_pids(pgdata):  # the test failed: do not leave the server behind
             os.kill(pid, signal.SIGTERM)
+
+
+async def test_a_half_made_database_folder_is_made_again(tmp_path: Path) -> None:
+    """A first start interrupted while creating the database leaves a folder initdb refuses; the next start
+    clears it and creates the database (a folder that holds a database is never touched)."""
+    pgdata = tmp_path / "data" / "pg"
+    pgdata.mkdir(parents=True)
+    (pgdata / "base").mkdir()
+    (pgdata / "global").write_text("left by an interrupted initdb")
+    server = ServerProcess(None, tmp_path / "data").wait_ready(timeout=90)
+    try:
+        assert (pgdata / "PG_VERSION").exists() and (pgdata / "global").is_dir()
+        assert postgres_pids(pgdata) == [postmaster_pid(pgdata)]
+        assert any("trying once more" in line for line in server.log)
+    finally:
+        server.stop()

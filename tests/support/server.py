@@ -61,7 +61,7 @@ class ServerProcess:
                 if line.startswith("Admin token"):
                     self.admin_token = line.rsplit(" ", 1)[1]
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n" + "\n".join(self.log[-30:]))
+                raise RuntimeError(f"server exited {self.proc.returncode}:\n" + "\n".join(self.log[-80:]))
             try:
                 if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
                     while not self.lines.empty():
@@ -72,7 +72,7 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        raise TimeoutError("server did not become ready:\n" + "\n".join(self.log[-30:]))
+        raise TimeoutError("server did not become ready:\n" + "\n".join(self.log[-80:]))
 
     def stop(self) -> None:
         if self.proc.poll() is None:

