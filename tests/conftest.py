@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fake_model import FakeModel
 from tests.support.graphql import workspace as workspace_folder
 from tests.support.pg import PgServer, postgres_servers
 from tests.support.server import Client, ServerProcess, serving
@@ -80,3 +81,11 @@ async def client(server: ServerProcess) -> AsyncIterator[Client]:
     c = Client(server.url, server.admin_token)
     yield c
     await c.aclose()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeModel]:
+    """The fake model server the real CLIs talk to (OpenAI Responses and Anthropic Messages)."""
+    model = FakeModel().start()
+    yield model
+    model.stop()

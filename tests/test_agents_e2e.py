@@ -43,13 +43,6 @@ INSTANCES = """{ providerInstances { id driver isDefault capabilities {
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeModel]:
-    model = FakeModel().start()
-    yield model
-    model.stop()
-
-
-@pytest.fixture
 def agents_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterator[ServerProcess]:
     env = cli_providers_env(
         tmp_path, fake, openai_key="sk-fake-openai-SECRET", anthropic_key="sk-fake-anthropic-SECRET"

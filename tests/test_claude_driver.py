@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +94,6 @@ def main_loop(fake: FakeModel) -> list[dict[str, Any]]:
 
 def carries(body: dict[str, Any], text: str) -> bool:
     return text in orjson.dumps(body.get("messages") or []).decode()
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeModel]:
-    server = FakeModel().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

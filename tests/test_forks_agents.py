@@ -7,17 +7,17 @@ other CLI resolves portably: that request carries the handoff built from run 1 a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.agents import MODEL_PATH, cli_providers_env
+from tests.support.agents import MODEL_PATH, cli_api
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client
 
 THREAD = """mutation($p: ID!, $i: String!) {
   createThread(input: {projectId: $p, providerInstanceId: $i, runtimeMode: "workspace_write", title: "t"}) {
@@ -32,21 +32,9 @@ TRANSFER = """query($id: ID!) { node(id: $id) { ... on ContextTransfer {
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeModel]:
-    model = FakeModel().start()
-    yield model
-    model.stop()
-
-
-@pytest.fixture
-async def api(database_url: str, tmp_path: Path, fake: FakeModel) -> Any:
-    env = cli_providers_env(tmp_path, fake)
-    proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
-    client = Client(proc.url, proc.admin_token)
-    yield client
-    await client.aclose()
-    proc.stop()
-    print("\n".join(proc.log[-80:]))
+async def api(database_url: str, tmp_path: Path, fake: FakeModel) -> AsyncIterator[Client]:
+    async with cli_api(database_url, tmp_path, fake) as client:
+        yield client
 
 
 async def _done(client: Client, thread: str, text: str, provider: str | None = None) -> dict[str, Any]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tests.support.fake_model import FakeModel
+from tests.support.server import Client, ServerProcess
 
 MODEL_PATH = {"codex": "/v1/responses", "claude": "/v1/messages"}
 
@@ -32,3 +35,16 @@ api_key_env = "FAKE_ANTHROPIC_API_KEY"
         "FAKE_OPENAI_API_KEY": openai_key,
         "FAKE_ANTHROPIC_API_KEY": anthropic_key,
     }
+
+
+@contextlib.asynccontextmanager
+async def cli_api(database_url: str, folder: Path, fake: FakeModel) -> AsyncIterator[Client]:
+    """An admin client of a server (data in `folder/data`) whose `codex` and `claude` instances use `fake`."""
+    proc = ServerProcess(database_url, folder / "data", env=cli_providers_env(folder, fake)).wait_ready()
+    client = Client(proc.url, proc.admin_token)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+        proc.stop()
+        print("\n".join(proc.log[-80:]))
