@@ -155,31 +155,17 @@ def create_fork(
     fork = fork_of(source, title, new_id(), transfer_id, now)
     if own_workspace:
         fork = fork.evolve(workspace_path=f"{FORK_WORKSPACES}/{fork.id}")
-    transfer = pending_transfer(transfer_id, TransferType.FORK, source.id, fork.id, point.to_json(), now)
-    return fork, [Change.created(fork), Change.created(transfer)]
-
-
-def pending_transfer(
-    transfer_id: uuid.UUID,
-    kind: TransferType,
-    source_id: uuid.UUID,
-    target_id: uuid.UUID,
-    source_point: dict[str, Any],
-    now: datetime,
-    base_point: dict[str, Any] | None = None,
-) -> ContextTransfer:
-    """A transfer from `source_id` to `target_id` that a run of the target has yet to resolve or consume."""
-    return ContextTransfer(
+    transfer = ContextTransfer(
         id=transfer_id,
-        type=kind,
-        source_thread_id=source_id,
-        thread_id=target_id,
-        source_point=source_point,
-        base_point=base_point,
+        type=TransferType.FORK,
+        source_thread_id=source.id,
+        thread_id=fork.id,
+        source_point=point.to_json(),
         status=TransferStatus.PENDING,
         created_at=now,
         updated_at=now,
     )
+    return fork, [Change.created(fork), Change.created(transfer)]
 
 
 def chooses_provider(thread: AppThread, runs_so_far: int) -> bool:
@@ -261,9 +247,17 @@ def merge_back(
     if latest is None or latest.ordinal <= since:
         where = "has no stable run" if latest is None else f"has no stable run after run {since}, already merged"
         raise DomainError(ErrorCode.NOTHING_TO_MERGE, f"the fork {where}", "forkThreadId")
-    point = {"threadId": str(fork.id), "runOrdinal": latest.ordinal, "runId": str(latest.id), "since": since}
-    base = fork_transfer.source_point if isinstance(fork_transfer.source_point, dict) else None
-    return pending_transfer(new_id(), TransferType.MERGE_BACK, fork.id, fork.parent_thread_id, point, now, base)
+    return ContextTransfer(
+        id=new_id(),
+        type=TransferType.MERGE_BACK,
+        source_thread_id=fork.id,
+        thread_id=fork.parent_thread_id,
+        base_point=fork_transfer.source_point,
+        source_point={"threadId": str(fork.id), "runOrdinal": latest.ordinal, "runId": str(latest.id), "since": since},
+        status=TransferStatus.PENDING,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def merge_range(transfer: ContextTransfer) -> tuple[uuid.UUID, int, int]:
