@@ -155,9 +155,14 @@ async def test_unstable_points_are_refused_with_the_latest_stable_run(api: Clien
         [error] = refused["userErrors"]
         assert error["code"] == "UNSTABLE_FORK_POINT" and error["field"] == "source.run"
         assert error["message"].endswith("the latest stable point is run 1"), error
-    node = (await api.gql(RUN_CHECKPOINT, {"r": waiting["run"]["id"]}))["run"]["rootNode"]["id"]
+    facts = (await api.gql(RUN_CHECKPOINT, {"r": waiting["run"]["id"]}))["run"]
+    node = facts["rootNode"]["id"]
     refused = await source.fork({"node": node})
     assert [e["code"] for e in refused["userErrors"]] == ["UNSTABLE_FORK_POINT"]
+    turn = facts["attempts"][-1]["providerTurns"][-1]["id"]  # the turn waiting for the approval
+    for point in ({"id": facts["providerThread"]["id"], "turnId": turn}, {"id": facts["providerThread"]["id"]}):
+        refused = await source.fork({"providerThread": point})
+        assert [e["code"] for e in refused["userErrors"]] == ["UNSTABLE_FORK_POINT"], point
     two = await api.post(FORK, {"source": {"run": waiting["run"]["id"], "node": node}})  # @oneOf: exactly one field
     assert "data" not in two.json() and "exactly one" in str(two.json()["errors"]).lower(), two.json()
     view = (await api.gql(THREAD, {"t": source.id}))["thread"]

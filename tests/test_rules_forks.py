@@ -186,3 +186,13 @@ def test_only_a_fork_merges_back_and_only_its_first_message_picks_a_provider() -
     assert not forks.chooses_provider(fork, 1)
     assert not forks.chooses_provider(fork.evolve(active_provider_thread_id=uuid.uuid4()), 0)
     assert not forks.chooses_provider(OWNER, 0)
+
+
+@pytest.mark.parametrize("status", list(CheckpointStatus))
+def test_only_a_ready_checkpoint_is_a_fork_point(status: CheckpointStatus) -> None:
+    if status == CheckpointStatus.READY:
+        forks.require_ready_checkpoint(checkpoint(status), "source.checkpoint")
+        return
+    with pytest.raises(DomainError) as refused:
+        forks.require_ready_checkpoint(checkpoint(status), "source.checkpoint")
+    assert refused.value.code == ErrorCode.UNSTABLE_FORK_POINT and refused.value.field == "source.checkpoint"
