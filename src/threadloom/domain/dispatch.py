@@ -132,6 +132,7 @@ def new_run(
     client_message_id: str | None = None,
     message_id: uuid.UUID | None = None,
     supersedes: Run | None = None,
+    fresh_context: bool = False,
 ) -> Outcome:
     """A user message becomes a run: message → run(queued) → root node → initial attempt, started
     now or queued. The run uses the thread's provider instance and model unless given others;
@@ -156,6 +157,7 @@ def new_run(
         active_attempt_id=attempt_id,
         queue_position=1 if supersedes is not None else len(state.queue) + 1,
         supersedes_run_id=None if supersedes is None else supersedes.id,
+        fresh_context=fresh_context,
         requested_at=now,
     )
     place = Place(thread.id, run_id, attempt_id, node_id)

@@ -128,6 +128,7 @@ class Run(ThreadOwned):
     supersedes_run_id: uuid.UUID | None = None
     context_handoff_id: uuid.UUID | None = None
     checkpoint_id: uuid.UUID | None = None
+    fresh_context: bool = False  # sendMessage's freshContext: a new provider thread with a full summary
     interrupt_requested_at: datetime | None = None
     requested_at: datetime
     started_at: datetime | None = None

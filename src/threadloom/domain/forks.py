@@ -168,12 +168,6 @@ def create_fork(
     return fork, [Change.created(fork), Change.created(transfer)]
 
 
-def chooses_provider(thread: AppThread, runs_so_far: int) -> bool:
-    """A fork's first message may pick another provider instance (then the fork resolves portably)."""
-    first = runs_so_far == 0 and thread.active_provider_thread_id is None
-    return first and thread.lineage_relationship == LineageRelationship.FORK
-
-
 # --- resolving at the first run --------------------------------------------------------------------------
 
 

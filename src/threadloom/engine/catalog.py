@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from threadloom.domain import projects as project_rules
+from threadloom.domain import switching
 from threadloom.domain import threads as thread_rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change, Outcome
@@ -21,6 +22,7 @@ from threadloom.domain.entities import AppThread, Project
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import TokenScope
+from threadloom.domain.threads import clean_model
 from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
 from threadloom.store import entities, receipts
 from threadloom.store import threads as thread_store
@@ -175,6 +177,20 @@ class Catalog:
             key,
             {"title": title},
             lambda th, now: thread_rules.rename_thread(th, title, now),
+        )
+
+    async def switch_provider(
+        self, principal: Principal, thread_id: uuid.UUID, instance: str, model: str | None, key: str | None
+    ) -> uuid.UUID:
+        """The thread's later runs go to `instance` (its next run gets the handoff it needs)."""
+        known = self.provider_instances
+        return await self._update_thread(
+            principal,
+            "switchProvider",
+            thread_id,
+            key,
+            {"providerInstanceId": instance, "model": model or ""},
+            lambda th, now: Change.updated(switching.switched(th, instance, clean_model(model), known, now)),
         )
 
     async def archive_thread(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:

@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from threadloom.domain import dispatch as rules
-from threadloom.domain import forks
+from threadloom.domain import switching
 from threadloom.domain.access import Principal
 from threadloom.domain.activities import ActivityKind, activity
 from threadloom.domain.changes import Change, Outcome
@@ -58,6 +58,7 @@ class Dispatcher:
         provider_instance_id: str | None,
         model: str | None,
         client_message_id: str | None,
+        fresh_context: bool = False,
     ) -> Sent:
         now = self.now
 
@@ -75,21 +76,14 @@ class Dispatcher:
                 )
             state = await runs.thread_state(db, thread)
             chosen: Change | None = None
+            active_on = state.active.provider_instance_id if state.active else thread.provider_instance_id
+            applied = rules.choose(dispatch, state, self.runs.ability(active_on))
             if provider_instance_id is not None and provider_instance_id != thread.provider_instance_id:
-                if not forks.chooses_provider(thread, state.last_ordinal):
-                    raise DomainError(
-                        ErrorCode.PROVIDER_SWITCH_UNAVAILABLE,
-                        "switching a thread's provider is not available on this server yet",
-                        "providerInstanceId",
-                    )
-                if provider_instance_id not in self.runs.sessions.drivers:
-                    raise DomainError(
-                        ErrorCode.UNKNOWN_PROVIDER_INSTANCE, "no such provider instance", "providerInstanceId"
-                    )
-                thread = thread.evolve(provider_instance_id=provider_instance_id, updated_at=now)
+                known = self.runs.sessions.drivers
+                thread = switching.switched(thread, provider_instance_id, clean_model(model), known, now)
                 state = dataclasses.replace(state, thread=thread)
                 chosen = Change.updated(thread)
-            applied = rules.choose(dispatch, state, self.runs.ability(thread.provider_instance_id))
+                applied = switching.dispatch_across(applied, dispatch)
             if applied == rules.AppliedDispatch.STEER_ACTIVE:
                 assert state.active is not None
                 outcome = rules.steer(thread, state.active, text, client_message_id, now, new_id)
@@ -110,6 +104,7 @@ class Dispatcher:
                     new_id=new_id,
                     model=clean_model(model),
                     client_message_id=client_message_id,
+                    fresh_context=fresh_context,
                 )
             if chosen is not None:
                 outcome.changes.insert(0, chosen)
@@ -125,6 +120,7 @@ class Dispatcher:
             "expected": str(dispatch.expected_attempt_id),
             "providerInstanceId": provider_instance_id,
             "model": model,
+            **({"freshContext": True} if fresh_context else {}),  # absent when off: stored keys still match
         }
         result = await self.pipeline.execute(
             Command(

@@ -53,6 +53,7 @@ from threadloom.engine.forks import (
 from threadloom.engine.pipeline import Command, Pipeline, Step
 from threadloom.engine.rollback import accepts_handoff, handoff_delivered, start_turn_with_handoff
 from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
+from threadloom.engine.switching import provider_for_run, replacement_handoff
 from threadloom.providers.contract import ProviderError, ThreadSettings
 from threadloom.store import entities, rollback_facts, runs
 from threadloom.store.db import Reader
@@ -268,8 +269,9 @@ class RunEngine:
         if turn is None:
             return
         handoffs = prepared.handoffs
-        if prepared.fork is not None and provider_thread.forked_from_provider_thread_id is None:
-            handoffs = await self._pending_handoffs(provider_thread.id)  # the native fork fell back to a handoff
+        fell_back = prepared.fork is not None and provider_thread.forked_from_provider_thread_id is None
+        if fell_back or provider_thread.id != prepared.provider_thread.id:  # a handoff made after preparing
+            handoffs = await self._pending_handoffs(provider_thread.id)
         handoff = joined(handoffs)
         binding = TurnBinding(
             thread_id=prepared.thread.id,
@@ -320,11 +322,9 @@ class RunEngine:
             project = await entities.require(db, Project, thread.project_id)
             message = await entities.require(db, ConversationMessage, run.user_message_id)
             current = await entities.get(db, ProviderThread, thread.active_provider_thread_id)
-            provider_thread, changes = thread_rules.attach_provider_thread(
-                thread, current, run.provider_instance_id, now, new_id
-            )
+            provider_thread, changes, switched = await provider_for_run(db, thread, current, run, now, new_id)
             outcome = Outcome(changes)
-            handoffs = await rollback_facts.pending_handoffs(db, provider_thread.id)
+            handoffs = [*await rollback_facts.pending_handoffs(db, provider_thread.id), *switched]
             fork = await fork_resolution(db, thread, run, provider_thread, self._fork_ability(run), now, new_id)
             if fork is not None:
                 outcome.changes.extend(fork.changes)
@@ -404,6 +404,9 @@ class RunEngine:
 
         async def decide(db: Reader, thread: AppThread) -> Valued[ProviderThread]:
             replacement, changes = thread_rules.replace_provider_thread(thread, broken, now, new_id)
+            run = await entities.get(db, Run, p.run_id)
+            if run is not None:  # the replacement starts blank: tell it the conversation so far
+                changes += await replacement_handoff(db, thread, run, replacement, now, new_id)
             return Outcome(changes).carrying(replacement)
 
         return await self.pipeline.execute(

@@ -67,8 +67,17 @@ class SendMessageInput:
     thread_id: strawberry.ID
     text: str
     dispatch: DispatchInput | None = None
-    provider_instance_id: str | None = None
+    provider_instance_id: str | None = strawberry.field(
+        default=None,
+        description="Another provider instance than the thread's switches the thread to it: this run and later ones "
+        "go there, with a handoff of what that provider has not seen. While a run is active the message is queued.",
+    )
     model: str | None = None
+    fresh_context: bool = strawberry.field(
+        default=False,
+        description="Start a new provider thread that gets a full summary of the conversation instead of "
+        "continuing the provider's own thread.",
+    )
     client_message_id: str | None = strawberry.field(
         default=None, description="Idempotency key: the same id on the same thread returns the same run."
     )
@@ -107,4 +116,5 @@ class RunMutation:
             provider_instance_id=input.provider_instance_id,
             model=input.model,
             client_message_id=client_message_id,
+            fresh_context=input.fresh_context,
         )

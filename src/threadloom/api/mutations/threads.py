@@ -49,6 +49,13 @@ class CreateThreadInput(KeyedInput):
 
 
 @strawberry.input
+class SwitchProviderInput(KeyedInput):
+    thread_id: strawberry.ID
+    provider_instance_id: str
+    model: str | None = strawberry.field(default=None, description="Absent means the provider's default model.")
+
+
+@strawberry.input
 class RenameThreadInput(KeyedInput):
     thread_id: strawberry.ID
     title: str
@@ -85,6 +92,14 @@ class ThreadMutation:
     async def rename_thread(ctx: Context, input: RenameThreadInput) -> uuid.UUID:
         thread = thread_id(input.thread_id)
         return await ctx.services.catalog.rename_thread(ctx.principal, thread, input.title, input.key())
+
+    @mutation(THREAD)
+    async def switch_provider(ctx: Context, input: SwitchProviderInput) -> uuid.UUID:
+        """Move the thread to another provider instance: its next run goes there with a handoff of what that
+        provider has not seen (a full summary the first time, only the missed runs when it returns)."""
+        thread = thread_id(input.thread_id)
+        instance, model = input.provider_instance_id, input.model
+        return await ctx.services.catalog.switch_provider(ctx.principal, thread, instance, model, input.key())
 
     @mutation(THREAD)
     async def archive_thread(ctx: Context, input: ThreadInput) -> uuid.UUID:

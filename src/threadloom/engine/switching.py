@@ -1,0 +1,51 @@
+"""The provider a run goes to (rules in `domain.switching`): continue, return with a delta, or start fresh
+with a full summary. Called by `engine.runs` when it prepares a run's turn, inside that transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from threadloom.domain import switching
+from threadloom.domain.changes import Change, NewId
+from threadloom.domain.entities import AppThread, ContextHandoff, ProviderThread, Run
+from threadloom.domain.handoffs import ChoiceReason, build_handoff
+from threadloom.store import handoff_facts
+from threadloom.store import switching as facts
+from threadloom.store.db import Reader
+
+
+async def provider_for_run(
+    db: Reader, thread: AppThread, current: ProviderThread | None, run: Run, now: datetime, new_id: NewId
+) -> tuple[ProviderThread, list[Change], list[ContextHandoff]]:
+    """The run's provider thread, the changes that make it active, and the handoff it must get (if any)."""
+    if current is not None and switching.continues(current, run):
+        return current, [], []
+    candidates = await facts.provider_threads_of(db, thread.id, run.provider_instance_id)
+    delivered = await facts.delivered_to(db, candidates[0].id) if candidates else []
+    earlier = await facts.conversation_before(db, thread.id, run.ordinal)
+    plan = switching.plan_provider(thread, run, candidates, delivered, earlier, now, new_id)
+    choice = plan.choice
+    if choice is None or choice.strategy is None:
+        return plan.provider_thread, plan.changes, []
+    runs = await handoff_facts.read_run_facts(db, thread.id, sorted(choice.selection.ordinals))
+    built = build_handoff(choice.strategy, runs, choice.selection)
+    came_from = sorted({r.provider_thread_id for r in runs if r.provider_thread_id is not None}, key=str)
+    handoff, recorded = switching.handoff_records(thread, run, plan, built, came_from, now, new_id)
+    return plan.provider_thread, [*plan.changes, *recorded], [handoff]
+
+
+async def replacement_handoff(
+    db: Reader, thread: AppThread, run: Run, replacement: ProviderThread, now: datetime, new_id: NewId
+) -> list[Change]:
+    """A provider thread that could not resume was replaced: the replacement gets a full summary of the
+    conversation before `run` (nothing when there was none)."""
+    earlier = await facts.conversation_before(db, thread.id, run.ordinal)
+    choice = switching.fresh_choice(ChoiceReason.CANNOT_RESUME, earlier)
+    if choice.strategy is None:
+        return []
+    runs = await handoff_facts.read_run_facts(db, thread.id, earlier)
+    built = build_handoff(choice.strategy, runs, choice.selection)
+    plan = switching.ProviderPlan(replacement, [], choice)
+    came_from = sorted({r.provider_thread_id for r in runs if r.provider_thread_id is not None}, key=str)
+    _, recorded = switching.handoff_records(thread, run, plan, built, came_from, now, new_id)
+    return recorded
