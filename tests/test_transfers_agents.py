@@ -1,8 +1,10 @@
-"""forkThread with the real Codex and Claude Code CLIs against the fake model server.
+"""Forks and provider switches with the real Codex and Claude Code CLIs against the fake model server.
 
 After two runs, a fork from run 1: the model's first request on the fork carries run 1 and not run 2
 (a native fork, the provider's own thread cut after run 1's turn). A fork whose first message picks the
-other CLI resolves portably: that request carries the handoff built from run 1 and not run 2.
+other CLI resolves portably: that request carries the handoff built from run 1 and not run 2. A thread
+that goes Codex → Claude → Codex gives Claude a full summary and Codex, back on its own thread, only the
+delta of Claude's run.
 """
 
 from __future__ import annotations
@@ -89,3 +91,28 @@ async def test_a_fork_onto_the_other_cli_resolves_portably(api: Client, fake: Fa
     assert transfer["status"] == "RESOLVED_PORTABLE"
     assert transfer["targetRun"]["providerThread"]["providerInstanceId"] == "claude"
     assert transfer["handoff"]["text"].splitlines()[0] in str(later[0])
+
+
+async def test_codex_then_claude_then_codex_hands_off_full_then_delta(
+    api: Client, fake: FakeModel, tmp_path: Path
+) -> None:
+    (tmp_path / "ws").mkdir()
+    thread, _ = await _thread_with_two_runs(api, tmp_path / "ws", "codex")
+
+    seen = len(fake.bodies(MODEL_PATH["claude"]))
+    await _done(api, thread, "claude-turn words", provider="claude")
+    on_claude = [b for b in fake.bodies(MODEL_PATH["claude"])[seen:] if b.get("tools")]
+    assert on_claude and "full_thread_summary" in str(on_claude[0])
+    assert "alpha-words" in str(on_claude[0]) and "zulu-marker" in str(on_claude[0])  # both Codex runs
+
+    seen = len(fake.bodies(MODEL_PATH["codex"]))
+    await _done(api, thread, "back on codex", provider="codex")
+    on_codex = fake.bodies(MODEL_PATH["codex"])[seen:]
+    assert on_codex, "the run reached Codex's model"
+    first = str(on_codex[0])
+    assert "delta_since_target_last_seen" in first and "claude-turn words" in first  # only Claude's run
+    assert "alpha-words" in first and "zulu-marker" in first  # Codex's own thread still holds its runs
+    texts = [c.get("text", "") for item in on_codex[0]["input"] for c in item.get("content") or []]
+    [delta] = [text for text in texts if "delta_since_target_last_seen" in text]
+    runs = [line for line in delta.splitlines() if line.startswith("## Run ")]  # its sections, one per run
+    assert len(runs) == 1 and runs[0].startswith("## Run 3 ") and "claude-turn words" in delta
