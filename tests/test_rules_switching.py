@@ -10,12 +10,19 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.support import builders as b
-from threadloom.domain import switching
+from threadloom.domain import retries, switching
 from threadloom.domain.dispatch import AppliedDispatch, Dispatch, DispatchMode
 from threadloom.domain.entities import ContextHandoff, ProviderThread
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.handoffs import ChoiceReason, HandoffKind
-from threadloom.domain.statuses import HandoffStatus, HandoffStrategy, ProviderThreadStatus, RunStatus
+from threadloom.domain.statuses import (
+    AttemptReason,
+    HandoffStatus,
+    HandoffStrategy,
+    NodeKind,
+    ProviderThreadStatus,
+    RunStatus,
+)
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 OWNER = b.thread(provider_instance_id="a")
@@ -126,3 +133,18 @@ def test_switching_takes_a_known_instance_and_the_model_asked_for() -> None:
     with pytest.raises(DomainError) as refused:
         switching.switched(OWNER, "nope", None, ["a", "b"], NOW)
     assert refused.value.code == ErrorCode.UNKNOWN_PROVIDER_INSTANCE
+
+
+def test_retry_policy_only_before_anything_ran_and_bounded() -> None:
+    run = b.run(OWNER, 1, RunStatus.RUNNING)
+    attempt = b.attempt_of(run)
+    root = b.root_of(run)
+    policy = retries.RetryPolicy(retries=2, backoff_s=0.5)
+    assert [policy.delay(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0]
+    assert retries.may_retry(policy, [attempt], [root])
+    tool = dataclasses.replace(b.child_of(root), kind=NodeKind.TOOL_CALL)
+    assert not retries.may_retry(policy, [attempt], [root, tool])  # a command ran: never twice
+    again = [attempt, dataclasses.replace(attempt, id=b.uid(), reason=AttemptReason.PROVIDER_RECOVERY)]
+    assert retries.may_retry(policy, again, [root])
+    assert not retries.may_retry(policy, [*again, again[1]], [root])  # two retries used
+    assert not retries.may_retry(retries.RetryPolicy(), [attempt], [root])  # no policy: no retry

@@ -69,7 +69,7 @@ class Fail:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Crash:
-    pass
+    once: bool = False  # `@crash once`: only the first time this thread gets here (a retried turn goes on)
 
 
 Directive = Reply | Delay | Tool | Write | Approval | Ask | Todo | Plan | Subagent | Recall | Fail | Crash
@@ -155,7 +155,9 @@ def _directive(name: str, arg: str) -> Directive:
         case "fail":
             return Fail(arg or "failed")
         case "crash":
-            return Crash()
+            if arg not in ("", "once"):
+                raise DirectiveError(f"@crash takes nothing or `once`, got {arg!r}")
+            return Crash(once=arg == "once")
         case _:
             raise DirectiveError(f"unknown directive @{name}")
 

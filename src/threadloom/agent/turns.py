@@ -201,7 +201,9 @@ class Turn:
                 await self._reply(self.id, self._recall())
             case Fail(message):
                 raise TurnFailed(message)
-            case Crash():
+            case Crash(once):
+                if once and not await asyncio.to_thread(_first_crash, self.thread_id):
+                    return
                 os._exit(CRASH_EXIT_CODE)
 
     async def _pause(self) -> None:
@@ -394,3 +396,13 @@ def _answer_labels(answer: Message) -> list[str]:
     entry = answers.get("q1") if isinstance(answers, dict) else None
     labels = entry.get("answers") if isinstance(entry, dict) else None
     return [str(label) for label in labels] if isinstance(labels, list) else []
+
+
+def _first_crash(thread_id: str) -> bool:
+    """Whether this thread has not crashed at `@crash once` before; remembers that it now has (a marker in
+    the state folder, the process's working directory)."""
+    marker = Path(f"crashed-once-{thread_id}")
+    if marker.exists():
+        return False
+    marker.touch()
+    return True

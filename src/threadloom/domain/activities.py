@@ -24,6 +24,7 @@ class ActivityKind(StrEnum):
     RUN_STARTED = "run.started"
     RUN_STEERED = "run.steered"
     RUN_RESTARTED = "run.restarted"
+    RUN_RETRIED = "run.retried"
     RUN_INTERRUPT_REQUESTED = "run.interrupt_requested"
     RUN_INTERRUPT_UNSUPPORTED = "run.interrupt_unsupported"
     RUN_COMPLETED = "run.completed"

@@ -82,6 +82,7 @@ class Effect:
     payload: dict[str, Any]
     replay_safe: bool = True
     affinity: uuid.UUID | None = None  # the worker that must run it while that worker lives
+    delay_s: float = 0.0  # not before this many seconds after the commit (a retry's backoff)
 
 
 @dataclasses.dataclass(slots=True)

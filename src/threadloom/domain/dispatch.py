@@ -161,7 +161,7 @@ def new_run(
         requested_at=now,
     )
     place = Place(thread.id, run_id, attempt_id, node_id)
-    root, attempt = _open_attempt(place, 1, AttemptReason.INITIAL, thread.active_provider_thread_id, _title(text), now)
+    root, attempt = open_attempt(place, 1, AttemptReason.INITIAL, thread.active_provider_thread_id, _title(text), now)
     outcome = Outcome(
         [
             Change.updated(message) if reused else Change.created(message),
@@ -191,7 +191,7 @@ def new_run(
     return outcome
 
 
-def _open_attempt(
+def open_attempt(
     place: Place,
     ordinal: int,
     reason: AttemptReason,
@@ -289,7 +289,7 @@ def restart(
     message = _message(new_id(), thread, run.id, text, InputIntent.RESTART, client_message_id, now)
     new_root_id, new_attempt_id = new_id(), new_id()
     place = Place(thread.id, run.id, new_attempt_id, new_root_id)
-    new_root, new_attempt = _open_attempt(
+    new_root, new_attempt = open_attempt(
         place, attempt.attempt_ordinal + 1, AttemptReason.STEERING_RESTART, attempt.provider_thread_id, root.title, now
     )
     changes = [Change.created(message)]

@@ -14,6 +14,7 @@ from typing import Any
 
 from threadloom.checkpoints import CheckpointError
 from threadloom.domain import dispatch as dispatch_rules
+from threadloom.domain import retries as retry_rules
 from threadloom.domain import runs as rules
 from threadloom.domain import threads as thread_rules
 from threadloom.domain.access import Principal
@@ -33,6 +34,7 @@ from threadloom.domain.entities import (
 from threadloom.domain.errors import not_found
 from threadloom.domain.forks import with_handoff
 from threadloom.domain.ids import new_id
+from threadloom.domain.retries import RetryPolicy
 from threadloom.domain.statuses import (
     AttemptStatus,
     ProviderSessionStatus,
@@ -98,10 +100,17 @@ def _settings(thread: AppThread, cwd: str, model: str | None = None) -> ThreadSe
 
 
 class RunEngine:
-    def __init__(self, pipeline: Pipeline, sessions: SessionManager, checkpoints: Checkpoints | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        sessions: SessionManager,
+        checkpoints: Checkpoints | None = None,
+        retry_policies: dict[str, RetryPolicy] | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.sessions = sessions
         self.checkpoints = checkpoints or Checkpoints(pipeline, None, ())
+        self.retry_policies = retry_policies or {}  # per instance: retries after a crash mid-turn
 
     @property
     def now(self) -> Any:
@@ -471,9 +480,32 @@ class RunEngine:
             async with self.sessions.using(instance, target.project_id) as session:
                 await self._ensure_native_thread(session, target)
 
+    async def _retry_after_crash(self, instance: str, binding: TurnBinding, reason: str) -> bool:
+        """A new PROVIDER_RECOVERY attempt for the crashed turn, if the policy allows it (domain.retries)."""
+        policy = self.retry_policies.get(instance)
+        if policy is None or policy.retries <= 0:
+            return False
+        now = self.now
+
+        async def decide(db: Reader, thread: AppThread) -> Valued[bool]:
+            run = await entities.get(db, Run, binding.run_id)
+            if run is None or not rules.is_active(run) or run.active_attempt_id != binding.attempt_id:
+                return Outcome().carrying(False)
+            attempts = await runs.attempts_of(db, run.id)
+            if not retry_rules.may_retry(policy, attempts, await runs.nodes_of_attempt(db, binding.attempt_id)):
+                return Outcome().carrying(False)
+            graph = await runs.run_graph(db, thread, run)
+            outcome = retry_rules.retry(graph, attempts, await runs.run_input(db, run), reason, policy, now, new_id)
+            return outcome.carrying(True)
+
+        return await self.pipeline.execute(Step(command_type="run.retry", thread_id=binding.thread_id, decide=decide))
+
     async def session_lost(self, session: LiveSession, reason: str) -> None:
-        """The runtime died: its live turns failed; the provider threads stay resumable."""
+        """The runtime died: its live turns are retried where the instance allows it and nothing irreversible
+        happened yet, else they fail; the provider threads stay resumable."""
         for binding in list(session.bindings.values()):
+            if await self._retry_after_crash(session.instance_id, binding, f"agent process exited: {reason}"):
+                continue
             await self.finish(
                 binding.run_id,
                 RunStatus.FAILED,

@@ -20,6 +20,7 @@ from threadloom.domain.effects import (
     StopTasks,
 )
 from threadloom.domain.interruption import UnsupportedPolicy
+from threadloom.domain.retries import RetryPolicy
 from threadloom.domain.statuses import RunStatus
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.checkpoints import Checkpoints
@@ -92,7 +93,14 @@ class Services:
         )
         excludes = checkpoint_rules.excludes(os.environ.get(checkpoint_rules.EXCLUDES_ENV))
         checkpoints = Checkpoints.open(pipeline, settings.data_dir, excludes)
-        run_engine = RunEngine(pipeline, sessions, checkpoints)
+        retry_policies = {
+            name: RetryPolicy(
+                retries=int(config.options.get("crash_retries", 0)),
+                backoff_s=float(config.options.get("crash_retry_backoff_s", 0.5)),
+            )
+            for name, config in instances.items()
+        }
+        run_engine = RunEngine(pipeline, sessions, checkpoints, retry_policies)
         dispatcher = Dispatcher(pipeline, run_engine, restart_as_run)
         queue = QueueCommands(pipeline, run_engine)
         effects = EffectWorker(db, clock, worker.id)

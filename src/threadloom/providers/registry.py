@@ -39,7 +39,16 @@ DEFAULT_INSTANCES: dict[str, dict[str, Any]] = {
 
 
 # Read by the engine (and, for allow_full_access, by the drivers that map it to their sandbox).
-ENGINE_OPTIONS = frozenset({"restart_as", "interrupt_unsupported", "idle_timeout_s", "allow_full_access"})
+ENGINE_OPTIONS = frozenset(
+    {
+        "restart_as",
+        "interrupt_unsupported",
+        "idle_timeout_s",
+        "allow_full_access",
+        "crash_retries",
+        "crash_retry_backoff_s",
+    }
+)
 _CLI_OPTIONS = frozenset({"binary", "model", "base_url", "api_key_env", "env"})
 DRIVER_OPTIONS: dict[str, frozenset[str]] = {
     "scripted": frozenset(
@@ -92,6 +101,12 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
         idle = options.get("idle_timeout_s", 0)
         if isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0:
             raise ConfigError(f"provider instance {name!r}: `idle_timeout_s` must be a number of seconds >= 0")
+        retries = options.get("crash_retries", 0)
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
+            raise ConfigError(f"provider instance {name!r}: `crash_retries` must be a whole number from 0 to 10")
+        backoff = options.get("crash_retry_backoff_s", 0.5)
+        if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff <= 60:
+            raise ConfigError(f"provider instance {name!r}: `crash_retry_backoff_s` must be 0 to 60 seconds")
         if not isinstance(options.get("allow_full_access", False), bool):
             raise ConfigError(f"provider instance {name!r}: `allow_full_access` must be true or false")
         env = options.get("env", {})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import orjson
 import sqlalchemy as sa
@@ -32,7 +32,7 @@ async def enqueue(
                 "payload": orjson.loads(orjson.dumps(e.payload)),
                 "status": "pending",
                 "replay_safe": e.replay_safe,
-                "available_at": now,
+                "available_at": now + timedelta(seconds=e.delay_s),
                 "command_id": command_id,
                 "created_at": now,
                 "affinity": e.affinity,

@@ -110,3 +110,11 @@ async def run_input(db: Reader, run: Run) -> str:
         db, ConversationMessage, t.conversation_messages.c.run_id == run.id, t.conversation_messages.c.role == "user"
     )
     return "\n\n".join(m.text for m in messages)
+
+
+async def attempts_of(db: Reader, run_id: uuid.UUID) -> list[RunAttempt]:
+    return await entities.in_order(db, RunAttempt, t.run_attempts.c.run_id == run_id)
+
+
+async def nodes_of_attempt(db: Reader, attempt_id: uuid.UUID) -> list[ExecutionNode]:
+    return await entities.in_order(db, ExecutionNode, t.execution_nodes.c.attempt_id == attempt_id)
