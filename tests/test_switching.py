@@ -25,6 +25,10 @@ driver = "scripted"
 
 [instances.b]
 driver = "scripted"
+
+[instances.c]
+driver = "scripted"
+handoff_max_runs_behind = 1
 """
 
 SEND_ON = """mutation($t: ID!, $text: String!, $i: String, $fresh: Boolean! = false, $d: DispatchInput) {
@@ -207,3 +211,15 @@ async def test_switching_a_thread_of_another_project_is_not_found(
         assert [(e["code"], e["field"]) for e in refused["userErrors"]] == [("NOT_FOUND", "threadId")]
     finally:
         await stranger.aclose()
+
+
+async def test_a_provider_thread_too_far_behind_starts_fresh(api: Client, home: Path) -> None:
+    thread = await ScriptedThread.create(api, home, "c")
+    first = await on(api, thread, "@reply one", None)
+    await on(api, thread, "@reply two", "b")
+    await on(api, thread, "@reply three", None)
+    memory, back = await recall_on(api, thread, "c")  # c missed runs 2-3: more than its limit of 1
+    assert back["providerThread"]["id"] != first["providerThread"]["id"]
+    [transfer] = back["contextTransfers"]
+    assert transfer["sourcePoint"]["reason"] == "too_stale"
+    assert transfer["handoff"]["coveredRunOrdinals"] == [1, 2, 3] and memory == [shown(transfer["handoff"]["text"])]

@@ -20,10 +20,12 @@ from threadloom.domain.dispatch import AppliedDispatch, Dispatch, DispatchMode
 from threadloom.domain.entities import AppThread, ContextHandoff, ContextTransfer, ProviderThread, Run
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.handoffs import (
+    DEFAULT_POLICY,
     ChoiceReason,
     Handoff,
     HandoffKind,
     StrategyChoice,
+    SwitchPolicy,
     TargetThread,
     choose_strategy,
 )
@@ -92,6 +94,7 @@ def plan_provider(
     earlier: Iterable[int],
     now: datetime,
     new_id: NewId,
+    policy: SwitchPolicy = DEFAULT_POLICY,
 ) -> ProviderPlan:
     """Where `run` goes when it does not simply continue (see `continues`).
 
@@ -101,7 +104,9 @@ def plan_provider(
     """
     target = candidates[0] if candidates else None
     facts = None if target is None else target_facts(target, delivered)
-    choice = choose_strategy(conversation_run_ordinals=earlier, target=facts, fresh_context=run.fresh_context)
+    choice = choose_strategy(
+        conversation_run_ordinals=earlier, target=facts, fresh_context=run.fresh_context, policy=policy
+    )
     if not choice.new_provider_thread and target is not None:
         pt = target
         changes = [Change.updated(thread.evolve(active_provider_thread_id=pt.id, updated_at=now))]

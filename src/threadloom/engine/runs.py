@@ -33,6 +33,7 @@ from threadloom.domain.entities import (
 )
 from threadloom.domain.errors import not_found
 from threadloom.domain.forks import with_handoff
+from threadloom.domain.handoffs import DEFAULT_POLICY, SwitchPolicy
 from threadloom.domain.ids import new_id
 from threadloom.domain.retries import RetryPolicy
 from threadloom.domain.statuses import (
@@ -106,11 +107,13 @@ class RunEngine:
         sessions: SessionManager,
         checkpoints: Checkpoints | None = None,
         retry_policies: dict[str, RetryPolicy] | None = None,
+        switch_policies: dict[str, SwitchPolicy] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.sessions = sessions
         self.checkpoints = checkpoints or Checkpoints(pipeline, None, ())
         self.retry_policies = retry_policies or {}  # per instance: retries after a crash mid-turn
+        self.switch_policies = switch_policies or {}  # per instance: when a returning provider thread is too stale
 
     @property
     def now(self) -> Any:
@@ -331,7 +334,8 @@ class RunEngine:
             project = await entities.require(db, Project, thread.project_id)
             message = await entities.require(db, ConversationMessage, run.user_message_id)
             current = await entities.get(db, ProviderThread, thread.active_provider_thread_id)
-            provider_thread, changes, switched = await provider_for_run(db, thread, current, run, now, new_id)
+            policy = self.switch_policies.get(run.provider_instance_id, DEFAULT_POLICY)
+            provider_thread, changes, switched = await provider_for_run(db, thread, current, run, now, new_id, policy)
             outcome = Outcome(changes)
             handoffs = [*await rollback_facts.pending_handoffs(db, provider_thread.id), *switched]
             fork = await fork_resolution(db, thread, run, provider_thread, self._fork_ability(run), now, new_id)

@@ -19,6 +19,7 @@ from threadloom.domain.effects import (
     StopSession,
     StopTasks,
 )
+from threadloom.domain.handoffs import DEFAULT_POLICY, SwitchPolicy
 from threadloom.domain.interruption import UnsupportedPolicy
 from threadloom.domain.retries import RetryPolicy
 from threadloom.domain.statuses import RunStatus
@@ -100,7 +101,14 @@ class Services:
             )
             for name, config in instances.items()
         }
-        run_engine = RunEngine(pipeline, sessions, checkpoints, retry_policies)
+        switch_policies = {
+            name: SwitchPolicy(
+                max_runs_behind=int(config.options.get("handoff_max_runs_behind", DEFAULT_POLICY.max_runs_behind)),
+                max_handoffs=int(config.options.get("handoff_max_deltas", DEFAULT_POLICY.max_handoffs)),
+            )
+            for name, config in instances.items()
+        }
+        run_engine = RunEngine(pipeline, sessions, checkpoints, retry_policies, switch_policies)
         dispatcher = Dispatcher(pipeline, run_engine, restart_as_run)
         queue = QueueCommands(pipeline, run_engine)
         effects = EffectWorker(db, clock, worker.id)

@@ -8,14 +8,20 @@ from datetime import datetime
 from threadloom.domain import switching
 from threadloom.domain.changes import Change, NewId
 from threadloom.domain.entities import AppThread, ContextHandoff, ProviderThread, Run
-from threadloom.domain.handoffs import ChoiceReason, build_handoff
+from threadloom.domain.handoffs import DEFAULT_POLICY, ChoiceReason, SwitchPolicy, build_handoff
 from threadloom.store import handoff_facts
 from threadloom.store import switching as facts
 from threadloom.store.db import Reader
 
 
 async def provider_for_run(
-    db: Reader, thread: AppThread, current: ProviderThread | None, run: Run, now: datetime, new_id: NewId
+    db: Reader,
+    thread: AppThread,
+    current: ProviderThread | None,
+    run: Run,
+    now: datetime,
+    new_id: NewId,
+    policy: SwitchPolicy = DEFAULT_POLICY,
 ) -> tuple[ProviderThread, list[Change], list[ContextHandoff]]:
     """The run's provider thread, the changes that make it active, and the handoff it must get (if any)."""
     if current is not None and switching.continues(current, run):
@@ -23,7 +29,7 @@ async def provider_for_run(
     candidates = await facts.provider_threads_of(db, thread.id, run.provider_instance_id)
     delivered = await facts.delivered_to(db, candidates[0].id) if candidates else []
     earlier = await facts.conversation_before(db, thread.id, run.ordinal)
-    plan = switching.plan_provider(thread, run, candidates, delivered, earlier, now, new_id)
+    plan = switching.plan_provider(thread, run, candidates, delivered, earlier, now, new_id, policy)
     choice = plan.choice
     if choice is None or choice.strategy is None:
         return plan.provider_thread, plan.changes, []

@@ -47,6 +47,8 @@ ENGINE_OPTIONS = frozenset(
         "allow_full_access",
         "crash_retries",
         "crash_retry_backoff_s",
+        "handoff_max_runs_behind",
+        "handoff_max_deltas",
     }
 )
 _CLI_OPTIONS = frozenset({"binary", "model", "base_url", "api_key_env", "env"})
@@ -107,6 +109,10 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
         backoff = options.get("crash_retry_backoff_s", 0.5)
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff <= 60:
             raise ConfigError(f"provider instance {name!r}: `crash_retry_backoff_s` must be 0 to 60 seconds")
+        for limit in ("handoff_max_runs_behind", "handoff_max_deltas"):
+            value = options.get(limit, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"provider instance {name!r}: `{limit}` must be a whole number >= 1")
         if not isinstance(options.get("allow_full_access", False), bool):
             raise ConfigError(f"provider instance {name!r}: `allow_full_access` must be true or false")
         env = options.get("env", {})
