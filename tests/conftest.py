@@ -14,7 +14,7 @@ import pytest
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import workspace as workspace_folder
 from tests.support.pg import PgServer, postgres_servers
-from tests.support.server import Client, ServerProcess, serving
+from tests.support.server import Client, ServerProcess, providers_env, serving
 from threadloom.config import Settings
 from threadloom.engine.clock import SystemClock
 from threadloom.engine.services import Services
@@ -71,8 +71,13 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def server(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
-    with serving(database_url, data_dir) as proc:
+def server(
+    request: pytest.FixtureRequest, database_url: str, data_dir: Path, tmp_path: Path
+) -> Iterator[ServerProcess]:
+    """A real server; a test module's `PROVIDERS` (the text of a providers.toml) sets its provider instances."""
+    providers = getattr(request.module, "PROVIDERS", None)
+    env = providers_env(tmp_path, providers) if isinstance(providers, str) else None
+    with serving(database_url, data_dir, env) as proc:
         yield proc
 
 
@@ -81,6 +86,12 @@ async def client(server: ServerProcess) -> AsyncIterator[Client]:
     c = Client(server.url, server.admin_token)
     yield c
     await c.aclose()
+
+
+@pytest.fixture
+def api(client: Client) -> Client:
+    """The admin client under the name the scenario tests use."""
+    return client
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ still streaming when the next request arrives; answering the approval lets it fi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 from tests.support.graphql import CREATE_PROJECT, workspace
 from tests.support.runs import finished, send
-from tests.support.server import Client, ServerProcess, providers_env, serving
+from tests.support.server import Client
 from tests.support.waiting import until
 
 # An instance that can neither steer a live turn nor interrupt it (so it cannot restart one either).
@@ -40,12 +39,6 @@ THREAD = """query($t: ID!) { thread(id: $t) {
 APPROVE = """mutation($r: ID!) { respondToApproval(input: {requestId: $r, decision: ACCEPT}) {
   userErrors { code } } }"""
 HOLD = "@approval true\n@reply held run done"  # active (WAITING) until the approval is answered
-
-
-@pytest.fixture
-def server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    with serving(database_url, data_dir, providers_env(tmp_path, PROVIDERS)) as proc:
-        yield proc
 
 
 async def _thread(client: Client, tmp_path: Path, instance: str | None = None) -> str:

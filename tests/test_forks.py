@@ -6,18 +6,14 @@ What a user sees is asserted: the fork's lineage and transfer, and what the fork
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.support.cli import create_token
 from tests.support.graphql import statements
 from tests.support.runs import send
 from tests.support.scripted import ScriptedThread
-from tests.support.server import Client, ServerProcess, providers_env
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 
 PROVIDERS = """
@@ -46,29 +42,6 @@ THREAD = """query($t: ID!) { thread(id: $t) {
 RUN_CHECKPOINT = """query($r: ID!) { run(id: $r) { checkpoint { id } attempts { providerTurns { id } }
   providerThread { id } rootNode { id } } }"""
 PROJECT_OF = """query($t: ID!) { thread(id: $t) { project { id } } }"""
-
-
-@contextlib.contextmanager
-def _server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(database_url, tmp_path / "data", env=providers_env(tmp_path, PROVIDERS)).wait_ready()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        print("\n".join(proc.log[-60:]))
-
-
-@pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[ServerProcess]:
-    with _server(database_url, tmp_path) as proc:
-        yield proc
-
-
-@pytest.fixture
-async def api(server: ServerProcess) -> AsyncIterator[Client]:
-    client = Client(server.url, server.admin_token)
-    yield client
-    await client.aclose()
 
 
 class Thread(ScriptedThread):

@@ -3,16 +3,12 @@ agent: `@crash` kills the agent process for real; `@crash once` does so only the
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support.runs import finished, run, send
 from tests.support.scripted import ScriptedThread
-from tests.support.server import Client, ServerProcess, providers_env
+from tests.support.server import Client
 
 PROVIDERS = """
 [instances.retrying]
@@ -25,24 +21,6 @@ driver = "scripted"
 """
 ACTIVITIES = """query($t: ID!) { thread(id: $t) { activities(first: 100) { edges { node { kind payload } } } } }"""
 REPLIES = """query($t: ID!) { thread(id: $t) { messages(first: 50) { edges { node { role text } } } } }"""
-
-
-@contextlib.contextmanager
-def _server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(database_url, tmp_path / "data", env=providers_env(tmp_path, PROVIDERS)).wait_ready()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        print("\n".join(proc.log[-60:]))
-
-
-@pytest.fixture
-async def api(database_url: str, tmp_path: Path) -> AsyncIterator[Client]:
-    with _server(database_url, tmp_path) as proc:
-        client = Client(proc.url, proc.admin_token)
-        yield client
-        await client.aclose()
 
 
 async def _thread(api: Client, tmp_path: Path, instance: str) -> ScriptedThread:

@@ -7,15 +7,12 @@ afterwards and complete.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished, run, send
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client
 from tests.support.waiting import until
 
 PROVIDERS = """
@@ -30,16 +27,6 @@ INTERRUPT = """mutation($r: ID!) { interruptRun(input: {runId: $r, holdQueue: fa
 PENDING = "query($t: ID!) { thread(id: $t) { pendingRequests { id } } }"
 APPROVE = """mutation($r: ID!) { respondToApproval(input: {requestId: $r, decision: ACCEPT}) {
   userErrors { code } } }"""
-
-
-@pytest.fixture
-def server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = tmp_path / "providers.toml"
-    config.write_text(PROVIDERS)
-    proc = ServerProcess(database_url, data_dir, env={"THREADLOOM_PROVIDERS": str(config)}).wait_ready()
-    yield proc
-    proc.stop()
-    print("\n".join(proc.log[-60:]))
 
 
 async def test_stop_session_leaves_a_waiting_turn_on_the_same_runtime_answerable(

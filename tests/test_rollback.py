@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +66,6 @@ def _server(database_url: str, tmp_path: Path, **env: str) -> Iterator[ServerPro
     finally:
         proc.stop()
         print("\n".join(proc.log[-60:]))
-
-
-@pytest.fixture
-async def api(database_url: str, tmp_path: Path) -> AsyncIterator[Client]:
-    with _server(database_url, tmp_path) as proc:
-        client = Client(proc.url, proc.admin_token)
-        yield client
-        await client.aclose()
 
 
 class Thread(ScriptedThread):

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 
 from tests.support.graphql import CREATE_PROJECT, workspace
 from tests.support.inproc import ADMIN, new_thread
 from tests.support.inproc import send as send_inproc
 from tests.support.runs import finished, run, send
-from tests.support.server import Client, ServerProcess, providers_env, serving
+from tests.support.server import Client
 from tests.support.waiting import until
 from threadloom.engine.services import Services
 from threadloom.store import tables as t
@@ -42,12 +40,6 @@ interrupt_unsupported = "stop_session"
 """
 INTERRUPT = """mutation($r: ID!, $hold: Boolean!) { interruptRun(input: {runId: $r, holdQueue: $hold}) {
   run { id status interruptRequestedAt } userErrors { code message } } }"""
-
-
-@pytest.fixture
-def server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    with serving(database_url, data_dir, providers_env(tmp_path, PROVIDERS)) as proc:
-        yield proc
 
 
 async def _thread(client: Client, tmp_path: Path, instance: str = "scripted") -> str:

@@ -6,8 +6,6 @@ handoff text, and what each agent remembers (`@recall` lists every user message 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ import pytest
 from tests.support.cli import create_token
 from tests.support.runs import finished, send
 from tests.support.scripted import ScriptedThread
-from tests.support.server import Client, ServerProcess, providers_env
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 
 PROVIDERS = """
@@ -41,29 +39,6 @@ RUN = """query($r: ID!) { run(id: $r) { id ordinal providerThread { id providerI
                      handoff { text status strategy coveredRunOrdinals } } } }"""
 TRANSFERS = """query($t: ID!) { thread(id: $t) { transfers(type: PROVIDER_HANDOFF) { id } providerThreads { id } } }"""
 REPLIES = """query($t: ID!) { thread(id: $t) { messages(first: 100) { edges { node { role text run { id } } } } } }"""
-
-
-@contextlib.contextmanager
-def _server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(database_url, tmp_path / "data", env=providers_env(tmp_path, PROVIDERS)).wait_ready()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        print("\n".join(proc.log[-60:]))
-
-
-@pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[ServerProcess]:
-    with _server(database_url, tmp_path) as proc:
-        yield proc
-
-
-@pytest.fixture
-async def api(server: ServerProcess) -> AsyncIterator[Client]:
-    client = Client(server.url, server.admin_token)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture
