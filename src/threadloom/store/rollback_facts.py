@@ -95,12 +95,17 @@ def payload(activity: Activity) -> dict[str, Any]:
 
 async def pending_handoffs(db: Reader, provider_thread_id: uuid.UUID) -> list[ContextHandoff]:
     """The handoffs waiting to go to this provider thread with its next turn, oldest first (a rollback's
-    replacement, a portable fork, merge-backs)."""
+    replacement, a portable fork, merge-backs, a provider switch)."""
+    return await handoffs_to(db, provider_thread_id, HandoffStatus.PENDING)
+
+
+async def handoffs_to(db: Reader, provider_thread_id: uuid.UUID, status: HandoffStatus) -> list[ContextHandoff]:
+    """The handoffs for this provider thread in `status`, oldest first."""
     table = t.context_handoffs
     return await entities.where(
         db,
         ContextHandoff,
         table.c.to_provider_thread_id == provider_thread_id,
-        table.c.status == HandoffStatus.PENDING.value,
+        table.c.status == status.value,
         order_by=[table.c.created_at, table.c.id],
     )

@@ -12,6 +12,7 @@ from threadloom.domain.statuses import HandoffStatus
 from threadloom.store import entities
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
+from threadloom.store.rollback_facts import handoffs_to
 
 
 async def provider_threads_of(db: Reader, thread_id: uuid.UUID, instance: str) -> list[ProviderThread]:
@@ -28,14 +29,7 @@ async def provider_threads_of(db: Reader, thread_id: uuid.UUID, instance: str) -
 
 
 async def delivered_to(db: Reader, provider_thread_id: uuid.UUID) -> list[ContextHandoff]:
-    table = t.context_handoffs
-    return await entities.where(
-        db,
-        ContextHandoff,
-        table.c.to_provider_thread_id == provider_thread_id,
-        table.c.status == HandoffStatus.DELIVERED.value,
-        order_by=[table.c.created_at, table.c.id],
-    )
+    return await handoffs_to(db, provider_thread_id, HandoffStatus.DELIVERED)
 
 
 async def conversation_before(db: Reader, thread_id: uuid.UUID, ordinal: int) -> list[int]:
