@@ -7,7 +7,8 @@
 `THREADLOOM_MAX_QUERY_COST` (objects per operation), `THREADLOOM_QUERY_TIMEOUT` (seconds per query),
 and the per-token limits (`THREADLOOM_MAX_CONNECTIONS_PER_TOKEN`, `THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN`,
 `THREADLOOM_MUTATIONS_PER_MINUTE`, `THREADLOOM_MUTATION_BURST`, `THREADLOOM_RUN_STARTS_PER_MINUTE`,
-`THREADLOOM_RUN_START_BURST`). Per-token limits are counted in each process's memory: with several
+`THREADLOOM_RUN_START_BURST`), and `THREADLOOM_FAST_PATHS` (`0` turns the specialised query and subscription
+execution off, for comparison: the output is the same either way). Per-token limits are counted in each process's memory: with several
 processes behind a load balancer each one enforces them on its own share.
 """
 
@@ -57,6 +58,7 @@ class Settings:
     log_level: str = "INFO"
     default_provider_instance: str = "scripted"
     providers_file: Path | None = None
+    fast_paths: bool = True
     limits: Limits = dataclasses.field(default_factory=Limits)
 
     @classmethod
@@ -72,6 +74,7 @@ class Settings:
             "allowed_origins": tuple(o for o in env.get("THREADLOOM_ALLOWED_ORIGINS", "").split(",") if o),
             "log_level": env.get("THREADLOOM_LOG_LEVEL", "INFO"),
             "providers_file": Path(env["THREADLOOM_PROVIDERS"]) if env.get("THREADLOOM_PROVIDERS") else None,
+            "fast_paths": env.get("THREADLOOM_FAST_PATHS", "1").strip().lower() not in {"0", "false", "no", "off"},
         }
         limits = {
             "max_subscriptions_per_connection": env.get("THREADLOOM_MAX_SUBSCRIPTIONS"),
