@@ -99,6 +99,9 @@ class Loaders:
         self._db = db
         self._counter = counter
         self._loaders: dict[Any, DataLoader[Any, Any]] = {}
+        # GraphQL objects built from loaded rows, by (type, id): (row, object). A page of
+        # threads names one project a hundred times; it is built once per request.
+        self.built: dict[tuple[type, Hashable], tuple[Any, Any]] = {}
 
     def _get(self, key: Any, make: Callable[[], DataLoader[Any, Any]]) -> DataLoader[Any, Any]:
         loader = self._loaders.get(key)

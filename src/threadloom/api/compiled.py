@@ -1,0 +1,277 @@
+"""Fast paths for queries: cached parse/validation and compiled object completion.
+
+A page of 100 threads with a dozen fields each is ~1,500 field executions. graphql-core
+runs every one through `execute_field` (a resolve info, strawberry's resolver wrapper, the
+argument machinery) and `complete_value`, which made the `threads(first: 100)` page ~12 times
+the cost of a raw asyncpg + orjson floor. Two things here cut that without changing a byte
+of any response:
+
+- `CachedDocuments` (a schema extension) keeps the parsed document per query text and the
+  verdict of the validation rules that do not depend on variables. The rules that read the
+  request's variables (the cost and page-argument rules, see `cost.CostVariables`) still
+  run on every request whose document declares variables. A document the static rules
+  refuse is validated in full on every request, as before, so its errors are unchanged.
+- `CompiledObjects` (an execution-context mixin) completes an object value from a plan
+  made once per selection (per operation): a field that is a plain attribute (strawberry's
+  default resolver: no resolver, no arguments, no field extension, no resolve middleware)
+  of a scalar or enum type, possibly non-null, is read and serialized inline, exactly as
+  `complete_value`/`complete_leaf_value` would (same coercion, same errors, same paths);
+  `__typename` is the type's name. Every other field — resolvers, arguments, objects,
+  lists — goes through graphql-core's own `execute_field`, and `@defer` selections or
+  incremental delivery take graphql-core's path entirely, and so do mutations and
+  subscriptions (only query operations are compiled). Key order is the response-key
+  order of the collected fields, aliases included, as in `execute_fields`.
+
+`THREADLOOM_FAST_PATHS=0` turns both off (tests compare responses byte for byte with and
+without them).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import strawberry
+from graphql import (
+    DocumentNode,
+    GraphQLNonNull,
+    GraphQLObjectType,
+    OperationDefinitionNode,
+    OperationType,
+    Undefined,
+    get_named_type,
+    is_leaf_type,
+    validate,
+)
+from graphql.pyutils import Path, inspect
+from graphql.pyutils.gather_with_cancel import gather_with_cancel
+from strawberry.extensions import SchemaExtension
+from strawberry.schema.schema import validate_document
+
+ENV = "THREADLOOM_FAST_PATHS"
+
+
+def fast_paths_enabled() -> bool:
+    """On unless `THREADLOOM_FAST_PATHS` is 0, false, no or off."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class _Lru:
+    """A small least-recently-used map (documents and verdicts of the queries a service sees)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+        return found
+
+    def put(self, key: Any, value: Any) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+
+# The modules whose validation rules read the request's variables (`cost.request_variables`).
+VARIABLE_RULE_MODULES = frozenset({"threadloom.api.cost", "threadloom.api.pagination"})
+
+
+class DocumentCache:
+    """Parsed documents and validation verdicts of one schema (its limits are fixed)."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.documents = _Lru(size)
+        self.verdicts = _Lru(size)
+
+
+def _declares_variables(document: DocumentNode) -> bool:
+    return any(isinstance(d, OperationDefinitionNode) and d.variable_definitions for d in document.definitions)
+
+
+class CachedDocuments(SchemaExtension):
+    """Reuses a query's parsed document and its variable-independent validation verdict."""
+
+    def __init__(self, cache: DocumentCache) -> None:
+        self.cache = cache
+
+    def on_parse(self) -> Iterator[None]:
+        context = self.execution_context
+        query = context.query
+        if query is not None and context.graphql_document is None:
+            context.graphql_document = self.cache.documents.get(query)
+        yield
+        if query is not None and context.graphql_document is not None:
+            self.cache.documents.put(query, context.graphql_document)
+
+    def on_validate(self) -> Iterator[None]:
+        context = self.execution_context
+        document, query, rules = context.graphql_document, context.query, context.validation_rules
+        if document is None or query is None or context.pre_execution_errors is not None or not rules:
+            yield
+            return
+        schema = context.schema._schema
+        dynamic = tuple(r for r in rules if r.__module__ in VARIABLE_RULE_MODULES)
+        key = (query, rules)
+        verdict = self.cache.verdicts.get(key)
+        if verdict is None:
+            static_ok = not validate_document(schema, document, tuple(r for r in rules if r not in dynamic))
+            fixed = not _declares_variables(document)
+            dynamic_ok = static_ok and fixed and not (dynamic and validate(schema, document, dynamic))
+            verdict = (static_ok, dynamic_ok)
+            self.cache.verdicts.put(key, verdict)
+        static_ok, dynamic_ok = verdict
+        if static_ok:
+            # Only the variable rules can still refuse: their errors are what a full validation reports.
+            context.pre_execution_errors = [] if dynamic_ok or not dynamic else validate(schema, document, dynamic)
+        yield
+
+
+def with_fast_paths(schema: strawberry.Schema) -> strawberry.Schema:
+    """`schema` with both fast paths: compiled object completion and the document cache."""
+    base = schema.execution_context_class
+    schema.execution_context_class = type(base.__name__, (CompiledObjects, base), {})
+    schema.extensions = (*schema.extensions, functools.partial(CachedDocuments, DocumentCache()))
+    return schema
+
+
+# Plan entries: (ATTR, key, field name, python name, getter, leaf type, field type, field group)
+# and (GENERAL, key, field group). __typename is (TYPENAME, key, type name).
+_ATTR, _TYPENAME, _GENERAL = 0, 1, 2
+
+
+class CompiledObjects:
+    """Execution-context mixin: object values completed from a per-selection plan (module docstring)."""
+
+    schema: Any
+    operation: OperationDefinitionNode
+    middleware_manager: Any
+    is_awaitable: Any
+
+    def complete_object_value(
+        self,
+        return_type: GraphQLObjectType,
+        field_details_list: Any,
+        info: Any,
+        path: Path,
+        result: Any,
+        position_context: Any,
+    ) -> Any:
+        compiled = position_context is None and self.operation.operation is OperationType.QUERY
+        plan = self._plan(return_type, field_details_list) if compiled else None
+        if plan is None:
+            return super().complete_object_value(  # type: ignore[misc]
+                return_type, field_details_list, info, path, result, position_context
+            )
+        if return_type.is_type_of is not None and return_type.is_type_of(result, info) is not True:
+            # An async or failing check: graphql-core's path raises the same error.
+            return super().complete_object_value(  # type: ignore[misc]
+                return_type, field_details_list, info, path, result, position_context
+            )
+        return self._complete(return_type, plan, path, result)
+
+    def _plan(self, return_type: GraphQLObjectType, field_details_list: Any) -> tuple[Any, ...] | None:
+        plans: dict[Any, Any] | None = self.__dict__.get("_plans")
+        if plans is None:
+            plans = self.__dict__["_plans"] = {}
+        key = (return_type, id(field_details_list))
+        cached = plans.get(key)
+        if cached is not None:
+            return cached[1]  # type: ignore[no-any-return]
+        grouped, new_defer_usages, _ = self.collect_subfields(return_type, field_details_list)  # type: ignore[attr-defined]
+        plan = None if new_defer_usages else tuple(self._entries(return_type, grouped))
+        plans[key] = (field_details_list, plan)  # keeps the list alive, so its id is not reused
+        return plan
+
+    def _entries(self, return_type: GraphQLObjectType, grouped: Any) -> Iterator[tuple[Any, ...]]:
+        middleware = self.middleware_manager
+        plain_allowed = middleware is None or not getattr(middleware, "middlewares", None)
+        for key, group in grouped.items():
+            node = group[0].node
+            name = node.name.value
+            if name == "__typename":
+                yield (_TYPENAME, key, return_type.name)
+                continue
+            field_def = self.schema.get_field(return_type, name)
+            definition = (field_def.extensions or {}).get("strawberry-definition") if field_def else None
+            field_type = field_def.type if field_def else None
+            leaf = get_named_type(field_type) if field_type is not None else None
+            plain = (
+                plain_allowed
+                and field_def is not None
+                and getattr(field_def.resolve, "_is_default", False)
+                and definition is not None
+                and not definition.extensions
+                and not field_def.args
+                and not node.arguments
+                and is_leaf_type(leaf)
+                and (field_type is leaf or (isinstance(field_type, GraphQLNonNull) and field_type.of_type is leaf))
+            )
+            if plain and definition is not None:
+                getter = definition.default_resolver
+                yield (_ATTR, key, name, definition.python_name, getter, leaf, field_type, group)
+            else:
+                yield (_GENERAL, key, group)
+
+    def _complete(self, return_type: GraphQLObjectType, plan: tuple[Any, ...], path: Path, source: Any) -> Any:
+        type_name = return_type.name
+        results: dict[str, Any] = {}
+        awaitable_keys: list[str] = []
+        is_awaitable = self.is_awaitable
+        execute_field = self.execute_field  # type: ignore[attr-defined]
+        try:
+            for entry in plan:
+                kind = entry[0]
+                if kind == _ATTR:
+                    _, key, name, python_name, getter, leaf, field_type, group = entry
+                    try:
+                        value = getter(source, python_name)
+                        if isinstance(value, Exception):
+                            raise value
+                        if value is None or value is Undefined:
+                            if field_type is not leaf:
+                                raise TypeError(f"Cannot return null for non-nullable field {type_name}.{name}.")
+                            results[key] = None
+                            continue
+                        coerced = leaf.coerce_output_value(value)
+                        if coerced is Undefined or coerced is None:
+                            raise TypeError(
+                                f"Expected `{inspect(leaf)}.coerce_output_value({inspect(value)})` "
+                                f"to return non-nullable value, returned: {inspect(coerced)}"
+                            )
+                        results[key] = coerced
+                    except Exception as raw_error:
+                        self.handle_field_error(raw_error, field_type, group, Path(path, key, type_name))  # type: ignore[attr-defined]
+                        results[key] = None
+                elif kind == _TYPENAME:
+                    results[entry[1]] = entry[2]
+                else:
+                    key, group = entry[1], entry[2]
+                    result = execute_field(return_type, source, group, Path(path, key, type_name), None)
+                    if result is not Undefined:
+                        results[key] = result
+                        if is_awaitable(result):
+                            awaitable_keys.append(key)
+        except Exception:
+            if awaitable_keys:
+                self.settle_in_background([results[k] for k in awaitable_keys])  # type: ignore[attr-defined]
+            raise
+        if not awaitable_keys:
+            return results
+        return _awaited(results, awaitable_keys)
+
+
+async def _awaited(results: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """`execute_fields`' tail: the awaitable fields settled together, in place."""
+    if len(keys) == 1:
+        results[keys[0]] = await results[keys[0]]
+    else:
+        results.update(zip(keys, await gather_with_cancel(*(results[k] for k in keys)), strict=True))
+    return results
+
