@@ -16,20 +16,22 @@ of any response:
   default resolver: no resolver, no arguments, no field extension, no resolve middleware)
   of a scalar or enum type, possibly non-null, is read and serialized inline, exactly as
   `complete_value`/`complete_leaf_value` would (same coercion, same errors, same paths);
-  `__typename` is the type's name. Every other field — resolvers, arguments, objects,
-  lists — goes through graphql-core's own `execute_field`, and `@defer` selections or
+  `__typename` is the type's name. A field without arguments or field extensions whose
+  resolver is synchronous (or an attribute of object or list type) is run as `execute_field`
+  runs it, with its function called directly instead of through strawberry's wrapper
+  (argument conversion, extension chain); every other field goes through graphql-core's own
+  `execute_field`, and `@defer` selections or
   incremental delivery take graphql-core's path entirely, and so do mutations and
   subscriptions (only query operations are compiled). Key order is the response-key
   order of the collected fields, aliases included, as in `execute_fields`.
 
-`THREADLOOM_FAST_PATHS=0` turns both off (tests compare responses byte for byte with and
-without them).
+`Settings.fast_paths` (`THREADLOOM_FAST_PATHS=0` turns it off) decides whether `GraphQLView`
+applies them; tests compare responses byte for byte with and without them.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -50,13 +52,6 @@ from graphql.pyutils import Path, inspect
 from graphql.pyutils.gather_with_cancel import gather_with_cancel
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema import validate_document
-
-ENV = "THREADLOOM_FAST_PATHS"
-
-
-def fast_paths_enabled() -> bool:
-    """On unless `THREADLOOM_FAST_PATHS` is 0, false, no or off."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class _Lru:
@@ -136,14 +131,19 @@ class CachedDocuments(SchemaExtension):
 def with_fast_paths(schema: strawberry.Schema) -> strawberry.Schema:
     """`schema` with both fast paths: compiled object completion and the document cache."""
     base = schema.execution_context_class
-    schema.execution_context_class = type(base.__name__, (CompiledObjects, base), {})
+    settings = {
+        "info_class": schema.config.info_class,
+        "exception_handlers": bool(getattr(schema.schema_converter, "_exception_handler_specs", True)),
+    }
+    schema.execution_context_class = type(base.__name__, (CompiledObjects, base), settings)
     schema.extensions = (*schema.extensions, functools.partial(CachedDocuments, DocumentCache()))
     return schema
 
 
 # Plan entries: (ATTR, key, field name, python name, getter, leaf type, field type, field group)
-# and (GENERAL, key, field group). __typename is (TYPENAME, key, type name).
-_ATTR, _TYPENAME, _GENERAL = 0, 1, 2
+# (CALL, key, field group, field, function) and (GENERAL, key, field group). __typename is
+# (TYPENAME, key, type name).
+_ATTR, _TYPENAME, _CALL, _GENERAL = 0, 1, 2, 3
 
 
 class CompiledObjects:
@@ -153,6 +153,8 @@ class CompiledObjects:
     operation: OperationDefinitionNode
     middleware_manager: Any
     is_awaitable: Any
+    info_class: Any = None
+    exception_handlers: bool = True
 
     def complete_object_value(
         self,
@@ -216,8 +218,70 @@ class CompiledObjects:
             if plain and definition is not None:
                 getter = definition.default_resolver
                 yield (_ATTR, key, name, definition.python_name, getter, leaf, field_type, group)
+                continue
+            call = self._direct_call(field_def, definition, node) if plain_allowed else None
+            if call is not None:
+                yield (_CALL, key, group, field_def, call)
             else:
                 yield (_GENERAL, key, group)
+
+    def _direct_call(self, field_def: Any, definition: Any, node: Any) -> Any:
+        """The field's own function, called as strawberry's wrapper would, when nothing else may run.
+
+        Only for fields without arguments or field extensions, with a synchronous resolver (or
+        none: an attribute of object type), in a schema without exception handlers.
+        """
+        if (
+            field_def is None
+            or definition is None
+            or definition.extensions
+            or field_def.args
+            or node.arguments
+            or self.exception_handlers
+        ):
+            return None
+        resolver = definition.base_resolver
+        if resolver is None:
+            getter, name = definition.default_resolver, definition.python_name
+            return lambda source, _info: getter(source, name)
+        if definition.is_async or resolver.arguments or not callable(resolver.wrapped_func):
+            return None
+        func = resolver.wrapped_func
+        pass_self = resolver.self_parameter is not None
+        sources = [p.name for p in (resolver.parent_parameter, resolver.root_parameter) if p is not None]
+        info_name = resolver.info_parameter.name if resolver.info_parameter is not None else None
+        info_class = self.info_class
+
+        def call(source: Any, info: Any) -> Any:
+            kwargs = dict.fromkeys(sources, source)
+            if info_name is not None:
+                kwargs[info_name] = info_class(_raw_info=info, _field=definition)
+            return func(source, **kwargs) if pass_self else func(**kwargs)
+
+        return call
+
+    def _call_field(self, parent_type: Any, source: Any, group: Any, path: Path, field_def: Any, call: Any) -> Any:
+        """graphql-core's `execute_field` with the field's function called directly."""
+        info = self.build_resolve_info(field_def, [d.node for d in group], parent_type, path)  # type: ignore[attr-defined]
+        return_type = field_def.type
+        try:
+            result = call(source, info)
+            if self.is_awaitable(result):
+                return self.complete_awaitable_value(return_type, group, info, path, result, None)  # type: ignore[attr-defined]
+            completed = self.complete_value(return_type, group, info, path, result, None)  # type: ignore[attr-defined]
+            if self.is_awaitable(completed):
+                return self._await_completed(completed, return_type, group, path)
+        except Exception as raw_error:
+            self.handle_field_error(raw_error, return_type, group, path)  # type: ignore[attr-defined]
+            return None
+        return completed
+
+    async def _await_completed(self, completed: Any, return_type: Any, group: Any, path: Path) -> Any:
+        try:
+            return await completed
+        except Exception as raw_error:
+            self.handle_field_error(raw_error, return_type, group, path)  # type: ignore[attr-defined]
+            return None
 
     def _complete(self, return_type: GraphQLObjectType, plan: tuple[Any, ...], path: Path, source: Any) -> Any:
         type_name = return_type.name
@@ -251,6 +315,12 @@ class CompiledObjects:
                         results[key] = None
                 elif kind == _TYPENAME:
                     results[entry[1]] = entry[2]
+                elif kind == _CALL:
+                    key = entry[1]
+                    result = self._call_field(return_type, source, entry[2], Path(path, key, type_name), *entry[3:])
+                    results[key] = result
+                    if is_awaitable(result):
+                        awaitable_keys.append(key)
                 else:
                     key, group = entry[1], entry[2]
                     result = execute_field(return_type, source, group, Path(path, key, type_name), None)

@@ -52,6 +52,7 @@ class _Entity:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:
+        row = dict(row)  # a database row's `in` and `[]` are slow: read every column once
         rec = cls._record.from_mapping(row)
         names = cls.__dict__.get("_init_names")
         if names is None:
