@@ -504,7 +504,15 @@ class Threadloom(Target):
     name = "threadloom"
 
     def __init__(self, database_url: str, data_dir: Path, token: str, per_socket: int) -> None:
-        env = {"THREADLOOM_MAX_SUBSCRIPTIONS": str(max(100, per_socket))}
+        # One admin token holds every socket and produces every event: its per-token caps and
+        # mutation rate (docs/security.md, "Limits") are raised to fit the run.
+        env = {
+            "THREADLOOM_MAX_SUBSCRIPTIONS": str(max(100, per_socket)),
+            "THREADLOOM_MAX_CONNECTIONS_PER_TOKEN": "1000000",
+            "THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN": "1000000",
+            "THREADLOOM_MUTATIONS_PER_MINUTE": "100000000",
+            "THREADLOOM_MUTATION_BURST": "10000000",
+        }
         self.server = ServerProcess(database_url, data_dir, env=env)
         self.server.wait_ready(60)
         self.url, self.pid = self.server.url, self.server.proc.pid

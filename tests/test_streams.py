@@ -38,7 +38,7 @@ async def log_rows(database_url: str, thread_gid: str) -> list[sa.RowMapping]:
     try:
         async with db.read() as r:
             return await r.rows(
-                sa.select(t.events.c.sequence, t.events.c.event_type, t.events.c.run_id, t.events.c.node_id)
+                sa.select(*(t.events.c[c] for c in ("sequence", "event_type", "entity_type", "run_id", "node_id")))
                 .where(t.events.c.thread_id == found[1])
                 .order_by(t.events.c.sequence)
             )

@@ -1,7 +1,6 @@
 """Assembles the Strawberry schema with its limits.
 
-Depth, alias and cost rules are built once so graphql-core's validation cache keeps
-hitting (per-request factories would make new rule classes each time, ~25 times slower).
+Depth, alias and cost rules come from `api.validation` (built once per set of limits).
 A query operation that runs longer than `Limits.query_timeout` is cancelled (QUERY_TIMEOUT).
 """
 
@@ -14,19 +13,19 @@ from typing import Any
 
 import strawberry
 from graphql import ExecutionResult, GraphQLError, OperationType
-from strawberry.extensions import AddValidationRules, MaxTokensLimiter, max_aliases, query_depth_limiter
+from strawberry.extensions import AddValidationRules, MaxTokensLimiter
 from strawberry.schema.config import StrawberryConfig
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
 from threadloom.api.context import fresh_context
-from threadloom.api.cost import CostVariables, cost_rule
+from threadloom.api.cost import CostVariables
 from threadloom.api.errors import CodedErrors, RecordOperation
 from threadloom.api.mutations import Mutation
-from threadloom.api.pagination import pagination_rule
 from threadloom.api.query import Query
 from threadloom.api.subscriptions import Subscription
 from threadloom.api.token_guard import RateLimits
 from threadloom.api.types import NODE_TYPES
+from threadloom.api.validation import limited_rules
 from threadloom.config import Limits
 
 
@@ -121,16 +120,6 @@ def _execution_context(timeout: float, max_items: int) -> type[TimedExecutionCon
     return type("TimedExecutionContext", (TimedExecutionContext,), {"timeout": timeout, "max_items": max_items})
 
 
-@functools.cache
-def _rules(max_depth: int, max_aliases_count: int, max_cost: int, max_page: int) -> list[type]:
-    return [
-        query_depth_limiter.create_validator(max_depth, None),
-        max_aliases.create_validator(max_aliases_count),
-        cost_rule(max_cost, max_page=max_page),
-        pagination_rule(max_page),
-    ]
-
-
 def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawberry.Schema:
     limits = limits or Limits()
     return strawberry.Schema(
@@ -142,7 +131,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
         extensions=[
             functools.partial(
                 AddValidationRules,
-                _rules(limits.max_depth, limits.max_aliases, limits.max_query_cost, limits.max_page_size),
+                limited_rules(limits),
             ),
             CostVariables,
             functools.partial(MaxTokensLimiter, max_token_count=limits.max_tokens),

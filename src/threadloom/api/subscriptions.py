@@ -95,7 +95,7 @@ ActivityItem = Annotated[
 ]
 
 
-def _too_slow(error: TooSlow) -> GraphQLError:
+def too_slow(error: TooSlow) -> GraphQLError:
     resume = error.resume_from
     cursor = encode_feed_cursor(resume) if isinstance(resume, tuple) else resume
     return GraphQLError(str(error), extensions={"code": "SUBSCRIBER_TOO_SLOW", "resumeFrom": cursor})
@@ -123,6 +123,21 @@ def _filter_ids(run_id: str | None, node_id: str | None) -> tuple[uuid.UUID | No
     return run, node, impossible
 
 
+def row_filter(run_id: str | None, node_id: str | None, entity_type: str | None) -> Callable[[LogEvent], bool]:
+    """Which log rows a thread subscription with these filter arguments delivers."""
+    run, node, impossible = _filter_ids(run_id, node_id)
+
+    def match(row: LogEvent) -> bool:
+        return (
+            not impossible
+            and (entity_type is None or row.entity_type == entity_type)
+            and (run is None or row.run_id == run)
+            and (node is None or row.node_id == node)
+        )
+
+    return match
+
+
 def _live(info: Info) -> Any:
     live = info.context.live
     assert live is not None, "subscriptions need the live hub"
@@ -140,29 +155,20 @@ async def _filtered(
     """The thread's stream with the runId/nodeId (and entity type) filters applied to replay and live."""
     thread = await _thread(info, thread_id)
     after = _after(after_sequence)
-    run, node, impossible = _filter_ids(run_id, node_id)
-
-    def match(row: LogEvent) -> bool:
-        return (
-            not impossible
-            and (entity_type is None or row.entity_type == entity_type)
-            and (run is None or row.run_id == run)
-            and (node is None or row.node_id == node)
-        )
-
+    match = row_filter(run_id, node_id, entity_type)
     live = _live(info)
     try:
         async for item in thread_stream(live.hub, live.db, thread, after, match, max_replay=live.limits.max_replay):
             yield item
     except TooSlow as error:
-        raise _too_slow(error) from None
+        raise too_slow(error) from None
 
 
 def _marker(sequence: int, name: str) -> ThreadEvent:
     return ThreadEvent(sequence=sequence, type=name, run_id=None, node_id=None, occurred_at=None, entity=None)
 
 
-def _thread_event(item: Any) -> ThreadEvent:
+def thread_event_item(item: Any) -> ThreadEvent:
     if isinstance(item, Synchronized):
         return _marker(item.sequence, "synchronized")
     if isinstance(item, ReloadRequired):
@@ -177,7 +183,7 @@ def _thread_event(item: Any) -> ThreadEvent:
     )
 
 
-def _activity_item(item: Any) -> Any:
+def activity_item(item: Any) -> Any:
     # cast: the union's type resolver then needs no structural match (see `_entity`).
     if isinstance(item, LogEvent):
         return strawberry.cast(Activity, Activity.from_row(item.payload))
@@ -209,16 +215,23 @@ def _thread_subscription(
     return strawberry.subscription(resolver=resolve, description=description)
 
 
+# The thread subscriptions the fast path (api.cohorts) may serve: field → (item mapper, entity type filter).
+THREAD_SUBSCRIPTIONS: dict[str, tuple[Callable[[Any], Any], str | None]] = {
+    "threadEvents": (thread_event_item, None),
+    "activities": (activity_item, "activity"),
+}
+
+
 @strawberry.type
 class Subscription:
     thread_events = _thread_subscription(
         ThreadEvent,
-        _thread_event,
+        thread_event_item,
         description="Replay after `afterSequence` (all when absent), `synchronized`, then live.",
     )
     activities = _thread_subscription(
         ActivityItem,
-        _activity_item,
+        activity_item,
         entity_type="activity",
         description="Activities of a thread: replay after `afterSequence`, then live; a `ReloadRequired` item "
         "instead when the replay would be too long.",
@@ -276,7 +289,7 @@ class Subscription:
                     if found is not None:
                         yield found
         except TooSlow as error:
-            raise _too_slow(error) from None
+            raise too_slow(error) from None
 
     @strawberry.subscription(
         description="Every thread change of a project, for dashboards. Resume with `after`. A resume with more "
@@ -304,4 +317,4 @@ class Subscription:
                     thread=_entity(row),
                 )
         except TooSlow as error:
-            raise _too_slow(error) from None
+            raise too_slow(error) from None

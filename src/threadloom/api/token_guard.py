@@ -40,6 +40,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Bas
 from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage, SubscribeMessage
 from strawberry.types.graphql import OperationType
 
+from threadloom.api.cohorts import Cohorts, Member, Outbox
 from threadloom.config import Limits
 from threadloom.domain.access import Principal
 from threadloom.domain.rate_limits import Bucket, Rate, take_all
@@ -74,6 +75,7 @@ class TokenGuard:
         self._mutations = Rate(limits.mutations_per_minute, limits.mutation_burst)
         self._run_starts = Rate(limits.run_starts_per_minute, limits.run_start_burst)
         self._buckets: dict[uuid.UUID, tuple[Bucket, Bucket]] = {}
+        self.cohorts = Cohorts(limits)  # the subscription fast path of this process's sockets
 
     # -- sockets ----------------------------------------------------------------------------
 
@@ -173,7 +175,24 @@ class GuardedTransportWSHandler(BaseGraphQLTransportWSHandler["Context", None]):
                 )
                 await self.send_message({"id": message["id"], "type": "error", "payload": [error.formatted]})
                 return
+            if message["id"] not in self.operations and await self.guard.cohorts.subscribe(self, message):
+                return
         await super().handle_subscribe(message)
+
+    def outbox(self, limit: int) -> Outbox:
+        """The socket's queue for fast-path frames (api.cohorts), made on first use."""
+        outbox: Outbox | None = getattr(self, "_outbox", None)
+        if outbox is None:
+            outbox = self._outbox = Outbox(self, limit)
+        return outbox
+
+    async def cleanup_operation(self, operation_id: str) -> None:
+        operation = self.operations.get(operation_id)
+        if isinstance(operation, Member):
+            del self.operations[operation_id]
+            operation.close()
+            return
+        await super().cleanup_operation(operation_id)
 
     async def close_revoked(self) -> None:
         """End every operation of this socket and close it with 4403."""
@@ -186,6 +205,9 @@ class GuardedTransportWSHandler(BaseGraphQLTransportWSHandler["Context", None]):
         try:
             await super().shutdown()
         finally:
+            outbox: Outbox | None = getattr(self, "_outbox", None)
+            if outbox is not None:
+                outbox.stop()
             if self.connection_init_received:
                 self.guard.release(self.context.principal.token_id, self.context)
 

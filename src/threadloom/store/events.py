@@ -55,6 +55,13 @@ async def latest_sequence(db: Reader, thread_id: uuid.UUID) -> int:
     return int(await db.scalar(sa.select(t.threads.c.last_sequence).where(t.threads.c.id == thread_id)) or 0)
 
 
+async def thread_head(db: Reader, thread_id: uuid.UUID) -> tuple[int, uuid.UUID | None]:
+    """The thread's latest sequence and its project (None: no such thread)."""
+    columns = (t.threads.c.last_sequence, t.threads.c.project_id)
+    row = await db.one_or_none(sa.select(*columns).where(t.threads.c.id == thread_id))
+    return (0, None) if row is None else (int(row["last_sequence"] or 0), uuid.UUID(str(row["project_id"])))
+
+
 _VISIBLE = sa.text("events.xid < (pg_snapshot_xmin(pg_current_snapshot())::text)::bigint")
 
 

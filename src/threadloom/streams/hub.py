@@ -4,6 +4,12 @@ and fan the rows out to local subscribers' bounded queues.
 A feed reads the log (never trusts the wake-up's content), so a lost or duplicated
 wake-up costs latency, not correctness. Feeds also poll: fast while the wake-up channel
 is degraded, slowly otherwise.
+
+Besides mailboxes (one per subscriber, for the general path) a feed serves *sinks*: a sink
+receives each row in the feed's task, in log order and without a queue, which is how the
+subscription fast path executes an event once for a whole cohort of subscribers. A thread
+feed also knows its thread's project (read with its head) and keeps its last `RECENT` rows,
+so a subscriber that joins near the head replays from memory instead of the database.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from threadloom.store import events as log_reader
 from threadloom.store.db import Database
@@ -23,7 +29,14 @@ from threadloom.store.events import LogEvent
 log = logging.getLogger("threadloom.streams")
 POLL_DEGRADED = 0.25
 POLL_HEALTHY = 5.0
+RECENT = 256
 K = TypeVar("K")
+
+
+class Sink(Protocol):
+    """Takes every row of a feed, in order, inside the feed's task (it must not block for long)."""
+
+    async def deliver(self, row: LogEvent) -> None: ...
 
 
 class SlowConsumer(Exception):
@@ -76,17 +89,38 @@ class Feed(Generic[K]):
         self._advance = advance
         self.cursor: Any = None
         self.mailboxes: set[Mailbox] = set()
+        self.sinks: set[Sink] = set()
+        self.recent: collections.deque[LogEvent] = collections.deque(maxlen=RECENT)
+        self.project_id: uuid.UUID | None = None  # thread feeds: the thread's project, read with the head
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"feed-{self.key}")
+
+    @property
+    def idle(self) -> bool:
+        return not self.mailboxes and not self.sinks
+
+    async def ready(self) -> None:
+        """Wait until the feed knows its head: every row after `cursor` will reach its sinks."""
+        await self._ready.wait()
+
+    def recent_after(self, after: int) -> list[LogEvent] | None:
+        """The rows after `after` up to `cursor` from memory, or None when memory does not reach back."""
+        if after >= self.cursor:
+            return []
+        if not self.recent or self.recent[0].sequence > after + 1:
+            return None
+        return [row for row in self.recent if row.sequence > after]
 
     async def _run(self) -> None:
         while True:
             try:
                 if self.cursor is None:
                     self.cursor = await self._head()
+                    self._ready.set()
                 await self._drain()
             except asyncio.CancelledError:
                 raise
@@ -102,8 +136,14 @@ class Feed(Generic[K]):
             rows = await self._read(self.cursor)
             for row in rows:
                 self.cursor = self._advance(row)
+                self.recent.append(row)
                 for box in list(self.mailboxes):
                     box.put(row)
+                for sink in list(self.sinks):
+                    try:
+                        await sink.deliver(row)
+                    except Exception:
+                        log.exception("a sink of feed %s failed on sequence %s", self.key, row.sequence)
             if len(rows) < 500:
                 return
 
@@ -130,22 +170,32 @@ class Hub:
         if project_id is not None and (pfeed := self.projects.get(project_id)) is not None:
             pfeed.wake.set()
 
-    def _thread_feed(self, thread_id: uuid.UUID) -> Feed[uuid.UUID]:
+    def thread_feed(self, thread_id: uuid.UUID) -> Feed[uuid.UUID]:
+        """The thread's feed, started when new (release it with `release_if_idle` if unused)."""
         feed = self.threads.get(thread_id)
         if feed is None:
 
             async def head() -> int:
                 async with self.db.read() as db:
-                    return await log_reader.latest_sequence(db, thread_id)
+                    latest, project = await log_reader.thread_head(db, thread_id)
+                created.project_id = project
+                return latest
 
             async def read(after: int) -> list[LogEvent]:
                 async with self.db.read() as db:
                     return await log_reader.thread_events(db, thread_id, after)
 
-            feed = Feed(thread_id, self, head, read, lambda row: row.sequence)
+            feed = created = Feed(thread_id, self, head, read, lambda row: row.sequence)
             self.threads[thread_id] = feed
             feed.start()
         return feed
+
+    def release_if_idle(self, thread_id: uuid.UUID) -> None:
+        feed = self.threads.get(thread_id)
+        if feed is not None and feed.idle:
+            if feed.task is not None:
+                feed.task.cancel()
+            del self.threads[thread_id]
 
     def _project_feed(self, project_id: uuid.UUID) -> Feed[uuid.UUID]:
         feed = self.projects.get(project_id)
@@ -166,7 +216,7 @@ class Hub:
 
     def attach_thread(self, thread_id: uuid.UUID) -> Mailbox:
         box = Mailbox(self.mailbox_limit)
-        self._thread_feed(thread_id).mailboxes.add(box)
+        self.thread_feed(thread_id).mailboxes.add(box)
         return box
 
     def attach_project(self, project_id: uuid.UUID) -> Mailbox:
@@ -178,7 +228,7 @@ class Hub:
         for feeds in (self.threads, self.projects):
             for key, feed in list(feeds.items()):
                 feed.mailboxes.discard(box)
-                if not feed.mailboxes and feed.task is not None:
+                if feed.idle and feed.task is not None:
                     feed.task.cancel()
                     del feeds[key]
 

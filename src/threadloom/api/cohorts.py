@@ -1,0 +1,446 @@
+"""The subscription fast path: cohorts of alike subscriptions, each event executed and encoded once.
+
+Subscriptions of `threadEvents` or `activities` with the same document, operation, filter
+arguments and visibility (the token's project) form a *cohort*. The cohort is a sink of the
+thread's feed (`streams.hub`): each log row becomes the subscription's item, is executed once
+against the document — or, for selections of `ThreadEvent`'s own scalar fields, built directly —
+and encoded once; every member's socket gets the same JSON with only its operation id spliced
+in front. An idle member holds no task and no queue of its own: its socket has one writer task
+and one bounded queue for all its fast subscriptions.
+
+A joining subscriber enters its cohort first, holding live rows aside, replays the log after
+its cursor (from the feed's memory when it reaches back that far, else from the database in
+pages), sends `synchronized`, then the held rows that come after its replay: gapless and exactly
+once, as on the general path. A socket whose queue overflows ends those subscriptions with
+SUBSCRIBER_TOO_SLOW and the cursor of the last event it was sent.
+
+Anything else — other subscriptions, documents with directives or with variables below the
+root field, invisible threads, bad arguments, `THREADLOOM_FAST_PATHS=0` — takes the general path
+(Strawberry's execution per operation), which also reports every error. Both paths send the
+same bytes; tests/test_fast_paths.py compares them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import inspect
+import logging
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from graphql import (
+    DocumentNode,
+    FieldNode,
+    GraphQLError,
+    OperationDefinitionNode,
+    OperationType,
+    Visitor,
+    parse,
+    validate,
+    visit,
+)
+from graphql.execution.values import get_argument_values
+
+from threadloom.api import ids as gid
+from threadloom.api.errors import CodedErrors
+from threadloom.api.subscriptions import THREAD_SUBSCRIPTIONS, row_filter, too_slow
+from threadloom.api.validation import all_rules
+from threadloom.store import events as log_reader
+from threadloom.store.events import LogEvent
+from threadloom.streams.hub import Feed
+from threadloom.streams.merge import PAGE, ReloadRequired, Synchronized, TooSlow
+
+if TYPE_CHECKING:
+    from threadloom.api.token_guard import GuardedTransportWSHandler
+
+log = logging.getLogger("threadloom.api.cohorts")
+PLAN_CACHE = 512
+
+# ThreadEvent's scalar fields and how each is serialised (as graphql-core would).
+_THREAD_EVENT_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "sequence": lambda e: e.sequence,
+    "type": lambda e: e.type,
+    "runId": lambda e: None if e.run_id is None else str(e.run_id),
+    "nodeId": lambda e: None if e.node_id is None else str(e.node_id),
+    "occurredAt": lambda e: None if e.occurred_at is None else e.occurred_at.isoformat(),
+    "__typename": lambda e: "ThreadEvent",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """A document the fast path serves: its root field and, when it can, a direct builder."""
+
+    query: str
+    operation_name: str | None
+    document: DocumentNode
+    root: FieldNode
+    field: str
+    build: Callable[[Any], dict[str, Any]] | None  # item → `data`; None: execute the document
+
+
+class _Plain(Visitor):
+    """Finds what the fast path does not serve below the root field: variables and directives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = True
+
+    def enter_variable(self, *_: Any) -> None:
+        self.plain = False
+
+    def enter_directive(self, *_: Any) -> None:
+        self.plain = False
+
+
+def _compile(plan_root: FieldNode, field: str) -> Callable[[Any], dict[str, Any]] | None:
+    """A builder for `threadEvents { <ThreadEvent scalars> }`, or None."""
+    selection_set = plan_root.selection_set
+    if field != "threadEvents" or selection_set is None:
+        return None
+    getters: list[tuple[str, Callable[[Any], Any]]] = []
+    for selection in selection_set.selections:
+        if not isinstance(selection, FieldNode) or selection.selection_set is not None or selection.arguments:
+            return None
+        getter = _THREAD_EVENT_FIELDS.get(selection.name.value)
+        if getter is None:
+            return None
+        getters.append(((selection.alias or selection.name).value, getter))
+    key = (plan_root.alias or plan_root.name).value
+
+    def build(item: Any) -> dict[str, Any]:
+        return {key: {name: get(item) for name, get in getters}}
+
+    return build
+
+
+class Plans:
+    """Parsed and validated documents the fast path serves, by (query, operation name); None: it does not."""
+
+    def __init__(self, schema: Any, limits: Any) -> None:
+        self.schema = schema
+        self.limits = limits
+        self._plans: collections.OrderedDict[tuple[str, str | None], Plan | None] = collections.OrderedDict()
+
+    def get(self, query: str, operation_name: str | None) -> Plan | None:
+        key = (query, operation_name)
+        if key in self._plans:
+            self._plans.move_to_end(key)
+            return self._plans[key]
+        plan = self._make(query, operation_name)
+        self._plans[key] = plan
+        if len(self._plans) > PLAN_CACHE:
+            self._plans.popitem(last=False)
+        return plan
+
+    def _make(self, query: str, operation_name: str | None) -> Plan | None:
+        try:
+            document = parse(query, max_tokens=self.limits.max_tokens)
+        except GraphQLError:
+            return None
+        operations = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
+        if len(operations) != 1 or (operation_name is not None and operations[0].name is None):
+            return None
+        operation = operations[0]
+        if operation_name is not None and operation.name is not None and operation.name.value != operation_name:
+            return None
+        if operation.operation != OperationType.SUBSCRIPTION or operation.directives:
+            return None
+        if len(operation.selection_set.selections) != 1 or len(document.definitions) != 1:
+            return None  # fragments: the general path
+        root = operation.selection_set.selections[0]
+        if not isinstance(root, FieldNode) or root.directives or root.name.value not in THREAD_SUBSCRIPTIONS:
+            return None
+        plain = _Plain()
+        if root.selection_set is not None:
+            visit(root.selection_set, plain)
+        if not plain.plain or validate(self.schema._schema, document, all_rules(self.limits)):
+            return None
+        field = root.name.value
+        return Plan(query, operation_name, document, root, field, _compile(root, field))
+
+
+class Cohort:
+    """Alike subscriptions of one thread: one rendering per event for all members."""
+
+    def __init__(self, key: tuple[Any, ...], plan: Plan, feed: Feed[uuid.UUID], executor: Any, schema: Any) -> None:
+        self.key = key
+        self.plan = plan
+        self.feed = feed
+        self.executor = executor
+        self.schema = schema
+        to_item, entity_type = THREAD_SUBSCRIPTIONS[plan.field]
+        self.to_item = to_item
+        self.entity_type = entity_type
+        self.match: Callable[[LogEvent], bool] = lambda row: True
+        self.members: dict[Member, None] = {}
+
+    async def render(self, item: Any) -> str | None:
+        """The `payload` JSON of a `next` message for an item (None: the subscription skips it)."""
+        if item is None:
+            return None
+        if self.plan.build is not None:
+            return orjson.dumps({"data": self.plan.build(item)}).decode()
+        result = self.executor.build_per_event_executor(item).execute_operation(False)
+        if inspect.isawaitable(result):
+            result = await result
+        payload: dict[str, Any] = {"data": result.data}
+        if result.errors:
+            self.schema.process_errors(result.errors)
+            payload["errors"] = [e.formatted for e in CodedErrors()._process_errors(list(result.errors))]
+        return orjson.dumps(payload).decode()
+
+    async def deliver(self, row: LogEvent) -> None:
+        if not self.members or not self.match(row):
+            return
+        payload = await self.render(self.to_item(row))
+        if payload is not None:
+            for member in list(self.members):
+                member.offer(row.sequence, payload)
+
+
+class Member:
+    """One fast subscription: its frame prefix, the rows held aside while it replays, its last sent sequence."""
+
+    __slots__ = ("closed", "cohort", "handler", "id", "last", "outbox", "overflowed", "pending", "prefix", "sent", "task")
+
+    def __init__(self, handler: GuardedTransportWSHandler, operation_id: str, cohort: Cohort, outbox: Outbox) -> None:
+        self.handler = handler
+        self.id = operation_id
+        self.cohort = cohort
+        self.outbox = outbox
+        self.prefix = '{"id":' + orjson.dumps(operation_id).decode() + ',"type":"next","payload":'
+        self.pending: list[tuple[int, str]] | None = []
+        self.overflowed = False
+        self.sent = 0  # the last sequence written to the socket
+        self.last = 0  # the last sequence handed to the socket's queue: the replay may run ahead of the feed
+        self.closed = False
+        self.task: asyncio.Task[None] | None = None
+
+    def frame(self, payload: str) -> str:
+        return self.prefix + payload + "}"
+
+    def offer(self, sequence: int, payload: str) -> None:
+        if self.closed or sequence <= self.last:
+            return
+        if self.pending is None:
+            self.last = sequence
+            self.outbox.push(self, sequence, self.frame(payload))
+        elif len(self.pending) >= self.outbox.limit:
+            self.overflowed = True
+            self.pending.clear()
+        elif not self.overflowed:
+            self.pending.append((sequence, payload))
+
+    def close(self) -> None:
+        """Leave the cohort and stop replaying (the client completed, the socket closed, or the server ended it)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.handler.guard.cohorts.leave(self)
+        self.outbox.members -= 1
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def end(self, *messages: str) -> None:
+        """End this subscription from the server side: leave, then send its last messages and `complete`."""
+        operations: dict[str, Any] = self.handler.operations
+        if operations.get(self.id) is self:
+            del operations[self.id]
+        self.close()
+        for message in messages:
+            self.outbox.push(None, 0, message, control=True)
+        self.outbox.push(None, 0, '{"id":' + orjson.dumps(self.id).decode() + ',"type":"complete"}', control=True)
+
+    def end_too_slow(self, resume_from: int) -> None:
+        error = too_slow(TooSlow(resume_from)).formatted
+        self.end(self.frame(orjson.dumps({"data": None, "errors": [error]}).decode()))
+
+
+class Outbox:
+    """A socket's queue of fast-path frames and its one writer task.
+
+    Frames go out in the order pushed. When the queue holds more than `limit` frames per
+    subscription of the socket, the socket is too slow: its queued frames are dropped and each
+    subscription that lost frames ends with SUBSCRIBER_TOO_SLOW and the last sequence it was sent.
+    """
+
+    def __init__(self, handler: GuardedTransportWSHandler, limit: int) -> None:
+        self.handler = handler
+        self.limit = limit
+        self.members = 0
+        self.queue: collections.deque[tuple[Member | None, int, str]] = collections.deque()
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def push(self, member: Member | None, sequence: int, frame: str, *, control: bool = False) -> None:
+        if not control and len(self.queue) >= self.limit * max(1, self.members):
+            self._overflow()
+            return
+        self.queue.append((member, sequence, frame))
+        if self.task is None:
+            self.task = asyncio.create_task(self._write(), name="ws-outbox")
+        self.wake.set()
+
+    def _overflow(self) -> None:
+        behind = {member: None for member, _, _ in self.queue if member is not None}
+        self.queue = collections.deque(item for item in self.queue if item[0] is None)
+        for member in behind:
+            member.end_too_slow(member.sent)
+
+    async def send(self, frame: str) -> None:
+        await self.handler.websocket.ws.send_text(frame)  # type: ignore[attr-defined]
+
+    async def _write(self) -> None:
+        with contextlib.suppress(Exception):  # the socket closed: the handler's shutdown cleans up
+            while True:
+                while self.queue:
+                    member, sequence, frame = self.queue.popleft()
+                    if member is not None:  # taken off the queue: it goes out even if the socket is ended
+                        member.sent = sequence
+                    await self.send(frame)
+                self.wake.clear()
+                await self.wake.wait()
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+class Cohorts:
+    """This process's cohorts, by (document, thread, filters, visibility), and the fast path's entry."""
+
+    def __init__(self, limits: Any) -> None:
+        self.limits = limits
+        self.schema: Any = None
+        self.plans: Plans | None = None
+        self.cohorts: dict[tuple[Any, ...], Cohort] = {}
+
+    async def subscribe(self, handler: GuardedTransportWSHandler, message: Any) -> bool:
+        """Serve a `subscribe` message on the fast path; False: the general path must serve it."""
+        context = handler.context
+        live = context.live
+        payload = message.get("payload")
+        query = payload.get("query") if isinstance(payload, dict) else None
+        if not context.services.settings.fast_paths or live is None or not isinstance(query, str):
+            return False
+        operation_name = payload.get("operationName")
+        if self.plans is None:
+            self.schema, self.plans = handler.schema, Plans(handler.schema, self.limits)
+        plan = self.plans.get(query, operation_name if isinstance(operation_name, str) else None)
+        variables = payload.get("variables")
+        if plan is None or not (variables is None or isinstance(variables, dict)):
+            return False
+        executor = self.schema.execution_context_class.build(
+            self.schema._schema, plan.document, None, context, variables, plan.operation_name
+        )
+        if isinstance(executor, list):
+            return False  # variables the general path reports
+        field_def = self.schema._schema.subscription_type.fields[plan.field]
+        try:
+            args = get_argument_values(field_def, plan.root, executor.variable_values)
+        except GraphQLError:
+            return False
+        thread = gid.maybe_as(_arg(args, "threadId", "thread_id"), "Thread")
+        after = _arg(args, "afterSequence", "after_sequence")
+        if thread is None or (after is not None and after < 0):
+            return False
+        hub = live.hub
+        feed = hub.thread_feed(thread)
+        await feed.ready()
+        if feed.project_id is None or not context.principal.sees(feed.project_id):
+            hub.release_if_idle(thread)
+            return False  # NOT_FOUND, from the general path
+        run_id, node_id = _arg(args, "runId", "run_id"), _arg(args, "nodeId", "node_id")
+        key = (plan.query, plan.operation_name, thread, run_id, node_id, context.principal.project_id)
+        cohort = self.cohorts.get(key)
+        if cohort is None:
+            cohort = self.cohorts[key] = Cohort(key, plan, feed, executor, self.schema)
+            cohort.match = row_filter(run_id, node_id, cohort.entity_type)
+            feed.sinks.add(cohort)
+        outbox = handler.outbox(self.limits.subscriber_queue)
+        member = Member(handler, message["id"], cohort, outbox)
+        cohort.members[member] = None
+        outbox.members += 1
+        handler.operations[member.id] = member  # type: ignore[assignment]
+        member.task = asyncio.create_task(self._replay(member, feed, after), name="ws-replay")
+        return True
+
+    def leave(self, member: Member) -> None:
+        cohort = member.cohort
+        cohort.members.pop(member, None)
+        if not cohort.members and self.cohorts.get(cohort.key) is cohort:
+            del self.cohorts[cohort.key]
+            cohort.feed.sinks.discard(cohort)
+            cohort.feed.hub.release_if_idle(cohort.feed.key)
+
+    async def _replay(self, member: Member, feed: Feed[uuid.UUID], after: int | None) -> None:
+        try:
+            await self._catch_up(member, feed, after or 0)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("fast-path replay failed")
+            member.end()
+        finally:
+            member.task = None
+
+    async def _catch_up(self, member: Member, feed: Feed[uuid.UUID], last: int) -> None:
+        cohort, outbox = member.cohort, member.outbox
+        max_replay = self.limits.max_replay
+        remembered = feed.recent_after(last)
+        if remembered is not None:
+            latest = max(last, feed.cursor)
+            if latest - last > max_replay:
+                await self._reload(member, latest)
+                return
+            for row in remembered:
+                await self._send_row(member, row)
+            last = latest
+        else:
+            db = feed.hub.db
+            async with db.read() as reader:
+                latest = await log_reader.latest_sequence(reader, feed.key)
+            if latest - last > max_replay:
+                await self._reload(member, latest)
+                return
+            while True:
+                async with db.read() as reader:
+                    rows = await log_reader.thread_events(reader, feed.key, last, limit=PAGE)
+                for row in rows:
+                    last = row.sequence
+                    await self._send_row(member, row)
+                if len(rows) < PAGE:
+                    break
+        marker = await cohort.render(cohort.to_item(Synchronized(last)))
+        # From here on no await: the held rows go out behind the marker, then the member is live.
+        held, member.pending = member.pending or [], None
+        member.sent = member.last = last
+        if member.overflowed:
+            member.end_too_slow(last)
+            return
+        if marker is not None:
+            outbox.push(member, last, member.frame(marker), control=True)
+        for sequence, payload in held:
+            member.offer(sequence, payload)
+
+    async def _send_row(self, member: Member, row: LogEvent) -> None:
+        cohort = member.cohort
+        if cohort.match(row):
+            payload = await cohort.render(cohort.to_item(row))
+            if payload is not None:
+                await member.outbox.send(member.frame(payload))
+
+    async def _reload(self, member: Member, latest: int) -> None:
+        marker = await member.cohort.render(member.cohort.to_item(ReloadRequired(latest)))
+        member.end(*([member.frame(marker)] if marker is not None else []))
+
+
+def _arg(args: dict[str, Any], name: str, python_name: str) -> Any:
+    return args.get(name, args.get(python_name))
+
