@@ -7,9 +7,10 @@
 `THREADLOOM_MAX_QUERY_COST` (objects per operation), `THREADLOOM_QUERY_TIMEOUT` (seconds per query),
 and the per-token limits (`THREADLOOM_MAX_CONNECTIONS_PER_TOKEN`, `THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN`,
 `THREADLOOM_MUTATIONS_PER_MINUTE`, `THREADLOOM_MUTATION_BURST`, `THREADLOOM_RUN_STARTS_PER_MINUTE`,
-`THREADLOOM_RUN_START_BURST`), and `THREADLOOM_FAST_PATHS` (`0` turns the specialised query and subscription
-execution off, for comparison: the output is the same either way). Per-token limits are counted in each process's memory: with several
-processes behind a load balancer each one enforces them on its own share.
+`THREADLOOM_RUN_START_BURST`), and `THREADLOOM_FAST_PATHS` (`0` turns the specialised query and
+subscription execution off, for comparison: the output is the same either way). Per-token limits are
+counted in each process's memory: with several processes behind a load balancer each one enforces them
+on its own share.
 """
 
 from __future__ import annotations

@@ -207,7 +207,10 @@ class Cohort:
 class Member:
     """One fast subscription: its frame prefix, the rows held aside while it replays, its last sent sequence."""
 
-    __slots__ = ("closed", "cohort", "handler", "id", "last", "outbox", "overflowed", "pending", "prefix", "sent", "task")
+    __slots__ = (
+        *("closed", "cohort", "handler", "id", "last", "outbox"),
+        *("overflowed", "pending", "prefix", "sent", "task"),
+    )
 
     def __init__(self, handler: GuardedTransportWSHandler, operation_id: str, cohort: Cohort, outbox: Outbox) -> None:
         self.handler = handler
