@@ -324,21 +324,32 @@ class Cohorts:
         self.plans: Plans | None = None
         self.cohorts: dict[tuple[Any, ...], Cohort] = {}
 
+    def plan(self, handler: GuardedTransportWSHandler, message: Any) -> Plan | None:
+        """The plan of a `subscribe` message the fast path may serve (arguments not yet checked)."""
+        context = handler.context
+        payload = message.get("payload")
+        query = payload.get("query") if isinstance(payload, dict) else None
+        if not context.services.settings.fast_paths or context.live is None or not isinstance(query, str):
+            return None
+        operation_name = payload.get("operationName")
+        if self.plans is None:
+            self.schema, self.plans = handler.schema, Plans(handler.schema, self.limits)
+        variables = payload.get("variables")
+        if not (variables is None or isinstance(variables, dict)):
+            return None
+        return self.plans.get(query, operation_name if isinstance(operation_name, str) else None)
+
+    def serves(self, handler: GuardedTransportWSHandler, message: Any) -> bool:
+        return self.plan(handler, message) is not None
+
     async def subscribe(self, handler: GuardedTransportWSHandler, message: Any) -> bool:
         """Serve a `subscribe` message on the fast path; False: the general path must serve it."""
         context = handler.context
         live = context.live
-        payload = message.get("payload")
-        query = payload.get("query") if isinstance(payload, dict) else None
-        if not context.services.settings.fast_paths or live is None or not isinstance(query, str):
+        plan = self.plan(handler, message)
+        if plan is None or live is None:
             return False
-        operation_name = payload.get("operationName")
-        if self.plans is None:
-            self.schema, self.plans = handler.schema, Plans(handler.schema, self.limits)
-        plan = self.plans.get(query, operation_name if isinstance(operation_name, str) else None)
-        variables = payload.get("variables")
-        if plan is None or not (variables is None or isinstance(variables, dict)):
-            return False
+        variables = message["payload"].get("variables")
         executor = self.schema.execution_context_class.build(
             self.schema._schema, plan.document, None, context, variables, plan.operation_name
         )

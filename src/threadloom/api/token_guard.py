@@ -2,7 +2,10 @@
 
 - **Revocation and expiry on open WebSockets.** A socket's token is checked again before every
   operation it sends, and a watcher asks the database once a second — one statement for the tokens
-  of every open socket — which of them still authenticate. A socket whose token was revoked or has
+  of every open socket — which of them still authenticate. A subscription the fast path serves
+  (read-only) reuses a verdict younger than that second instead of asking again: a client opening
+  thousands of subscriptions costs no statement each, and a revoked token's subscriptions end
+  within the same second either way. Queries and mutations always ask. A socket whose token was revoked or has
   expired has its operations ended and is closed with code 4403, so a revocation takes effect on
   open sockets within about a second (the CLI that revokes runs in another process, so a periodic
   check is what reaches every server process without a shared channel).
@@ -76,6 +79,8 @@ class TokenGuard:
         self._run_starts = Rate(limits.run_starts_per_minute, limits.run_start_burst)
         self._buckets: dict[uuid.UUID, tuple[Bucket, Bucket]] = {}
         self.cohorts = Cohorts(limits)  # the subscription fast path of this process's sockets
+        self._verified: dict[uuid.UUID, float] = {}  # token id → when it last authenticated
+        self._operations: dict[uuid.UUID, int] = {}  # token id → operations over its sockets
 
     # -- sockets ----------------------------------------------------------------------------
 
@@ -99,14 +104,37 @@ class TokenGuard:
             sockets.pop(id(context), None)
             if not sockets:
                 del self._sockets[token_id]
+                self._verified.pop(token_id, None)
 
     def operations(self, token_id: uuid.UUID) -> int:
         """Running operations (subscriptions, and queries or mutations in flight) over the token's sockets."""
-        return sum(len(h.operations) for h in self._sockets.get(token_id, {}).values() if h is not None)
+        return self._operations.get(token_id, 0)
+
+    def count(self, token_id: uuid.UUID, change: int) -> None:
+        total = self._operations.get(token_id, 0) + change
+        if total > 0:
+            self._operations[token_id] = total
+        else:
+            self._operations.pop(token_id, None)
 
     async def usable(self, token_id: uuid.UUID) -> bool:
         async with self.db.read() as db:
-            return bool(await tokens.still_usable(db, [token_id]))
+            usable = bool(await tokens.still_usable(db, [token_id]))
+        self._verify({token_id} if usable else set(), {token_id})
+        return usable
+
+    def recently_usable(self, token_id: uuid.UUID) -> bool:
+        """The token authenticated less than `RECHECK_SECONDS` ago (by `usable` or the watcher)."""
+        verified = self._verified.get(token_id)
+        return verified is not None and time.monotonic() - verified < RECHECK_SECONDS
+
+    def _verify(self, usable: set[uuid.UUID], asked: set[uuid.UUID]) -> None:
+        now = time.monotonic()
+        for token_id in asked:
+            if token_id in usable:
+                self._verified[token_id] = now
+            else:
+                self._verified.pop(token_id, None)
 
     async def _watch(self) -> None:
         """Once a second, one statement: close the sockets whose token no longer authenticates."""
@@ -121,6 +149,7 @@ class TokenGuard:
             except Exception:  # the database being away must not end the watcher
                 log.warning("token re-check failed", exc_info=True)
                 continue
+            self._verify(usable, ids)
             for token_id in ids - usable:
                 for handler in list(self._sockets.get(token_id, {}).values()):
                     if handler is not None:
@@ -140,6 +169,29 @@ class TokenGuard:
         return take_all([(buckets[0], self._mutations, mutations), (buckets[1], self._run_starts, run_starts)], now)
 
 
+class CountedOperations(dict[str, Any]):
+    """A socket's operations by id, keeping its token's total in the guard (no sum over sockets per subscribe)."""
+
+    def __init__(self, guard: TokenGuard, token_id: uuid.UUID) -> None:
+        super().__init__()
+        self.guard = guard
+        self.token_id = token_id
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self:
+            self.guard.count(self.token_id, 1)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.guard.count(self.token_id, -1)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key in self:
+            self.guard.count(self.token_id, -1)
+        return super().pop(key, *default)
+
+
 class GuardedTransportWSHandler(BaseGraphQLTransportWSHandler["Context", None]):
     """graphql-transport-ws with the per-token guards: re-check per operation, caps, revocation close."""
 
@@ -155,12 +207,15 @@ class GuardedTransportWSHandler(BaseGraphQLTransportWSHandler["Context", None]):
             await self.websocket.close(code=CLOSE_TOO_MANY_CONNECTIONS, reason=str(error))
             return
         if self.connection_acknowledged:
-            self.guard.attach(self.context.principal.token_id, self.context, self)
+            token_id = self.context.principal.token_id
+            self.guard.attach(token_id, self.context, self)
+            self.operations = CountedOperations(self.guard, token_id)
 
     async def handle_subscribe(self, message: SubscribeMessage) -> None:
         if self.connection_acknowledged:
             token_id = self.context.principal.token_id
-            if not await self.guard.usable(token_id):
+            cached = self.guard.recently_usable(token_id) and self.guard.cohorts.serves(self, message)
+            if not cached and not await self.guard.usable(token_id):
                 await self.close_revoked()
                 return
             limits = self.guard.limits
