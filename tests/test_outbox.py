@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 
@@ -142,3 +143,48 @@ def test_recovery_decisions() -> None:
     assert recover_run(RunStatus.RUNNING, start_pending=False, turn_recorded=True, owner_alive=True) == (
         RecoveryAction.NONE
     )
+
+
+async def test_loop_marks_an_effect_done_with_its_next_claim_and_idles_without_commits(services: Services) -> None:
+    """Two effects of one thread cost one commit each (the second claim also marks the first done), and a
+    loop that finds nothing commits nothing: its empty claims roll back."""
+    (thread,) = await _threads(services, 1)
+    worker = EffectWorker(services.db, services.clock, uuid.uuid4(), concurrency=1)
+    seen: list[object] = []
+    second_running, release = asyncio.Event(), asyncio.Event()
+    commits: list[int] = []
+    committed = asyncio.Event()
+
+    def on_commit(conn: object) -> None:
+        commits.append(1)
+        committed.set()
+
+    sa.event.listen(services.db.engine.sync_engine, "commit", on_commit)
+
+    async def record(payload: dict[str, object]) -> None:
+        seen.append(payload["n"])
+        if payload["n"] == 2:
+            second_running.set()
+            await release.wait()
+
+    worker.handlers["x"] = record
+    await _enqueue(services, thread, Effect("x", {"n": 1}), Effect("x", {"n": 2}))
+    commits.clear()
+    worker.start()
+    try:
+        await second_running.wait()
+        async with services.db.read() as db:
+            first = await db.scalar(sa.select(t.effects.c.status).where(t.effects.c.payload["n"].astext == "1"))
+        assert first == "done"  # marked in the transaction that claimed the second
+        assert commits == [1, 1]  # claim 1; done 1 + claim 2
+        committed.clear()
+        release.set()
+        await committed.wait()  # done 2, with a claim that found nothing
+    finally:
+        release.set()
+        await worker.stop()
+    async with services.db.read() as db:
+        statuses = await db.scalars_all(sa.select(t.effects.c.status).order_by(t.effects.c.id))
+    assert seen == [1, 2] and statuses == ["done", "done"]
+    commits.clear()
+    assert await worker.run_one() is False and commits == []  # nothing due: a read, not a write

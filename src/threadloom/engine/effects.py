@@ -1,5 +1,9 @@
 """The outbox worker (docs/architecture.md): claims effects with `FOR UPDATE SKIP LOCKED` and a lease,
-runs one effect at a time per thread in order, retries with capped exponential backoff."""
+runs one effect at a time per thread in order, retries with capped exponential backoff.
+
+Transactions: an effect that succeeded is marked done in the same transaction as its loop's next
+claim (one commit per effect, not two), and a claim that finds nothing and has nothing to mark done
+rolls back: an idle or needlessly woken loop costs a read, never a write."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
+
+import sqlalchemy as sa
 
 from threadloom.aio import cancel_all
 from threadloom.domain.effects import EffectData
@@ -58,10 +64,18 @@ class EffectWorker:
         self._tasks = []
 
     async def _loop(self) -> None:
+        done: int | None = None  # this loop's last effect, succeeded, marked done with the next claim
         while True:
             try:
-                ran = await self.run_one()
+                effect = await self._claim(done)
+                done = None
+                ran = effect is not None
+                if effect is not None:
+                    done = await self._run(effect)
             except asyncio.CancelledError:
+                if done is not None:  # stopping: record it on the way out, or it would run again
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(self._claim(done, claim=False))
                 raise
             except Exception:
                 log.exception("effect loop error")
@@ -72,11 +86,29 @@ class EffectWorker:
                     await asyncio.wait_for(self.wake.wait(), IDLE_POLL)
 
     async def run_one(self) -> bool:
-        now = self.clock.now()
-        async with self.db.transaction() as db:
-            effect = await outbox.claim(db, self.worker_id, now, now + LEASE)
+        """Claim one effect, run it and record its end (a transaction of its own); False if none was due."""
+        effect = await self._claim(None)
         if effect is None:
             return False
+        done = await self._run(effect)
+        if done is not None:
+            await self._claim(done, claim=False)
+        return True
+
+    async def _claim(self, done: int | None, *, claim: bool = True) -> sa.RowMapping | None:
+        """Mark `done` done and claim the next effect, in one transaction; a read when neither happens."""
+        now = self.clock.now()
+        async with self.db.read() as db, db.conn.begin() as tx:
+            if done is not None:
+                await outbox.finish(db, done, now)
+            effect = await outbox.claim(db, self.worker_id, now, now + LEASE) if claim else None
+            if effect is None and done is None:
+                await tx.rollback()
+        return effect
+
+    async def _run(self, effect: sa.RowMapping) -> int | None:
+        """Run a claimed effect: its id when it succeeded (to be marked done), None when its failure or
+        retry is already recorded."""
         self.wake.set()  # there may be more for other threads
         handler = self.handlers.get(effect["kind"])
         try:
@@ -93,7 +125,5 @@ class EffectWorker:
                 else:
                     later = self.clock.now() + timedelta(seconds=backoff(effect["attempts"]))
                     await outbox.retry_later(db, effect["id"], repr(error), later)
-            return True
-        async with self.db.transaction() as db:
-            await outbox.finish(db, effect["id"], self.clock.now())
-        return True
+            return None
+        return int(effect["id"])
