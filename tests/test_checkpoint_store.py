@@ -163,6 +163,24 @@ async def test_capture_without_change_still_commits(store: CheckpointStore, work
     assert await repo.resolve(ref(1)) == second.commit
 
 
+async def test_capture_changes_is_capture_then_diff(store: CheckpointStore, workspace: Path) -> None:
+    """The run-end capture (fewer git calls) gives the commit, tree and changes of capture + diff."""
+    repo = store.repo("p1", workspace)
+    first, everything = await repo.capture_changes(ref(0), "baseline")
+    assert everything == await repo.diff(None, first.commit)
+    assert {c.path for c in everything} == {"src/app.py", "README.md", "logo.bin"}
+    sh(workspace, "mkdir -p lib && mv src/app.py lib/app.py && echo x > notes.txt && rm README.md")
+    second, changes = await repo.capture_changes(ref(1), "run 1", parent=first.commit)
+    assert changes == await repo.diff(first.commit, second.commit) and len(changes) == 3
+    assert await repo.resolve(ref(1)) == second.commit
+    assert await repo.parent(second.commit) == first.commit
+    third, none = await repo.capture_changes(ref(2), "nothing happened", parent=second.commit)
+    assert none == [] and third.tree == second.tree and await repo.resolve(ref(2)) == third.commit
+    with pytest.raises(CheckpointError) as refused:
+        await repo.capture_changes(ref(3), "bad parent", parent="0" * 40)
+    assert refused.value.code == CheckpointErrorCode.UNKNOWN_COMMIT
+
+
 async def test_restore_removes_added_and_brings_back_deleted(store: CheckpointStore, workspace: Path) -> None:
     (workspace / "tool.sh").write_text("#!/bin/sh\n")
     (workspace / "tool.sh").chmod(0o755)

@@ -94,8 +94,7 @@ class Checkpoints:
             repo = self.repo(where.project_id, where.workspace, where.index_key)
             ref = checkpoint_ref(str(where.thread_id), scope, ordinal)
             base_commit = await repo.resolve(base.ref) if base is not None and base.ref else None
-            captured = await repo.capture(ref, message, parent=base_commit)
-            changes = await repo.diff(base_commit, captured.commit)
+            _, changes = await repo.capture_changes(ref, message, parent=base_commit)
         except CheckpointError as error:
             log.warning("checkpoint %s/%s/%s not captured: %s", where.thread_id, scope, ordinal, error)
             return rules.CaptureFailed(str(error), missing=error.code == CheckpointErrorCode.WORKSPACE_MISSING)
