@@ -48,7 +48,7 @@ from graphql.execution.values import get_argument_values
 
 from threadloom.api import ids as gid
 from threadloom.api.errors import CodedErrors
-from threadloom.api.subscriptions import THREAD_SUBSCRIPTIONS, row_filter, too_slow
+from threadloom.api.subscriptions import THREAD_SUBSCRIPTIONS, row_filter, thread_event_head, too_slow
 from threadloom.api.validation import all_rules
 from threadloom.store import events as log_reader
 from threadloom.store.events import LogEvent
@@ -175,7 +175,9 @@ class Cohort:
         self.executor = executor
         self.schema = schema
         to_item, entity_type = THREAD_SUBSCRIPTIONS[plan.field]
-        self.to_item = to_item
+        # A built selection never reads the entity or the payload: neither is made nor read.
+        self.light = plan.build is not None
+        self.to_item = thread_event_head if self.light else to_item
         self.entity_type = entity_type
         self.match: Callable[[LogEvent], bool] = lambda row: True
         self.members: dict[Member, None] = {}
@@ -424,8 +426,9 @@ class Cohorts:
                 await self._reload(member, latest)
                 return
             while True:
+                page = log_reader.thread_event_heads if cohort.light else log_reader.thread_events
                 async with db.read() as reader:
-                    rows = await log_reader.thread_events(reader, feed.key, last, limit=PAGE)
+                    rows = await page(reader, feed.key, last, limit=PAGE)
                 for row in rows:
                     last = row.sequence
                     await self._send_row(member, row)

@@ -183,6 +183,20 @@ def thread_event_item(item: Any) -> ThreadEvent:
     )
 
 
+def thread_event_head(item: Any) -> ThreadEvent:
+    """`thread_event_item` without the entity, for selections that do not ask for it (no entity built)."""
+    if isinstance(item, LogEvent):
+        return ThreadEvent(
+            sequence=item.sequence,
+            type=item.event_type,
+            run_id=_gid("Run", item.run_id),
+            node_id=_gid("ExecutionNode", item.node_id),
+            occurred_at=item.occurred_at,
+            entity=None,
+        )
+    return thread_event_item(item)
+
+
 def activity_item(item: Any) -> Any:
     # cast: the union's type resolver then needs no structural match (see `_entity`).
     if isinstance(item, LogEvent):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 
@@ -49,6 +50,22 @@ async def thread_events(
         conds.append(t.events.c.sequence < before)
     rows = await db.rows(sa.select(*_COLUMNS).where(*conds).order_by(t.events.c.sequence).limit(limit))
     return [_event(r) for r in rows]
+
+
+_HEADS = tuple(c for c in _COLUMNS if c.name != "payload")
+_PAYLOAD_AT = [c.name for c in _COLUMNS].index("payload")
+
+
+async def thread_event_heads(db: Reader, thread_id: uuid.UUID, after: int, *, limit: int = 500) -> list[LogEvent]:
+    """Like `thread_events` without the payloads (left empty): for readers that never look inside them."""
+    rows = await db.tuples(
+        sa.select(*_HEADS)
+        .where(t.events.c.thread_id == thread_id, t.events.c.sequence > after)
+        .order_by(t.events.c.sequence)
+        .limit(limit)
+    )
+    cut, make = _PAYLOAD_AT, cast(Callable[..., LogEvent], LogEvent)
+    return [make(*row[:cut], {}, *row[cut:]) for row in rows]
 
 
 async def latest_sequence(db: Reader, thread_id: uuid.UUID) -> int:
