@@ -1,9 +1,11 @@
 """Provider events become entities: the ingestor of one live runtime.
 
-Events are handled in order. Text and output deltas are coalesced per thread and
-written at most every 50 ms (or before the next structural event of that thread), so
-a streamed reply costs a few transactions, not one per token. Events of a native
-thread with no binding, or of an attempt that is no longer active, are dropped.
+Events are partitioned by native thread (one task each, made lazily, its queue bounded) so
+one thread's flood never delays another's. Within a thread they are handled in order and
+coalesced: written at most every 50 ms, deltas of one item merged, so a streamed reply costs
+a transaction or two, not one per token; the turn's last events are written with its run's
+end. Events of a native thread with no binding, or of an attempt that is no longer active,
+are dropped.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from threadloom.aio import cancel_all
 from threadloom.domain import items
 from threadloom.domain import requests as request_rules
 from threadloom.domain import runs as rules
@@ -47,8 +50,10 @@ from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.ingest")
 COALESCE_SECONDS = 0.05
+PARTITION_QUEUE = 4096  # events read ahead per native thread before the runtime's stream waits
+PARTITION_IDLE = 5.0  # seconds without events before a native thread's task ends
+YIELD_EVERY = 64  # events taken without waiting before giving the event loop to other tasks
 _TURN_STATUS = {"completed": RunStatus.COMPLETED, "failed": RunStatus.FAILED, "interrupted": RunStatus.INTERRUPTED}
-Delta = ev.TextDelta | ev.OutputDelta
 
 
 class _Batch:
@@ -75,6 +80,11 @@ class _Batch:
             self.cache[entity_id] = found
         return found
 
+    def seal(self) -> None:
+        """Later changes are events of their own: only deltas between two structural events coalesce,
+        so a batch of several events logs what they would have logged one by one."""
+        self._index.clear()
+
     def put(self, verb: EventVerb, entity: Record, *, node_id: uuid.UUID | None = None) -> None:
         self.add(Change.of(verb, entity, node_id=node_id))
 
@@ -94,7 +104,65 @@ class _Batch:
         self.outcome.changes.append(change)
 
 
+def _immediate(event: ev.ProviderEvent) -> bool:
+    """Events written at once rather than in the coalescing window: a request someone must answer, and
+    a subagent's start or end (its workspace is captured right after)."""
+    if isinstance(event, ev.RequestOpened):
+        return True
+    if isinstance(event, ev.ItemStarted | ev.ItemCompleted):
+        return event.kind == "subagent"
+    return isinstance(event, ev.TurnCompleted)  # a child turn's end (the run's own end goes with the run)
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    """A partition's events not yet written, all of one binding (one turn)."""
+
+    binding: TurnBinding | None = None
+    events: list[Any] = dataclasses.field(default_factory=list)
+    since: float = 0.0  # when the first of them arrived (monotonic)
+
+    def add(self, event: ev.ProviderEvent) -> None:
+        """Keep `event`, merged into the previous one when both are deltas of the same item."""
+        if not self.events:
+            self.since = time.monotonic()
+        last = self.events[-1] if self.events else None
+        if (
+            isinstance(event, ev.TextDelta | ev.OutputDelta)
+            and type(last) is type(event)
+            and last.item_id == event.item_id
+            and last.native_turn == event.native_turn
+        ):
+            self.events[-1] = dataclasses.replace(last, delta=last.delta + event.delta)
+            return
+        self.events.append(event)
+
+    def take(self) -> list[Any]:
+        events, self.events = self.events, []
+        return events
+
+
+class _Partition:
+    """One native thread's events, in order: a bounded queue and the task applying it."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[ev.ProviderEvent | None] = asyncio.Queue(PARTITION_QUEUE)  # None: drain and stop
+        self.task: asyncio.Task[None] | None = None
+
+
 class Ingestor:
+    """Applies one runtime's events, partitioned by native thread.
+
+    The pump reads the runtime's stream and hands each event to its native thread's partition
+    (made on first use, gone after `PARTITION_IDLE` s without events): a flood of deltas on one
+    thread is applied by that thread's task while another thread's events go through their own,
+    concurrently (different app threads never share a row lock). Within a partition events are
+    applied in order and coalesced: everything that arrives within `COALESCE_SECONDS` of the first
+    pending event is written in one transaction, deltas of one item merged. Events that must take
+    effect at once (a request the user must answer, a subagent's start or end, which capture the
+    workspace) flush immediately; the turn's end is written in the same transaction as its run's end.
+    """
+
     def __init__(
         self,
         pipeline: Pipeline,
@@ -108,93 +176,135 @@ class Ingestor:
         self.finish = finish
         self.on_exit = on_exit
         self.checkpoints = checkpoints
-        self.deltas: dict[str, list[Delta]] = {}
-        self.first_delta_at: float | None = None
+        self.partitions: dict[str, _Partition] = {}
         self.structured_questions = session.runtime.capabilities.supports_structured_questions
         self.unanswerable: list[str] = []  # provider requests to release with an empty answer
 
     async def run(self) -> None:
-        queue: asyncio.Queue[ev.ProviderEvent] = asyncio.Queue()
-
-        async def pump() -> None:
-            """Feed the queue; a stream that breaks off without RuntimeExited is made one (and closed)."""
+        """Route the runtime's events to their partitions until it exits (then drain them all first)."""
+        try:
             try:
+                read = 0
                 async for event in self.session.runtime.events():
-                    await queue.put(event)
                     if isinstance(event, ev.RuntimeExited):
+                        await self._exited(event)
                         return
+                    await self._route(event)
+                    read += 1
+                    if read % YIELD_EVERY == 0:  # a buffered flood is read without waiting: let others run
+                        await asyncio.sleep(0)
             except Exception:
                 log.exception("the %s event stream failed", self.session.instance_id)
             with contextlib.suppress(Exception):
                 await self.session.runtime.close()
-            await queue.put(ev.RuntimeExited("the provider's event stream broke off"))
-
-        pumper = asyncio.create_task(pump())
-        try:
-            while True:
-                timeout = None
-                if self.first_delta_at is not None:
-                    timeout = max(0.0, self.first_delta_at + COALESCE_SECONDS - time.monotonic())
-                try:
-                    event = await asyncio.wait_for(queue.get(), timeout)
-                except TimeoutError:
-                    await self.flush_all()
-                    continue
-                try:
-                    if await self.handle(event):
-                        return
-                except Exception:
-                    log.exception("ingest failed on %s", type(event).__name__)
+            await self._exited(ev.RuntimeExited("the provider's event stream broke off"))
         finally:
-            pumper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pumper
+            await cancel_all([p.task for p in self.partitions.values() if p.task is not None])
 
-    async def handle(self, event: ev.ProviderEvent) -> bool:
-        """Apply one event; True when the runtime is gone."""
-        if isinstance(event, ev.RuntimeExited):
-            await self.flush_all()
-            await self.on_exit(self.session, f"{event.reason} (exit code {event.exit_code})")
-            return True
-        if isinstance(event, ev.TextDelta | ev.OutputDelta):
-            if event.native_thread in self.session.bindings:
-                self.deltas.setdefault(event.native_thread, []).append(event)
-                if self.first_delta_at is None:
-                    self.first_delta_at = time.monotonic()
-            return False
-        native_thread = event.native_thread
-        if native_thread is None or native_thread not in self.session.bindings:
-            if isinstance(event, ev.RequestOpened):  # nobody can answer it: refuse, or the agent waits forever
-                await self._refuse(event)
-            log.debug("dropping %s for an unbound thread", type(event).__name__)
-            return False
-        binding = self.session.bindings[native_thread]
-        await self.flush(native_thread)
+    async def _route(self, event: ev.ProviderEvent) -> None:
+        native_thread = getattr(event, "native_thread", None)
+        if native_thread is None:
+            await self._unbound(event)
+            return
+        partition = self.partitions.get(native_thread)
+        if partition is None:
+            partition = self.partitions[native_thread] = _Partition()
+            partition.task = asyncio.create_task(self._drain(native_thread, partition), name=f"ingest-{native_thread}")
+        await partition.queue.put(event)
+
+    async def _exited(self, event: ev.RuntimeExited) -> None:
+        """Every partition applies what it holds, then the live turns are lost."""
+        for partition in list(self.partitions.values()):
+            await partition.queue.put(None)
+        tasks = [p.task for p in self.partitions.values() if p.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.on_exit(self.session, f"{event.reason} (exit code {event.exit_code})")
+
+    async def _drain(self, native_thread: str, partition: _Partition) -> None:
+        """One native thread's task: apply its events in order, coalescing what arrives close together.
+
+        Waiting (with a timer) only when its queue is empty keeps a flood cheap: queued events are taken
+        as they are, and the window's end is checked after each."""
+        pending = _Pending()
+        taken = 0
+        while True:
+            if partition.queue.empty():
+                timeout = pending.since + COALESCE_SECONDS - time.monotonic() if pending.events else PARTITION_IDLE
+                try:
+                    event = await asyncio.wait_for(partition.queue.get(), max(0.0, timeout))
+                except TimeoutError:
+                    if pending.events:
+                        await self._guarded(self._write(pending))
+                        continue
+                    if not partition.queue.empty():
+                        continue
+                    del self.partitions[native_thread]  # idle and empty (no await since the check): gone
+                    return
+            else:
+                event = partition.queue.get_nowait()
+                taken += 1
+                if taken % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # let the other threads' tasks and the pump run meanwhile
+            if event is None:
+                await self._guarded(self._write(pending))
+                return
+            await self._guarded(self.handle(event, pending))
+            if pending.events and time.monotonic() >= pending.since + COALESCE_SECONDS:
+                await self._guarded(self._write(pending))
+
+    async def _guarded(self, step: Awaitable[None]) -> None:
+        try:
+            await step
+        except Exception:
+            log.exception("ingest failed")
+
+    async def handle(self, event: ev.ProviderEvent, pending: _Pending) -> None:
+        """Take one event of a partition: add it to `pending`, or write `pending` with it now."""
+        native_thread = getattr(event, "native_thread", None)
+        binding = self.session.bindings.get(native_thread) if native_thread is not None else None
+        if binding is None:
+            await self._write(pending)  # what came before, of an earlier turn of this thread
+            await self._unbound(event)
+            return
+        if pending.binding is not binding:
+            await self._write(pending)
+            pending.binding = binding
         if (
             isinstance(event, ev.TurnCompleted)
             and event.parent_turn is None
             and (binding.native_turn is None or event.native_turn == binding.native_turn)
         ):
-            self.session.unbind(native_thread)
+            self.session.unbind(binding.native_thread)
             status = _TURN_STATUS.get(event.status, RunStatus.FAILED)
             hold = f"run failed: {event.error}" if status == RunStatus.FAILED else None
+            events = pending.take()
             await self.finish(
                 binding.run_id,
                 status,
                 event.error if status != RunStatus.COMPLETED else None,
                 hold_reason=hold,
                 attempt_id=binding.attempt_id,
+                before=(self._decision(binding, events),) if events else (),
             )
-            return False
-        await self._apply(binding, [event])
-        await self._scope_step(binding, event)
+            return
+        pending.add(event)
+        if _immediate(event):
+            await self._write(pending)
+            await self._scope_step(binding, event)
+            await self._release_unanswerable()
+
+    async def _release_unanswerable(self) -> None:
         while self.unanswerable:  # release the provider: it asked something nobody can answer here
             ref = self.unanswerable.pop()
             try:
                 await self.session.runtime.respond_to_request(ref, {"answers": {}})
             except Exception:
                 log.exception("could not release provider request %s", ref)
-        return False
+
+    async def _unbound(self, event: ev.ProviderEvent) -> None:
+        if isinstance(event, ev.RequestOpened):  # nobody can answer it: refuse, or the agent waits forever
+            await self._refuse(event)
+        log.debug("dropping %s for an unbound thread", type(event).__name__)
 
     async def _scope_step(self, binding: TurnBinding, event: ev.ProviderEvent) -> None:
         """A subagent's child scope: captured when its node starts and when it ends (after the event is
@@ -220,20 +330,15 @@ class Ingestor:
         except Exception:
             log.exception("could not decline provider request %s", event.request_ref)
 
-    async def flush_all(self) -> None:
-        for native_thread in list(self.deltas):
-            await self.flush(native_thread)
-        self.first_delta_at = None
+    async def _write(self, pending: _Pending) -> None:
+        """Apply the pending events of a partition in one transaction (nothing if there are none)."""
+        binding, events = pending.binding, pending.take()
+        if binding is not None and events:
+            decide = self._decision(binding, events)
+            await self.pipeline.execute(Command(command_type="ingest", decide=decide, thread_id=binding.thread_id))
 
-    async def flush(self, native_thread: str) -> None:
-        pending = self.deltas.pop(native_thread, None)
-        if not self.deltas:
-            self.first_delta_at = None
-        binding = self.session.bindings.get(native_thread)
-        if pending and binding is not None:
-            await self._apply(binding, pending)
-
-    async def _apply(self, binding: TurnBinding, events: list[Any]) -> None:
+    def _decision(self, binding: TurnBinding, events: list[Any]) -> Callable[[Reader, AppThread], Awaitable[Outcome]]:
+        """What `events` change, decided under the thread lock (nothing for an attempt no longer live)."""
         now = self.pipeline.clock.now()
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
@@ -242,10 +347,15 @@ class Ingestor:
             if attempt is None or attempt.status not in (AttemptStatus.PENDING, AttemptStatus.RUNNING):
                 return Outcome()  # late events of a superseded or finished attempt
             for event in events:
+                structural = not isinstance(event, ev.TextDelta | ev.OutputDelta)
+                if structural:
+                    batch.seal()
                 await self._one(batch, binding, event, now)
+                if structural:
+                    batch.seal()
             return batch.outcome
 
-        await self.pipeline.execute(Command(command_type="ingest", decide=decide, thread_id=binding.thread_id))
+        return decide
 
     async def _one(self, b: _Batch, binding: TurnBinding, event: Any, now: Any) -> None:
         handler = self._handlers.get(type(event))

@@ -87,6 +87,9 @@ class Step(Generic[T]):
     command_type: str
     thread_id: uuid.UUID
     decide: Callable[[Reader, AppThread], Awaitable[Valued[T]]]
+    # Decisions written first, in order, in the same transaction: `decide` sees what they wrote. One
+    # commit instead of several (a turn's last events and its run's end; a provider thread and its turn).
+    before: tuple[Decide, ...] = ()
 
 
 AnyCommand = Command | GlobalCommand
@@ -98,6 +101,14 @@ class Committed:
     project_id: uuid.UUID | None
     sequences: list[int]
     effects: int
+
+
+@dataclasses.dataclass(slots=True)
+class _Earlier:
+    """What a step's `before` decisions wrote in its transaction, for its listeners."""
+
+    sequences: list[int] = dataclasses.field(default_factory=list)
+    effects: int = 0
 
 
 CommitListener = Callable[[Committed], Awaitable[None]]
@@ -128,11 +139,20 @@ class Pipeline:
         dict (stored or new)."""
         if isinstance(command, Step):
             step = command
+            earlier = _Earlier()
 
             async def decide_step(db: Reader) -> Valued[T]:
-                return await self._on_thread(db, step.thread_id, "threadId", step.decide)
+                if not step.before:
+                    return await self._on_thread(db, step.thread_id, "threadId", step.decide)
 
-            done = await self._commit(step.command_type, None, None, {}, decide_step, counter, step.thread_id)
+                async def chained(db: Reader, thread: AppThread) -> Valued[T]:
+                    for before in step.before:
+                        thread = await self._write_before(db, thread, await before(db, thread), earlier)
+                    return await step.decide(db, thread)
+
+                return await self._on_thread(db, step.thread_id, "threadId", chained)
+
+            done = await self._commit(step.command_type, None, None, {}, decide_step, counter, step.thread_id, earlier)
             if isinstance(done, dict):  # a step has no key, so never a stored answer
                 raise RuntimeError(f"{step.command_type}: a step has no stored answer")
             return done.value
@@ -171,6 +191,7 @@ class Pipeline:
         decide: Callable[[Reader], Awaitable[OutcomeT]],
         counter: StatementCounter | None,
         thread_id: uuid.UUID | None,
+        earlier: _Earlier | None = None,
     ) -> OutcomeT | dict[str, Any]:
         """The one transaction of every command: the outcome, or a stored result on a replay.
         `thread_id` is the locked thread: the replay's access check and the effects' and listeners' thread."""
@@ -211,10 +232,25 @@ class Pipeline:
                     result=orjson.loads(orjson.dumps(result)),
                     now=now,
                 )
-        committed = Committed(thread_id, project_id, sequences, len(outcome.effects))
+        if earlier is not None:
+            sequences = [*earlier.sequences, *sequences]
+        effects = len(outcome.effects) + (earlier.effects if earlier is not None else 0)
+        committed = Committed(thread_id, project_id, sequences, effects)
         for listener in self.listeners:
             await listener(committed)
         return outcome
+
+    async def _write_before(self, db: Reader, thread: AppThread, outcome: Outcome, earlier: _Earlier) -> AppThread:
+        """Write a `Step.before` decision's events and effects; the thread as the next decision must see it."""
+        now = self.clock.now()
+        project_id = outcome.project_id or thread.project_id
+        earlier.sequences += await log.append(db, outcome.changes, project_id=project_id, command_id=None, now=now)
+        if outcome.effects:
+            await outbox.enqueue(db, thread.id, outcome.effects, command_id=None, now=now)
+            earlier.effects += len(outcome.effects)
+        if any(isinstance(c.entity, AppThread) for c in outcome.changes):
+            thread = await thread_store.get_thread(db, thread.id) or thread
+        return thread
 
     async def _authorize_replay(
         self, db: Reader, principal: Principal | None, thread_id: uuid.UUID | None, field: str, stored: Any

@@ -201,9 +201,11 @@ class RunEngine:
         hold_reason: str | None = None,
         attempt_id: uuid.UUID | None = None,
         guard: Callable[[Reader, Run], Awaitable[bool]] | None = None,
+        before: tuple[Callable[[Reader, AppThread], Awaitable[Outcome]], ...] = (),
     ) -> bool:
         """End a run through the completion barrier. A no-op (False) if it already ended,
-        or if `guard`, checked under the thread lock, says no."""
+        or if `guard`, checked under the thread lock, says no. `before` (the turn's last events)
+        is written first, in the same transaction."""
         capture = await self.checkpoints.capture_run_end(run_id, attempt_id)  # git work, before the transaction
         now = self.now
 
@@ -226,7 +228,8 @@ class RunEngine:
         thread_id = await self._thread_of_run(run_id)
         if thread_id is None:
             return False
-        ended = await self.pipeline.execute(Step(command_type="run.finish", thread_id=thread_id, decide=decide))
+        step = Step(command_type="run.finish", thread_id=thread_id, decide=decide, before=before)
+        ended = await self.pipeline.execute(step)
         if ended:
             await self.checkpoints.close_scopes(run_id)  # subagents whose end was never reported
         return ended
@@ -268,16 +271,18 @@ class RunEngine:
 
     async def _start_on(self, session: LiveSession, prepared: _Prepared) -> None:
         run_id = prepared.run.id
-        provider_thread = await self._ensure_native_thread(session, prepared.target)
+        # The provider thread's record is written with the turn's, in one transaction.
+        provider_thread, ready = await self._native_thread(session, prepared.target)
         previous = session.bindings.get(str(provider_thread.native_thread_ref))
         superseded = previous if previous is not None and previous.attempt_id != prepared.attempt.id else None
         # A restart: the superseded attempt's turn must end before the new one starts.
         if superseded is not None and not await session.wait_unbound(superseded.native_thread, TURN_END_WAIT):
+            await self._record(prepared.thread.id, ready)
             await self.finish(
                 run_id, RunStatus.FAILED, "provider_error", hold_reason="the interrupted turn did not end in time"
             )
             return
-        turn = await self._record_turn(prepared, provider_thread)
+        turn = await self._record_turn(prepared, provider_thread, ready)
         if turn is None:
             return
         handoffs = prepared.handoffs
@@ -364,7 +369,19 @@ class RunEngine:
         return await self.pipeline.execute(Step(command_type="turn.prepare", thread_id=thread_id, decide=decide))
 
     async def _ensure_native_thread(self, session: LiveSession, p: _Target) -> ProviderThread:
-        """Lazily create the native thread, or resume it in this runtime (Follow-Up Turns)."""
+        """Lazily create the native thread, or resume it in this runtime (Follow-Up Turns), and record it."""
+        pt, ready = await self._native_thread(session, p)
+        await self._record(p.thread_id, ready)
+        return pt
+
+    async def _record(self, thread_id: uuid.UUID, decide: Callable[[Reader, AppThread], Awaitable[Outcome]]) -> None:
+        await self.pipeline.execute(Command(command_type="provider_thread.ready", decide=decide, thread_id=thread_id))
+
+    async def _native_thread(
+        self, session: LiveSession, p: _Target
+    ) -> tuple[ProviderThread, Callable[[Reader, AppThread], Awaitable[Outcome]]]:
+        """The native thread, created or resumed in this runtime, and the decision recording it (for the
+        caller to write, alone or before the turn's record)."""
         pt = p.provider_thread
         runtime = session.runtime
         warning: str | None = None
@@ -393,9 +410,8 @@ class RunEngine:
             ref = await runtime.start_thread(p.settings)
             pt = pt.evolve(native_thread_ref=ref)
         session.loaded.add(str(pt.native_thread_ref))
-        return await self._record_provider_thread(
-            p, pt.evolve(session_id=session.session_id, status=ProviderThreadStatus.ACTIVE), warning
-        )
+        pt = pt.evolve(session_id=session.session_id, status=ProviderThreadStatus.ACTIVE)
+        return pt, self._provider_thread_ready(p, pt, warning)
 
     def _fork_ability(self, run: Run) -> tuple[bool, bool]:
         """Whether the run's provider can fork a thread natively, and at a given turn."""
@@ -426,7 +442,9 @@ class RunEngine:
             Step(command_type="provider_thread.replace", thread_id=p.thread_id, decide=decide)
         )
 
-    async def _record_provider_thread(self, p: _Target, pt: ProviderThread, warning: str | None) -> ProviderThread:
+    def _provider_thread_ready(
+        self, p: _Target, pt: ProviderThread, warning: str | None
+    ) -> Callable[[Reader, AppThread], Awaitable[Outcome]]:
         now = self.now
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
@@ -439,10 +457,12 @@ class RunEngine:
                 )
             return outcome
 
-        await self.pipeline.execute(Command(command_type="provider_thread.ready", decide=decide, thread_id=p.thread_id))
-        return pt
+        return decide
 
-    async def _record_turn(self, p: _Prepared, pt: ProviderThread) -> uuid.UUID | None:
+    async def _record_turn(
+        self, p: _Prepared, pt: ProviderThread, ready: Callable[[Reader, AppThread], Awaitable[Outcome]]
+    ) -> uuid.UUID | None:
+        """Record the provider thread (`ready`) and the requested turn, in one transaction."""
         now = self.now
 
         async def decide(db: Reader, thread: AppThread) -> Valued[uuid.UUID | None]:
@@ -454,7 +474,8 @@ class RunEngine:
             outcome, turn = rules.turn_requested(run, attempt, pt, ordinal, now, new_id)
             return outcome.carrying(turn.id)
 
-        return await self.pipeline.execute(Step(command_type="turn.request", thread_id=p.thread.id, decide=decide))
+        step = Step(command_type="turn.request", thread_id=p.thread.id, decide=decide, before=(ready,))
+        return await self.pipeline.execute(step)
 
     async def ensure_thread(self, effect: EnsureThread) -> None:
         """The `provider-thread.ensure` effect: eager provider-thread creation for instances configured so."""
