@@ -29,7 +29,8 @@ with 50 queued messages per thread about 40% of the event rows are queue renumbe
 
 Counting: a SQLAlchemy listener on the engine counts every statement it sends (the
 effect worker's and recovery's polling included; claims are reported separately), rows
-bound per statement, and transactions (commit = write, rollback = read). The events a run
+bound per statement, and transactions (commit = write, rollback = read: a claim that finds
+nothing rolls back, so it counts as a read). The events a run
 wrote are counted in the `events` table afterwards. PostgreSQL's own transaction counter
 (pg_stat_database) is compared with the listener's over the engine's whole lifetime.
 
@@ -184,8 +185,9 @@ class CommandTimer:
     """Wall time inside `Pipeline.execute` per command type and inside each effect handler.
 
     An observer wrapped around the instances' methods; the engine's code is unchanged. The
-    ingestor of the (single) provider session applies its commands one at a time (events,
-    then `run.finish` at the end of a turn), so their sum is how busy that one task is.
+    ingestor of the (single) provider session applies each thread's events in a task of that
+    thread (events, then `run.finish` at the end of a turn, the turn's last events with it), so
+    their sum over the wall is how busy those tasks are together.
     """
 
     def __init__(self, services: Services) -> None:
@@ -579,8 +581,8 @@ def report(phases: list[Phase], check: PgCheck, args: argparse.Namespace, total:
         effects = sum(v for k, v in b.seconds.items() if k.startswith("effect "))
         ingest = b.seconds["ingest"] + b.seconds["run.finish"]
         print(
-            f"    busy: the ingest task {100 * ingest / p.wall:.0f}% of the wall (its ingest + run.finish commands; "
-            f"one task applies every thread's agent events in turn); effect handlers {effects / p.wall:.2f} "
+            f"    busy: the ingest tasks {100 * ingest / p.wall:.0f}% of the wall (its ingest + run.finish commands; "
+            f"each thread's agent events are applied by a task of its own); effect handlers {effects / p.wall:.2f} "
             f"of {args.effect_loops} loops"
         )
         n = 100 if args.verbose else 9

@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ["run_throughput.py", "query_page.py", "replay.py", "fanout.py", "agent_turns.py", "checkpoints.py"]
+BENCHMARKS = [
+    "run_throughput.py",
+    "query_page.py",
+    "replay.py",
+    "fanout.py",
+    "agent_turns.py",
+    "checkpoints.py",
+    "ingest_fairness.py",
+]
 RATIO = re.compile(r"^\s*ratio\s+(median\s+)?[0-9.]+x", re.MULTILINE)
 
 
