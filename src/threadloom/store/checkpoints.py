@@ -31,12 +31,11 @@ async def node_scope(db: Reader, node_id: uuid.UUID) -> CheckpointScope | None:
 
 async def child_scopes_of_run(db: Reader, run_id: uuid.UUID) -> list[CheckpointScope]:
     """The child scopes opened during a run (its subagents')."""
-    return await entities.where(
+    return await entities.in_order(
         db,
         CheckpointScope,
         t.checkpoint_scopes.c.run_id == run_id,
         t.checkpoint_scopes.c.kind == CheckpointScopeKind.SUBAGENT.value,
-        order_by=[t.checkpoint_scopes.c.id],
     )
 
 

@@ -18,7 +18,7 @@ from threadloom.domain.entities import (
     RuntimeRequest,
 )
 from threadloom.domain.runs import RunGraph
-from threadloom.domain.statuses import NodeStatus, PlanStatus, RunStatus, RuntimeRequestStatus
+from threadloom.domain.statuses import ACTIVE_RUN_STATUSES, NodeStatus, PlanStatus, RunStatus, RuntimeRequestStatus
 from threadloom.domain.threads import ThreadState
 from threadloom.store import entities
 from threadloom.store import tables as t
@@ -94,14 +94,7 @@ async def next_turn_ordinal(db: Reader, provider_thread_id: uuid.UUID) -> int:
 
 
 async def active_runs(db: Reader) -> list[Run]:
-    return await entities.where(
-        db,
-        Run,
-        t.runs.c.status.in_(
-            [s.value for s in (RunStatus.PREPARING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.WAITING)]
-        ),
-        order_by=[t.runs.c.id],
-    )
+    return await entities.in_order(db, Run, t.runs.c.status.in_([s.value for s in ACTIVE_RUN_STATUSES]))
 
 
 async def run_input(db: Reader, run: Run) -> str:
