@@ -17,9 +17,12 @@ import dataclasses
 import math
 import uuid
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from enum import StrEnum
 
-from threadloom.domain.statuses import HandoffStrategy, RunStatus
+from threadloom.domain.changes import NewId
+from threadloom.domain.entities import ContextHandoff
+from threadloom.domain.statuses import HandoffStatus, HandoffStrategy, RunStatus
 
 DEFAULT_TOKEN_BUDGET = 8_000
 MAX_TEXT_CHARS = 4_000  # one message, plan or result; longer texts are cut (and say so)
@@ -334,6 +337,33 @@ def build_handoff(
 
 def _compose(header: str, sections: Sequence[str], omitted: Sequence[int]) -> str:
     return "\n\n".join([header, *sections, _omitted_line(omitted)]) + "\n"
+
+
+def pending_handoff(
+    built: Handoff,
+    thread_id: uuid.UUID,
+    came_from: Iterable[uuid.UUID],
+    to_provider_thread_id: uuid.UUID,
+    now: datetime,
+    new_id: NewId,
+    *,
+    transfer_id: uuid.UUID | None = None,
+) -> ContextHandoff:
+    """The stored handoff of `built`, waiting to go with the next turn to `to_provider_thread_id`; it records
+    the provider threads the runs `came_from` and exactly the text the agent will receive."""
+    return ContextHandoff(
+        id=new_id(),
+        transfer_id=transfer_id,
+        thread_id=thread_id,
+        from_provider_thread_ids=[str(i) for i in came_from],
+        to_provider_thread_id=to_provider_thread_id,
+        covered_run_ordinals=list(built.covered_run_ordinals),
+        strategy=built.strategy.stored_strategy,
+        status=HandoffStatus.PENDING,
+        text=built.text,
+        token_estimate=built.token_estimate,
+        created_at=now,
+    )
 
 
 # --- choosing a strategy for a provider switch -----------------------------------------------------------

@@ -23,19 +23,19 @@ from threadloom.domain.handoffs import (
     DEFAULT_POLICY,
     ChoiceReason,
     Handoff,
-    HandoffKind,
     StrategyChoice,
     SwitchPolicy,
     TargetThread,
     choose_strategy,
+    pending_handoff,
 )
 from threadloom.domain.statuses import (
-    HandoffStatus,
     HandoffStrategy,
     ProviderThreadStatus,
     TransferStatus,
     TransferType,
 )
+from threadloom.domain.threads import attach_provider_thread
 
 
 def switched(thread: AppThread, instance: str, model: str | None, known: Iterable[str], now: datetime) -> AppThread:
@@ -111,15 +111,7 @@ def plan_provider(
         pt = target
         changes = [Change.updated(thread.evolve(active_provider_thread_id=pt.id, updated_at=now))]
         return ProviderPlan(pt, changes, choice)
-    pt = ProviderThread(
-        id=new_id(),
-        provider_instance_id=run.provider_instance_id,
-        thread_id=thread.id,
-        status=ProviderThreadStatus.NOT_LOADED,
-        created_at=now,
-        updated_at=now,
-    )
-    changes = [Change.created(pt), Change.updated(thread.evolve(active_provider_thread_id=pt.id, updated_at=now))]
+    pt, changes = attach_provider_thread(thread, None, run.provider_instance_id, now, new_id)
     return ProviderPlan(pt, changes, choice)
 
 
@@ -160,18 +152,6 @@ def handoff_records(
         created_at=now,
         updated_at=now,
     )
-    handoff = ContextHandoff(
-        id=new_id(),
-        transfer_id=transfer.id,
-        thread_id=thread.id,
-        target_run_id=None,
-        from_provider_thread_ids=[str(i) for i in came_from],
-        to_provider_thread_id=plan.provider_thread.id,
-        covered_run_ordinals=list(built.covered_run_ordinals),
-        strategy=HandoffKind(built.strategy).stored_strategy,
-        status=HandoffStatus.PENDING,
-        text=built.text,
-        token_estimate=built.token_estimate,
-        created_at=now,
-    )
+    to = plan.provider_thread.id
+    handoff = pending_handoff(built, thread.id, came_from, to, now, new_id, transfer_id=transfer.id)
     return handoff, [Change.created(transfer), Change.created(handoff)]

@@ -167,6 +167,22 @@ def index_key(thread: AppThread) -> str | None:
     return str(thread.id) if thread.workspace_path else None
 
 
+def new_provider_thread(
+    thread: AppThread, instance: str, now: datetime, new_id: NewId, *, first_run_ordinal: int | None = None
+) -> ProviderThread:
+    """A provider thread of `instance` for `thread`, not yet loaded: the agent's native thread is created lazily,
+    by the first turn sent to it."""
+    return ProviderThread(
+        id=new_id(),
+        provider_instance_id=instance,
+        thread_id=thread.id,
+        status=ProviderThreadStatus.NOT_LOADED,
+        first_run_ordinal=first_run_ordinal,
+        created_at=now,
+        updated_at=now,
+    )
+
+
 def attach_provider_thread(
     thread: AppThread, current: ProviderThread | None, instance: str, now: datetime, new_id: NewId
 ) -> tuple[ProviderThread, list[Change]]:
@@ -174,14 +190,7 @@ def attach_provider_thread(
     (not yet loaded: the agent's native thread is created lazily) made the thread's active one."""
     if current is not None and current.provider_instance_id == instance:
         return current, []
-    created = ProviderThread(
-        id=new_id(),
-        provider_instance_id=instance,
-        thread_id=thread.id,
-        status=ProviderThreadStatus.NOT_LOADED,
-        created_at=now,
-        updated_at=now,
-    )
+    created = new_provider_thread(thread, instance, now, new_id)
     return created, [
         Change.created(created),
         Change.updated(thread.evolve(active_provider_thread_id=created.id, updated_at=now)),

@@ -28,9 +28,9 @@ from threadloom.domain.entities import (
     Run,
 )
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
-from threadloom.domain.handoffs import HandoffKind, Selection, build_handoff, estimate_tokens
+from threadloom.domain.handoffs import Handoff, HandoffKind, Selection, build_handoff, estimate_tokens, pending_handoff
 from threadloom.domain.ids import new_id
-from threadloom.domain.statuses import HandoffStatus, NodeKind, NodeStatus, TokenScope, TransferStatus
+from threadloom.domain.statuses import NodeKind, NodeStatus, TokenScope, TransferStatus
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
 from threadloom.store import entities, handoff_facts
@@ -103,15 +103,8 @@ class Forks:
             merge = forks.merge_back(fork, transfer, latest, earlier, now, new_id)
             return Outcome([Change.created(merge)], result={"transferId": str(merge.id)})
 
-        data = {"forkThreadId": str(fork_id)}
-        command = Command(
-            command_type="mergeBack",
-            principal=principal,
-            key=key,
-            input=data,
-            decide=decide,
-            thread_id=fork.parent_thread_id,
-        )
+        asked = {"command_type": "mergeBack", "principal": principal, "key": key, "decide": decide}
+        command = Command.naming("forkThreadId", fork_id, {}, thread_id=fork.parent_thread_id, **asked)
         result = await self.pipeline.execute(command)
         return uuid.UUID(result["transferId"])
 
@@ -322,19 +315,10 @@ async def portable_handoff(
         if thread_id == point.source_thread_id:
             covered = list(built.covered_run_ordinals)
     text = "\n".join(parts) or build_handoff(HandoffKind.FORK_CONTEXT, [], Selection.up_to(0)).text
-    return ContextHandoff(
-        id=new_id(),
-        transfer_id=transfer.id,
-        thread_id=fork.id,
-        from_provider_thread_ids=[str(point.provider_thread_id)] if point.provider_thread_id else [],
-        to_provider_thread_id=to_provider_thread,
-        covered_run_ordinals=covered,
-        strategy=HandoffKind.FORK_CONTEXT.stored_strategy,
-        status=HandoffStatus.PENDING,
-        text=text,
-        token_estimate=estimate_tokens(text),
-        created_at=now,
-    )
+    # The stored handoff covers the source's runs; what each ancestor's part left out is said in its text.
+    context = Handoff(text, HandoffKind.FORK_CONTEXT, tuple(covered), (), estimate_tokens(text))
+    came_from = [point.provider_thread_id] if point.provider_thread_id else []
+    return pending_handoff(context, fork.id, came_from, to_provider_thread, now, new_id, transfer_id=transfer.id)
 
 
 # --- merge-backs consumed by the source's next run -----------------------------------------------------------
@@ -356,19 +340,8 @@ async def consume_merges(
         fork_id, since, upto = forks.merge_range(transfer)
         facts = await handoff_facts.read_run_facts(db, fork_id, range(since + 1, upto + 1))
         built = build_handoff(HandoffKind.MERGE_BACK_DELTA, facts, Selection.between(since, upto))
-        handoff = ContextHandoff(
-            id=new_id(),
-            transfer_id=transfer.id,
-            thread_id=thread.id,
-            from_provider_thread_ids=sorted({str(f.provider_thread_id) for f in facts if f.provider_thread_id}),
-            to_provider_thread_id=to_provider_thread,
-            covered_run_ordinals=list(built.covered_run_ordinals),
-            strategy=HandoffKind.MERGE_BACK_DELTA.stored_strategy,
-            status=HandoffStatus.PENDING,
-            text=built.text,
-            token_estimate=built.token_estimate,
-            created_at=now,
-        )
+        came_from = sorted({f.provider_thread_id for f in facts if f.provider_thread_id})
+        handoff = pending_handoff(built, thread.id, came_from, to_provider_thread, now, new_id, transfer_id=transfer.id)
         handoffs.append(handoff)
         changes += [Change.created(handoff), forks.consumed(transfer, run.id, now)]
     return Merged(changes, handoffs)

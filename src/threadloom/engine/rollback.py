@@ -59,7 +59,7 @@ from threadloom.domain.entities import (
     Run,
 )
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
-from threadloom.domain.handoffs import HandoffKind, Selection, build_handoff
+from threadloom.domain.handoffs import HandoffKind, Selection, build_handoff, pending_handoff
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import (
     ACTIVE_RUN_STATUSES,
@@ -70,7 +70,7 @@ from threadloom.domain.statuses import (
     RunStatus,
     TokenScope,
 )
-from threadloom.domain.threads import index_key, workspace_of
+from threadloom.domain.threads import index_key, new_provider_thread, workspace_of
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.sessions import SessionManager
 from threadloom.providers.contract import ProviderError, ProviderRuntime, ThreadSettings
@@ -350,33 +350,13 @@ class Rollbacks:
     ) -> None:
         pt = step.provider_thread
         now = self.now
-        fresh = ProviderThread(
-            id=new_id(),
-            provider_instance_id=pt.provider_instance_id,
-            thread_id=thread.id,
-            status=ProviderThreadStatus.NOT_LOADED,
-            forked_from_provider_thread_id=None,
-            first_run_ordinal=op.target + 1,
-            created_at=now,
-            updated_at=now,
-        )
+        fresh = new_provider_thread(thread, pt.provider_instance_id, now, new_id, first_run_ordinal=op.target + 1)
         if step.strategy in (plan_rules.Strategy.REPLACE, plan_rules.Strategy.DISCARD):
             step.replacement = fresh
             if op.target > 0:
                 runs = await handoff_facts.read_run_facts(db, thread.id, range(1, op.target + 1))
                 built = build_handoff(HandoffKind.ROLLBACK_CONTEXT, runs, Selection.up_to(op.target))
-                step.handoff = ContextHandoff(
-                    id=new_id(),
-                    thread_id=thread.id,
-                    from_provider_thread_ids=[str(pt.id)],
-                    to_provider_thread_id=fresh.id,
-                    covered_run_ordinals=list(built.covered_run_ordinals),
-                    strategy=HandoffKind.ROLLBACK_CONTEXT.stored_strategy,
-                    status=HandoffStatus.PENDING,
-                    text=built.text,
-                    token_estimate=built.token_estimate,
-                    created_at=now,
-                )
+                step.handoff = pending_handoff(built, thread.id, [pt.id], fresh.id, now, new_id)
             return
         if pt.native_thread_ref is None:
             return
@@ -628,15 +608,9 @@ class Rollbacks:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "nodeId")
             return await self._restore_node(db, thread, node_id, checkpoint_id, op)
 
-        data = {"nodeId": str(node_id), "checkpointId": str(checkpoint_id)}
-        command = Command(
-            command_type="rollbackNode",
-            principal=principal,
-            key=key,
-            input=data,
-            decide=decide,
-            thread_id=node.thread_id,
-        )
+        asked = {"command_type": "rollbackNode", "principal": principal, "key": key, "decide": decide}
+        data = {"checkpointId": str(checkpoint_id)}
+        command = Command.naming("nodeId", node_id, data, thread_id=node.thread_id, **asked)
         try:
             return await self.pipeline.execute(command)
         except DomainError:
