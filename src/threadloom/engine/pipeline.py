@@ -230,7 +230,7 @@ class Pipeline:
                     fingerprint=print_,
                     token_id=token_id,
                     result=orjson.loads(orjson.dumps(result)),
-                    now=now,
+                    created_at=now,
                 )
         if earlier is not None:
             sequences = [*earlier.sequences, *sequences]

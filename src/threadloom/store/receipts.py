@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import sqlalchemy as sa
 
@@ -30,23 +30,16 @@ async def find(db: Reader, key: str) -> sa.RowMapping | None:
     return await db.one_or_none(sa.select(t.command_receipts).where(t.command_receipts.c.key == key))
 
 
-async def save(
-    db: Reader,
-    *,
-    key: str,
-    command_type: str,
-    fingerprint: str,
-    token_id: uuid.UUID | None,
-    result: dict[str, Any],
-    now: datetime,
-) -> None:
-    await db.execute(
-        sa.insert(t.command_receipts).values(
-            key=key,
-            command_type=command_type,
-            fingerprint=fingerprint,
-            token_id=token_id,
-            result=result,
-            created_at=now,
-        )
-    )
+class Receipt(TypedDict):
+    """A `command_receipts` row: what a replay of the same key answers, and what it must match."""
+
+    key: str
+    command_type: str
+    fingerprint: str
+    token_id: uuid.UUID | None
+    result: dict[str, Any]
+    created_at: datetime
+
+
+async def save(db: Reader, **receipt: Unpack[Receipt]) -> None:
+    await db.execute(sa.insert(t.command_receipts).values(**receipt))
