@@ -17,11 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
 
 
 def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env(name: str, default: N) -> N:
+    """A limit the environment variable `name` may set (`Limits.from_env`); `default` otherwise."""
+    return dataclasses.field(default=default, metadata={"env": name})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -31,20 +40,30 @@ class Limits:
     max_tokens: int = 5000
     max_body_bytes: int = 256 * 1024
     max_page_size: int = 100
-    max_subscriptions_per_connection: int = 100
-    max_replay: int = 10_000
-    subscriber_queue: int = 1_000
+    max_subscriptions_per_connection: int = _env("THREADLOOM_MAX_SUBSCRIPTIONS", 100)
+    max_replay: int = _env("THREADLOOM_MAX_REPLAY", 10_000)
+    subscriber_queue: int = _env("THREADLOOM_SUBSCRIBER_QUEUE", 1_000)
     # Static query cost (objects an operation may return) and execution time per query operation.
-    max_query_cost: int = 20_000
-    query_timeout: float = 10.0
+    max_query_cost: int = _env("THREADLOOM_MAX_QUERY_COST", 20_000)
+    query_timeout: float = _env("THREADLOOM_QUERY_TIMEOUT", 10.0)  # seconds, may be fractional
     # Per token, in this process (docs/security.md, "Limits").
-    max_connections_per_token: int = 32
-    max_subscriptions_per_token: int = 200
+    max_connections_per_token: int = _env("THREADLOOM_MAX_CONNECTIONS_PER_TOKEN", 32)
+    max_subscriptions_per_token: int = _env("THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN", 200)
     # Token buckets: `*_per_minute` refill, `*_burst` the bucket's size.
-    mutations_per_minute: int = 600
-    mutation_burst: int = 300
-    run_starts_per_minute: int = 120
-    run_start_burst: int = 60
+    mutations_per_minute: int = _env("THREADLOOM_MUTATIONS_PER_MINUTE", 600)
+    mutation_burst: int = _env("THREADLOOM_MUTATION_BURST", 300)
+    run_starts_per_minute: int = _env("THREADLOOM_RUN_STARTS_PER_MINUTE", 120)
+    run_start_burst: int = _env("THREADLOOM_RUN_START_BURST", 60)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Limits:
+        """The defaults, but for the limits whose variable is set (a float limit's value may be fractional)."""
+        values: dict[str, int | float] = {}
+        for field in dataclasses.fields(cls):
+            raw = env.get(field.metadata["env"]) if "env" in field.metadata else None
+            if raw:
+                values[field.name] = float(raw) if isinstance(field.default, float) else int(raw)
+        return cls(**values)  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,22 +96,7 @@ class Settings:
             "providers_file": Path(env["THREADLOOM_PROVIDERS"]) if env.get("THREADLOOM_PROVIDERS") else None,
             "fast_paths": env.get("THREADLOOM_FAST_PATHS", "1").strip().lower() not in {"0", "false", "no", "off"},
         }
-        limits = {
-            "max_subscriptions_per_connection": env.get("THREADLOOM_MAX_SUBSCRIPTIONS"),
-            "max_replay": env.get("THREADLOOM_MAX_REPLAY"),
-            "subscriber_queue": env.get("THREADLOOM_SUBSCRIBER_QUEUE"),
-            "max_query_cost": env.get("THREADLOOM_MAX_QUERY_COST"),
-            "max_connections_per_token": env.get("THREADLOOM_MAX_CONNECTIONS_PER_TOKEN"),
-            "max_subscriptions_per_token": env.get("THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN"),
-            "mutations_per_minute": env.get("THREADLOOM_MUTATIONS_PER_MINUTE"),
-            "mutation_burst": env.get("THREADLOOM_MUTATION_BURST"),
-            "run_starts_per_minute": env.get("THREADLOOM_RUN_STARTS_PER_MINUTE"),
-            "run_start_burst": env.get("THREADLOOM_RUN_START_BURST"),
-        }
-        parsed: dict[str, int | float] = {k: int(v) for k, v in limits.items() if v}
-        if env.get("THREADLOOM_QUERY_TIMEOUT"):  # seconds, may be fractional
-            parsed["query_timeout"] = float(env["THREADLOOM_QUERY_TIMEOUT"])
-        values["limits"] = Limits(**parsed)  # type: ignore[arg-type]
+        values["limits"] = Limits.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):
             values["data_dir"] = Path(values["data_dir"]).absolute()
