@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from threadloom.domain.changes import Change, EventVerb, NewId
-from threadloom.domain.entities import Activity
+from threadloom.domain.entities import Activity, Run
 from threadloom.domain.statuses import RunStatus
 
 
@@ -97,3 +97,17 @@ def activity(
         created_at=now,
     )
     return Change.of(EventVerb.RECORDED, entity, run_id=run_id, node_id=node_id)
+
+
+def run_activity(
+    run: Run,
+    kind: ActivityKind,
+    summary: str,
+    now: datetime,
+    new_id: NewId,
+    *,
+    node_id: uuid.UUID | None = None,
+    payload: dict[str, Any] | None = None,
+) -> Change:
+    """An activity about `run`, in the run's own thread."""
+    return activity(run.thread_id, kind, summary, now, new_id, run_id=run.id, node_id=node_id, payload=payload)

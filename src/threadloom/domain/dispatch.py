@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 
-from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.activities import ActivityKind, activity, run_activity
 from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.effects import InterruptTurn, StartTurn, SteerTurn
 from threadloom.domain.entities import (
@@ -252,13 +252,12 @@ def steer(
     return Outcome(
         [
             Change.created(message),
-            activity(
-                thread.id,
+            run_activity(
+                run,
                 ActivityKind.RUN_STEERED,
                 f"run {run.ordinal} steered",
                 now,
                 new_id,
-                run_id=run.id,
                 node_id=run.root_node_id,
             ),
         ],
@@ -307,13 +306,12 @@ def restart(
         Change.updated(
             run.evolve(status=RunStatus.PREPARING, active_attempt_id=new_attempt_id, root_node_id=new_root_id),
         ),
-        activity(
-            thread.id,
+        run_activity(
+            run,
             ActivityKind.RUN_RESTARTED,
             f"run {run.ordinal} restarted with a steering message",
             now,
             new_id,
-            run_id=run.id,
             node_id=new_root_id,
         ),
     ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.activities import ActivityKind, activity, run_activity
 from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.effects import InterruptTurn
 from threadloom.domain.entities import AppThread, Run
@@ -62,13 +62,12 @@ def unsupported(thread: AppThread, run: Run, now: datetime, new_id: NewId) -> Ou
     committing the record (and again on a replay of the same request)."""
     return Outcome(
         [
-            activity(
-                thread.id,
+            run_activity(
+                run,
                 ActivityKind.RUN_INTERRUPT_UNSUPPORTED,
                 f"interrupt of run {run.ordinal} refused: {UNSUPPORTED_MESSAGE}",
                 now,
                 new_id,
-                run_id=run.id,
                 node_id=run.root_node_id,
             )
         ],
@@ -87,13 +86,12 @@ def requested(thread: AppThread, run: Run, now: datetime, new_id: NewId) -> Outc
     return Outcome(
         [
             Change.updated(run.evolve(interrupt_requested_at=now)),
-            activity(
-                thread.id,
+            run_activity(
+                run,
                 ActivityKind.RUN_INTERRUPT_REQUESTED,
                 f"interrupt of run {run.ordinal} requested",
                 now,
                 new_id,
-                run_id=run.id,
                 node_id=run.root_node_id,
             ),
         ],

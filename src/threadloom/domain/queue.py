@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.activities import ActivityKind, activity, run_activity
 from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.effects import StartTurn
 from threadloom.domain.entities import AppThread, ConversationMessage, ExecutionNode, Run, RunAttempt
@@ -51,7 +51,7 @@ def cancel(
                 run.evolve(status=RunStatus.CANCELLED, status_reason=reason, queue_position=None, completed_at=now),
             ),
             *renumber(rest),
-            activity(thread.id, ActivityKind.RUN_CANCELLED, f"run {run.ordinal}: {reason}", now, new_id, run_id=run.id),
+            run_activity(run, ActivityKind.RUN_CANCELLED, f"run {run.ordinal}: {reason}", now, new_id),
         ],
         result={"runId": str(run.id)},
     )
@@ -66,13 +66,12 @@ def reorder(thread: AppThread, queue: Sequence[Run], run: Run, position: int, no
     return Outcome(
         [
             *renumber(rest),
-            activity(
-                thread.id,
+            run_activity(
+                run,
                 ActivityKind.QUEUE_REORDERED,
                 f"run {run.ordinal} moved to position {position}",
                 now,
                 new_id,
-                run_id=run.id,
             ),
         ],
         result={"runId": str(run.id)},
@@ -85,7 +84,7 @@ def edit(thread: AppThread, run: Run, message: ConversationMessage, text: str, n
     return Outcome(
         [
             Change.updated(updated),
-            activity(thread.id, ActivityKind.QUEUE_EDITED, f"run {run.ordinal} edited", now, new_id, run_id=run.id),
+            run_activity(run, ActivityKind.QUEUE_EDITED, f"run {run.ordinal} edited", now, new_id),
         ],
         result={"runId": str(run.id)},
     )
@@ -97,13 +96,12 @@ def start_run(outcome: Outcome, thread: AppThread, run: Run, now: datetime, new_
     outcome.changes.append(Change.updated(started))
     outcome.changes.append(Change.updated(thread.evolve(active_run_id=run.id, updated_at=now)))
     outcome.changes.append(
-        activity(
-            thread.id,
+        run_activity(
+            run,
             ActivityKind.RUN_PREPARING,
             f"run {run.ordinal} is starting",
             now,
             new_id,
-            run_id=run.id,
             node_id=run.root_node_id,
         )
     )

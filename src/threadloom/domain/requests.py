@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.activities import ActivityKind, run_activity
 from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.effects import RespondToRequest
 from threadloom.domain.entities import AppThread, ExecutionNode, PlanArtifact, Run, RuntimeRequest
@@ -112,13 +112,12 @@ def open_request(
         changes.append(Change.updated(run.evolve(status=RunStatus.WAITING)))
     kind_name = ActivityKind.QUESTION_ASKED if is_question else ActivityKind.APPROVAL_REQUESTED
     changes.append(
-        activity(
-            turn.thread_id,
+        run_activity(
+            run,
             kind_name,
             summary,
             now,
             new_id,
-            run_id=run.id,
             node_id=node_id,
             payload={"requestId": str(request_id), "kind": request_kind.value},
         )
@@ -188,13 +187,12 @@ def respond(
         else ActivityKind.APPROVAL_RESOLVED
     )
     changes.append(
-        activity(
-            thread.id,
+        run_activity(
+            run,
             kind,
             f"{request.kind}: {response}",
             now,
             new_id,
-            run_id=run.id,
             node_id=node.id,
             payload={"requestId": str(request.id), "response": response},
         )

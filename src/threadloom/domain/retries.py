@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
 
-from threadloom.domain.activities import ActivityKind, activity
+from threadloom.domain.activities import ActivityKind, run_activity
 from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.dispatch import open_attempt
 from threadloom.domain.effects import StartTurn
@@ -94,13 +94,12 @@ def retry(
         Change.updated(
             run.evolve(status=RunStatus.PREPARING, active_attempt_id=new_attempt.id, root_node_id=new_root.id)
         ),
-        activity(
-            run.thread_id,
+        run_activity(
+            run,
             ActivityKind.RUN_RETRIED,
             f"run {run.ordinal} retried ({number} of {policy.retries}): {reason}",
             now,
             new_id,
-            run_id=run.id,
             node_id=new_root.id,
             payload={"attempt": new_attempt.attempt_ordinal, "retry": number, "delaySeconds": policy.delay(number)},
         ),

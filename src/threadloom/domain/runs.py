@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
 
-from threadloom.domain.activities import ActivityKind, activity, run_ended
+from threadloom.domain.activities import ActivityKind, run_activity, run_ended
 from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.checkpoints import Recorded
 from threadloom.domain.effects import DeliverToParent
@@ -100,15 +100,7 @@ def turn_started(
             Change.updated(attempt.evolve(status=AttemptStatus.RUNNING)),
             Change.updated(root.evolve(status=NodeStatus.RUNNING, provider_turn_id=turn.id, updated_at=now)),
             Change.updated(run.evolve(status=RunStatus.RUNNING)),
-            activity(
-                run.thread_id,
-                ActivityKind.RUN_STARTED,
-                f"run {run.ordinal} started",
-                now,
-                new_id,
-                run_id=run.id,
-                node_id=root.id,
-            ),
+            run_activity(run, ActivityKind.RUN_STARTED, f"run {run.ordinal} started", now, new_id, node_id=root.id),
         ]
     return outcome
 
@@ -205,15 +197,7 @@ def finish_run(
         root = root.evolve(checkpoint_scope_id=checkpoint.checkpoint.scope_id)
     else:
         out.changes.append(
-            activity(
-                thread.id,
-                ActivityKind.CHECKPOINT_SKIPPED,
-                "no checkpoint kept",
-                now,
-                new_id,
-                run_id=run.id,
-                node_id=graph.root.id,
-            )
+            run_activity(run, ActivityKind.CHECKPOINT_SKIPPED, "no checkpoint kept", now, new_id, node_id=graph.root.id)
         )
     out.changes.append(Change.updated(root.evolve(status=ended.root, updated_at=now, completed_at=now)))
     out.changes.append(
@@ -240,7 +224,7 @@ def finish_run(
     out.changes.append(Change.updated(run.evolve(status=status, status_reason=reason, completed_at=now)))
     summary = f"run {run.ordinal} {status}" + (f": {reason}" if reason else "")
     out.changes.append(
-        activity(thread.id, run_ended(status), summary, now, new_id, run_id=run.id, node_id=graph.root.id)
+        run_activity(run, run_ended(status), summary, now, new_id, node_id=graph.root.id)
     )
     after = thread.evolve(active_run_id=None, updated_at=now)
     if status == RunStatus.FAILED and hold_reason is None:
@@ -248,7 +232,7 @@ def finish_run(
         hold_reason = f"run {run.ordinal} failed: " + gone.get(reason or "", reason or "no reason given")
     if hold_reason is not None:
         after = after.evolve(queue_held=True, queue_hold_reason=hold_reason)
-        out.changes.append(activity(thread.id, ActivityKind.QUEUE_HELD, hold_reason, now, new_id, run_id=run.id))
+        out.changes.append(run_activity(run, ActivityKind.QUEUE_HELD, hold_reason, now, new_id))
     out.changes.append(Change.updated(after))
     drained = drain_queue(after, graph.queue, now, new_id)
     out.changes += drained.changes
