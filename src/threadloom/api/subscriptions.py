@@ -168,7 +168,9 @@ def _marker(sequence: int, name: str) -> ThreadEvent:
     return ThreadEvent(sequence=sequence, type=name, run_id=None, node_id=None, occurred_at=None, entity=None)
 
 
-def thread_event_item(item: Any) -> ThreadEvent:
+def thread_event_item(item: Any, *, with_entity: bool = True) -> ThreadEvent:
+    """The `threadEvents` item of a log row or marker; `with_entity=False` skips building the entity
+    (for selections that do not ask for it)."""
     if isinstance(item, Synchronized):
         return _marker(item.sequence, "synchronized")
     if isinstance(item, ReloadRequired):
@@ -179,22 +181,12 @@ def thread_event_item(item: Any) -> ThreadEvent:
         run_id=_gid("Run", item.run_id),
         node_id=_gid("ExecutionNode", item.node_id),
         occurred_at=item.occurred_at,
-        entity=_entity(item),
+        entity=_entity(item) if with_entity else None,
     )
 
 
 def thread_event_head(item: Any) -> ThreadEvent:
-    """`thread_event_item` without the entity, for selections that do not ask for it (no entity built)."""
-    if isinstance(item, LogEvent):
-        return ThreadEvent(
-            sequence=item.sequence,
-            type=item.event_type,
-            run_id=_gid("Run", item.run_id),
-            node_id=_gid("ExecutionNode", item.node_id),
-            occurred_at=item.occurred_at,
-            entity=None,
-        )
-    return thread_event_item(item)
+    return thread_event_item(item, with_entity=False)
 
 
 def activity_item(item: Any) -> Any:
