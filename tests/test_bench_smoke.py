@@ -24,6 +24,7 @@ BENCHMARKS = [
     "agent_turns.py",
     "checkpoints.py",
     "ingest_fairness.py",
+    "spread.py",
 ]
 RATIO = re.compile(r"^\s*ratio\s+(median\s+)?[0-9.]+x", re.MULTILINE)
 

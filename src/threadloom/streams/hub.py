@@ -148,9 +148,57 @@ class Feed(Generic[K]):
                 return
 
 
+class BatchedReads:
+    """Thread feeds' log reads, gathered per event-loop turn into one statement.
+
+    A burst of wake-ups (a busy process, or another replica's commits arriving over the
+    channel) wakes many feeds at once; each asks for its rows after its own cursor. The reads
+    asked for before the loop's next turn go out together (`store.events.threads_events`), so
+    a thousand threads changing at once cost one round trip, not a thousand.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._waiting: dict[uuid.UUID, tuple[int, asyncio.Future[list[LogEvent]]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def read(self, thread_id: uuid.UUID, after: int) -> asyncio.Future[list[LogEvent]]:
+        loop = asyncio.get_running_loop()
+        if not self._waiting:
+            loop.call_soon(self._flush)
+        future: asyncio.Future[list[LogEvent]] = loop.create_future()
+        self._waiting[thread_id] = (after, future)  # one feed per thread: at most one read each
+        return future
+
+    def _flush(self) -> None:
+        batch, self._waiting = self._waiting, {}
+        task = asyncio.create_task(self._read(batch), name="feed-reads")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _read(self, batch: dict[uuid.UUID, tuple[int, asyncio.Future[list[LogEvent]]]]) -> None:
+        try:
+            async with self.db.read() as db:
+                rows = await log_reader.threads_events(db, {k: after for k, (after, _) in batch.items()})
+        except BaseException as error:
+            for _, future in batch.values():
+                if not future.done():
+                    future.set_exception(error if isinstance(error, Exception) else RuntimeError("read cancelled"))
+            if not isinstance(error, Exception):
+                raise
+            return
+        by_thread: dict[uuid.UUID, list[LogEvent]] = {}
+        for row in rows:
+            by_thread.setdefault(row.thread_id, []).append(row)
+        for thread_id, (_, future) in batch.items():
+            if not future.done():
+                future.set_result(by_thread.get(thread_id, []))
+
+
 class Hub:
     def __init__(self, db: Database, mailbox_limit: int = 1000) -> None:
         self.db = db
+        self.reads = BatchedReads(db)
         self.mailbox_limit = mailbox_limit
         self.degraded = False
         self.threads: dict[uuid.UUID, Feed[uuid.UUID]] = {}
@@ -182,8 +230,7 @@ class Hub:
                 return latest
 
             async def read(after: int) -> list[LogEvent]:
-                async with self.db.read() as db:
-                    return await log_reader.thread_events(db, thread_id, after)
+                return await self.reads.read(thread_id, after)
 
             feed = created = Feed(thread_id, self, head, read, lambda row: row.sequence)
             self.threads[thread_id] = feed
