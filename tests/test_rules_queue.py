@@ -1,6 +1,7 @@
 """Queue rules as tables (docs/lifecycles/steering-and-queue.md "The queue"): enqueue, reorder, cancel, edit,
-promote, drain, hold and resume. After every operation the queued runs hold positions 1..n in their order.
-Pure: no database, no server.
+promote, drain, hold and resume. After every operation the queued runs' order keys strictly increase in
+queue order (the place a client sees, 1..n, is counted from them when read); only a reorder rewrites
+another run's key. Pure: no database, no server.
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ from threadloom.domain.queue import drain_queue, resume_queue
 from threadloom.domain.statuses import AttemptStatus, InputIntent, NodeStatus, RunStatus
 
 
-def _dense(queue: list[Run]) -> list[int]:
-    return [r.queue_position or 0 for r in queue]
+def _places(queue: list[Run]) -> list[int]:
+    """The places `Run.queuePosition` shows (1..n in key order), once the keys are checked to order the queue."""
+    keys = [r.queue_position for r in queue]
+    assert None not in keys and keys == sorted(set(keys), key=lambda k: k or 0), keys
+    return list(range(1, len(queue) + 1))
+
+
+def _runs_written(outcome: Outcome) -> set[object]:
+    return {c.entity.id for c in outcome.changes if c.event_type == "run.updated"}
 
 
 def _ordinals(queue: list[Run]) -> list[int]:
@@ -54,7 +62,7 @@ def test_a_queued_message_goes_last(waiting: int) -> None:
         new_id=b.Ids(),
     )
     after = b.apply_to_queue(queued, outcome)
-    assert _dense(after) == list(range(1, waiting + 2))
+    assert _places(after) == list(range(1, waiting + 2))
     assert _ordinals(after) == [*_ordinals(queued), waiting + 2]  # the new run's ordinal follows the last
     assert b.event_types(outcome) == [
         "message.created",
@@ -96,7 +104,7 @@ def test_a_restart_as_a_new_run_goes_first(waiting: int) -> None:
         b.state(thread, active=active, queued=queued), active, "change course", None, None, b.NOW, b.Ids()
     )
     after = b.apply_to_queue(queued, outcome)
-    assert _dense(after) == list(range(1, waiting + 2))
+    assert _places(after) == list(range(1, waiting + 2)) and _runs_written(outcome) <= {active.id}
     assert after[0].supersedes_run_id == active.id and _ordinals(after[1:]) == _ordinals(queued)
     assert outcome.result["appliedDispatch"] == AppliedDispatch.RESTART_ACTIVE.value
     assert [e.kind for e in outcome.effects] == [INTERRUPT_EFFECT]
@@ -121,7 +129,7 @@ SIZE = 4
     ("index", "position"),
     [pytest.param(i, p, id=f"run{i + 1}-to-{p}") for i, p in itertools.product(range(SIZE), range(1, SIZE + 1))],
 )
-def test_reorder_moves_one_run_and_keeps_positions_dense(index: int, position: int) -> None:
+def test_reorder_moves_one_run_and_keeps_positions_places(index: int, position: int) -> None:
     thread = b.thread()
     queued = b.queue(thread, SIZE)
     moved = queued[index]
@@ -129,7 +137,7 @@ def test_reorder_moves_one_run_and_keeps_positions_dense(index: int, position: i
     after = b.apply_to_queue(queued, outcome)
     expected = [r for r in queued if r.id != moved.id]
     expected.insert(position - 1, moved)
-    assert _ordinals(after) == _ordinals(expected) and _dense(after) == list(range(1, SIZE + 1))
+    assert _ordinals(after) == _ordinals(expected) and _places(after) == list(range(1, SIZE + 1))
     written = [c.entity.id for c in outcome.changes if c.event_type == "run.updated"]
     assert len(written) == sum(1 for i, r in enumerate(expected, 1) if r.queue_position != i)  # only what moved
     assert b.event_types(outcome)[-1] == "activity:queue.reordered"
@@ -157,7 +165,7 @@ def test_cancel_closes_the_run_and_the_rest_move_up(index: int) -> None:
     outcome = queue_rules.cancel(thread, queued, run, attempt, root, b.NOW, b.Ids())
     after = b.apply_to_queue(queued, outcome)
     assert _ordinals(after) == _ordinals([r for r in queued if r.id != run.id])
-    assert _dense(after) == list(range(1, SIZE))
+    assert _places(after) == list(range(1, SIZE)) and _runs_written(outcome) == {run.id}  # the rest keep their keys
     cancelled = b.latest(outcome.changes, Run)[run.id]
     assert (cancelled.status, cancelled.status_reason, cancelled.queue_position, cancelled.completed_at) == (
         RunStatus.CANCELLED,
@@ -253,7 +261,7 @@ def test_promote_cancels_the_queued_run_and_steers_the_active_one(native: bool) 
         )
     outcome = Outcome([*cancelled.changes, *steered.changes], steered.effects)
     after = b.apply_to_queue(queued, outcome)
-    assert _ordinals(after) == [queued[0].ordinal, queued[2].ordinal] and _dense(after) == [1, 2]
+    assert _ordinals(after) == [queued[0].ordinal, queued[2].ordinal] and _places(after) == [1, 2]
     assert b.latest(outcome.changes, Run)[promoted.id].status_reason == "promoted to a steer of the active run"
     kinds = [e.kind for e in outcome.effects]
     assert kinds == ([STEER_EFFECT] if native else [INTERRUPT_EFFECT, START_EFFECT])
@@ -283,7 +291,8 @@ def test_drain(held: bool, active: bool, waiting: int, starts: bool) -> None:
     first = b.latest(outcome.changes, Run)[queued[0].id]
     assert first.status == RunStatus.PREPARING and first.queue_position is None
     assert b.latest(outcome.changes, AppThread)[thread.id].active_run_id == first.id
-    assert _ordinals(after) == _ordinals(queued[1:]) and _dense(after) == list(range(1, waiting))
+    assert _ordinals(after) == _ordinals(queued[1:]) and _places(after) == list(range(1, waiting))
+    assert _runs_written(outcome) == {first.id}  # the others move up without an event each
     assert [(e.kind, e.payload["runId"]) for e in outcome.effects] == [(START_EFFECT, str(first.id))]
 
 
@@ -311,7 +320,7 @@ def test_resume(held: bool, active: bool, waiting: int, expected: str | ErrorCod
     assert not released.queue_held and released.queue_hold_reason is None
     assert b.event_types(outcome)[:2] == ["thread.updated", "activity:queue.resumed"]
     assert [e.kind for e in outcome.effects] == ([START_EFFECT] if expected == "starts" else [])
-    assert _dense(b.apply_to_queue(queued, outcome)) == list(range(1, waiting + (0 if expected == "starts" else 1)))
+    assert _places(b.apply_to_queue(queued, outcome)) == list(range(1, waiting + (0 if expected == "starts" else 1)))
 
 
 def test_a_held_queue_survives_until_resumed() -> None:

@@ -160,11 +160,18 @@ class RunMachine(RuleBasedStateMachine):
     def runs_are_sound(self) -> None:
         if not hasattr(self, "thread_uuid"):
             return
-        runs = self._runs()
+        shown = self.world.gql(
+            "query($t: ID!) { thread(id: $t) { queue { id queuePosition } } }", {"t": self.thread_id}
+        )["thread"]["queue"]
+        runs = self._runs()  # read after: a run may have left the queue since, none joined it
         assert sum(1 for r in runs if r["status"] in ACTIVE) <= 1
         assert [r["ordinal"] for r in runs] == list(range(1, len(runs) + 1))
-        queued = sorted(r["queue_position"] for r in runs if r["status"] == "queued")
-        assert queued == list(range(1, len(queued) + 1))
+        queued = sorted((r for r in runs if r["status"] == "queued"), key=lambda r: (r["queue_position"], r["ordinal"]))
+        keys = [r["queue_position"] for r in queued]
+        assert None not in keys and len(set(keys)) == len(keys)  # the order keys order the queue
+        assert [q["queuePosition"] for q in shown] == list(range(1, len(shown) + 1))
+        ids = [encode("Run", r["id"]) for r in queued]
+        assert [q["id"] for q in shown if q["id"] in ids] == [i for i in ids if i in {q["id"] for q in shown}]
         attempts = self.world.rows(sa.select(t.run_attempts).where(t.run_attempts.c.thread_id == self.thread_uuid))
         nodes = {
             n["id"]: n

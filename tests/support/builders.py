@@ -272,12 +272,12 @@ def latest(changes: Iterable[Change], of: type[R]) -> dict[uuid.UUID, R]:
 
 
 def apply_to_queue(before: Sequence[Run], outcome: Outcome) -> list[Run]:
-    """The queued runs after `outcome`, ordered by position (runs that left the queue dropped)."""
+    """The queued runs after `outcome`, in queue order (runs that left the queue dropped)."""
     updated = latest(outcome.changes, Run)
     after = [updated.get(r.id, r) for r in before]
     after += [r for r in updated.values() if r.id not in {b.id for b in before}]
     waiting = [r for r in after if r.status == RunStatus.QUEUED]
-    return sorted(waiting, key=lambda r: r.queue_position or 0)
+    return sorted(waiting, key=lambda r: (r.queue_position or 0, r.ordinal))  # as store.runs.queue reads it
 
 
 def event_types(outcome: Outcome) -> list[str]:

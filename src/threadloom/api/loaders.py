@@ -17,6 +17,7 @@ from strawberry.dataloader import DataLoader
 
 from threadloom.domain.statuses import RunStatus, RuntimeRequestStatus
 from threadloom.store import reads
+from threadloom.store import runs as run_reads
 from threadloom.store import tables as t
 from threadloom.store.db import Database, StatementCounter
 
@@ -172,3 +173,14 @@ class Loaders:
             return [found[p] for p in parents]
 
         return self._get(("children", relation), lambda: DataLoader(load_fn=load))
+
+    def queue_positions(self) -> DataLoader[uuid.UUID, dict[uuid.UUID, int]]:
+        """By thread: each queued run's place in the queue (one statement for all the threads asked)."""
+
+        async def load(thread_ids: list[uuid.UUID]) -> list[dict[uuid.UUID, int]]:
+            async with self._db.read(self._counter) as db:
+                found = await run_reads.queue_positions(db, thread_ids)
+            return [found[i] for i in thread_ids]
+
+        return self._get("queue_positions", lambda: DataLoader(load_fn=load))
+

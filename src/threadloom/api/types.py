@@ -28,6 +28,7 @@ from threadloom.api.pagination import paged
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain import entities as e
 from threadloom.domain.records import Record
+from threadloom.domain.statuses import RunStatus
 from threadloom.domain.threads import thread_status
 from threadloom.store import tables as t
 from threadloom.store.events import project_head
@@ -325,6 +326,14 @@ class Run(Node, _Entity):
         "ContextTransfer", "run.contextTransfers", description="The transfers this run resolved or consumed."
     )
 
+    @strawberry.field
+    def queue_position(self, info: Info) -> int | None:
+        # Counted at read time from the queue's order (`store.runs.queue_positions`): the stored
+        # column is an order key that starting or cancelling another run does not rewrite.
+        if self.rec.status != RunStatus.QUEUED:
+            return None
+        return _queue_position(info, self.rec)  # type: ignore[return-value]  # graphql-core awaits it
+
     @strawberry.field(description="Every node of every attempt of this run, and the parent→child edges.")
     async def execution_graph(self, info: Info) -> ExecutionGraph:
         rows = await info.context.loaders.children("run.nodes").load(self.rec.id)
@@ -332,6 +341,11 @@ class Run(Node, _Entity):
         nodes = [ExecutionNode.from_row(r) for r in rows]
         edges = [ExecutionEdge(rec=n.rec) for n in nodes if n.rec.parent_node_id is not None]
         return ExecutionGraph(nodes=nodes, edges=edges)
+
+
+async def _queue_position(info: Info, run: e.Run) -> int | None:
+    places = await info.context.loaders.queue_positions().load(run.thread_id)
+    return places.get(run.id)
 
 
 @_entity(e.RunAttempt)

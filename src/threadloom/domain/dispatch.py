@@ -34,7 +34,7 @@ from threadloom.domain.entities import (
 )
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.nodes import Place, open_node
-from threadloom.domain.queue import start_run
+from threadloom.domain.queue import order_key, start_run
 from threadloom.domain.requests import expire
 from threadloom.domain.statuses import (
     AttemptReason,
@@ -155,7 +155,7 @@ def new_run(
         user_message_id=message_id,
         root_node_id=node_id,
         active_attempt_id=attempt_id,
-        queue_position=1 if supersedes is not None else len(state.queue) + 1,
+        queue_position=order_key(state.queue, first=supersedes is not None),
         supersedes_run_id=None if supersedes is None else supersedes.id,
         fresh_context=fresh_context,
         requested_at=now,
@@ -171,10 +171,6 @@ def new_run(
         ],
         result={"runId": str(run_id), "messageId": str(message_id), "appliedDispatch": applied.value},
     )
-    if supersedes is not None:  # it goes first in the queue: the others move down by one
-        outcome.changes += [
-            Change.updated(r.evolve(queue_position=position)) for position, r in enumerate(state.queue, start=2)
-        ]
     if starting:
         start_run(outcome, thread.evolve(queue_held=False, queue_hold_reason=None), run, now, new_id)
     else:
@@ -182,7 +178,7 @@ def new_run(
             activity(
                 thread.id,
                 ActivityKind.RUN_QUEUED,
-                f"run {run.ordinal} queued at position {run.queue_position}",
+                f"run {run.ordinal} queued at position {len(state.queue) + 1}",
                 now,
                 new_id,
                 run_id=run_id,

@@ -21,8 +21,20 @@ def require_queued(run: Run) -> None:
         raise DomainError(ErrorCode.RUN_NOT_QUEUED, f"run {run.ordinal} is {run.status}, not queued", "runId")
 
 
+def order_key(queue: Sequence[Run], *, first: bool = False) -> int:
+    """The order key of a run joining `queue` last (or first): after the last key (before the first)."""
+    if not queue:
+        return 1
+    if first:
+        return (queue[0].queue_position or 1) - 1
+    return (queue[-1].queue_position or 0) + 1
+
+
 def renumber(queue: Sequence[Run]) -> list[Change]:
-    """Positions 1..n in the given order, writing only the runs whose position changes."""
+    """Order keys 1..n in the given order, writing only the runs whose key changes.
+
+    `queue_position` is the queue's order key, not the place a client sees (`Run.queuePosition` is
+    counted when read): a run leaving the queue rewrites no other run, only a reorder does."""
     return [
         Change.updated(run.evolve(queue_position=position))
         for position, run in enumerate(queue, start=1)
@@ -42,7 +54,6 @@ def cancel(
     reason: str = "cancelled by the user",
 ) -> Outcome:
     require_queued(run)
-    rest = [r for r in queue if r.id != run.id]
     return Outcome(
         [
             Change.updated(root.evolve(status=NodeStatus.CANCELLED, updated_at=now, completed_at=now)),
@@ -50,7 +61,6 @@ def cancel(
             Change.updated(
                 run.evolve(status=RunStatus.CANCELLED, status_reason=reason, queue_position=None, completed_at=now),
             ),
-            *renumber(rest),
             run_activity(run, ActivityKind.RUN_CANCELLED, f"run {run.ordinal}: {reason}", now, new_id),
         ],
         result={"runId": str(run.id)},
@@ -109,15 +119,12 @@ def start_run(outcome: Outcome, thread: AppThread, run: Run, now: datetime, new_
 
 
 def drain_queue(thread: AppThread, queue: Sequence[Run], now: datetime, new_id: NewId) -> Outcome:
-    """When nothing runs: start the first queued run unless the queue is held; renumber the rest."""
+    """When nothing runs: start the first queued run unless the queue is held (the rest keep their
+    order keys: their places move up without an event each)."""
     outcome = Outcome()
     if thread.queue_held or thread.active_run_id is not None or not queue:
         return outcome
-    first, rest = queue[0], queue[1:]
-    for position, run in enumerate(rest, start=1):
-        if run.queue_position != position:
-            outcome.changes.append(Change.updated(run.evolve(queue_position=position)))
-    start_run(outcome, thread, first, now, new_id)
+    start_run(outcome, thread, queue[0], now, new_id)
     return outcome
 
 

@@ -35,6 +35,26 @@ async def queue(db: Reader, thread_id: uuid.UUID) -> list[Run]:
     )
 
 
+async def queue_positions(db: Reader, thread_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[uuid.UUID, int]]:
+    """By thread: each queued run's place (1, 2 …) in the queue, for many threads in one statement.
+
+    `queue_position` is only the queue's order key: starting or cancelling a run leaves the others'
+    keys as they are (no event per queued run), so the place is counted here when it is read.
+    """
+    place = sa.func.row_number().over(
+        partition_by=t.runs.c.thread_id, order_by=[t.runs.c.queue_position, t.runs.c.ordinal]
+    )
+    rows = await db.rows(
+        sa.select(t.runs.c.thread_id, t.runs.c.id, place.label("place")).where(
+            t.runs.c.thread_id.in_(thread_ids), t.runs.c.status == RunStatus.QUEUED.value
+        )
+    )
+    found: dict[uuid.UUID, dict[uuid.UUID, int]] = {i: {} for i in thread_ids}
+    for row in rows:
+        found[row["thread_id"]][row["id"]] = int(row["place"])
+    return found
+
+
 async def thread_state(db: Reader, thread: AppThread) -> ThreadState:
     last = await db.scalar(
         sa.select(sa.func.coalesce(sa.func.max(t.runs.c.ordinal), 0)).where(t.runs.c.thread_id == thread.id)
