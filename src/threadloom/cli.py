@@ -85,6 +85,9 @@ async def _prepare(url: str, embedded: bool) -> str | None:
         await db.dispose()
 
 
+SHUTDOWN_GRACE_SECONDS = 3
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -119,6 +122,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ws_max_size=settings.limits.max_body_bytes,
         # Compressing every small JSON frame costs more CPU on the fan-out path than it saves.
         ws_per_message_deflate=False,
+        # Open multipart subscriptions (HTTP streams) never finish by themselves: cut them after this
+        # long so a stop cannot hang; their clients resume from the last sequence they saw.
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
         access_log=False,
         log_config=None,
     )

@@ -2,16 +2,21 @@
 
 With `Accept: application/graphql-response+json` a request that fails before execution
 (unparseable, invalid, bad variables) gets HTTP 400, as the GraphQL-over-HTTP spec says;
-with `application/json` it gets 200, for older clients. A subscription sent as a plain HTTP
-request is HTTP 400 `SUBSCRIPTION_OVER_HTTP` (subscriptions speak graphql-transport-ws); a request
-refused by its token's rate limit is HTTP 429 `RATE_LIMITED` with `Retry-After`.
+with `application/json` it gets 200, for older clients. A subscription whose request accepts
+`multipart/mixed;subscriptionSpec=1.0` is streamed as multipart parts (`MultipartStream`); any other
+subscription sent over HTTP is HTTP 400 `SUBSCRIPTION_OVER_HTTP`; a request refused by its token's
+rate limit is HTTP 429 `RATE_LIMITED` with `Retry-After`.
 WebSockets go through `token_guard.GuardedTransportWSHandler` (revocation, per-token caps).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import math
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import timedelta
 from typing import Any, cast
 
@@ -23,8 +28,9 @@ from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError, MissingQueryError
 from strawberry.http import GraphQLHTTPResponse
+from strawberry.http.streaming import MultipartSubscriptionTransport
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
-from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, MULTIPART_SUBSCRIPTION_PROTOCOL
 from strawberry.types.execution import ExecutionResult
 from strawberry.types.graphql import OperationType
 from strawberry.types.unset import UNSET, UnsetType
@@ -57,6 +63,57 @@ class CodedHTTPError(Exception):
         self.message = message
 
 
+class MultipartStream:
+    """One multipart subscription over HTTP: counted against its token, ended when the token is revoked.
+
+    It holds one of the token's `max_subscriptions_per_token` operations while it streams (the
+    WebSocket operations share the count) and is registered with the token guard's watcher,
+    which calls `close_revoked` within about a second of a revocation or expiry; the stream then
+    sends one last part `{"payload": null, "errors": [UNAUTHENTICATED]}` (a transport error in the
+    multipart subscription protocol) and its closing boundary.
+    """
+
+    def __init__(self, guard: TokenGuard, token_id: uuid.UUID, transport: MultipartSubscriptionTransport) -> None:
+        self.guard = guard
+        self.token_id = token_id
+        self.transport = transport
+        self.revoked = asyncio.Event()
+
+    async def close_revoked(self) -> None:
+        self.revoked.set()
+
+    def wrap(self, source: Callable[[], AsyncIterator[str]], encode: Callable[[object], str]) -> AsyncIterator[str]:
+        async def parts() -> AsyncIterator[str]:
+            self.guard.count(self.token_id, 1)
+            self.guard.watch_stream(self.token_id, self)
+            chunks = source()
+            revoked = asyncio.ensure_future(self.revoked.wait())
+            try:
+                while True:
+                    following = asyncio.ensure_future(anext(chunks))
+                    await asyncio.wait((following, revoked), return_when=asyncio.FIRST_COMPLETED)
+                    if revoked.done():
+                        following.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                            await following
+                        error = {"message": "token revoked or expired", "extensions": {"code": "UNAUTHENTICATED"}}
+                        yield self.transport.encode_multipart_data({"payload": None, "errors": [error]}, encode)
+                        yield self.transport.encode_complete()
+                        return
+                    try:
+                        yield following.result()
+                    except StopAsyncIteration:
+                        return
+            finally:
+                revoked.cancel()
+                self.guard.release_stream(self.token_id, self)
+                self.guard.count(self.token_id, -1)
+                with contextlib.suppress(Exception):
+                    await chunks.aclose()  # type: ignore[attr-defined]
+
+        return parts()
+
+
 class GraphQLView(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = GuardedTransportWSHandler
 
@@ -66,7 +123,7 @@ class GraphQLView(GraphQL[Context, None]):
             with_fast_paths(schema) if settings.fast_paths else schema,
             graphql_ide="graphiql" if settings.dev else None,
             allow_queries_via_get=True,
-            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, MULTIPART_SUBSCRIPTION_PROTOCOL),
             allowed_origins=settings.allowed_origins,
             max_subscriptions_per_connection=settings.limits.max_subscriptions_per_connection,
             connection_init_wait_timeout=timedelta(seconds=10),
@@ -113,6 +170,25 @@ class GraphQLView(GraphQL[Context, None]):
             body = {"errors": [{"message": error.message, "extensions": {"code": error.code}}]}
             return Response(self.encode_json(body), status_code=error.status, media_type=_media.get())
 
+    async def create_streaming_response(
+        self,
+        request: Request | WebSocket,
+        stream: Callable[[], AsyncIterator[str]],
+        sub_response: Response,
+        headers: Mapping[str, str],
+    ) -> Response:
+        """A multipart subscription: refused over the token's operation cap, else guarded (`MultipartStream`)."""
+        transport = self._get_stream_transport(MULTIPART_SUBSCRIPTION_PROTOCOL)
+        principal = request.scope.get("state", {}).get("principal")
+        if not isinstance(transport, MultipartSubscriptionTransport) or principal is None:
+            return await super().create_streaming_response(request, stream, sub_response, headers)
+        limit = self.token_guard.limits.max_subscriptions_per_token
+        if self.token_guard.operations(principal.token_id) >= limit:
+            raise CodedHTTPError(429, "TOO_MANY_SUBSCRIPTIONS", f"at most {limit} operations per token")
+        guarded = MultipartStream(self.token_guard, principal.token_id, transport)
+        wrapped = guarded.wrap(stream, self.encode_json_string)
+        return await super().create_streaming_response(request, lambda: wrapped, sub_response, headers)
+
     async def execute_single(
         self,
         request: Any,
@@ -125,9 +201,8 @@ class GraphQLView(GraphQL[Context, None]):
         """A plain HTTP request runs queries and mutations only (GraphQL-over-HTTP).
 
         A mutation sent with GET is 405; a subscription is HTTP 400 SUBSCRIPTION_OVER_HTTP, refused
-        before anything runs. Only a plain request reaches here: one asking for a streaming HTTP
-        transport (multipart subscriptions, once configured) is routed by strawberry to
-        `schema.stream` instead.
+        before anything runs. Only a plain request reaches here: one accepting
+        `multipart/mixed;subscriptionSpec=1.0` is routed by strawberry to `schema.stream` instead.
         """
         method = request_adapter.method
         allowed = OperationType.from_http(method) - {OperationType.SUBSCRIPTION}
@@ -146,7 +221,10 @@ class GraphQLView(GraphQL[Context, None]):
         except InvalidOperationTypeError as error:
             if error.operation_type is OperationType.SUBSCRIPTION:
                 raise CodedHTTPError(
-                    400, "SUBSCRIPTION_OVER_HTTP", "subscriptions need a WebSocket (graphql-transport-ws) on this URL"
+                    400,
+                    "SUBSCRIPTION_OVER_HTTP",
+                    "subscriptions need a WebSocket (graphql-transport-ws) on this URL, or an HTTP request "
+                    "that accepts multipart/mixed;subscriptionSpec=1.0",
                 ) from None
             raise HTTPException(405, "mutations need POST") from None
         except MissingQueryError as error:

@@ -8,10 +8,12 @@
   within the same second either way. Queries and mutations always ask. A socket whose token was revoked or has
   expired has its operations ended and is closed with code 4403, so a revocation takes effect on
   open sockets within about a second (the CLI that revokes runs in another process, so a periodic
-  check is what reaches every server process without a shared channel).
+  check is what reaches every server process without a shared channel). A multipart subscription
+  over HTTP (api/http.py) is watched the same way and ended with a final error part.
 - **Caps.** At most `max_connections_per_token` open sockets (a further `connection_init` is
   closed with 4429) and `max_subscriptions_per_token` running operations over all of a token's
-  sockets (a further `subscribe` gets an `error` message with code TOO_MANY_SUBSCRIPTIONS).
+  sockets and multipart HTTP subscriptions (a further `subscribe` gets an `error` message with code
+  TOO_MANY_SUBSCRIPTIONS, a further multipart request HTTP 429 with that code).
 - **Rate limits.** Token buckets per token for mutations and for run starts (`RateLimits`).
 
 All of it is counted in this process's memory: with several processes each one enforces the
@@ -26,7 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from graphql import (
     DocumentNode,
@@ -68,12 +70,20 @@ class TooManyConnections(Exception):
     """Raised by the view's connection check; the socket handler closes with 4429."""
 
 
+class Revocable(Protocol):
+    """Something the watcher ends when its token stops authenticating (a socket, an HTTP stream)."""
+
+    async def close_revoked(self) -> None: ...
+
+
 class TokenGuard:
     def __init__(self, db: Database, limits: Limits) -> None:
         self.db = db
         self.limits = limits
         # token id → {socket context → its handler (None until the connection is acknowledged)}
         self._sockets: dict[uuid.UUID, dict[int, GuardedTransportWSHandler | None]] = {}
+        # token id → {stream key → its closer}: multipart subscriptions over HTTP (no connection slot)
+        self._streams: dict[uuid.UUID, dict[int, Revocable]] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._mutations = Rate(limits.mutations_per_minute, limits.mutation_burst)
         self._run_starts = Rate(limits.run_starts_per_minute, limits.run_start_burst)
@@ -90,8 +100,25 @@ class TokenGuard:
         if len(sockets) >= self.limits.max_connections_per_token:
             raise TooManyConnections(f"at most {self.limits.max_connections_per_token} connections per token")
         sockets[id(context)] = None
+        self._start_watcher()
+
+    def _start_watcher(self) -> None:
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.create_task(self._watch(), name="token-guard")
+
+    def watch_stream(self, token_id: uuid.UUID, stream: Revocable) -> None:
+        """Have the watcher end this HTTP stream when its token is revoked or expires (no connection cap)."""
+        self._streams.setdefault(token_id, {})[id(stream)] = stream
+        self._start_watcher()
+
+    def release_stream(self, token_id: uuid.UUID, stream: Revocable) -> None:
+        streams = self._streams.get(token_id)
+        if streams is not None:
+            streams.pop(id(stream), None)
+            if not streams:
+                del self._streams[token_id]
+                if token_id not in self._sockets:
+                    self._verified.pop(token_id, None)
 
     def attach(self, token_id: uuid.UUID, context: Context, handler: GuardedTransportWSHandler) -> None:
         sockets = self._sockets.get(token_id)
@@ -104,7 +131,8 @@ class TokenGuard:
             sockets.pop(id(context), None)
             if not sockets:
                 del self._sockets[token_id]
-                self._verified.pop(token_id, None)
+                if token_id not in self._streams:
+                    self._verified.pop(token_id, None)
 
     def operations(self, token_id: uuid.UUID) -> int:
         """Running operations (subscriptions, and queries or mutations in flight) over the token's sockets."""
@@ -137,10 +165,10 @@ class TokenGuard:
                 self._verified.pop(token_id, None)
 
     async def _watch(self) -> None:
-        """Once a second, one statement: close the sockets whose token no longer authenticates."""
-        while self._sockets:
+        """Once a second, one statement: close the sockets and streams whose token no longer authenticates."""
+        while self._sockets or self._streams:
             await asyncio.sleep(RECHECK_SECONDS)
-            ids = set(self._sockets)
+            ids = set(self._sockets) | set(self._streams)
             if not ids:
                 break
             try:
@@ -154,6 +182,8 @@ class TokenGuard:
                 for handler in list(self._sockets.get(token_id, {}).values()):
                     if handler is not None:
                         await handler.close_revoked()
+                for stream in list(self._streams.get(token_id, {}).values()):
+                    await stream.close_revoked()
 
     # -- rate limits ------------------------------------------------------------------------
 
