@@ -6,6 +6,9 @@ Not a test. Run from anywhere with the project's virtualenv:
 
 `--smoke` uses 300 threads and 20 requests (seconds, for tests/test_bench_smoke.py).
 
+Beside wall-clock latency it prints the CPU time each server process used per timed
+request (/proc/<pid>/stat): on a shared machine that moves much less than the wall clock.
+
 It starts an embedded PostgreSQL in a temp dir under /tmp, migrates a fresh database,
 writes one project and 10,000 threads through the real event log (`store.log.append`),
 makes an admin token, then starts two servers as subprocesses:
@@ -72,6 +75,18 @@ class Fixture:
 class Stats:
     median_ms: float
     p95_ms: float
+    cpu_ms: float  # the server process's user+system CPU per timed request
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process `pid` has used so far (Linux /proc).
+
+    Wall-clock ratios swing with whatever else shares the machine; the server's own CPU
+    per request does much less.
+    """
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the ")" closing comm, utime and stime are fields 12 and 13 (0-based 11, 12).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------- setup
@@ -181,17 +196,19 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 # ---------------------------------------------------------------- measurement
 
 
-def measure(call: Callable[[], httpx.Response], warmup: int, requests: int) -> Stats:
+def measure(call: Callable[[], httpx.Response], pid: int, warmup: int, requests: int) -> Stats:
     for _ in range(warmup):
         call()
     samples: list[float] = []
+    cpu0 = cpu_seconds(pid)
     for _ in range(requests):
         t0 = time.perf_counter()
         call()
         samples.append((time.perf_counter() - t0) * 1000)
+    cpu_ms = (cpu_seconds(pid) - cpu0) * 1000 / requests
     samples.sort()
     p95 = samples[min(len(samples) - 1, round(0.95 * len(samples)) - 1)]
-    return Stats(statistics.median(samples), p95)
+    return Stats(statistics.median(samples), p95, cpu_ms)
 
 
 def sql_statements(response: httpx.Response) -> int:
@@ -271,8 +288,8 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
                 sql_small = sql_statements(graphql(10))
                 sql_large = sql_statements(graphql(n))
 
-                g = measure(lambda: graphql(n), args.warmup, args.requests)
-                f = measure(floor_page, args.warmup, args.requests)
+                g = measure(lambda: graphql(n), server.proc.pid, args.warmup, args.requests)
+                f = measure(floor_page, floor.pid, args.warmup, args.requests)
         finally:
             server.stop()
             stop_process(floor)
@@ -283,9 +300,14 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         f"threads(first: {n}) over HTTP, {args.threads:,} threads, "
         f"{args.requests} sequential requests after {args.warmup} warm-up"
     )
-    print(f"  graphql   median {g.median_ms:6.2f} ms  p95 {g.p95_ms:6.2f} ms")
-    print(f"  floor     median {f.median_ms:6.2f} ms  p95 {f.p95_ms:6.2f} ms   (raw asyncpg + orjson, plain Starlette)")
-    print(f"  ratio     {g.median_ms / f.median_ms:.1f}x")
+    print(
+        f"  graphql   median {g.median_ms:6.2f} ms  p95 {g.p95_ms:6.2f} ms  server CPU per request {g.cpu_ms:5.2f} ms"
+    )
+    print(
+        f"  floor     median {f.median_ms:6.2f} ms  p95 {f.p95_ms:6.2f} ms  server CPU per request {f.cpu_ms:5.2f} ms"
+        "   (raw asyncpg + orjson, plain Starlette)"
+    )
+    print(f"  ratio     median {g.median_ms / f.median_ms:.1f}x   server CPU per request {g.cpu_ms / f.cpu_ms:.1f}x")
     print(f"  SQL statements per request: first:10 -> {sql_small}, first:{n} -> {sql_large} ({equal})")
     print(f"total run time {time.perf_counter() - t_start:.1f} s")
 
