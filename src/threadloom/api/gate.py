@@ -118,7 +118,7 @@ class Gate:
         token = bearer(_header(scope, b"authorization"))
         principal = None
         if token is not None:
-            async with self.services.db.read(counter) as db:
+            async with self.services.db.statements(counter) as db:
                 principal = await tokens.authenticate(db, token)
         if principal is None and not (wants_ide and self.services.settings.dev):
             reason = "missing bearer token" if token is None else "invalid or revoked token"

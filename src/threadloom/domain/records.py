@@ -19,34 +19,48 @@ from typing import Any, ClassVar, Self
 Converter = Callable[[Any], Any]
 
 
-def _identity(value: Any) -> Any:
-    return value
+_new = object.__new__
+_set = object.__setattr__
+_UNKNOWN = uuid.SafeUUID.unknown
 
 
 def _to_uuid(value: Any) -> uuid.UUID:
-    # asyncpg hands back its own UUID subclass, which orjson does not encode.
-    return value if type(value) is uuid.UUID else uuid.UUID(str(value))
+    if type(value) is uuid.UUID:
+        return value
+    if isinstance(value, uuid.UUID):
+        # asyncpg's own subclass (orjson does not encode it): the same 128 bits, copied as
+        # uuid.UUID.__init__ stores them, without parsing its text (a page of rows holds many).
+        found = _new(uuid.UUID)
+        _set(found, "int", value.int)
+        _set(found, "is_safe", _UNKNOWN)
+        return found
+    return uuid.UUID(str(value))
 
 
 def _to_datetime(value: Any) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
 
 
-def _converter_for(hint: Any) -> Converter:
+def _tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value)
+
+
+def _converter_for(hint: Any) -> tuple[Converter | None, bool]:
+    """How a stored value of type `hint` is restored (None: kept as is), and whether null passes as null."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        convert = _converter_for(inner[0]) if len(inner) == 1 else _identity
-        return lambda v: None if v is None else convert(v)
+        convert = _converter_for(inner[0])[0] if len(inner) == 1 else None
+        return convert, True
     if hint is uuid.UUID:
-        return _to_uuid
+        return _to_uuid, False
     if hint is datetime:
-        return _to_datetime
+        return _to_datetime, False
     if isinstance(hint, type) and issubclass(hint, Enum):
-        return hint
+        return hint, False
     if origin is tuple:
-        return lambda v: tuple(v)
-    return _identity
+        return _tuple, False
+    return None, False
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,19 +76,36 @@ class Record:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def _field_converters(cls) -> dict[str, Converter]:
+    def _field_converters(cls) -> tuple[tuple[str, ...], tuple[tuple[str, Converter, bool], ...]]:
+        """Every field's name, and (name, converter, nullable) for the fields whose values are converted."""
         found = cls.__dict__.get("_converters_cache")
         if found is None:
             hints = typing.get_type_hints(cls)
-            found = {f.name: _converter_for(hints[f.name]) for f in dataclasses.fields(cls)}
+            names = tuple(f.name for f in dataclasses.fields(cls))
+            converted = []
+            for name in names:
+                convert, nullable = _converter_for(hints[name])
+                if convert is not None:
+                    converted.append((name, convert, nullable))
+            found = (names, tuple(converted))
             type.__setattr__(cls, "_converters_cache", found)
-        return typing.cast(dict[str, Converter], found)
+        return typing.cast(tuple[tuple[str, ...], tuple[tuple[str, Converter, bool], ...]], found)
 
     @classmethod
     def from_mapping(cls, data: typing.Mapping[Any, Any]) -> Self:
-        """Build from a payload dict or a database row mapping (extra keys ignored)."""
-        conv = cls._field_converters()
-        return cls(**{name: fn(data[name]) for name, fn in conv.items() if name in data})
+        """Build from a payload dict or a database row mapping (extra keys ignored).
+
+        A page of rows builds many records: the values are taken as they are and only the
+        fields that need it (UUIDs, datetimes, enums, tuples) are converted.
+        """
+        names, converted = cls._field_converters()
+        values = {name: data[name] for name in names if name in data}
+        for name, convert, nullable in converted:
+            if name in values:
+                value = values[name]
+                if value is not None or not nullable:
+                    values[name] = convert(value)
+        return cls(**values)
 
     def to_payload(self) -> dict[str, Any]:
         """Plain dict of the fields; orjson encodes UUID, datetime and enums natively."""

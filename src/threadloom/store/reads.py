@@ -37,16 +37,58 @@ class PageArgs:
 
 @dataclasses.dataclass(slots=True)
 class Page:
-    rows: list[sa.RowMapping]
+    rows: list[dict[str, Any]]
     has_next: bool
     has_previous: bool
+
+
+_BY_IDS: dict[str, sa.Select[Any]] = {}
 
 
 async def by_ids(db: Reader, table: sa.Table, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, sa.RowMapping]:
     if not ids:
         return {}
-    rows = await db.rows(sa.select(table).where(table.c.id.in_(list(set(ids)))))
+    stmt = _BY_IDS.get(table.name)
+    if stmt is None:  # built once per table (see _PAGE_STATEMENTS)
+        stmt = _BY_IDS[table.name] = sa.select(table).where(table.c.id.in_(sa.bindparam("ids", expanding=True)))
+    rows = await db.rows(stmt, {"ids": list(set(ids))})
     return {r["id"]: r for r in rows}
+
+
+# Page statements by shape, built once: building the windowed select costs about a
+# millisecond, far more than running it. Values travel as bound parameters.
+_PAGE_STATEMENTS: dict[Hashable, sa.Select[Any]] = {}
+
+
+def _page_statement(
+    table: sa.Table, key: str, parent: str | None, args: PageArgs, where: Sequence[sa.ColumnElement[bool]]
+) -> sa.Select[Any]:
+    key_col = table.c[key]
+    conds: list[sa.ColumnElement[bool]] = list(where)
+    if args.after is not None:
+        conds.append(key_col > sa.bindparam("page_after"))
+    if args.before is not None:
+        conds.append(key_col < sa.bindparam("page_before"))
+    order = key_col.desc() if args.backward else key_col.asc()
+    limit = sa.bindparam("page_limit", type_=sa.Integer())
+    if parent is None:
+        return sa.select(table).where(*conds).order_by(order).limit(limit)
+    parent_col = table.c[parent]
+    conds.append(parent_col.in_(sa.bindparam("page_parents", expanding=True)))
+    rn = sa.func.row_number().over(partition_by=parent_col, order_by=order).label("_rn")
+    inner = sa.select(table, rn).where(*conds).subquery()
+    return sa.select(inner).where(inner.c._rn <= limit).order_by(inner.c[parent], inner.c._rn)
+
+
+def _shape(where: Sequence[sa.ColumnElement[bool]]) -> Hashable | None:
+    """What the filters look like, or None when one carries a value (it is not cached then)."""
+    shape = []
+    for condition in where:
+        found = condition._generate_cache_key()
+        if found is None or found.bindparams:
+            return None
+        shape.append(found.key)
+    return tuple(shape)
 
 
 async def pages(
@@ -60,23 +102,26 @@ async def pages(
     where: Sequence[sa.ColumnElement[bool]] = (),
 ) -> dict[Hashable, Page]:
     """One keyset page per parent (or a single page under key None when `parent` is None)."""
-    key_col = table.c[key]
-    conds: list[sa.ColumnElement[bool]] = list(where)
-    if args.after is not None:
-        conds.append(key_col > args.after)
-    if args.before is not None:
-        conds.append(key_col < args.before)
-    order = key_col.desc() if args.backward else key_col.asc()
-    limit = args.size + 1
-    if parent is None:
-        rows = await db.rows(sa.select(table).where(*conds).order_by(order).limit(limit))
-        grouped: dict[Hashable, list[sa.RowMapping]] = {None: rows}
+    shape = _shape(where)
+    if shape is None:
+        stmt = _page_statement(table, key, parent, args, where)
     else:
-        parent_col = table.c[parent]
-        conds.append(parent_col.in_(list(parents)))
-        rn = sa.func.row_number().over(partition_by=parent_col, order_by=order).label("_rn")
-        inner = sa.select(table, rn).where(*conds).subquery()
-        rows = await db.rows(sa.select(inner).where(inner.c._rn <= limit).order_by(inner.c[parent], inner.c._rn))
+        cache_key = (table.name, key, parent, args.backward, args.after is not None, args.before is not None, shape)
+        stmt = _PAGE_STATEMENTS.get(cache_key)  # type: ignore[assignment]
+        if stmt is None:
+            stmt = _PAGE_STATEMENTS[cache_key] = _page_statement(table, key, parent, args, where)
+    limit = args.size + 1
+    params: dict[str, Any] = {"page_limit": limit}
+    if args.after is not None:
+        params["page_after"] = args.after
+    if args.before is not None:
+        params["page_before"] = args.before
+    if parent is None:
+        rows = await db.dicts(stmt, params)
+        grouped: dict[Hashable, list[dict[str, Any]]] = {None: rows}
+    else:
+        params["page_parents"] = list(parents)
+        rows = await db.dicts(stmt, params)
         grouped = {p: [] for p in parents}
         for r in rows:
             grouped[r[parent]].append(r)
