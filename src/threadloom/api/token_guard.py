@@ -112,12 +112,16 @@ class TokenGuard:
         self._start_watcher()
 
     def release_stream(self, token_id: uuid.UUID, stream: Revocable) -> None:
-        streams = self._streams.get(token_id)
-        if streams is not None:
-            streams.pop(id(stream), None)
-            if not streams:
-                del self._streams[token_id]
-                if token_id not in self._sockets:
+        self._drop(self._streams, token_id, id(stream))
+
+    def _drop(self, registry: dict[uuid.UUID, dict[int, Any]], token_id: uuid.UUID, key: int) -> None:
+        """Forget one socket or stream of a token; its verdict goes with its last socket and stream."""
+        held = registry.get(token_id)
+        if held is not None:
+            held.pop(key, None)
+            if not held:
+                del registry[token_id]
+                if token_id not in self._sockets and token_id not in self._streams:
                     self._verified.pop(token_id, None)
 
     def attach(self, token_id: uuid.UUID, context: Context, handler: GuardedTransportWSHandler) -> None:
@@ -126,13 +130,7 @@ class TokenGuard:
             sockets[id(context)] = handler
 
     def release(self, token_id: uuid.UUID, context: Context) -> None:
-        sockets = self._sockets.get(token_id)
-        if sockets is not None:
-            sockets.pop(id(context), None)
-            if not sockets:
-                del self._sockets[token_id]
-                if token_id not in self._streams:
-                    self._verified.pop(token_id, None)
+        self._drop(self._sockets, token_id, id(context))
 
     def operations(self, token_id: uuid.UUID) -> int:
         """Running operations (subscriptions, and queries or mutations in flight) over the token's sockets."""
@@ -155,6 +153,10 @@ class TokenGuard:
         """The token authenticated less than `RECHECK_SECONDS` ago (by `usable` or the watcher)."""
         verified = self._verified.get(token_id)
         return verified is not None and time.monotonic() - verified < RECHECK_SECONDS
+
+    def verified(self, token_id: uuid.UUID) -> None:
+        """The token just authenticated (a socket's `connection_init`): its verdict is fresh."""
+        self._verify({token_id}, {token_id})
 
     def _verify(self, usable: set[uuid.UUID], asked: set[uuid.UUID]) -> None:
         now = time.monotonic()
@@ -239,6 +241,7 @@ class GuardedTransportWSHandler(BaseGraphQLTransportWSHandler["Context", None]):
         if self.connection_acknowledged:
             token_id = self.context.principal.token_id
             self.guard.attach(token_id, self.context, self)
+            self.guard.verified(token_id)
             self.operations = CountedOperations(self.guard, token_id)
 
     async def handle_subscribe(self, message: SubscribeMessage) -> None:
