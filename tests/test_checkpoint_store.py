@@ -25,7 +25,9 @@ from threadloom.checkpoints import (
     ShadowRepo,
     checkpoint_ref,
 )
+from threadloom.checkpoints import walk as walk_module
 from threadloom.checkpoints.excludes import Excludes
+from threadloom.checkpoints.git import Git
 from threadloom.checkpoints.walk import walk_workspace
 
 State = dict[str, tuple[str, bytes, bool]]
@@ -179,6 +181,51 @@ async def test_capture_changes_is_capture_then_diff(store: CheckpointStore, work
     with pytest.raises(CheckpointError) as refused:
         await repo.capture_changes(ref(3), "bad parent", parent="0" * 40)
     assert refused.value.code == CheckpointErrorCode.UNKNOWN_COMMIT
+
+
+async def test_capture_changes_against_a_ref(store: CheckpointStore, workspace: Path) -> None:
+    """A parent named by its checkpoint ref is resolved with the staging; a ref naming nothing means no parent."""
+    repo = store.repo("p1", workspace)
+    first, _ = await repo.capture_changes(ref(0), "baseline")
+    assert first.parent is None
+    (workspace / "notes.txt").write_text("x\n")
+    second, changes = await repo.capture_changes(ref(1), "run 1", parent_ref=ref(0))
+    assert second.parent == first.commit and await repo.parent(second.commit) == first.commit
+    assert changes == await repo.diff(first.commit, second.commit) and [c.path for c in changes] == ["notes.txt"]
+    orphan, everything = await repo.capture_changes(ref(2), "no such parent", parent_ref=ref(7))
+    assert orphan.parent is None and everything == await repo.diff(None, orphan.commit)
+
+
+async def test_an_unchanged_workspace_reuses_the_last_tree(
+    store: CheckpointStore, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When every file's stat data is as at the last capture, the capture reuses its tree without staging;
+    any change — a new file, a rewrite that puts the old mtime back — is staged as usual."""
+    monkeypatch.setattr(walk_module, "RACY_SECONDS", 0.0)  # the files were all written just now
+    calls: list[str] = []
+    run = Git.run
+
+    async def counted(self: Git, *args: str, **kwargs: object) -> object:
+        calls.append(args[0])
+        return await run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Git, "run", counted)
+    repo = store.repo("p1", workspace)
+    first, _ = await repo.capture_changes(ref(0), "baseline")
+    calls.clear()
+    second, none = await repo.capture_changes(ref(1), "run 1", parent_ref=ref(0))
+    assert none == [] and second.tree == first.tree and second.parent == first.commit
+    assert "update-index" not in calls and "ls-files" not in calls and "write-tree" not in calls
+    app = workspace / "src" / "app.py"
+    before = app.stat()
+    app.write_text(app.read_text().upper()[: before.st_size].ljust(before.st_size))  # same size
+    os.utime(app, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the old mtime
+    third, changes = await repo.capture_changes(ref(2), "run 2", parent_ref=ref(1))
+    assert [c.path for c in changes] == ["src/app.py"] and third.tree != second.tree
+    (workspace / "new.txt").write_text("new\n")
+    fourth, added = await repo.capture_changes(ref(3), "run 3", parent_ref=ref(2))
+    assert [c.path for c in added] == ["new.txt"]
+    assert await repo.diff(None, fourth.commit) == await repo.diff(None, (await repo.capture(ref(4), "x")).commit)
 
 
 async def test_restore_removes_added_and_brings_back_deleted(store: CheckpointStore, workspace: Path) -> None:

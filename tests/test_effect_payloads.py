@@ -26,6 +26,7 @@ A, B, C = (str(uuid.UUID(int=n)) for n in (1, 2, 3))
 STORED: list[tuple[type[EffectData], dict[str, Any], str, bool]] = [
     (StartTurn, {"runId": A, "attemptId": B}, "provider-turn.start", False),
     (StartTurn, {"runId": A, "attemptId": B, "input": "old\n\nnew"}, "provider-turn.start", False),
+    (StartTurn, {"runId": A, "attemptId": B, "threadId": C}, "provider-turn.start", False),
     (EnsureThread, {"threadId": A}, "provider-thread.ensure", True),
     (SteerTurn, {"runId": A, "attemptId": B, "messageId": C}, "provider-turn.steer", False),
     (InterruptTurn, {"runId": A, "attemptId": B}, "provider-turn.interrupt", False),

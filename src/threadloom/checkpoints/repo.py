@@ -23,6 +23,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from threadloom.checkpoints.diffs import EMPTY_TREE, FileChange, combine
 from threadloom.checkpoints.errors import CheckpointError, CheckpointErrorCode
@@ -30,7 +31,7 @@ from threadloom.checkpoints.excludes import Excludes
 from threadloom.checkpoints.git import SHADOW_ATTRIBUTES, SHADOW_CONFIG, Git
 from threadloom.checkpoints.locks import RepoLock
 from threadloom.checkpoints.refs import check_commit, check_prefix, check_ref, ref_sort_key
-from threadloom.checkpoints.walk import is_git_name, walk_workspace
+from threadloom.checkpoints.walk import Fingerprint, fingerprint, is_git_name, walk_workspace
 
 INDEX_NAME = "threadloom-index"
 
@@ -41,6 +42,7 @@ class Capture:
 
     commit: str
     tree: str
+    parent: str | None = None  # the commit it was captured against (`capture_changes`), if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +79,17 @@ def _z(paths: list[bytes] | list[str]) -> bytes:
 class ShadowRepo:
     """One project's checkpoints. Get it from `CheckpointStore.repo`; methods are coroutine-safe."""
 
-    def __init__(self, git: Git, excludes: Excludes, lock: RepoLock) -> None:
+    def __init__(
+        self, git: Git, excludes: Excludes, lock: RepoLock, trees: dict[tuple[str, ...], Any] | None = None
+    ) -> None:
         self._git = git
         self.git_dir = git.git_dir
         self.workspace = git.work_tree
         self.excludes = excludes
         self.lock = lock
+        # The store's memory of each index's last capture: (fingerprint of the files, their tree).
+        self._trees: dict[tuple[str, ...], tuple[Fingerprint, str]] = trees if trees is not None else {}
+        self._key = (str(self.git_dir), str(git.index_file), str(self.workspace), *excludes.patterns)
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -113,7 +120,32 @@ class ShadowRepo:
             asyncio.to_thread(walk_workspace, self.workspace, self.excludes, self.git_dir),
             self._git.run("ls-files", "-z"),
         )
-        listed = listing.stdout.split(b"\0")
+        await self._stage_listed(present, listing.stdout)
+
+    def _walk_marked(self) -> tuple[list[bytes], Fingerprint | None]:
+        present = walk_workspace(self.workspace, self.excludes, self.git_dir)
+        return present, fingerprint(self.workspace, present)
+
+    async def _stage_or_reuse(self) -> tuple[str | None, Fingerprint | None]:
+        """The last capture's tree when the files' stat data is as it was then (no git at all); else
+        stage (`_stage`) and answer None. Also the fingerprint, for `_remember`."""
+        self._check_workspace()
+        present, mark = await asyncio.to_thread(self._walk_marked)
+        known = self._trees.get(self._key)
+        if mark is not None and known is not None and known[0] == mark:
+            return known[1], mark
+        listing = await self._git.run("ls-files", "-z")
+        await self._stage_listed(present, listing.stdout)
+        return None, mark
+
+    def _remember(self, mark: Fingerprint | None, tree: str) -> None:
+        if mark is None:
+            self._trees.pop(self._key, None)
+        else:
+            self._trees[self._key] = (mark, tree)
+
+    async def _stage_listed(self, present: list[bytes], ls_files: bytes) -> None:
+        listed = ls_files.split(b"\0")
         stale = set(listed) - set(present) - {b""}
         if stale:  # gone from disk, now excluded, or replaced by a folder
             await self._git.run("update-index", "-z", "--force-remove", "--stdin", stdin=_z(sorted(stale)))
@@ -137,33 +169,49 @@ class ShadowRepo:
         return Capture(commit, tree)
 
     async def capture_changes(
-        self, ref: str, message: str, parent: str | None = None
+        self, ref: str, message: str, parent: str | None = None, *, parent_ref: str | None = None
     ) -> tuple[Capture, list[FileChange]]:
         """`capture`, then `diff(parent, capture)`, in fewer git calls: a run's end waits for this.
 
         The parent's tree is looked up while staging, the diff compares trees (no commit lookups),
-        runs alongside the ref update, and is skipped when the trees are equal (nothing changed)."""
+        runs alongside the ref update, and is skipped when the trees are equal (nothing changed).
+        `parent_ref`, a checkpoint ref instead of `parent`, is resolved while staging too; when it
+        names nothing the capture has no parent (`Capture.parent` None)."""
         check_ref(ref)
+        if parent_ref is not None:
+            check_ref(parent_ref)
         async with self.lock.hold():
             await self._ensure()
-            staged = asyncio.create_task(self._stage())
+            staged = asyncio.create_task(self._stage_or_reuse())
+            base: tuple[str, str] | None = None
             try:
-                base = await self._commit_and_tree(parent) if parent is not None else None
+                if parent is not None:
+                    base = await self._commit_and_tree(parent)
+                elif parent_ref is not None:
+                    base = await self._ref_commit_and_tree(parent_ref)
             finally:
-                await staged
-            tree = await self._git.text("write-tree")
+                reused, mark = await staged
+            tree = reused or await self._git.text("write-tree")
+            self._remember(mark, tree)
             parents = ["-p", base[0]] if base is not None else []
             commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
             moved = self._git.run("update-ref", "--no-deref", ref, commit)
             old = base[1] if base is not None else EMPTY_TREE
+            captured = Capture(commit, tree, base[0] if base is not None else None)
             if old == tree:
                 await moved
-                return Capture(commit, tree), []
+                return captured, []
             common = ["-r", "-z", "-M", "--no-ext-diff", "--no-textconv", old, tree]
             _, raw, numstat = await asyncio.gather(
                 moved, self._git.run("diff-tree", "--raw", *common), self._git.run("diff-tree", "--numstat", *common)
             )
-        return Capture(commit, tree), combine(raw.stdout, numstat.stdout)
+        return captured, combine(raw.stdout, numstat.stdout)
+
+    async def _ref_commit_and_tree(self, ref: str) -> tuple[str, str] | None:
+        """The commit a checkpoint ref points at and its tree, None when there is no such ref."""
+        found = await self._git.run("rev-parse", f"{ref}^{{commit}}", f"{ref}^{{tree}}", check=False)
+        lines = found.stdout.decode().split()
+        return (lines[0], lines[1]) if found.returncode == 0 and len(lines) == 2 else None
 
     async def _commit_and_tree(self, commit: str) -> tuple[str, str]:
         """The full id of a commit of this repository and its tree's, or UNKNOWN_COMMIT."""
@@ -258,6 +306,8 @@ class ShadowRepo:
         the repository's lock, so no capture has written objects that are not yet on a ref.
         """
         async with self.lock.hold():
+            for key in [k for k in self._trees if k[0] == str(self.git_dir)]:
+                del self._trees[key]  # a remembered tree may be among what gc drops
             if await self._initialized():
                 await self._git.run("gc", "--quiet", "--prune=now")
 

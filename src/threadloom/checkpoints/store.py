@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from threadloom.checkpoints.excludes import Excludes
 from threadloom.checkpoints.git import Git, find_git
@@ -19,6 +20,7 @@ class CheckpointStore:
         self.root = Path(data_dir).resolve() / "checkpoints"
         self._git = find_git()
         self._locks: dict[str, RepoLock] = {}
+        self._trees: dict[tuple[str, ...], Any] = {}  # each index's last capture (`ShadowRepo.capture_changes`)
 
     def git_dir(self, project_id: str) -> Path:
         return self.root / f"{check_project_id(project_id)}.git"
@@ -40,4 +42,4 @@ class CheckpointStore:
             lock = self._locks[project_id] = RepoLock(self.root / f"{project_id}.lock")
         index = INDEX_NAME if index_key is None else f"{INDEX_NAME}-{check_project_id(index_key)}"
         git = Git(self._git, git_dir, Path(workspace_root).resolve(), git_dir / index)
-        return ShadowRepo(git, Excludes(excludes), lock)
+        return ShadowRepo(git, Excludes(excludes), lock, self._trees)

@@ -11,6 +11,7 @@ is not.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from threadloom.checkpoints.excludes import Excludes
@@ -61,3 +62,33 @@ def walk_workspace(root: Path, excludes: Excludes, skip: Path | None = None) -> 
                         continue
                     found.append(rel)
     return found
+
+
+FINGERPRINT_FILES = 5000  # above this, stat-ing every file again costs about what git's own staging does
+RACY_SECONDS = 2.0  # a change within a file system's timestamp tick of the last one leaves its stat data as it was
+
+Fingerprint = tuple[tuple[bytes, int, int, int, int, int], ...]
+
+
+def fingerprint(root: Path, paths: list[bytes]) -> Fingerprint | None:
+    """The stat data of the walked files (mode, size, inode, mtime, ctime): equal fingerprints mean the
+    same files with the same contents, so a capture can reuse the last one's tree without git.
+
+    None when it would not be safe or cheap: a file changed in the last `RACY_SECONDS` (a further change
+    within the same timestamp tick would not show), or more than `FINGERPRINT_FILES` files. ctime
+    catches a rewrite that puts the old mtime back (nothing but the kernel sets it)."""
+    if len(paths) > FINGERPRINT_FILES:
+        return None
+    base = os.fsencode(root) + b"/"
+    recent = time.time_ns() - int(RACY_SECONDS * 1e9)
+    found = []
+    for rel in paths:
+        try:
+            st = os.lstat(base + rel)
+        except OSError:
+            return None
+        if st.st_mtime_ns > recent or st.st_ctime_ns > recent:
+            return None
+        found.append((rel, st.st_mode, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(found)
+

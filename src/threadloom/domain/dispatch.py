@@ -314,7 +314,7 @@ def restart(
     text_for_turn = f"{original_input}\n\n{message.text}"
     effects = [
         InterruptTurn(run_id=run.id, attempt_id=attempt.id).envelope(),
-        StartTurn(run_id=run.id, attempt_id=new_attempt_id, input=text_for_turn).envelope(),
+        StartTurn(run_id=run.id, attempt_id=new_attempt_id, input=text_for_turn, thread_id=run.thread_id).envelope(),
     ]
     return Outcome(
         changes,

@@ -83,6 +83,7 @@ class StartTurn(_OnAttempt):
 
     KIND: ClassVar[str] = "provider-turn.start"
     input: str | None = None
+    thread_id: uuid.UUID | None = None  # the run's thread: the handler skips a read (absent in older rows)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

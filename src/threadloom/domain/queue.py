@@ -115,7 +115,8 @@ def start_run(outcome: Outcome, thread: AppThread, run: Run, now: datetime, new_
             node_id=run.root_node_id,
         )
     )
-    outcome.effects.append(StartTurn(run_id=run.id, attempt_id=run.active_attempt_id).envelope())
+    start = StartTurn(run_id=run.id, attempt_id=run.active_attempt_id, thread_id=run.thread_id)
+    outcome.effects.append(start.envelope())
 
 
 def drain_queue(thread: AppThread, queue: Sequence[Run], now: datetime, new_id: NewId) -> Outcome:

@@ -104,5 +104,5 @@ def retry(
             payload={"attempt": new_attempt.attempt_ordinal, "retry": number, "delaySeconds": policy.delay(number)},
         ),
     ]
-    start = StartTurn(run_id=run.id, attempt_id=new_attempt.id, input=text).envelope()
+    start = StartTurn(run_id=run.id, attempt_id=new_attempt.id, input=text, thread_id=run.thread_id).envelope()
     return Outcome(changes, [dataclasses.replace(start, delay_s=policy.delay(number))])

@@ -93,15 +93,15 @@ class Checkpoints:
         try:
             repo = self.repo(where.project_id, where.workspace, where.index_key)
             ref = checkpoint_ref(str(where.thread_id), scope, ordinal)
-            base_commit = await repo.resolve(base.ref) if base is not None and base.ref else None
-            _, changes = await repo.capture_changes(ref, message, parent=base_commit)
+            parent_ref = base.ref if base is not None and base.ref else None
+            capture, changes = await repo.capture_changes(ref, message, parent_ref=parent_ref)
         except CheckpointError as error:
             log.warning("checkpoint %s/%s/%s not captured: %s", where.thread_id, scope, ordinal, error)
             return rules.CaptureFailed(str(error), missing=error.code == CheckpointErrorCode.WORKSPACE_MISSING)
         except Exception as error:
             log.exception("checkpoint %s/%s/%s failed", where.thread_id, scope, ordinal)
             return rules.CaptureFailed(f"capture failed: {error}")
-        base_ordinal = base.ordinal if base_commit is not None and base is not None else None
+        base_ordinal = base.ordinal if capture.parent is not None and base is not None else None
         return rules.Captured(ref, tuple(changes), base_ordinal)
 
     # ---- a fork's own workspace ---------------------------------------------------------------
@@ -132,6 +132,13 @@ class Checkpoints:
         await asyncio.to_thread(partial.rename, folder)
 
     # ---- the root scope: a run's start and end ---------------------------------------------
+
+    async def baseline_due(self, db: Reader, thread_id: uuid.UUID, run: Run) -> bool:
+        """In a transaction that read `run`: whether `ensure_baseline` has work, so that a turn whose
+        baseline exists (the previous run's end) costs no read of its own for it."""
+        if self.store is None or run.ordinal < 1:
+            return False
+        return not await stored.root_has(db, thread_id, run.ordinal - 1)
 
     async def ensure_baseline(self, run_id: uuid.UUID) -> None:
         """Before run N's turn starts: the checkpoint N-1 exists (captured now if the thread has none)."""

@@ -45,8 +45,14 @@ class EffectWorker:
         self.worker_id = worker_id
         self.concurrency = concurrency
         self.handlers: dict[str, Handler] = {}
-        self.wake = asyncio.Event()
+        self._idle: list[asyncio.Event] = []  # the idle loops' wake-ups, the latest idle last
         self._tasks: list[asyncio.Task[None]] = []
+
+    def wake(self) -> None:
+        """Wake one idle loop (it claims, and wakes another if it found something): a commit with one
+        effect costs one claim that finds it and one that does not, not one claim per loop."""
+        if self._idle:
+            self._idle.pop().set()
 
     def register(self, kind: type[E], handler: Callable[[E], Awaitable[None]]) -> None:
         """`handler` runs every effect of `kind`, given the decoded effect (never the raw payload)."""
@@ -81,9 +87,14 @@ class EffectWorker:
                 log.exception("effect loop error")
                 ran = False
             if not ran:
-                self.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), IDLE_POLL)
+                woken = asyncio.Event()
+                self._idle.append(woken)
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(woken.wait(), IDLE_POLL)
+                finally:
+                    if not woken.is_set():
+                        self._idle.remove(woken)
 
     async def run_one(self) -> bool:
         """Claim one effect, run it and record its end (a transaction of its own); False if none was due."""
@@ -109,7 +120,7 @@ class EffectWorker:
     async def _run(self, effect: sa.RowMapping) -> int | None:
         """Run a claimed effect: its id when it succeeded (to be marked done), None when its failure or
         retry is already recorded."""
-        self.wake.set()  # there may be more for other threads
+        self.wake()  # there may be more for other threads
         handler = self.handlers.get(effect["kind"])
         try:
             if handler is None:

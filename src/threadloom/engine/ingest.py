@@ -285,6 +285,7 @@ class Ingestor:
                 hold_reason=hold,
                 attempt_id=binding.attempt_id,
                 before=(self._decision(binding, events),) if events else (),
+                thread_id=binding.thread_id,
             )
             return
         pending.add(event)

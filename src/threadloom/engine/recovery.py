@@ -122,6 +122,7 @@ class Recovery:
             if await self._decide(db, current) != RecoveryAction.REQUEUE_START:
                 return Outcome()
             log.warning("requeueing the turn start of run %s (the provider never saw it)", run.id)
-            return Outcome(effects=[StartTurn(run_id=run.id, attempt_id=current.active_attempt_id).envelope()])
+            start = StartTurn(run_id=run.id, attempt_id=current.active_attempt_id, thread_id=run.thread_id)
+            return Outcome(effects=[start.envelope()])
 
         await self.pipeline.execute(Command(command_type="recovery.requeue", decide=decide, thread_id=run.thread_id))

@@ -4,6 +4,7 @@ Rules live in `domain.runs`; sendMessage is in `engine.dispatch`, resumeQueue in
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -88,6 +89,7 @@ class _Prepared:
     cwd: str
     handoffs: tuple[ContextHandoff, ...] = ()  # context the agent lacks (rollback, portable fork, merge-backs)
     fork: NativeFork | None = None
+    baseline_due: bool = True  # the thread has no checkpoint N-1 yet (`Checkpoints.ensure_baseline` has work)
 
     @property
     def target(self) -> _Target:
@@ -202,11 +204,19 @@ class RunEngine:
         attempt_id: uuid.UUID | None = None,
         guard: Callable[[Reader, Run], Awaitable[bool]] | None = None,
         before: tuple[Callable[[Reader, AppThread], Awaitable[Outcome]], ...] = (),
+        thread_id: uuid.UUID | None = None,
     ) -> bool:
         """End a run through the completion barrier. A no-op (False) if it already ended,
         or if `guard`, checked under the thread lock, says no. `before` (the turn's last events)
-        is written first, in the same transaction."""
-        capture = await self.checkpoints.capture_run_end(run_id, attempt_id)  # git work, before the transaction
+        is written first, in the same transaction. `thread_id`, the run's thread when the caller
+        knows it, saves a read on the turn's critical path."""
+        # The capture's git work comes before the transaction; the run's thread is read meanwhile.
+        if thread_id is None:
+            capture, thread_id = await asyncio.gather(
+                self.checkpoints.capture_run_end(run_id, attempt_id), self._thread_of_run(run_id)
+            )
+        else:
+            capture = await self.checkpoints.capture_run_end(run_id, attempt_id)
         now = self.now
 
         async def decide(db: Reader, thread: AppThread) -> Valued[bool]:
@@ -225,7 +235,6 @@ class RunEngine:
             await self.route(db, thread, outcome)
             return outcome.carrying(True)
 
-        thread_id = await self._thread_of_run(run_id)
         if thread_id is None:
             return False
         step = Step(command_type="run.finish", thread_id=thread_id, decide=decide, before=before)
@@ -252,16 +261,18 @@ class RunEngine:
 
     async def start_turn(self, effect: StartTurn) -> None:
         """ensure session → ensure provider thread → record the turn → start it."""
-        prepared = await self._prepare(effect.run_id, effect.input)
+        prepared = await self._prepare(effect.run_id, effect.input, effect.thread_id)
         if prepared is None:
             return
         try:
-            await self.checkpoints.ensure_own_workspace(prepared.thread.id)  # a fork's own folder, once
+            if prepared.thread.workspace_path:
+                await self.checkpoints.ensure_own_workspace(prepared.thread.id)  # a fork's own folder, once
         except (CheckpointError, OSError) as error:
             reason = f"the fork's workspace could not be made: {error}"
             await self.finish(effect.run_id, RunStatus.FAILED, "workspace_error", hold_reason=reason)
             return
-        await self.checkpoints.ensure_baseline(effect.run_id)  # the workspace before this run
+        if prepared.baseline_due:
+            await self.checkpoints.ensure_baseline(effect.run_id)  # the workspace before this run
         try:
             # The project's own runtime, kept from the reaper meanwhile.
             async with self.sessions.using(prepared.run.provider_instance_id, prepared.thread.project_id) as session:
@@ -326,7 +337,9 @@ class RunEngine:
         async with self.pipeline.db.read() as db:
             return tuple(await rollback_facts.pending_handoffs(db, provider_thread_id))
 
-    async def _prepare(self, run_id: uuid.UUID, text: str | None = None) -> _Prepared | None:
+    async def _prepare(
+        self, run_id: uuid.UUID, text: str | None = None, thread_id: uuid.UUID | None = None
+    ) -> _Prepared | None:
         now = self.now
 
         async def decide(db: Reader, thread: AppThread) -> Valued[_Prepared | None]:
@@ -360,10 +373,11 @@ class RunEngine:
                     thread_rules.workspace_of(thread, project.workspace_root),
                     tuple(handoffs),
                     fork.native if fork is not None else None,
+                    await self.checkpoints.baseline_due(db, thread.id, run),
                 )
             )
 
-        thread_id = await self._thread_of_run(run_id)
+        thread_id = thread_id or await self._thread_of_run(run_id)
         if thread_id is None:
             return None
         return await self.pipeline.execute(Step(command_type="turn.prepare", thread_id=thread_id, decide=decide))

@@ -153,7 +153,7 @@ class Services:
 
         async def wake(committed: Committed) -> None:
             if committed.effects:
-                effects.wake.set()
+                effects.wake()
 
         async def open_ingest(session: LiveSession) -> None:
             ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints)

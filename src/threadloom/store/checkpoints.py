@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import sqlalchemy as sa
+
 from threadloom.domain.entities import AppThread, Checkpoint, CheckpointScope, ContextTransfer
 from threadloom.domain.forks import ForkPoint
 from threadloom.domain.statuses import CheckpointScopeKind
@@ -22,6 +24,18 @@ async def root_scope(db: Reader, thread_id: uuid.UUID) -> CheckpointScope | None
         order_by=[t.checkpoint_scopes.c.created_at, t.checkpoint_scopes.c.id],
     )
     return found[0] if found else None
+
+
+async def root_has(db: Reader, thread_id: uuid.UUID, ordinal: int) -> bool:
+    """Whether the thread's root scope holds checkpoint `ordinal` (one statement: a turn's start asks)."""
+    scopes, checkpoints = t.checkpoint_scopes, t.checkpoints
+    found = sa.exists().where(
+        checkpoints.c.scope_id == scopes.c.id,
+        checkpoints.c.ordinal == ordinal,
+        scopes.c.thread_id == thread_id,
+        scopes.c.kind == CheckpointScopeKind.ROOT_RUN.value,
+    )
+    return bool(await db.scalar(sa.select(found)))
 
 
 async def node_scope(db: Reader, node_id: uuid.UUID) -> CheckpointScope | None:
