@@ -141,9 +141,10 @@ def with_fast_paths(schema: strawberry.Schema) -> strawberry.Schema:
 
 
 # Plan entries: (ATTR, key, field name, python name, getter, leaf type, field type, field group)
-# (CALL, key, field group, field, function) and (GENERAL, key, field group). __typename is
-# (TYPENAME, key, type name).
-_ATTR, _TYPENAME, _CALL, _GENERAL = 0, 1, 2, 3
+# (CALL, key, field group, field, function), (CALL_LEAF, key, field name, leaf type, field type,
+# field group, field, function, whether it takes info) and (GENERAL, key, field group).
+# __typename is (TYPENAME, key, type name).
+_ATTR, _TYPENAME, _CALL, _GENERAL, _CALL_LEAF = 0, 1, 2, 3, 4
 
 
 class CompiledObjects:
@@ -155,6 +156,7 @@ class CompiledObjects:
     is_awaitable: Any
     info_class: Any = None
     exception_handlers: bool = True
+    _failures = 0  # attribute fields that failed in `_complete` (see the memo in complete_object_value)
 
     def complete_object_value(
         self,
@@ -171,12 +173,34 @@ class CompiledObjects:
             return super().complete_object_value(  # type: ignore[misc]
                 return_type, field_details_list, info, path, result, position_context
             )
+        pure = id(plan) in self._pure_plans
+        if pure:
+            # A selection of attributes only, met again on the same object (a page's threads all
+            # name one project): the same values, so the dict completed the first time is reused.
+            memo: dict[tuple[int, int], tuple[Any, Any]] = self.__dict__.setdefault("_memo", {})
+            found = memo.get((id(plan), id(result)))
+            if found is not None and found[0] is result:
+                return found[1]
         if return_type.is_type_of is not None and return_type.is_type_of(result, info) is not True:
             # An async or failing check: graphql-core's path raises the same error.
             return super().complete_object_value(  # type: ignore[misc]
                 return_type, field_details_list, info, path, result, position_context
             )
-        return self._complete(return_type, plan, path, result)
+        if not pure:
+            return self._complete(return_type, plan, path, result)
+        failures = self._failures
+        completed = self._complete(return_type, plan, path, result)
+        if self._failures == failures:  # a field error names its path: such a dict is not reused
+            memo[(id(plan), id(result))] = (result, completed)  # holds `result`, so its id is not reused
+        return completed
+
+    @property
+    def _pure_plans(self) -> set[int]:
+        """The ids of the plans (per operation) made only of attribute fields and __typename."""
+        found: set[int] | None = self.__dict__.get("_pure")
+        if found is None:
+            found = self.__dict__["_pure"] = set()
+        return found
 
     def _plan(self, return_type: GraphQLObjectType, field_details_list: Any) -> tuple[Any, ...] | None:
         plans: dict[Any, Any] | None = self.__dict__.get("_plans")
@@ -189,6 +213,8 @@ class CompiledObjects:
         grouped, new_defer_usages, _ = self.collect_subfields(return_type, field_details_list)  # type: ignore[attr-defined]
         plan = None if new_defer_usages else tuple(self._entries(return_type, grouped))
         plans[key] = (field_details_list, plan)  # keeps the list alive, so its id is not reused
+        if plan is not None and all(entry[0] in (_ATTR, _TYPENAME) for entry in plan):
+            self._pure_plans.add(id(plan))  # the plan is kept in `plans`, so its id stays its own
         return plan
 
     def _entries(self, return_type: GraphQLObjectType, grouped: Any) -> Iterator[tuple[Any, ...]]:
@@ -204,6 +230,9 @@ class CompiledObjects:
             definition = (field_def.extensions or {}).get("strawberry-definition") if field_def else None
             field_type = field_def.type if field_def else None
             leaf = get_named_type(field_type) if field_type is not None else None
+            is_leaf = is_leaf_type(leaf) and (
+                field_type is leaf or (isinstance(field_type, GraphQLNonNull) and field_type.of_type is leaf)
+            )
             plain = (
                 plain_allowed
                 and field_def is not None
@@ -212,21 +241,26 @@ class CompiledObjects:
                 and not definition.extensions
                 and not field_def.args
                 and not node.arguments
-                and is_leaf_type(leaf)
-                and (field_type is leaf or (isinstance(field_type, GraphQLNonNull) and field_type.of_type is leaf))
+                and is_leaf
             )
             if plain and definition is not None:
                 getter = definition.default_resolver
                 yield (_ATTR, key, name, definition.python_name, getter, leaf, field_type, group)
                 continue
-            call = self._direct_call(field_def, definition, node) if plain_allowed else None
-            if call is not None:
-                yield (_CALL, key, group, field_def, call)
+            direct = self._direct_call(field_def, definition, node) if plain_allowed else None
+            if direct is not None and is_leaf:
+                # A resolver of a scalar or enum (latestSequence, status): its value is completed
+                # inline as an attribute's is, and its info built only if it takes one.
+                call, takes_info = direct
+                yield (_CALL_LEAF, key, name, leaf, field_type, group, field_def, call, takes_info)
+            elif direct is not None:
+                yield (_CALL, key, group, field_def, direct[0])
             else:
                 yield (_GENERAL, key, group)
 
-    def _direct_call(self, field_def: Any, definition: Any, node: Any) -> Any:
-        """The field's own function, called as strawberry's wrapper would, when nothing else may run.
+    def _direct_call(self, field_def: Any, definition: Any, node: Any) -> tuple[Any, bool] | None:
+        """The field's own function, called as strawberry's wrapper would, when nothing else may run,
+        and whether it reads its info.
 
         Only for fields without arguments or field extensions, with a synchronous resolver (or
         none: an attribute of object type), in a schema without exception handlers.
@@ -243,7 +277,7 @@ class CompiledObjects:
         resolver = definition.base_resolver
         if resolver is None:
             getter, name = definition.default_resolver, definition.python_name
-            return lambda source, _info: getter(source, name)
+            return (lambda source, _info: getter(source, name)), False
         if definition.is_async or resolver.arguments or not callable(resolver.wrapped_func):
             return None
         func = resolver.wrapped_func
@@ -258,7 +292,7 @@ class CompiledObjects:
                 kwargs[info_name] = info_class(_raw_info=info, _field=definition)
             return func(source, **kwargs) if pass_self else func(**kwargs)
 
-        return call
+        return call, info_name is not None
 
     def _call_field(self, parent_type: Any, source: Any, group: Any, path: Path, field_def: Any, call: Any) -> Any:
         """graphql-core's `execute_field` with the field's function called directly."""
@@ -295,23 +329,28 @@ class CompiledObjects:
                 if kind == _ATTR:
                     _, key, name, python_name, getter, leaf, field_type, group = entry
                     try:
-                        value = getter(source, python_name)
-                        if isinstance(value, Exception):
-                            raise value
-                        if value is None or value is Undefined:
-                            if field_type is not leaf:
-                                raise TypeError(f"Cannot return null for non-nullable field {type_name}.{name}.")
-                            results[key] = None
-                            continue
-                        coerced = leaf.coerce_output_value(value)
-                        if coerced is Undefined or coerced is None:
-                            raise TypeError(
-                                f"Expected `{inspect(leaf)}.coerce_output_value({inspect(value)})` "
-                                f"to return non-nullable value, returned: {inspect(coerced)}"
-                            )
-                        results[key] = coerced
+                        results[key] = _leaf_value(getter(source, python_name), leaf, field_type, type_name, name)
                     except Exception as raw_error:
+                        self._failures += 1
                         self.handle_field_error(raw_error, field_type, group, Path(path, key, type_name))  # type: ignore[attr-defined]
+                        results[key] = None
+                elif kind == _CALL_LEAF:
+                    _, key, name, leaf, field_type, group, field_def, call, takes_info = entry
+                    field_path = Path(path, key, type_name)
+                    nodes = [d.node for d in group]
+                    info = self.build_resolve_info(field_def, nodes, return_type, field_path) if takes_info else None  # type: ignore[attr-defined]
+                    try:
+                        value = call(source, info)
+                        if is_awaitable(value):
+                            if info is None:
+                                info = self.build_resolve_info(field_def, nodes, return_type, field_path)  # type: ignore[attr-defined]
+                            complete = self.complete_awaitable_value  # type: ignore[attr-defined]
+                            results[key] = complete(field_type, group, info, field_path, value, None)
+                            awaitable_keys.append(key)
+                            continue
+                        results[key] = _leaf_value(value, leaf, field_type, type_name, name)
+                    except Exception as raw_error:
+                        self.handle_field_error(raw_error, field_type, group, field_path)  # type: ignore[attr-defined]
                         results[key] = None
                 elif kind == _TYPENAME:
                     results[entry[1]] = entry[2]
@@ -335,6 +374,23 @@ class CompiledObjects:
         if not awaitable_keys:
             return results
         return _awaited(results, awaitable_keys)
+
+
+def _leaf_value(value: Any, leaf: Any, field_type: Any, type_name: str, name: str) -> Any:
+    """A scalar or enum field's value completed as `complete_value`/`complete_leaf_value` would."""
+    if isinstance(value, Exception):
+        raise value
+    if value is None or value is Undefined:
+        if field_type is not leaf:
+            raise TypeError(f"Cannot return null for non-nullable field {type_name}.{name}.")
+        return None
+    coerced = leaf.coerce_output_value(value)
+    if coerced is Undefined or coerced is None:
+        raise TypeError(
+            f"Expected `{inspect(leaf)}.coerce_output_value({inspect(value)})` "
+            f"to return non-nullable value, returned: {inspect(coerced)}"
+        )
+    return coerced
 
 
 async def _awaited(results: dict[str, Any], keys: list[str]) -> dict[str, Any]:

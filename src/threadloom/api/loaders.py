@@ -2,7 +2,9 @@
 
 Every relation a GraphQL type exposes is named here once, with its table, parent column,
 ordering key and filters. Loaders batch by relation, so the statements a query costs
-depend on its shape, not on how many objects a page holds.
+depend on its shape, not on how many objects a page holds. Their reads run outside a
+transaction (`Database.statements`): each is one statement per batch, and a BEGIN/ROLLBACK
+pair around it would cost two more round trips and buy no consistency under READ COMMITTED.
 """
 
 from __future__ import annotations
@@ -111,8 +113,12 @@ class Loaders:
         return loader
 
     def rows(self, table: sa.Table) -> DataLoader[uuid.UUID, sa.RowMapping | None]:
+        made = self._loaders.get(("rows", table.name))
+        if made is not None:  # asked once per object of a page: no closure made for the usual case
+            return made
+
         async def load(ids: list[uuid.UUID]) -> list[sa.RowMapping | None]:
-            async with self._db.read(self._counter) as db:
+            async with self._db.statements(self._counter) as db:
                 found = await reads.by_ids(db, table, ids)
             return [found.get(i) for i in ids]
 
@@ -126,7 +132,7 @@ class Loaders:
             for parent, args, filters in keys:
                 groups.setdefault((args, filters), []).append(parent)
             results: dict[PageKey, reads.Page] = {}
-            async with self._db.read(self._counter) as db:
+            async with self._db.statements(self._counter) as db:
                 for (args, filters), parents in groups.items():
                     pages = await reads.pages(
                         db,
@@ -151,7 +157,7 @@ class Loaders:
             for parent, filters in keys:
                 groups.setdefault(filters, []).append(parent)
             results: dict[CountKey, int] = {}
-            async with self._db.read(self._counter) as db:
+            async with self._db.statements(self._counter) as db:
                 for filters, parents in groups.items():
                     found = await reads.counts(
                         db, rel.table, parent=rel.parent, parents=parents, where=rel.filters(dict(filters))
@@ -166,7 +172,7 @@ class Loaders:
         table, parent, order, where = LISTS[relation]
 
         async def load(parents: list[uuid.UUID]) -> Sequence[list[sa.RowMapping]]:
-            async with self._db.read(self._counter) as db:
+            async with self._db.statements(self._counter) as db:
                 found = await reads.rows_by_parent(
                     db, table, parent=parent, parents=parents, order_by=order, where=where
                 )
@@ -178,7 +184,7 @@ class Loaders:
         """By thread: each queued run's place in the queue (one statement for all the threads asked)."""
 
         async def load(thread_ids: list[uuid.UUID]) -> list[dict[uuid.UUID, int]]:
-            async with self._db.read(self._counter) as db:
+            async with self._db.statements(self._counter) as db:
                 found = await run_reads.queue_positions(db, thread_ids)
             return [found[i] for i in thread_ids]
 
