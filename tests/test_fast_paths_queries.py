@@ -98,6 +98,7 @@ async def test_fast_paths_answer_byte_for_byte_like_graphql_core(
         cases = [
             (PAGE, {"p": project, "n": 10}),
             (PAGE, {"p": project, "n": 100}),
+            (PAGE, {"p": project, "n": 1000}),  # refused by a variable rule the same document passed above
             (THREADS_PAGE, {"projectId": project, "first": 5}),
             (SHAPES, {"p": project}),
             (NODES, {"ids": [threads[0], project, run_id, "bad", threads[1]]}),

@@ -8,9 +8,10 @@ of any response:
 
 - `CachedDocuments` (a schema extension) keeps the parsed document per query text and the
   verdict of the validation rules that do not depend on variables. The rules that read the
-  request's variables (the cost and page-argument rules, see `cost.CostVariables`) still
-  run on every request whose document declares variables. A document the static rules
-  refuse is validated in full on every request, as before, so its errors are unchanged.
+  request's variables (the cost and page-argument rules, see `cost.CostVariables`) run on
+  every request whose document declares variables, unless the same variable values passed
+  them before (only passes are kept). A document the static rules refuse is validated in
+  full on every request, as before, so its errors are unchanged.
 - `CompiledObjects` (an execution-context mixin) completes an object value from a plan
   made once per selection (per operation): a field that is a plain attribute (strawberry's
   default resolver: no resolver, no arguments, no field extension, no resolve middleware)
@@ -36,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import strawberry
 from graphql import (
     DocumentNode,
@@ -84,6 +86,16 @@ class DocumentCache:
     def __init__(self, size: int = 512) -> None:
         self.documents = _Lru(size)
         self.verdicts = _Lru(size)
+        # (query, rules, variables) the variable rules passed: the same values pass again.
+        self.passed = _Lru(size)
+
+
+def _variables_key(variables: Any) -> bytes | None:
+    """The request's variables as a cache key (None when they are not plain JSON)."""
+    try:
+        return orjson.dumps(variables, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
 
 
 def _declares_variables(document: DocumentNode) -> bool:
@@ -122,9 +134,21 @@ class CachedDocuments(SchemaExtension):
             verdict = (static_ok, dynamic_ok)
             self.cache.verdicts.put(key, verdict)
         static_ok, dynamic_ok = verdict
-        if static_ok:
-            # Only the variable rules can still refuse: their errors are what a full validation reports.
-            context.pre_execution_errors = [] if dynamic_ok or not dynamic else validate(schema, document, dynamic)
+        if static_ok and (dynamic_ok or not dynamic):
+            context.pre_execution_errors = []
+        elif static_ok:
+            # Only the variable rules can still refuse: their errors are what a full validation
+            # reports. They read nothing but the document and the variables, so a pass is kept
+            # per variable values (a client repeating a page sends the same ones); a refusal is
+            # validated again every time.
+            values = _variables_key(context.variables)
+            if values is not None and self.cache.passed.get((key, values)):
+                context.pre_execution_errors = []
+            else:
+                errors = validate(schema, document, dynamic)
+                if not errors and values is not None:
+                    self.cache.passed.put((key, values), True)
+                context.pre_execution_errors = errors
         yield
 
 
