@@ -45,6 +45,7 @@ from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.sessions import LiveSession, TurnBinding
 from threadloom.providers import contract as ev
+from threadloom.providers.agent_cli import redact_event, storable
 from threadloom.store import entities
 from threadloom.store.db import Reader
 
@@ -202,6 +203,7 @@ class Ingestor:
             await cancel_all([p.task for p in self.partitions.values() if p.task is not None])
 
     async def _route(self, event: ev.ProviderEvent) -> None:
+        event = redact_event(event, storable)  # NUL cannot be stored: one such output must not sink a batch
         native_thread = getattr(event, "native_thread", None)
         if native_thread is None:
             await self._unbound(event)
@@ -332,11 +334,26 @@ class Ingestor:
             log.exception("could not decline provider request %s", event.request_ref)
 
     async def _write(self, pending: _Pending) -> None:
-        """Apply the pending events of a partition in one transaction (nothing if there are none)."""
+        """Apply the pending events of a partition in one transaction (nothing if there are none).
+
+        If that transaction fails, the events are applied one by one: one event that cannot be written
+        is logged and skipped, and the others (a turn's start, its end) still reach the log, as they did
+        when every event had its own transaction."""
         binding, events = pending.binding, pending.take()
-        if binding is not None and events:
-            decide = self._decision(binding, events)
-            await self.pipeline.execute(Command(command_type="ingest", decide=decide, thread_id=binding.thread_id))
+        if binding is None or not events:
+            return
+        try:
+            await self._apply(binding, events)
+        except Exception:
+            if len(events) == 1:
+                raise
+            log.exception("ingest batch of %d events failed; applying them one by one", len(events))
+            for event in events:
+                await self._guarded(self._apply(binding, [event]))
+
+    async def _apply(self, binding: TurnBinding, events: list[Any]) -> None:
+        decide = self._decision(binding, events)
+        await self.pipeline.execute(Command(command_type="ingest", decide=decide, thread_id=binding.thread_id))
 
     def _decision(self, binding: TurnBinding, events: list[Any]) -> Callable[[Reader, AppThread], Awaitable[Outcome]]:
         """What `events` change, decided under the thread lock (nothing for an attempt no longer live)."""

@@ -245,6 +245,12 @@ class StreamRedactor:
         return [tail for tail in tails if tail.delta]
 
 
+def storable(text: str) -> str:
+    """`text` with each NUL replaced by U+FFFD: PostgreSQL's text and jsonb cannot hold NUL, and a tool
+    printing binary (`cat /proc/1/environ`) must not make its turn's events unwritable."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
 def redact_event(event: ProviderEvent, redactor: Callable[[str], str]) -> ProviderEvent:
     """The event with every text it carries passed through `redactor`.
 
