@@ -156,3 +156,36 @@ async def test_fast_and_general_paths_send_the_same_bytes(
             await ws.close()
     assert results["fast"] == results["slow"]
     assert len(rows) > 50 and len(results["fast"]["op0"]) > 50  # replay, synchronized and live really happened
+
+
+async def test_a_completed_fast_subscription_stops_and_its_id_can_be_reused(
+    pair: tuple[ServerProcess, ServerProcess], tmp_path: Path
+) -> None:
+    fast, _ = pair
+    client = Client(fast.url, fast.admin_token)
+    project = await client.gql(CREATE_PROJECT, {"name": "complete", "root": workspace(tmp_path)})
+    thread = str((await make_thread(client, project["createProject"]["project"]["id"], "c"))["id"])
+    rename = "mutation($t: ID!, $n: String!) { renameThread(input: {threadId: $t, title: $n}) { userErrors { code } } }"
+    ws = await _socket(fast, client.token)
+
+    async def subscribe(op: str) -> None:
+        message = {"id": op, "type": "subscribe", "payload": {"query": SCALARS, "variables": {"t": thread}}}
+        await ws.send(orjson.dumps(message).decode())
+        while True:  # its replay, up to `synchronized`
+            frame = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
+            if frame["id"] == op and frame["payload"]["data"]["threadEvents"]["type"] == "synchronized":
+                return
+
+    try:
+        await subscribe("a")
+        await ws.send(orjson.dumps({"id": "a", "type": "complete"}).decode())
+        await subscribe("b")  # sent after the complete: the server handled that first
+        await client.gql(rename, {"t": thread, "n": "after"})
+        frame = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert frame["id"] == "b" and frame["payload"]["data"]["threadEvents"]["type"] == "thread.renamed"
+        await subscribe("a")  # the completed id is free again, and replays the rename too
+        await client.gql(rename, {"t": thread, "n": "again"})
+        got = {orjson.loads(await asyncio.wait_for(ws.recv(), 30))["id"] for _ in range(2)}
+        assert got == {"a", "b"}  # one live frame each, nothing for a stale "a"
+    finally:
+        await ws.close()
