@@ -2,9 +2,10 @@
 
 Every relation a GraphQL type exposes is named here once, with its table, parent column,
 ordering key and filters. Loaders batch by relation, so the statements a query costs
-depend on its shape, not on how many objects a page holds. Their reads run outside a
-transaction (`Database.statements`): each is one statement per batch, and a BEGIN/ROLLBACK
-pair around it would cost two more round trips and buy no consistency under READ COMMITTED.
+depend on its shape, not on how many objects a page holds. A query operation's reads share
+one snapshot (`Database.snapshot`, see `Loaders.snapshot`), so the objects it returns agree
+with each other; other operations (a mutation's payload, read after its command committed, a
+subscription event's nested fields) read outside a transaction, one statement per batch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,7 +23,7 @@ from threadloom.domain.statuses import RunStatus, RuntimeRequestStatus
 from threadloom.store import reads
 from threadloom.store import runs as run_reads
 from threadloom.store import tables as t
-from threadloom.store.db import Database, StatementCounter
+from threadloom.store.db import Database, Reader, Snapshot, StatementCounter
 
 Filters = tuple[tuple[str, Any], ...]
 
@@ -105,6 +107,18 @@ class Loaders:
         # GraphQL objects built from loaded rows, by (type, id): (row, object). A page of
         # threads names one project a hundred times; it is built once per request.
         self.built: dict[tuple[type, Hashable], tuple[Any, Any]] = {}
+        self._snapshot: Snapshot | None = None
+
+    def snapshot(self) -> Snapshot:
+        """From now on, every read of these loaders sees one snapshot (the caller closes it)."""
+        self._snapshot = self._db.snapshot(self._counter)
+        return self._snapshot
+
+    def reader(self) -> AbstractAsyncContextManager[Reader]:
+        """A connection for one batch of reads: the operation's snapshot if it has one."""
+        if self._snapshot is not None:
+            return self._snapshot.reader()
+        return self._db.statements(self._counter)
 
     def _get(self, key: Any, make: Callable[[], DataLoader[Any, Any]]) -> DataLoader[Any, Any]:
         loader = self._loaders.get(key)
@@ -118,7 +132,7 @@ class Loaders:
             return made
 
         async def load(ids: list[uuid.UUID]) -> list[sa.RowMapping | None]:
-            async with self._db.statements(self._counter) as db:
+            async with self.reader() as db:
                 found = await reads.by_ids(db, table, ids)
             return [found.get(i) for i in ids]
 
@@ -132,7 +146,7 @@ class Loaders:
             for parent, args, filters in keys:
                 groups.setdefault((args, filters), []).append(parent)
             results: dict[PageKey, reads.Page] = {}
-            async with self._db.statements(self._counter) as db:
+            async with self.reader() as db:
                 for (args, filters), parents in groups.items():
                     pages = await reads.pages(
                         db,
@@ -157,7 +171,7 @@ class Loaders:
             for parent, filters in keys:
                 groups.setdefault(filters, []).append(parent)
             results: dict[CountKey, int] = {}
-            async with self._db.statements(self._counter) as db:
+            async with self.reader() as db:
                 for filters, parents in groups.items():
                     found = await reads.counts(
                         db, rel.table, parent=rel.parent, parents=parents, where=rel.filters(dict(filters))
@@ -172,7 +186,7 @@ class Loaders:
         table, parent, order, where = LISTS[relation]
 
         async def load(parents: list[uuid.UUID]) -> Sequence[list[sa.RowMapping]]:
-            async with self._db.statements(self._counter) as db:
+            async with self.reader() as db:
                 found = await reads.rows_by_parent(
                     db, table, parent=parent, parents=parents, order_by=order, where=where
                 )
@@ -184,7 +198,7 @@ class Loaders:
         """By thread: each queued run's place in the queue (one statement for all the threads asked)."""
 
         async def load(thread_ids: list[uuid.UUID]) -> list[dict[uuid.UUID, int]]:
-            async with self._db.statements(self._counter) as db:
+            async with self.reader() as db:
                 found = await run_reads.queue_positions(db, thread_ids)
             return [found[i] for i in thread_ids]
 

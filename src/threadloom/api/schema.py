@@ -17,7 +17,7 @@ from strawberry.extensions import AddValidationRules, MaxTokensLimiter
 from strawberry.schema.config import StrawberryConfig
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
-from threadloom.api.context import fresh_context
+from threadloom.api.context import Context, fresh_context
 from threadloom.api.cost import CostVariables
 from threadloom.api.errors import CodedErrors, RecordOperation
 from threadloom.api.mutations import Mutation
@@ -27,6 +27,7 @@ from threadloom.api.token_guard import RateLimits
 from threadloom.api.types import NODE_TYPES
 from threadloom.api.validation import limited_rules
 from threadloom.config import Limits
+from threadloom.store.db import Snapshot
 
 
 class FreshMemoExecutionContext(StrawberryGraphQLCoreExecutionContext):
@@ -97,13 +98,18 @@ class TimedExecutionContext(BoundedListsExecutionContext):
     timeout: float = 10.0
 
     def execute_operation(self, serially: bool | None = None) -> Any:
+        query = self.operation.operation == OperationType.QUERY
+        context = self.context_value
+        # A query's reads share one snapshot, so what it returns agrees with itself; mutations read
+        # their payload after their command commits, subscription events as each is resolved.
+        snapshot = context.loaders.snapshot() if query and isinstance(context, Context) else None
         result = super().execute_operation(serially)
-        if self.operation.operation != OperationType.QUERY or not inspect.isawaitable(result):
-            return result
-        return self._within(result, self.timeout)
+        if not query or not inspect.isawaitable(result):
+            return result  # nothing awaited: no read was made, the snapshot never opened
+        return self._within(result, self.timeout, snapshot)
 
     @staticmethod
-    async def _within(result: Any, seconds: float) -> Any:
+    async def _within(result: Any, seconds: float, snapshot: Snapshot | None) -> Any:
         try:
             async with asyncio.timeout(seconds):
                 return await result
@@ -113,6 +119,9 @@ class TimedExecutionContext(BoundedListsExecutionContext):
                 extensions={"code": "QUERY_TIMEOUT", "timeoutSeconds": seconds},
             )
             return ExecutionResult(None, [error])
+        finally:
+            if snapshot is not None:
+                await snapshot.close()
 
 
 @functools.cache

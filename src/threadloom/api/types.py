@@ -197,7 +197,7 @@ class Project(Node, _Entity):
 
     @strawberry.field(description="The projectThreads position now: query, then subscribe with after: feedCursor.")
     async def feed_cursor(self, info: Info) -> str:
-        async with info.context.services.db.read(info.context.counter) as db:
+        async with info.context.loaders.reader() as db:  # the query's snapshot: agrees with its data
             head = await project_head(db, self.rec.id)
         return encode_feed_cursor(head)
 

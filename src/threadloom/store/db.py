@@ -6,6 +6,7 @@ report (and tests can assert) how many statements a page cost.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -73,8 +74,61 @@ class Database:
             c.transactions += 1
             yield Reader(conn, c)
 
+    def snapshot(self, counter: StatementCounter | None = None) -> Snapshot:
+        """Reads that all see the database at one moment (opened at the first of them)."""
+        return Snapshot(self.engine, counter or StatementCounter())
+
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+
+class Snapshot:
+    """One REPEATABLE READ, READ ONLY transaction shared by the reads of one query operation.
+
+    Separate statements under READ COMMITTED each see the latest commit: a query reading a run
+    and then its pending requests could show an approval the agent asked for next to the run
+    as it was before the agent's turn started, written in the same commit. Here every read of
+    the operation sees the same commit. The transaction opens lazily (an operation that reads
+    nothing costs nothing), its reads take turns on the one connection, and `close` ends it.
+    """
+
+    def __init__(self, engine: AsyncEngine, counter: StatementCounter) -> None:
+        self._engine = engine
+        self._counter = counter
+        self._conn: AsyncConnection | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    @asynccontextmanager
+    async def reader(self) -> AsyncIterator[Reader]:
+        async with self._lock:
+            if self._closed:
+                raise RuntimeError("the operation's snapshot is closed")
+            if self._conn is None:
+                conn = await self._engine.connect()
+                try:
+                    conn = await conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+                    await conn.begin()
+                except BaseException:
+                    await conn.close()
+                    raise
+                self._conn = conn
+                self._counter.transactions += 1
+            yield Reader(self._conn, self._counter)
+
+    async def close(self) -> None:
+        """End the transaction and return the connection (after a read still running, if any)."""
+        async with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is None:
+                return
+            try:
+                await conn.rollback()  # read only: nothing to commit
+                await conn.close()
+            except BaseException:
+                await conn.invalidate()
+                raise
 
 
 class Reader:
