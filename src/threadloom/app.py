@@ -16,6 +16,7 @@ from threadloom.api.gate import Gate
 from threadloom.api.http import GraphQLView
 from threadloom.api.schema import build_schema
 from threadloom.config import Settings
+from threadloom.dashboard import routes as dashboard_routes
 from threadloom.engine.clock import Clock, SystemClock
 from threadloom.engine.services import Services
 from threadloom.providers.registry import load_instances
@@ -86,4 +87,5 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
             return JSONResponse({"status": "database not migrated"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz)], lifespan=lifespan)
+    routes = [Route("/healthz", healthz), Route("/readyz", readyz), *dashboard_routes()]
+    return Starlette(routes=routes, lifespan=lifespan)
