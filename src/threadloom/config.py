@@ -79,6 +79,7 @@ class Settings:
     default_provider_instance: str = "scripted"
     providers_file: Path | None = None
     fast_paths: bool = True
+    shutdown_seconds: float = 10.0  # SIGTERM: how long open work may take before the process exits
     limits: Limits = dataclasses.field(default_factory=Limits)
 
     @classmethod
@@ -95,6 +96,7 @@ class Settings:
             "log_level": env.get("THREADLOOM_LOG_LEVEL", "INFO"),
             "providers_file": Path(env["THREADLOOM_PROVIDERS"]) if env.get("THREADLOOM_PROVIDERS") else None,
             "fast_paths": env.get("THREADLOOM_FAST_PATHS", "1").strip().lower() not in {"0", "false", "no", "off"},
+            "shutdown_seconds": float(env.get("THREADLOOM_SHUTDOWN_SECONDS", "10")),
         }
         values["limits"] = Limits.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
