@@ -24,7 +24,7 @@ RUNS = sorted(p.name for p in EXAMPLES.iterdir() if (p / "run").is_file())
 
 
 def test_every_example_has_a_run() -> None:
-    assert {"python", "curl"} <= set(RUNS)
+    assert {"python", "curl", "typescript"} <= set(RUNS)
     assert all(os.access(EXAMPLES / name / "run", os.X_OK) for name in RUNS)
 
 
