@@ -7,7 +7,7 @@ NOT_FOUND as over a WebSocket; the items are compared with the WebSocket's.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +17,12 @@ import pytest
 
 from tests.support.cli import create_token, threadloom
 from tests.support.graphql import make_project, make_thread
+from tests.support.multipart import MULTIPART, Parts, subscribe
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, serving
 from tests.support.waiting import until
 from tests.support.ws import WsClient
 
-MULTIPART = "multipart/mixed;boundary=graphql;subscriptionSpec=1.0,application/json"
 EVENTS = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
   sequence type runId entity { __typename ... on ConversationMessage { role text } ... on Run { status } } } }"""
 CAP = 2
@@ -32,53 +32,6 @@ CAP = 2
 def server(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
     with serving(database_url, data_dir, {"THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN": str(CAP)}) as proc:
         yield proc
-
-
-class Parts:
-    """The JSON parts of one multipart subscription response (heartbeats `{}` skipped)."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self.response = response
-        self._chunks = response.aiter_text()
-        self._buffer = ""
-        self.ended = False
-
-    async def next(self) -> dict[str, Any] | None:
-        """The next part, or None once the closing boundary came."""
-        while True:
-            head, sep, rest = self._buffer.partition("\r\n--graphql")
-            if sep:
-                self._buffer = rest
-                if rest.startswith("--"):
-                    self.ended = True
-                _, _, body = head.partition("\r\n\r\n")
-                if body.strip():
-                    part: dict[str, Any] = orjson.loads(body)
-                    if part:
-                        return part
-                continue
-            if self.ended:
-                return None
-            chunk = await anext(self._chunks, None)
-            if chunk is None:
-                self.ended = True
-                return None
-            self._buffer += chunk
-
-    async def items(self) -> AsyncIterator[dict[str, Any]]:
-        while (part := await self.next()) is not None:
-            yield part
-
-
-@contextlib.asynccontextmanager
-async def subscribe(
-    server: ServerProcess, token: str | None, query: str, variables: dict[str, Any]
-) -> AsyncIterator[Parts]:
-    headers = {"accept": MULTIPART, **({"authorization": f"Bearer {token}"} if token else {})}
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        body = {"query": query, "variables": variables}
-        async with http.stream("POST", "/graphql", json=body, headers=headers) as response:
-            yield Parts(response)
 
 
 async def until_synchronized(parts: Parts) -> list[dict[str, Any]]:

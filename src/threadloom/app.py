@@ -63,6 +63,13 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         settle_garbage_collector()
         endpoint = Gate(view, services)
         app.router.routes += [Route("/graphql", endpoint), WebSocketRoute("/graphql", endpoint)]
+
+        async def going_away(within: float) -> None:
+            """SIGTERM, before the server closes connections: refuse new requests, end subscriptions."""
+            endpoint.draining = True
+            await view.going_away(within)
+
+        app.state.going_away = going_away
         try:
             yield
         finally:

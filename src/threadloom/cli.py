@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import logging
+import math
 import re
 import signal
 import sys
@@ -85,9 +87,6 @@ async def _prepare(url: str, embedded: bool) -> str | None:
         await db.dispose()
 
 
-SHUTDOWN_GRACE_SECONDS = 3
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -111,7 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if admin is not None:
         print(f"Admin token (shown once, keep it): {admin}", flush=True)
     app = create_app(settings, url)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -122,13 +121,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ws_max_size=settings.limits.max_body_bytes,
         # Compressing every small JSON frame costs more CPU on the fan-out path than it saves.
         ws_per_message_deflate=False,
-        # Open multipart subscriptions (HTTP streams) never finish by themselves: cut them after this
-        # long so a stop cannot hang; their clients resume from the last sequence they saw.
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+        # What is still open after the going-away items (a command committing, a stream) is cut
+        # after this long so a stop cannot hang.
+        timeout_graceful_shutdown=max(1, math.ceil(settings.shutdown_seconds - GOING_AWAY_SECONDS)),
         access_log=False,
         log_config=None,
     )
+    _graceful_server(uvicorn.Server, app)(config).run()
     return 0
+
+
+GOING_AWAY_SECONDS = 1.0  # how long the subscriptions' last items may take to go out
+
+
+def _graceful_server(base: type[Any], app: Any) -> type[Any]:
+    """uvicorn's server, with the going-away step first in its shutdown.
+
+    uvicorn closes every WebSocket at once (code 1012) when it shuts down; before that, the app
+    stops taking requests and ends each subscription with SERVER_GOING_AWAY and the cursor to
+    resume from, so its client reconnects elsewhere and misses nothing.
+    """
+
+    class GracefulServer(base):  # type: ignore[misc]
+        async def shutdown(self, sockets: Any = None) -> None:
+            for server in self.servers:
+                server.close()  # no new connections from here on
+            going_away = getattr(app.state, "going_away", None)
+            if going_away is not None:
+                try:
+                    await going_away(GOING_AWAY_SECONDS)
+                except Exception:
+                    logging.getLogger("threadloom").exception("ending subscriptions for the shutdown failed")
+            await super().shutdown(sockets)
+
+    return GracefulServer
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -48,12 +48,12 @@ from graphql.execution.values import get_argument_values
 
 from threadloom.api import ids as gid
 from threadloom.api.errors import CodedErrors
-from threadloom.api.subscriptions import THREAD_SUBSCRIPTIONS, row_filter, thread_event_head, too_slow
+from threadloom.api.subscriptions import THREAD_SUBSCRIPTIONS, row_filter, stream_ended, thread_event_head
 from threadloom.api.validation import all_rules
 from threadloom.store import events as log_reader
 from threadloom.store.events import LogEvent
 from threadloom.streams.hub import Feed
-from threadloom.streams.merge import PAGE, ReloadRequired, Synchronized, TooSlow
+from threadloom.streams.merge import PAGE, GoingAway, ReloadRequired, StreamEnded, Synchronized, TooSlow
 
 if TYPE_CHECKING:
     from threadloom.api.token_guard import GuardedTransportWSHandler
@@ -263,7 +263,11 @@ class Member:
         self.outbox.push(None, 0, '{"id":' + orjson.dumps(self.id).decode() + ',"type":"complete"}', control=True)
 
     def end_too_slow(self, resume_from: int) -> None:
-        error = too_slow(TooSlow(resume_from)).formatted
+        self.end_with(TooSlow(resume_from))
+
+    def end_with(self, ended: StreamEnded) -> None:
+        """End with the error item that tells the client why and where to resume."""
+        error = stream_ended(ended).formatted
         self.end(self.frame(orjson.dumps({"data": None, "errors": [error]}).decode()))
 
 
@@ -325,6 +329,14 @@ class Cohorts:
         self.schema: Any = None
         self.plans: Plans | None = None
         self.cohorts: dict[tuple[Any, ...], Cohort] = {}
+        self.closing = False
+
+    def going_away(self) -> None:
+        """Shutdown: every member ends after what its socket's queue holds, with the sequence to resume after."""
+        self.closing = True
+        for cohort in list(self.cohorts.values()):
+            for member in list(cohort.members):
+                member.end_with(GoingAway(member.last))
 
     def plan(self, handler: GuardedTransportWSHandler, message: Any) -> Plan | None:
         """The plan of a `subscribe` message the fast path may serve (arguments not yet checked)."""
@@ -349,8 +361,8 @@ class Cohorts:
         context = handler.context
         live = context.live
         plan = self.plan(handler, message)
-        if plan is None or live is None:
-            return False
+        if plan is None or live is None or self.closing:
+            return False  # while shutting down the general path replays, then ends with SERVER_GOING_AWAY
         variables = message["payload"].get("variables")
         executor = self.schema.execution_context_class.build(
             self.schema._schema, plan.document, None, context, variables, plan.operation_name
@@ -381,6 +393,7 @@ class Cohorts:
             feed.sinks.add(cohort)
         outbox = handler.outbox(self.limits.subscriber_queue)
         member = Member(handler, message["id"], cohort, outbox)
+        member.last = after or 0  # what the client has: ended before its replay sends anything, it resumes here
         cohort.members[member] = None
         outbox.members += 1
         handler.operations[member.id] = member  # type: ignore[assignment]
@@ -452,6 +465,7 @@ class Cohorts:
             payload = await cohort.render(cohort.to_item(row))
             if payload is not None:
                 await member.outbox.send(member.frame(payload))
+        member.last = row.sequence  # sent (or filtered out): a replay ended now resumes after it
 
     async def _reload(self, member: Member, latest: int) -> None:
         marker = await member.cohort.render(member.cohort.to_item(ReloadRequired(latest)))

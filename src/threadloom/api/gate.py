@@ -49,9 +49,13 @@ class Gate:
     def __init__(self, app: ASGIApp, services: Services) -> None:
         self.app = app
         self.services = services
+        self.draining = False  # shutting down: new requests go to another replica
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
+            if self.draining:  # a new socket while shutting down: refused before its handshake
+                await send({"type": "websocket.close", "code": 1013, "reason": "server going away"})
+                return
             scope.setdefault("state", {})
             await self.app(scope, receive, send)
             return
@@ -93,6 +97,9 @@ class Gate:
     async def _handle(
         self, scope: Scope, receive: Receive, send: Send, state: dict[str, Any], counter: StatementCounter
     ) -> None:
+        if self.draining:
+            await _reply(send, 503, "SERVER_GOING_AWAY", "the server is shutting down; retry", [(b"retry-after", b"1")])
+            return
         limit = self.services.settings.limits.max_body_bytes
         declared = _header(scope, b"content-length")
         if declared.isdigit() and int(declared) > limit:

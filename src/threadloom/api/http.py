@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import math
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import timedelta
@@ -131,6 +132,17 @@ class GraphQLView(GraphQL[Context, None]):
         self.services = services
         self.live = live
         self.token_guard = TokenGuard(services.db, settings.limits)
+
+    async def going_away(self, within: float) -> None:
+        """Shutdown: end every subscription with SERVER_GOING_AWAY and its cursor, and wait (at most
+        `within` seconds) until those last items are written, before the server closes the sockets."""
+        self.token_guard.going_away()
+        if self.live is not None:
+            self.live.hub.going_away()
+        deadline = time.monotonic() + within
+        # Polled: many writers and streams finish on their own, with no one event to wait for.
+        while not self.token_guard.drained() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
 
     def encode_json(self, data: object) -> str:
         # A str, not bytes: WebSocket messages must go out as text frames (browser clients

@@ -3,7 +3,8 @@
 Every item carries its `sequence`, `runId` and `nodeId`. Access is checked when a
 subscription starts; an invisible or unknown thread is NOT_FOUND, exactly as a query.
 A subscriber that falls behind is ended with SUBSCRIBER_TOO_SLOW and the cursor to
-resume from; a replay over the configured bound gets a `reload_required` item.
+resume from, and every subscription of a server shutting down with SERVER_GOING_AWAY and
+its cursor; a replay over the configured bound gets a `reload_required` item.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from threadloom.store.events import LogEvent
 from threadloom.streams.merge import (
     FeedReloadRequired,
     ReloadRequired,
+    StreamEnded,
     Synchronized,
-    TooSlow,
     project_stream,
     thread_stream,
 )
@@ -95,10 +96,11 @@ ActivityItem = Annotated[
 ]
 
 
-def too_slow(error: TooSlow) -> GraphQLError:
+def stream_ended(error: StreamEnded) -> GraphQLError:
+    """The last item of a subscription the server ends (too slow, going away): its code and where to resume."""
     resume = error.resume_from
     cursor = encode_feed_cursor(resume) if isinstance(resume, tuple) else resume
-    return GraphQLError(str(error), extensions={"code": "SUBSCRIBER_TOO_SLOW", "resumeFrom": cursor})
+    return GraphQLError(str(error), extensions={"code": error.code, "resumeFrom": cursor})
 
 
 def _after(after_sequence: int | None) -> int | None:
@@ -160,8 +162,8 @@ async def _filtered(
     try:
         async for item in thread_stream(live.hub, live.db, thread, after, match, max_replay=live.limits.max_replay):
             yield item
-    except TooSlow as error:
-        raise too_slow(error) from None
+    except StreamEnded as error:
+        raise stream_ended(error) from None
 
 
 def _marker(sequence: int, name: str) -> ThreadEvent:
@@ -294,8 +296,8 @@ class Subscription:
                     found = update(item)
                     if found is not None:
                         yield found
-        except TooSlow as error:
-            raise too_slow(error) from None
+        except StreamEnded as error:
+            raise stream_ended(error) from None
 
     @strawberry.subscription(
         description="Every thread change of a project, for dashboards. Resume with `after`. A resume with more "
@@ -322,5 +324,5 @@ class Subscription:
                     type=row.event_type,
                     thread=_entity(row),
                 )
-        except TooSlow as error:
-            raise too_slow(error) from None
+        except StreamEnded as error:
+            raise stream_ended(error) from None

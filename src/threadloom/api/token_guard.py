@@ -132,6 +132,17 @@ class TokenGuard:
     def release(self, token_id: uuid.UUID, context: Context) -> None:
         self._drop(self._sockets, token_id, id(context))
 
+    def going_away(self) -> None:
+        """Shutdown: the fast path's subscriptions end with SERVER_GOING_AWAY (the hub ends the others)."""
+        self.cohorts.going_away()
+
+    def drained(self) -> bool:
+        """No operation runs over a socket or an HTTP stream, and every socket's queued frames went out."""
+        if self._operations or self._streams:
+            return False
+        outboxes = (getattr(h, "_outbox", None) for sockets in self._sockets.values() for h in sockets.values())
+        return all(outbox is None or not outbox.queue for outbox in outboxes)
+
     def operations(self, token_id: uuid.UUID) -> int:
         """Running operations (subscriptions, and queries or mutations in flight) over the token's sockets."""
         return self._operations.get(token_id, 0)

@@ -43,6 +43,10 @@ class SlowConsumer(Exception):
     """The subscriber's queue overflowed; it must resume from its cursor."""
 
 
+class ServerClosing(Exception):
+    """The process is shutting down: the subscriber got what was queued and must resume elsewhere."""
+
+
 class Mailbox:
     """A subscriber's bounded queue. On overflow it is emptied and holds only the overflow mark."""
 
@@ -50,7 +54,13 @@ class Mailbox:
         self.limit = limit
         self.items: collections.deque[LogEvent] = collections.deque()
         self.overflowed = False
+        self.closing = False
         self._ready = asyncio.Event()
+
+    def close(self) -> None:
+        """No more rows: `get` hands out what is queued, then raises ServerClosing."""
+        self.closing = True
+        self._ready.set()
 
     def put(self, event: LogEvent) -> None:
         if self.overflowed:
@@ -66,6 +76,8 @@ class Mailbox:
         while not self.items:
             if self.overflowed:
                 raise SlowConsumer()
+            if self.closing:
+                raise ServerClosing()
             self._ready.clear()
             await self._ready.wait()
         return self.items.popleft()
@@ -201,6 +213,7 @@ class Hub:
         self.reads = BatchedReads(db)
         self.mailbox_limit = mailbox_limit
         self.degraded = False
+        self.closing = False
         self.threads: dict[uuid.UUID, Feed[uuid.UUID]] = {}
         self.projects: dict[uuid.UUID, Feed[uuid.UUID]] = {}
 
@@ -261,15 +274,29 @@ class Hub:
             feed.start()
         return feed
 
-    def attach_thread(self, thread_id: uuid.UUID) -> Mailbox:
+    def _mailbox(self) -> Mailbox:
         box = Mailbox(self.mailbox_limit)
+        if self.closing:  # subscribed while the server shuts down: the replay, then the going-away end
+            box.close()
+        return box
+
+    def attach_thread(self, thread_id: uuid.UUID) -> Mailbox:
+        box = self._mailbox()
         self.thread_feed(thread_id).mailboxes.add(box)
         return box
 
     def attach_project(self, project_id: uuid.UUID) -> Mailbox:
-        box = Mailbox(self.mailbox_limit)
+        box = self._mailbox()
         self._project_feed(project_id).mailboxes.add(box)
         return box
+
+    def going_away(self) -> None:
+        """Shutdown: every subscriber gets what its mailbox holds, then ends with its resume cursor."""
+        self.closing = True
+        for feeds in (self.threads, self.projects):
+            for feed in feeds.values():
+                for box in feed.mailboxes:
+                    box.close()
 
     def detach(self, box: Mailbox) -> None:
         for feeds in (self.threads, self.projects):

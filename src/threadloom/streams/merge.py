@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from threadloom.store import events as log_reader
 from threadloom.store.db import Database
 from threadloom.store.events import LogEvent
-from threadloom.streams.hub import Hub, SlowConsumer
+from threadloom.streams.hub import Hub, ServerClosing, SlowConsumer
 
 PAGE = 500
 
@@ -40,12 +40,30 @@ class FeedReloadRequired:
     head: tuple[int, int]
 
 
-class TooSlow(Exception):
-    """The client fell behind; `resume_from` is its cursor (a sequence, or a feed cursor)."""
+class StreamEnded(Exception):
+    """The server ended a subscription; `resume_from` is the client's cursor (a sequence, or a feed
+    cursor): subscribing again after it misses nothing. `code` is the error code the client sees."""
+
+    code = "STREAM_ENDED"
+    reason = "stream ended"
 
     def __init__(self, resume_from: int | tuple[int, int]) -> None:
-        super().__init__(f"subscriber too slow; resume from {resume_from}")
+        super().__init__(f"{self.reason}; resume from {resume_from}")
         self.resume_from = resume_from
+
+
+class TooSlow(StreamEnded):
+    """The client fell behind its queue's bound."""
+
+    code = "SUBSCRIBER_TOO_SLOW"
+    reason = "subscriber too slow"
+
+
+class GoingAway(StreamEnded):
+    """The server is shutting down: resume on another replica (or after the restart)."""
+
+    code = "SERVER_GOING_AWAY"
+    reason = "server going away"
 
 
 StreamItem = LogEvent | Synchronized | ReloadRequired
@@ -83,6 +101,8 @@ async def thread_stream(
                 row = await box.get()
             except SlowConsumer:
                 raise TooSlow(last) from None
+            except ServerClosing:
+                raise GoingAway(last) from None
             if row.sequence <= last:
                 continue
             while last < row.sequence - 1:  # a gap: read it from the log
@@ -135,6 +155,8 @@ async def project_stream(
                 row = await box.get()
             except SlowConsumer:
                 raise TooSlow(cursor) from None
+            except ServerClosing:
+                raise GoingAway(cursor) from None
             if (row.xid, row.position) <= cursor:
                 continue
             cursor = (row.xid, row.position)
