@@ -12,8 +12,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 
+from threadloom import tracing
 from threadloom.api.gate import Gate
 from threadloom.api.http import GraphQLView
+from threadloom.api.metrics import Metrics
 from threadloom.api.schema import build_schema
 from threadloom.config import Settings
 from threadloom.dashboard import routes as dashboard_routes
@@ -63,6 +65,9 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         settle_garbage_collector()
         endpoint = Gate(view, services)
         app.router.routes += [Route("/graphql", endpoint), WebSocketRoute("/graphql", endpoint)]
+        metrics = Metrics(services, view)  # /metrics for an admin token; without one on a localhost port
+        app.router.routes.append(Route("/metrics", metrics))
+        await metrics.serve_local(settings.metrics_port)
 
         async def going_away(within: float) -> None:
             """SIGTERM, before the server closes connections: refuse new requests, end subscriptions."""
@@ -73,6 +78,7 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         try:
             yield
         finally:
+            await metrics.stop()
             await services.stop()
             await live.stop()
             await services.db.dispose()
@@ -95,4 +101,4 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         return JSONResponse({"status": "ready"})
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), *dashboard_routes()]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=tracing.middleware())  # [] unless OTEL_* asks

@@ -8,7 +8,8 @@
 and the per-token limits (`THREADLOOM_MAX_CONNECTIONS_PER_TOKEN`, `THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN`,
 `THREADLOOM_MUTATIONS_PER_MINUTE`, `THREADLOOM_MUTATION_BURST`, `THREADLOOM_RUN_STARTS_PER_MINUTE`,
 `THREADLOOM_RUN_START_BURST`), and `THREADLOOM_FAST_PATHS` (`0` turns the specialised query and
-subscription execution off, for comparison: the output is the same either way). Per-token limits are
+subscription execution off, for comparison: the output is the same either way), and
+`THREADLOOM_METRICS_PORT` (/metrics also served without a token on 127.0.0.1 at that port). Per-token limits are
 counted in each process's memory: with several processes behind a load balancer each one enforces them
 on its own share.
 """
@@ -79,6 +80,7 @@ class Settings:
     default_provider_instance: str = "scripted"
     providers_file: Path | None = None
     fast_paths: bool = True
+    metrics_port: int | None = None  # /metrics without a token on 127.0.0.1 (docs/operations.md)
     shutdown_seconds: float = 10.0  # SIGTERM: how long open work may take before the process exits
     limits: Limits = dataclasses.field(default_factory=Limits)
 
@@ -96,6 +98,7 @@ class Settings:
             "log_level": env.get("THREADLOOM_LOG_LEVEL", "INFO"),
             "providers_file": Path(env["THREADLOOM_PROVIDERS"]) if env.get("THREADLOOM_PROVIDERS") else None,
             "fast_paths": env.get("THREADLOOM_FAST_PATHS", "1").strip().lower() not in {"0", "false", "no", "off"},
+            "metrics_port": int(env["THREADLOOM_METRICS_PORT"]) if env.get("THREADLOOM_METRICS_PORT") else None,
             "shutdown_seconds": float(env.get("THREADLOOM_SHUTDOWN_SECONDS", "10")),
         }
         values["limits"] = Limits.from_env(env)

@@ -46,6 +46,7 @@ from graphql import (
 )
 from graphql.execution.values import get_argument_values
 
+from threadloom import metrics
 from threadloom.api import ids as gid
 from threadloom.api.errors import CodedErrors
 from threadloom.api.subscriptions import THREAD_SUBSCRIPTIONS, row_filter, stream_ended, thread_event_head
@@ -202,6 +203,7 @@ class Cohort:
             return
         payload = await self.render(self.to_item(row))
         if payload is not None:
+            metrics.DELIVERED_FAST.inc(len(self.members))  # once per event, not per member
             for member in list(self.members):
                 member.offer(row.sequence, payload)
 
@@ -237,6 +239,7 @@ class Member:
             self.last = sequence
             self.outbox.push(self, sequence, self.frame(payload))
         elif len(self.pending) >= self.outbox.limit:
+            metrics.DROPPED_FAST.inc(len(self.pending) + 1)
             self.overflowed = True
             self.pending.clear()
         elif not self.overflowed:
@@ -298,7 +301,10 @@ class Outbox:
 
     def _overflow(self) -> None:
         behind = {member: None for member, _, _ in self.queue if member is not None}
+        queued = len(self.queue)
         self.queue = collections.deque(item for item in self.queue if item[0] is None)
+        metrics.DROPPED_FAST.inc(queued - len(self.queue) + 1)  # and the frame that did not fit
+        metrics.SLOW_CONSUMERS.inc(len(behind))
         for member in behind:
             member.end_too_slow(member.sent)
 
@@ -428,6 +434,7 @@ class Cohorts:
             if latest - last > max_replay:
                 await self._reload(member, latest)
                 return
+            metrics.REPLAYED.inc(len(remembered))
             for row in remembered:
                 await self._send_row(member, row)
             last = latest
@@ -442,6 +449,7 @@ class Cohorts:
                 page = log_reader.thread_event_heads if cohort.light else log_reader.thread_events
                 async with db.read() as reader:
                     rows = await page(reader, feed.key, last, limit=PAGE)
+                metrics.REPLAYED.inc(len(rows))
                 for row in rows:
                     last = row.sequence
                     await self._send_row(member, row)
@@ -452,6 +460,7 @@ class Cohorts:
         held, member.pending = member.pending or [], None
         member.sent = member.last = last
         if member.overflowed:
+            metrics.SLOW_CONSUMERS.inc()
             member.end_too_slow(last)
             return
         if marker is not None:

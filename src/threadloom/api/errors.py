@@ -13,6 +13,7 @@ import strawberry
 from graphql import GraphQLError
 from strawberry.extensions import MaskErrors, SchemaExtension
 
+from threadloom import metrics, tracing
 from threadloom.domain.errors import DomainError
 
 log = logging.getLogger("threadloom.api")
@@ -76,14 +77,27 @@ class CodedErrors(MaskErrors):
                 else:
                     code = "BAD_REQUEST"
                 error.extensions = {**(error.extensions or {}), "code": code}
+            metrics.error(str(error.extensions["code"]))
         return out
 
 
 class RecordOperation(SchemaExtension):
-    """Puts the operation name where the request log line can read it."""
+    """Puts the operation name where the request log line can read it; with tracing on, the operation's
+    span (named by the operation, its SQL and effects inside it; none per field)."""
 
     def on_execute(self) -> Iterator[None]:
-        request = getattr(self.execution_context.context, "request", None)
+        context = self.execution_context
+        request = getattr(context.context, "request", None)
         if request is not None:
-            request.scope.setdefault("state", {})["operation"] = self.execution_context.operation_name
-        yield
+            request.scope.setdefault("state", {})["operation"] = context.operation_name
+        if not tracing.ENABLED:
+            yield
+            return
+        kind = context.operation_type.value
+        if kind == "subscription":  # lives as long as its socket: the ASGI span covers it
+            yield
+            return
+        name = context.operation_name or ""
+        attributes = {"graphql.operation.type": kind, "graphql.operation.name": name}
+        with tracing.span(f"{kind} {name}".strip(), attributes):
+            yield

@@ -2,7 +2,8 @@
 
 Done before Strawberry so an unauthenticated or oversized request costs no parsing.
 The log line carries operation name, status, duration and SQL statement count — never
-the token. `Server-Timing` tells clients the same figures.
+the token. `Server-Timing` tells clients the same figures, and /metrics's request counters are
+counted at the same place.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from threadloom import metrics
 from threadloom.engine.services import Services
 from threadloom.store import tokens
 from threadloom.store.db import StatementCounter
@@ -34,6 +36,7 @@ def bearer(authorization: str) -> str | None:
 
 
 async def _reply(send: Send, status: int, code: str, message: str, headers: list[tuple[bytes, bytes]]) -> None:
+    metrics.error(code)
     body = orjson.dumps({"errors": [{"message": message, "extensions": {"code": code}}]})
     await send(
         {
@@ -80,6 +83,10 @@ class Gate:
         try:
             await self._handle(scope, receive, send_wrapped, state, counter)
         finally:
+            seconds = time.perf_counter() - started
+            label = metrics.operation_label(state.get("operation"))
+            metrics.REQUESTS.labels(label, str(status)).inc()
+            metrics.REQUEST_SECONDS.labels(label).observe(seconds)
             log.info(
                 "request",
                 extra={
@@ -88,7 +95,7 @@ class Gate:
                         "path": scope.get("path"),
                         "operation": state.get("operation"),
                         "status": status,
-                        "ms": round((time.perf_counter() - started) * 1000, 2),
+                        "ms": round(seconds * 1000, 2),
                         "sql": counter.statements,
                     }
                 },

@@ -45,6 +45,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Bas
 from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage, SubscribeMessage
 from strawberry.types.graphql import OperationType
 
+from threadloom import tracing
 from threadloom.api.cohorts import Cohorts, Member, Outbox
 from threadloom.config import Limits
 from threadloom.domain.access import Principal
@@ -104,7 +105,8 @@ class TokenGuard:
 
     def _start_watcher(self) -> None:
         if self._watcher is None or self._watcher.done():
-            self._watcher = asyncio.create_task(self._watch(), name="token-guard")
+            with tracing.detached():  # outlives the socket that started it
+                self._watcher = asyncio.create_task(self._watch(), name="token-guard")
 
     def watch_stream(self, token_id: uuid.UUID, stream: Revocable) -> None:
         """Have the watcher end this HTTP stream when its token is revoked or expires (no connection cap)."""
@@ -142,6 +144,10 @@ class TokenGuard:
             return False
         outboxes = (getattr(h, "_outbox", None) for sockets in self._sockets.values() for h in sockets.values())
         return all(outbox is None or not outbox.queue for outbox in outboxes)
+
+    def open_counts(self) -> tuple[int, int]:
+        """Open sockets and multipart HTTP streams of this process, over all tokens (for /metrics)."""
+        return sum(map(len, self._sockets.values())), sum(map(len, self._streams.values()))
 
     def operations(self, token_id: uuid.UUID) -> int:
         """Running operations (subscriptions, and queries or mutations in flight) over the token's sockets."""

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from threadloom import metrics, tracing
 from threadloom.aio import cancel_all
 from threadloom.domain.effects import EffectData
 from threadloom.engine.clock import Clock
@@ -121,15 +122,20 @@ class EffectWorker:
         """Run a claimed effect: its id when it succeeded (to be marked done), None when its failure or
         retry is already recorded."""
         self.wake()  # there may be more for other threads
-        handler = self.handlers.get(effect["kind"])
+        kind = effect["kind"]
+        handler = self.handlers.get(kind)
+        payload = dict(effect["payload"])
+        parent = payload.pop(tracing.CARRIER_KEY, None)  # the trace of the command that enqueued it
         try:
             if handler is None:
-                raise LookupError(f"no handler for effect kind {effect['kind']!r}")
-            await handler(dict(effect["payload"]))
+                raise LookupError(f"no handler for effect kind {kind!r}")
+            with tracing.span(f"effect {kind}", {"threadloom.effect.id": effect["id"]}, parent):
+                await handler(payload)
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            log.exception("effect %s (%s) failed", effect["id"], effect["kind"])
+            metrics.EFFECTS.labels(kind, "failed").inc()
+            log.exception("effect %s (%s) failed", effect["id"], kind)
             async with self.db.transaction() as db:
                 if effect["attempts"] >= MAX_ATTEMPTS:
                     await outbox.finish(db, effect["id"], self.clock.now(), status="failed", error=repr(error))
@@ -137,4 +143,5 @@ class EffectWorker:
                     later = self.clock.now() + timedelta(seconds=backoff(effect["attempts"]))
                     await outbox.retry_later(db, effect["id"], repr(error), later)
             return None
+        metrics.EFFECTS.labels(kind, "done").inc()
         return int(effect["id"])

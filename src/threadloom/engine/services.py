@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 
+from threadloom import tracing
 from threadloom.config import Settings
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain.effects import (
@@ -157,7 +158,8 @@ class Services:
 
         async def open_ingest(session: LiveSession) -> None:
             ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints)
-            session.task = asyncio.create_task(ingestor.run(), name=f"ingest-{session.instance_id}")
+            with tracing.detached():  # the session outlives the request that opened it
+                session.task = asyncio.create_task(ingestor.run(), name=f"ingest-{session.instance_id}")
 
         pipeline.listeners.append(wake)
         sessions.on_open = open_ingest

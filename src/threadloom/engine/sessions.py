@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 
+from threadloom import tracing
 from threadloom.domain.changes import Change, EventVerb, Outcome
 from threadloom.domain.entities import Project, ProviderSession, ProviderThread
 from threadloom.domain.errors import DomainError, ErrorCode
@@ -29,6 +30,7 @@ from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import ProviderSessionStatus
 from threadloom.engine.pipeline import GlobalCommand, Pipeline
 from threadloom.providers.contract import ProviderDriver, ProviderRuntime, SessionScope
+from threadloom.providers.traced import traced
 from threadloom.store import entities
 from threadloom.store import workers as worker_store
 from threadloom.store.db import Reader
@@ -212,7 +214,8 @@ class SessionManager:
             )
             await self._write(record, EventVerb.CREATED)
             try:
-                runtime = await driver.open_session(scope)
+                with tracing.span("provider open_session", {"threadloom.provider.instance": instance_id}):
+                    runtime = traced(await driver.open_session(scope), instance_id)
             except Exception as error:
                 await self._write(
                     record.evolve(

@@ -16,13 +16,15 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from threadloom import tracing
+
 
 def _json_dumps(value: Any) -> str:
     return orjson.dumps(value, default=str).decode()
 
 
 def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
@@ -30,6 +32,8 @@ def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         json_serializer=_json_dumps,
         json_deserializer=orjson.loads,
     )
+    tracing.instrument_engine(engine)  # a span per statement, while tracing is on
+    return engine
 
 
 @dataclasses.dataclass(slots=True)

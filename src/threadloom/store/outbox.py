@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 import orjson
 import sqlalchemy as sa
 
+from threadloom import tracing
 from threadloom.domain.changes import Effect
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
@@ -23,13 +24,16 @@ async def enqueue(
     command_id: str | None,
     now: datetime,
 ) -> None:
+    """Store `effects`; with tracing on, each payload also carries the current trace context, so the
+    effect's span continues the trace of the command that wrote it (effects.EffectWorker)."""
+    trace = {tracing.CARRIER_KEY: tracing.carrier()} if tracing.ENABLED else {}
     await db.execute(
         sa.insert(t.effects),
         [
             {
                 "thread_id": thread_id,
                 "kind": e.kind,
-                "payload": orjson.loads(orjson.dumps(e.payload)),
+                "payload": orjson.loads(orjson.dumps({**e.payload, **trace} if trace else e.payload)),
                 "status": "pending",
                 "replay_safe": e.replay_safe,
                 "available_at": now + timedelta(seconds=e.delay_s),

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from threadloom import metrics, tracing
 from threadloom.store import events as log_reader
 from threadloom.store.db import Database
 from threadloom.store.events import LogEvent
@@ -66,6 +67,8 @@ class Mailbox:
         if self.overflowed:
             return
         if len(self.items) >= self.limit:
+            metrics.DROPPED_GENERAL.inc(len(self.items) + 1)
+            metrics.SLOW_CONSUMERS.inc()
             self.items.clear()
             self.overflowed = True
         else:
@@ -109,7 +112,8 @@ class Feed(Generic[K]):
         self._ready = asyncio.Event()
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name=f"feed-{self.key}")
+        with tracing.detached():  # the feed outlives the subscription that started it
+            self.task = asyncio.create_task(self._run(), name=f"feed-{self.key}")
 
     @property
     def idle(self) -> bool:
@@ -146,6 +150,8 @@ class Feed(Generic[K]):
     async def _drain(self) -> None:
         while True:
             rows = await self._read(self.cursor)
+            if rows and self.mailboxes:
+                metrics.DELIVERED_GENERAL.inc(len(rows) * len(self.mailboxes))  # once per batch
             for row in rows:
                 self.cursor = self._advance(row)
                 self.recent.append(row)

@@ -11,6 +11,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+from threadloom import metrics
 from threadloom.store import events as log_reader
 from threadloom.store.db import Database
 from threadloom.store.events import LogEvent
@@ -89,6 +90,7 @@ async def thread_stream(
         while True:
             async with db.read() as r:
                 rows = await log_reader.thread_events(r, thread_id, last, limit=PAGE)
+            metrics.REPLAYED.inc(len(rows))
             for row in rows:
                 last = row.sequence
                 if match(row):
