@@ -135,8 +135,17 @@ def unarchive_thread(thread: AppThread, now: datetime) -> Change:
 
 
 def thread_status(active_run_status: str | None) -> ThreadStatus:
-    """Thread status is derived: idle, or the status of its active run."""
-    return ThreadStatus.IDLE if active_run_status is None else ThreadStatus(active_run_status)
+    """Thread status is derived: idle, or the status of its active run.
+
+    A run that has ended counts as none: an event's thread snapshot (replayed, or delivered late) names the
+    run active then, and that run, read now, may be over — the thread is idle now, not an error.
+    """
+    if active_run_status is None or active_run_status not in _ACTIVE_STATUSES:
+        return ThreadStatus.IDLE
+    return ThreadStatus(active_run_status)
+
+
+_ACTIVE_STATUSES = frozenset(s.value for s in ThreadStatus) - {ThreadStatus.IDLE.value}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
