@@ -52,6 +52,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None
     for migration in (ROOT / "migrations" / "versions").glob("*.py"):
         assert f"threadloom/_migrations/versions/{migration.name}" in shipped
     assert {"threadloom/_migrations/env.py", "threadloom/_migrations/script.py.mako"} <= shipped
+    assert {f"threadloom/dashboard/static/{name}" for name in ("index.html", "app.js", "style.css")} <= shipped
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)  # no --system-site-packages: only what the wheel pulls in
@@ -81,6 +82,8 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None
                 return False
 
         poll(ready, within=90)
+        page = httpx.get(f"http://127.0.0.1:{port}/dashboard/", timeout=5)  # served from the installed wheel
+        assert page.status_code == 200 and "app.js" in page.text, page.text[:300]
         serve.send_signal(signal.SIGTERM)
         out, err = serve.communicate(timeout=30)
         assert serve.returncode == 0, err[-3000:]

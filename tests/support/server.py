@@ -25,8 +25,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, database_url: str | None, data_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self, database_url: str | None, data_dir: Path, env: dict[str, str] | None = None, port: int | None = None
+    ) -> None:
+        self.port = port or free_port()  # a given port: a restart clients reconnect to at the same address
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_token: str | None = None
         self.lines: queue.Queue[str] = queue.Queue()

@@ -1,0 +1,676 @@
+// Threadloom's live dashboard: plain JavaScript, no build step, nothing from a CDN.
+//
+// Queries and mutations are POSTs to /graphql; live data comes over one WebSocket speaking
+// graphql-transport-ws. After a disconnect (a server restart, a network blip) the socket reconnects with
+// backoff and every subscription is sent again from the last position it saw: `threadEvents` with
+// `afterSequence` = the last sequence applied, `projectThreads` with `after` = the last cursor. Events at or
+// below the last sequence are dropped, so a replay never shows anything twice.
+//
+// Every string from the server reaches the page as a text node (textContent), never as markup.
+"use strict";
+
+const TOKEN_KEY = "threadloom.token";
+const GRAPHQL = new URL("/graphql", location.href);
+const SOCKET_URL = GRAPHQL.href.replace(/^http/, "ws");
+
+// ---- GraphQL documents -------------------------------------------------------------------------------
+// Fields of the same name but another type on different entities are aliased (GraphQL merges them).
+const FRAGMENTS = `
+fragment T on RunAttempt { id attemptOrdinal attemptStatus: status reason }
+fragment R on Run { id ordinal status statusReason queuePosition userMessage { id text } attempts { ...T } }
+fragment N on ExecutionNode { id nodeKind: kind nodeStatus: status nodeTitle: title nodeRun: run { id } parent { id } attempt { id } }
+fragment M on ConversationMessage { id role text streaming createdAt }
+fragment Q on RuntimeRequest { id requestKind: kind requestStatus: status payload responseCapability reqRun: run { id } }
+fragment A on Activity { id activityKind: kind summary sequence runId nodeId }
+fragment C on Checkpoint { id ordinal checkpointStatus: status checkpointRun: run { id ordinal } }
+fragment TH on Thread { id threadTitle: title threadStatus: status queueHeld queueHoldReason activeRun { id } }`;
+const SUMMARY_FRAGMENT = `
+fragment S on Thread {
+  ...TH queue { ...R } pendingRequests { ...Q } checkpoints(last: 30) { nodes { ...C } }
+  lineage { relationship parentThread { id title } forks(first: 30) { nodes { id title status } } }
+}`;
+
+const VIEWER = `query { viewer { scope project { id name } } }`;
+const PROJECTS = `query { projects(first: 100) { nodes { id name } } }`;
+const PROJECT_THREADS = `query($p: ID!) { project(id: $p) { id feedCursor threads(first: 100) { nodes { id title status } } } }`;
+const PROJECT_FEED = `subscription($p: ID!, $after: String) {
+  projectThreads(projectId: $p, after: $after) { cursor sequence type thread { id title status } } }`;
+const THREAD = `query($t: ID!) { thread(id: $t) { ...S latestSequence
+  runs(last: 20) { nodes { ...R executionGraph { nodes { ...N } } } }
+  messages(last: 100) { nodes { ...M } }
+  activities(last: 100) { nodes { ...A } } } }` + FRAGMENTS + SUMMARY_FRAGMENT;
+const SUMMARY = `query($t: ID!) { thread(id: $t) { ...S } }` + FRAGMENTS.replace(/fragment [AMN] on .*\n/g, "") + SUMMARY_FRAGMENT;
+const EVENTS = `subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
+  sequence type runId nodeId
+  entity { __typename ...TH ...R ...T ...N ...M ...Q ...A ...C } } }` + FRAGMENTS;
+
+const ERRORS = "userErrors { code message }";
+const MUTATIONS = {
+  createThread: `mutation($p: ID!, $title: String) { createThread(input: {projectId: $p, title: $title}) { thread { id } ${ERRORS} } }`,
+  sendMessage: `mutation($t: ID!, $text: String!, $d: DispatchInput) {
+    sendMessage(input: {threadId: $t, text: $text, dispatch: $d}) { run { id status } ${ERRORS} } }`,
+  stopThread: `mutation($t: ID!) { stopThread(input: {threadId: $t}) { thread { id } ${ERRORS} } }`,
+  resumeQueue: `mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { thread { id } ${ERRORS} } }`,
+  respondToApproval: `mutation($r: ID!, $d: Decision!) {
+    respondToApproval(input: {requestId: $r, decision: $d}) { request { id status } ${ERRORS} } }`,
+  respondToUserInput: `mutation($r: ID!, $a: [QuestionAnswer!]!) {
+    respondToUserInput(input: {requestId: $r, answers: $a}) { request { id status } ${ERRORS} } }`,
+  reorderQueuedRun: `mutation($r: ID!, $pos: Int!) { reorderQueuedRun(input: {runId: $r, position: $pos}) { run { id } ${ERRORS} } }`,
+  cancelQueuedRun: `mutation($r: ID!) { cancelQueuedRun(input: {runId: $r}) { run { id } ${ERRORS} } }`,
+  rollbackToRun: `mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n}) { thread { id } ${ERRORS} } }`,
+  forkThread: `mutation($r: ID!) { forkThread(input: {source: {run: $r}}) { thread { id } ${ERRORS} } }`,
+};
+
+// ---- small DOM helper: text only ---------------------------------------------------------------------
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key === "className") el.className = value;
+    else el.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+const $ = (id) => document.getElementById(id);
+const statusBadge = (status) => h("span", { className: "status", "data-status": status }, status || "?");
+
+// ---- HTTP --------------------------------------------------------------------------------------------
+class AuthError extends Error {}
+
+async function gql(query, variables) {
+  const response = await fetch(GRAPHQL, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${state.token}` },
+    body: JSON.stringify({ query, variables: variables || {} }),
+  });
+  if (response.status === 401 || response.status === 403) throw new AuthError("the server refused this token");
+  const body = await response.json();
+  if (body.errors && body.errors.length) throw new Error(body.errors.map((e) => e.message).join("; "));
+  return body.data;
+}
+
+async function mutate(name, variables) {
+  showError("");
+  try {
+    const payload = (await gql(MUTATIONS[name], variables))[name];
+    if (payload.userErrors && payload.userErrors.length) {
+      showError(payload.userErrors.map((e) => `${e.code}: ${e.message}`).join("; "));
+      return null;
+    }
+    return payload;
+  } catch (error) {
+    showError(`${name}: ${error.message}`);
+    return null;
+  }
+}
+
+function showError(text) {
+  $("error").textContent = text;
+}
+
+// ---- graphql-transport-ws ----------------------------------------------------------------------------
+// One socket; subscriptions survive reconnects: on every connection_ack each is sent again with the
+// variables its `variables()` gives now (the newest cursor).
+class Socket {
+  constructor(url, token, onState, onRefused) {
+    Object.assign(this, { url, token, onState, onRefused });
+    this.subs = new Map();
+    this.nextId = 1;
+    this.failures = 0;
+    this.ws = null;
+    this.acked = false;
+    this.stopped = false;
+    this.timer = null;
+  }
+
+  start() {
+    this.connect();
+  }
+
+  stop() {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    if (this.ws) this.ws.close(1000);
+    this.ws = null;
+  }
+
+  connect() {
+    this.onState(this.failures ? "reconnecting" : "connecting");
+    const ws = new WebSocket(this.url, "graphql-transport-ws");
+    this.ws = ws;
+    this.acked = false;
+    ws.onopen = () => this.send({ type: "connection_init", payload: { authorization: `Bearer ${this.token}` } });
+    ws.onmessage = (event) => this.receive(JSON.parse(event.data));
+    ws.onclose = (event) => {
+      if (this.ws !== ws || this.stopped) return;
+      this.ws = null;
+      this.acked = false;
+      if (event.code === 4403 || event.code === 4401) {
+        this.onState("refused");
+        this.onRefused();
+        return;
+      }
+      const delay = Math.min(5000, 250 * 2 ** this.failures) + Math.floor(Math.random() * 250);
+      this.failures += 1;
+      this.onState("reconnecting", `reconnecting in ${(delay / 1000).toFixed(1)} s`);
+      this.timer = setTimeout(() => this.connect(), delay);
+    };
+  }
+
+  send(message) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(message));
+  }
+
+  receive(message) {
+    const sub = this.subs.get(message.id);
+    switch (message.type) {
+      case "connection_ack":
+        this.acked = true;
+        this.failures = 0;
+        this.onState("live");
+        for (const s of this.subs.values()) this.sendSubscribe(s);
+        break;
+      case "ping":
+        this.send({ type: "pong" });
+        break;
+      case "next":
+        if (sub && !this.resumable(sub, message.payload.errors)) sub.next(message.payload);
+        break;
+      case "error":
+        if (sub && !this.resumable(sub, message.payload)) {
+          this.subs.delete(message.id);
+          sub.error(message.payload);
+        }
+        break;
+      case "complete":
+        if (sub && sub.resume === "now") {
+          sub.resume = null;
+          this.sendSubscribe(sub); // from our cursor, on this socket
+        } else if (sub && sub.resume === "elsewhere") {
+          sub.resume = null; // stays in `subs`: sent again after the reconnect
+        } else if (sub) {
+          this.subs.delete(message.id);
+          if (sub.complete) sub.complete();
+        }
+        break;
+    }
+  }
+
+  // The server ends a subscription it wants resumed: SUBSCRIBER_TOO_SLOW (subscribe again now) or
+  // SERVER_GOING_AWAY (reconnect, to this server after its restart or to another replica).
+  resumable(sub, errors) {
+    const codes = (errors || []).map((e) => e.extensions && e.extensions.code);
+    if (codes.includes("SUBSCRIBER_TOO_SLOW")) sub.resume = "now";
+    else if (codes.includes("SERVER_GOING_AWAY")) {
+      sub.resume = "elsewhere";
+      if (this.ws) this.ws.close(4000, "server going away");
+    } else return false;
+    return true;
+  }
+
+  sendSubscribe(sub) {
+    sub.resume = null;
+    this.send({ id: sub.id, type: "subscribe", payload: { query: sub.query, variables: sub.variables() } });
+  }
+
+  subscribe(query, variables, handlers) {
+    const sub = { id: String(this.nextId++), query, variables, ...handlers };
+    this.subs.set(sub.id, sub);
+    if (this.acked) this.sendSubscribe(sub);
+    return () => {
+      if (this.subs.delete(sub.id) && this.acked) this.send({ id: sub.id, type: "complete" });
+    };
+  }
+}
+
+// ---- state -------------------------------------------------------------------------------------------
+const state = {
+  token: sessionStorage.getItem(TOKEN_KEY),
+  socket: null,
+  projects: [],
+  projectId: null,
+  threads: new Map(),
+  feedCursor: null,
+  stopFeed: null,
+  threadId: null,
+  stopEvents: null,
+  t: null, // the selected thread's data
+};
+
+function emptyThread(id) {
+  return {
+    id, info: null, lastSeq: 0, synchronized: false,
+    runs: new Map(), nodes: new Map(), messages: new Map(), requests: new Map(), activities: new Map(),
+    checkpoints: new Map(), queue: [], lineage: null,
+  };
+}
+
+function setConnection(kind, text) {
+  const el = $("connection");
+  el.dataset.state = kind;
+  el.textContent = text || kind;
+}
+
+// ---- sign in / out -----------------------------------------------------------------------------------
+async function signIn(token) {
+  state.token = token;
+  try {
+    const { viewer } = await gql(VIEWER);
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $("viewer").textContent = viewer.project ? `${viewer.scope} · ${viewer.project.name}` : `${viewer.scope} · all projects`;
+    state.projects = viewer.project ? [viewer.project] : (await gql(PROJECTS)).projects.nodes;
+  } catch (error) {
+    signOut(error instanceof AuthError ? "The server refused this token." : `Cannot reach the server: ${error.message}`);
+    return;
+  }
+  $("login").hidden = true;
+  $("app").hidden = false;
+  $("signout").hidden = false;
+  state.socket = new Socket(SOCKET_URL, token, setConnection, () => signOut("The server refused this token."));
+  state.socket.start();
+  const select = $("project");
+  select.replaceChildren(...state.projects.map((p) => h("option", { value: p.id }, p.name)));
+  const remembered = sessionStorage.getItem("threadloom.project");
+  const first = state.projects.find((p) => p.id === remembered) || state.projects[0];
+  if (first) {
+    select.value = first.id;
+    await selectProject(first.id);
+  }
+}
+
+function signOut(message) {
+  if (state.socket) state.socket.stop();
+  Object.assign(state, { socket: null, token: null, projectId: null, threadId: null, t: null, stopFeed: null, stopEvents: null });
+  state.threads.clear();
+  sessionStorage.removeItem(TOKEN_KEY);
+  $("app").hidden = true;
+  $("signout").hidden = true;
+  $("login").hidden = false;
+  $("viewer").textContent = "";
+  $("login-error").textContent = message || "";
+  setConnection("offline");
+}
+
+// ---- project: its threads, live ----------------------------------------------------------------------
+async function selectProject(projectId, pickThread = true) {
+  if (state.stopFeed) state.stopFeed();
+  state.projectId = projectId;
+  sessionStorage.setItem("threadloom.project", projectId);
+  await loadProjectThreads();
+  state.stopFeed = state.socket.subscribe(PROJECT_FEED, () => ({ p: projectId, after: state.feedCursor }), {
+    next: (payload) => {
+      if (payload.errors) return showError(payload.errors.map((e) => e.message).join("; "));
+      const item = payload.data.projectThreads;
+      if (item.type === "reload_required") {
+        selectProject(projectId, false); // the subscription ends: reload the list, follow from its cursor
+        return;
+      }
+      state.feedCursor = item.cursor;
+      if (item.thread) state.threads.set(item.thread.id, item.thread);
+      renderThreads();
+    },
+    error: (errors) => showError(errors.map((e) => e.message).join("; ")),
+  });
+  if (!pickThread) return;
+  const remembered = sessionStorage.getItem("threadloom.thread");
+  if (remembered && state.threads.has(remembered)) selectThread(remembered);
+  else if (state.threads.size && !state.threadId) selectThread([...state.threads.keys()].at(-1));
+}
+
+async function loadProjectThreads() {
+  const { project } = await gql(PROJECT_THREADS, { p: state.projectId });
+  state.threads.clear();
+  if (!project) return;
+  state.feedCursor = project.feedCursor;
+  for (const thread of project.threads.nodes) state.threads.set(thread.id, thread);
+  renderThreads();
+}
+
+function renderThreads() {
+  $("threads").replaceChildren(
+    ...[...state.threads.values()].map((t) =>
+      h("li", { "data-id": t.id, "aria-current": t.id === state.threadId ? "true" : null, onclick: () => selectThread(t.id) },
+        h("span", { className: "title" }, t.title), statusBadge(t.status))),
+  );
+}
+
+// ---- thread: snapshot, then events after its sequence ------------------------------------------------
+async function selectThread(threadId) {
+  if (state.stopEvents) state.stopEvents();
+  state.stopEvents = null;
+  state.threadId = threadId;
+  sessionStorage.setItem("threadloom.thread", threadId);
+  const t = emptyThread(threadId);
+  state.t = t;
+  $("thread").hidden = false;
+  renderedRequests = null;
+  renderThreads();
+  try {
+    await loadThread(t);
+  } catch (error) {
+    showError(`Cannot load the thread: ${error.message}`);
+    return;
+  }
+  if (state.t === t) followThread(t); // not when another thread was picked meanwhile
+}
+
+async function loadThread(t) {
+  const { thread } = await gql(THREAD, { t: t.id });
+  if (!thread || state.t !== t) return;
+  t.lastSeq = thread.latestSequence;
+  for (const run of thread.runs.nodes) {
+    upsert(t, run.__typename ? run : { __typename: "Run", ...run });
+    for (const node of run.executionGraph.nodes) upsert(t, { __typename: "ExecutionNode", ...node });
+  }
+  for (const message of thread.messages.nodes) upsert(t, { __typename: "ConversationMessage", ...message });
+  for (const activity of thread.activities.nodes) upsert(t, { __typename: "Activity", ...activity });
+  applySummary(t, thread);
+  render();
+}
+
+function followThread(t) {
+  state.stopEvents = state.socket.subscribe(EVENTS, () => ({ t: t.id, after: t.lastSeq }), {
+    next: (payload) => {
+      if (state.t !== t) return;
+      if (payload.errors) return showError(payload.errors.map((e) => e.message).join("; "));
+      const event = payload.data.threadEvents;
+      if (event.type === "synchronized") {
+        t.synchronized = true;
+        refreshSummary(t);
+        return;
+      }
+      if (event.type === "reload_required") {
+        // Too much to replay: start again from a fresh snapshot.
+        selectThread(t.id);
+        return;
+      }
+      if (event.sequence <= t.lastSeq) return; // already applied: a replay overlapping what we have
+      t.lastSeq = event.sequence;
+      if (event.entity) upsert(t, { ...event.entity, __typename: event.entity.__typename });
+      if (/^(thread|run|request|queue|checkpoint|rollback|transfer)\./.test(event.type)) refreshSummary(t);
+      scheduleRender();
+    },
+    error: (errors) => showError(errors.map((e) => e.message).join("; ")),
+  });
+}
+
+function upsert(t, entity) {
+  const kind = entity.__typename;
+  const merge = (map) => map.set(entity.id, { ...(map.get(entity.id) || {}), ...entity });
+  if (kind === "Run") merge(t.runs);
+  else if (kind === "ExecutionNode") merge(t.nodes);
+  else if (kind === "ConversationMessage") merge(t.messages);
+  else if (kind === "RuntimeRequest") merge(t.requests);
+  else if (kind === "Activity") {
+    merge(t.activities);
+    if (t.activities.size > 500) t.activities.delete(t.activities.keys().next().value); // keep memory bounded
+  }
+  else if (kind === "Checkpoint") merge(t.checkpoints);
+  else if (kind === "RunAttempt") {
+    for (const run of t.runs.values()) {
+      const i = (run.attempts || []).findIndex((a) => a.id === entity.id);
+      if (i >= 0) run.attempts[i] = { ...run.attempts[i], ...entity };
+    }
+  } else if (kind === "Thread" && entity.id === t.id) {
+    t.info = { ...(t.info || {}), ...entity };
+    const listed = state.threads.get(t.id);
+    if (listed && entity.threadStatus) listed.status = entity.threadStatus;
+  }
+}
+
+// The queue order, pending requests, checkpoints and forks are read again after events that change them
+// (debounced; one request in flight, another after it if something changed meanwhile).
+function refreshSummary(t) {
+  t.summaryWanted = true;
+  if (t.summaryTimer || t.summaryBusy) return;
+  t.summaryTimer = setTimeout(async () => {
+    t.summaryTimer = null;
+    t.summaryBusy = true;
+    t.summaryWanted = false;
+    try {
+      const { thread } = await gql(SUMMARY, { t: t.id });
+      if (thread && state.t === t) applySummary(t, thread);
+      scheduleRender();
+    } catch (error) {
+      // the socket's reconnect brings a new summary
+    } finally {
+      t.summaryBusy = false;
+      if (t.summaryWanted) refreshSummary(t);
+    }
+  }, 100);
+}
+
+function applySummary(t, thread) {
+  t.info = { ...(t.info || {}), id: thread.id, threadTitle: thread.threadTitle, threadStatus: thread.threadStatus,
+    queueHeld: thread.queueHeld, queueHoldReason: thread.queueHoldReason, activeRun: thread.activeRun };
+  t.queue = thread.queue.map((run) => run.id);
+  for (const run of thread.queue) upsert(t, { __typename: "Run", ...run });
+  const pending = new Set(thread.pendingRequests.map((r) => r.id));
+  for (const request of thread.pendingRequests) {
+    const known = t.requests.get(request.id);
+    if (!known || known.requestStatus === "PENDING") upsert(t, { __typename: "RuntimeRequest", ...request });
+  }
+  for (const request of t.requests.values()) {
+    if (request.requestStatus === "PENDING" && !pending.has(request.id)) request.requestStatus = "ANSWERED";
+  }
+  for (const checkpoint of thread.checkpoints.nodes) upsert(t, { __typename: "Checkpoint", ...checkpoint });
+  t.lineage = thread.lineage;
+  const listed = state.threads.get(t.id);
+  if (listed) listed.status = thread.threadStatus;
+}
+
+// ---- rendering ---------------------------------------------------------------------------------------
+let renderQueued = false;
+function scheduleRender() {
+  if (renderQueued) return;
+  renderQueued = true;
+  requestAnimationFrame(() => {
+    renderQueued = false;
+    render();
+  });
+}
+
+function render() {
+  const t = state.t;
+  if (!t) return;
+  const info = t.info || {};
+  $("thread-title").textContent = info.threadTitle || "";
+  $("thread-status").replaceChildren(statusBadge(info.threadStatus));
+  $("thread-status").dataset.status = info.threadStatus || "";
+  $("queue-held").textContent = info.queueHeld ? `queue held${info.queueHoldReason ? ` (${info.queueHoldReason})` : ""}` : "";
+  $("resume-queue").hidden = !info.queueHeld;
+  renderLineage(t);
+  renderRequests(t);
+  renderMessages(t);
+  renderRuns(t);
+  renderQueue(t);
+  renderCheckpoints(t);
+  renderActivities(t);
+  renderThreads();
+}
+
+function renderLineage(t) {
+  const lineage = t.lineage;
+  const parts = [];
+  if (lineage && lineage.parentThread) {
+    parts.push(`${(lineage.relationship || "").toLowerCase()} of `,
+      h("a", { href: "#", onclick: (e) => { e.preventDefault(); selectThread(lineage.parentThread.id); } }, lineage.parentThread.title));
+  }
+  $("lineage").replaceChildren(...parts);
+  const forks = (lineage && lineage.forks.nodes) || [];
+  $("forks").replaceChildren(...forks.map((f) =>
+    h("li", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); selectThread(f.id); } }, f.title), statusBadge(f.status))));
+}
+
+function describeRequest(request) {
+  const p = request.payload || {};
+  return p.command || p.reason || p.path || (p.changes && JSON.stringify(p.changes)) || request.requestKind;
+}
+
+let renderedRequests = "";
+function renderRequests(t) {
+  const pending = [...t.requests.values()].filter((r) => r.requestStatus === "PENDING");
+  const key = pending.map((r) => r.id).join(",");
+  if (key === renderedRequests) return; // keep half-typed answers
+  renderedRequests = key;
+  $("requests").replaceChildren(...pending.map((request) => {
+    if (request.requestKind === "USER_INPUT") return questionForm(request);
+    const answer = (decision) => () => mutate("respondToApproval", { r: request.id, d: decision });
+    return h("li", { className: "request", "data-id": request.id, "data-kind": request.requestKind },
+      h("div", {}, statusBadge(request.requestKind), " ", h("span", { className: "what" }, describeRequest(request))),
+      h("div", { className: "row" },
+        h("button", { type: "button", className: "primary", onclick: answer("ACCEPT") }, "Approve"),
+        h("button", { type: "button", onclick: answer("ACCEPT_FOR_SESSION") }, "Approve for session"),
+        h("button", { type: "button", onclick: answer("DECLINE") }, "Decline"),
+        h("button", { type: "button", onclick: answer("CANCEL") }, "Cancel")));
+  }));
+}
+
+function questionForm(request) {
+  const questions = (request.payload && request.payload.questions) || [];
+  const fields = questions.map((q) => {
+    const options = q.options || [];
+    const input = options.length && !q.isOther
+      ? h("select", { "data-question": q.id }, options.map((o) => h("option", { value: o.label }, o.label)))
+      : h("input", { "data-question": q.id, "aria-label": q.question || q.id });
+    return h("label", { className: "row" }, h("span", {}, q.question || q.header || q.id), input);
+  });
+  const submit = (event) => {
+    event.preventDefault();
+    const answers = fields.map((f) => {
+      const input = f.querySelector("[data-question]");
+      return { questionId: input.dataset.question, answers: [input.value] };
+    });
+    mutate("respondToUserInput", { r: request.id, a: answers });
+  };
+  return h("li", { className: "request", "data-id": request.id, "data-kind": "USER_INPUT" },
+    h("form", { onsubmit: submit }, statusBadge("QUESTION"), fields, h("button", { type: "submit", className: "primary" }, "Answer")));
+}
+
+function renderMessages(t) {
+  const messages = [...t.messages.values()].sort((a, b) => (a.createdAt < b.createdAt ? -1 : a.createdAt > b.createdAt ? 1 : 0));
+  $("messages").replaceChildren(...messages.map((m) =>
+    h("li", { className: "message", "data-id": m.id, "data-role": m.role },
+      h("span", { className: "role" }, m.role), m.streaming ? h("span", { className: "muted" }, "writing… ") : null,
+      h("span", { className: "text" }, m.text))));
+}
+
+function renderRuns(t) {
+  const runs = [...t.runs.values()].sort((a, b) => b.ordinal - a.ordinal);
+  const children = new Map();
+  for (const node of t.nodes.values()) {
+    const key = node.parent ? node.parent.id : `run:${node.nodeRun && node.nodeRun.id}`;
+    if (!children.has(key)) children.set(key, []);
+    children.get(key).push(node);
+  }
+  const tree = (key) => {
+    const nodes = children.get(key) || [];
+    if (!nodes.length) return null;
+    return h("ul", { className: "tree" }, nodes.map((n) =>
+      h("li", { "data-node": n.id },
+        h("span", { className: "kind" }, (n.nodeKind || "").toLowerCase()), " ",
+        n.nodeTitle ? `${n.nodeTitle} ` : "", statusBadge(n.nodeStatus), tree(n.id))));
+  };
+  $("runs").replaceChildren(...runs.map((run) => {
+    const stable = run.status === "COMPLETED";
+    return h("div", { className: "run", "data-run": run.id, "data-ordinal": run.ordinal, "data-status": run.status },
+      h("div", { className: "run-head" },
+        h("strong", {}, `Run ${run.ordinal}`), statusBadge(run.status),
+        run.statusReason ? h("span", { className: "muted" }, run.statusReason) : null,
+        h("span", { className: "spacer" }),
+        stable ? h("button", { type: "button", onclick: () => fork(run) }, "Fork") : null),
+      h("div", { className: "attempts" }, (run.attempts || []).map((a) =>
+        `attempt ${a.attemptOrdinal}: ${a.attemptStatus}${a.reason && a.reason !== "INITIAL" ? ` (${a.reason})` : ""}  `)),
+      tree(`run:${run.id}`));
+  }));
+}
+
+async function fork(run) {
+  const payload = await mutate("forkThread", { r: run.id });
+  if (payload && payload.thread) selectThread(payload.thread.id);
+}
+
+function renderQueue(t) {
+  const queued = t.queue.map((id) => t.runs.get(id)).filter((run) => run && run.status === "QUEUED");
+  $("queue").replaceChildren(...queued.map((run, i) =>
+    h("li", { "data-run": run.id },
+      h("span", {}, `${i + 1}. `, (run.userMessage && run.userMessage.text) || `run ${run.ordinal}`),
+      h("button", { type: "button", disabled: i === 0, "aria-label": "Move up", onclick: () => mutate("reorderQueuedRun", { r: run.id, pos: i }) }, "↑"),
+      h("button", { type: "button", disabled: i === queued.length - 1, "aria-label": "Move down", onclick: () => mutate("reorderQueuedRun", { r: run.id, pos: i + 2 }) }, "↓"),
+      h("button", { type: "button", onclick: () => mutate("cancelQueuedRun", { r: run.id }) }, "Cancel"))));
+}
+
+function renderCheckpoints(t) {
+  const checkpoints = [...t.checkpoints.values()].filter((c) => c.checkpointRun).sort((a, b) => b.ordinal - a.ordinal);
+  $("checkpoints").replaceChildren(...checkpoints.map((c) =>
+    h("li", { "data-id": c.id },
+      `#${c.ordinal} after run ${c.checkpointRun.ordinal} `, statusBadge(c.checkpointStatus),
+      c.checkpointStatus === "READY"
+        ? h("button", { type: "button", onclick: () => {
+            if (confirm(`Roll the thread back to right after run ${c.checkpointRun.ordinal}?`)) {
+              mutate("rollbackToRun", { t: t.id, n: c.checkpointRun.ordinal });
+            }
+          } }, "Roll back here")
+        : null)));
+}
+
+function renderActivities(t) {
+  const activities = [...t.activities.values()].sort((a, b) => b.sequence - a.sequence).slice(0, 100);
+  $("activities").replaceChildren(...activities.map((a) =>
+    h("li", { "data-sequence": a.sequence }, h("span", { className: "kind" }, a.activityKind), a.summary)));
+}
+
+// ---- wiring ------------------------------------------------------------------------------------------
+function dispatchInput(mode) {
+  const active = state.t && state.t.info && state.t.info.activeRun;
+  if (mode === "auto") return null;
+  if (mode === "steerActive" || mode === "restartActive") {
+    if (!active) return undefined;
+    return { [mode]: { targetRunId: active.id } };
+  }
+  return { [mode]: true };
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const token = $("token").value.trim();
+    $("token").value = "";
+    if (token) signIn(token);
+  });
+  $("signout").addEventListener("click", () => signOut(""));
+  $("project").addEventListener("change", (event) => {
+    state.threadId = null;
+    state.t = null;
+    if (state.stopEvents) state.stopEvents();
+    $("thread").hidden = true;
+    selectProject(event.target.value);
+  });
+  $("new-thread").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const title = $("new-thread-title").value.trim() || null;
+    const payload = await mutate("createThread", { p: state.projectId, title });
+    if (payload && payload.thread) {
+      $("new-thread-title").value = "";
+      selectThread(payload.thread.id);
+    }
+  });
+  $("send").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = $("message").value;
+    if (!text.trim() || !state.t) return;
+    const d = dispatchInput($("dispatch").value);
+    if (d === undefined) return showError("No active run to steer or restart.");
+    const payload = await mutate("sendMessage", { t: state.t.id, text, d });
+    if (payload) $("message").value = "";
+  });
+  $("stop").addEventListener("click", () => state.t && mutate("stopThread", { t: state.t.id }));
+  $("resume-queue").addEventListener("click", () => state.t && mutate("resumeQueue", { t: state.t.id }));
+  if (state.token) signIn(state.token);
+  else signOut("");
+});

@@ -1,0 +1,309 @@
+"""The dashboard at /dashboard, driven in a real headless Chromium (Debian's `chromium`) by Playwright.
+
+A user opens the page, types the token, sends messages from the page and watches the runs end live,
+approves a request with the page's button, and keeps watching across server restarts: the page reconnects
+to the same address and resumes by cursor — events that happened while it was away show up, nothing twice.
+The screenshot of the end is kept as a test artifact (`test-artifacts/dashboard.png`) and must not be blank.
+
+Playwright's own browser download is not reachable here, so it launches the system's chromium through its
+executable path (`scripts/test` and `.ci/run` install it with apt-get when it is missing).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from tests.support.cli import create_token
+from tests.support.graphql import make_project, make_thread, workspace
+from tests.support.server import Client, ServerProcess
+from tests.support.ws import WsClient
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+SEND = """mutation($t: ID!, $text: String!) {
+  sendMessage(input: {threadId: $t, text: $text}) { run { id } userErrors { code message } } }"""
+RUN = "query($r: ID!) { run(id: $r) { status } }"
+TERMINAL = {"COMPLETED", "FAILED", "INTERRUPTED", "CANCELLED", "ROLLED_BACK"}
+EVENTS = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
+  sequence type entity { __typename ... on Run { id status } } } }"""
+
+# Distinct colours of a PNG, counted by the browser's own decoder on a blank page (no Pillow needed).
+COUNT_COLOURS = """async (data) => {
+  const blob = await (await fetch("data:image/png;base64," + data)).blob();
+  const bitmap = await createImageBitmap(blob);
+  const canvas = new OffscreenCanvas(bitmap.width, bitmap.height);
+  const context = canvas.getContext("2d");
+  context.drawImage(bitmap, 0, 0);
+  const pixels = context.getImageData(0, 0, bitmap.width, bitmap.height).data;
+  const seen = new Set();
+  for (let i = 0; i < pixels.length; i += 4) seen.add((pixels[i] << 16) | (pixels[i + 1] << 8) | pixels[i + 2]);
+  return {width: bitmap.width, height: bitmap.height, colours: seen.size};
+}"""
+
+# Records every status each run element of the page shows, so the test can tell it watched a run change.
+WATCH_RUNS = """() => {
+  window.seenStatuses = {};
+  const note = () => document.querySelectorAll("#runs .run").forEach((run) => {
+    const seen = (window.seenStatuses[run.dataset.ordinal] ||= []);
+    if (seen.at(-1) !== run.dataset.status) seen.push(run.dataset.status);
+  });
+  const all = {childList: true, subtree: true, attributes: true};
+  new MutationObserver(note).observe(document.getElementById("runs"), all);
+}"""
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is needed: apt-get install -y chromium (scripts/test installs it)"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=chromium)
+        yield launched
+        await launched.close()
+
+
+async def send(client: Client, thread_id: str, text: str) -> str:
+    data = await client.gql(SEND, {"t": thread_id, "text": text})
+    assert data["sendMessage"]["userErrors"] == [], data
+    return str(data["sendMessage"]["run"]["id"])
+
+
+async def ended(client: Client, run_id: str) -> str:
+    """The run's final status, waited for on the thread's event stream (no polling, no sleeps)."""
+    ws = await WsClient.connect(client.base_url, client.token)
+    try:
+        run = (await client.gql(RUN, {"r": run_id}))["run"]
+        if run["status"] in TERMINAL:
+            return str(run["status"])
+        thread = (await client.gql("query($r: ID!) { run(id: $r) { thread { id } } }", {"r": run_id}))["run"]
+        await ws.subscribe(EVENTS, {"t": thread["thread"]["id"]})
+        async for message in ws.items(within=60):
+            assert message["type"] == "next", message
+            entity = message["payload"]["data"]["threadEvents"]["entity"] or {}
+            if entity.get("id") == run_id and entity.get("status") in TERMINAL:
+                return str(entity["status"])
+        raise AssertionError("the stream ended")
+    finally:
+        await ws.close()
+
+
+async def sign_in(page: Page, url: str, token: str) -> None:
+    await page.goto(url + "/dashboard")
+    await expect(page.locator("#login")).to_be_visible()
+    await page.fill("#token", token)
+    await page.click("#login-form button[type=submit]")
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "live")
+
+
+def thread_subscriptions(frames: list[str]) -> list[dict[str, Any]]:
+    """The variables of every `threadEvents` subscribe message the page sent, in order."""
+    found = []
+    for frame in frames:
+        message = json.loads(frame)
+        if message.get("type") == "subscribe" and "threadEvents" in message["payload"]["query"]:
+            found.append(message["payload"]["variables"])
+    return found
+
+
+def run_card(page: Page, ordinal: int) -> Any:
+    return page.locator(f"#runs .run[data-ordinal='{ordinal}']")
+
+
+async def test_the_dashboard_follows_a_thread_live_across_restarts(
+    browser: Browser, database_url: str, data_dir: Path, tmp_path: Path
+) -> None:
+    server = ServerProcess(database_url, data_dir).wait_ready()
+    port, token = server.port, server.admin_token
+    assert token
+    api = Client(server.url, token)
+    other: ServerProcess | None = None
+    try:
+        project = await make_project(api, "Threadloom demo", workspace(tmp_path, "demo"))
+        thread = (await make_thread(api, project, "Fix the flaky login test"))["id"]
+
+        # The page and its files need no token (they hold no data); /graphql does.
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            page_response = await http.get("/dashboard/")
+            assert page_response.status_code == 200 and "text/html" in page_response.headers["content-type"]
+            assert "script-src 'self'" in page_response.headers["content-security-policy"]
+            assert (await http.get("/dashboard/app.js")).status_code == 200
+            assert (await http.get("/dashboard/../app.py")).status_code == 404
+            assert (await http.post("/graphql", json={"query": "{ viewer { scope } }"})).status_code == 401
+
+        page = await browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        sent_frames: list[str] = []
+        page.on("websocket", lambda ws: ws.on("framesent", lambda frame: sent_frames.append(str(frame))))
+
+        await sign_in(page, server.url, token)
+        await page.click(f"#threads li[data-id='{thread}']")
+        await expect(page.locator("#thread-title")).to_have_text("Fix the flaky login test")
+        await page.evaluate(WATCH_RUNS)
+
+        # 1. A message sent from the page; its run ends COMPLETED on the page, live.
+        await page.fill("#message", "@reply Found it: the test raced the session cookie.")
+        await page.click("#send button[type=submit]")
+        await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
+        await expect(page.locator("#messages li[data-role=ASSISTANT]")).to_have_text(
+            ["ASSISTANTFound it: the test raced the session cookie."]
+        )
+
+        # 2. The agent asks for approval; the page's Approve button answers it and the run goes on.
+        await page.fill("#message", "@approval echo patching login_test.py\n@reply Patched and the suite passes.")
+        await page.click("#send button[type=submit]")
+        request = page.locator("#requests li[data-kind=COMMAND_APPROVAL]")
+        await expect(request).to_contain_text("echo patching login_test.py")
+        await expect(run_card(page, 2)).to_have_attribute("data-status", "WAITING")
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(path=str(ARTIFACTS / "dashboard-approval.png"))  # the README's picture
+        await request.get_by_role("button", name="Approve", exact=True).click()
+        await expect(run_card(page, 2)).to_have_attribute("data-status", "COMPLETED")
+        await expect(page.locator("#requests li")).to_have_count(0)
+        seen = await page.evaluate("window.seenStatuses")
+        assert seen["2"].index("WAITING") < seen["2"].index("COMPLETED"), seen  # watched live, not reloaded
+        assert seen["1"][-1] == "COMPLETED", seen
+
+        # 3. The server goes away; while the page cannot reach it, another server process on the same
+        # database runs a message the page never saw live.
+        server.stop()
+        await expect(page.locator("#connection")).to_have_attribute("data-state", re.compile("reconnecting|connecting"))
+        last_seen = await page.evaluate("state.t.lastSeq")  # the page's cursor when the server went away
+        subscribed_before = len(thread_subscriptions(sent_frames))
+        other = ServerProcess(database_url, data_dir).wait_ready()
+        away = Client(other.url, token)
+        missed = await send(away, thread, "@reply Also fixed the logout test while you were away.")
+        assert await ended(away, missed) == "COMPLETED"
+        await away.aclose()
+        other.stop()
+        other = None
+
+        # 4. Back at the same address: the page reconnects, replays what it missed from its cursor, then
+        # follows live again.
+        server = ServerProcess(database_url, data_dir, port=port).wait_ready()
+        await expect(page.locator("#connection")).to_have_attribute("data-state", "live", timeout=30_000)
+        await expect(run_card(page, 3)).to_have_attribute("data-status", "COMPLETED")
+        await expect(page.locator("#messages")).to_contain_text("Also fixed the logout test while you were away.")
+        live = await send(api, thread, "@reply Back live after the restart.")
+        assert live
+        await expect(run_card(page, 4)).to_have_attribute("data-status", "COMPLETED")
+        await expect(page.locator("#messages")).to_contain_text("Back live after the restart.")
+
+        # Each message once, each activity once: the replay overlapped nothing the page already had.
+        messages = await page.locator("#messages li").evaluate_all("(items) => items.map((li) => li.dataset.id)")
+        assert len(messages) == 8 and len(set(messages)) == 8, messages
+        user = await page.locator("#messages li[data-role=USER] .text").all_text_contents()
+        assert user == [
+            "@reply Found it: the test raced the session cookie.",
+            "@approval echo patching login_test.py\n@reply Patched and the suite passes.",
+            "@reply Also fixed the logout test while you were away.",
+            "@reply Back live after the restart.",
+        ]
+        activities = page.locator("#activities li")
+        sequences = await activities.evaluate_all("(items) => items.map((li) => li.dataset.sequence)")
+        assert len(sequences) == len(set(sequences)), sequences
+        # On the wire: after the reconnect the page subscribed again from exactly where it was.
+        resumed = thread_subscriptions(sent_frames)[subscribed_before:]
+        assert resumed == [{"t": thread, "after": last_seen}], resumed
+        assert errors == [], errors
+        await expect(page.locator("#error")).to_be_empty()  # the replay's thread snapshots resolved cleanly
+
+        # The screenshot, kept as an artifact, is a real picture: many colours, the page's size.
+        await expect(page.locator("#requests li")).to_have_count(0)
+        shot = tmp_path / "dashboard.png"
+        await page.screenshot(path=str(shot), full_page=True)
+        shutil.copy2(shot, ARTIFACTS / "dashboard.png")
+        blank = await browser.new_page()
+        measured = await blank.evaluate(COUNT_COLOURS, base64.b64encode(shot.read_bytes()).decode())
+        await blank.close()
+        assert measured["width"] == 1280 and measured["height"] >= 900, measured
+        assert measured["colours"] > 50, measured
+        await page.close()
+    finally:
+        await api.aclose()
+        if other is not None:
+            other.stop()
+        server.stop()
+        print("\n".join(server.log[-60:]))
+
+
+async def test_a_token_of_another_project_sees_nothing_of_this_one(
+    browser: Browser, server: ServerProcess, client: Client, database_url: str, tmp_path: Path
+) -> None:
+    ours = await make_project(client, "Ours", workspace(tmp_path, "ours"))
+    theirs = await make_project(client, "Theirs", workspace(tmp_path, "theirs"))
+    secret = (await make_thread(client, ours, "<b>secret</b> plans"))["id"]
+    await send(client, secret, "@reply the secret")
+    _, their_token = create_token(database_url, "operate", theirs)
+
+    # The API answers their token with nothing of ours: no thread, no project, no events.
+    outsider = Client(server.url, their_token)
+    try:
+        assert (await outsider.gql("query($t: ID!) { thread(id: $t) { id } }", {"t": secret}))["thread"] is None
+        assert (await outsider.gql("query($p: ID!) { project(id: $p) { id } }", {"p": ours}))["project"] is None
+        listed = await outsider.gql("{ projects(first: 100) { nodes { id } } }")
+        assert [p["id"] for p in listed["projects"]["nodes"]] == [theirs]
+    finally:
+        await outsider.aclose()
+
+    # The page signed in with their token shows their project only, and none of our threads.
+    page = await browser.new_page()
+    await sign_in(page, server.url, their_token)
+    await expect(page.locator("#project option")).to_have_text(["Theirs"])
+    await expect(page.locator("#threads li")).to_have_count(0)
+    await page.close()
+
+    # With our token the hostile-looking title is shown as text, never as markup.
+    page = await browser.new_page()
+    assert client.token
+    await sign_in(page, server.url, client.token)
+    await page.select_option("#project", ours)
+    title = page.locator(f"#threads li[data-id='{secret}'] .title")
+    await expect(title).to_have_text("<b>secret</b> plans")
+    assert await page.locator("#threads b").count() == 0
+    await page.close()
+
+    # A wrong token is refused on the page and not kept.
+    page = await browser.new_page()
+    await page.goto(server.url + "/dashboard")
+    await page.fill("#token", "tl_not_a_real_token")
+    await page.click("#login-form button[type=submit]")
+    await expect(page.locator("#login-error")).to_have_text("The server refused this token.")
+    assert await page.evaluate("sessionStorage.getItem('threadloom.token')") is None
+    await page.close()
+
+
+async def test_a_replayed_thread_snapshot_whose_run_has_ended_reads_idle(client: Client, tmp_path: Path) -> None:
+    """The dashboard replays a thread's events after a restart; a `thread.updated` snapshot of a run's start
+    names that run as active, and the run, read now, is over. That used to be an internal error at
+    `entity.status` (the dashboard showed it); the thread is idle now."""
+    project = await make_project(client, "Replay", workspace(tmp_path, "replay"))
+    thread = (await make_thread(client, project, "replayed"))["id"]
+    assert await ended(client, await send(client, thread, "@reply one")) == "COMPLETED"
+    ws = await WsClient.connect(client.base_url, client.token)
+    try:
+        query = """subscription($t: ID!) { threadEvents(threadId: $t, afterSequence: 0) {
+          sequence type entity { __typename ... on Thread { status } } } }"""
+        await ws.subscribe(query, {"t": thread})
+        statuses = []
+        async for message in ws.items():
+            assert message["type"] == "next", message
+            assert "errors" not in message["payload"], message
+            event = message["payload"]["data"]["threadEvents"]
+            if event["type"] == "synchronized":
+                break
+            if (event["entity"] or {}).get("__typename") == "Thread":
+                statuses.append(event["entity"]["status"])
+        assert statuses and set(statuses) == {"IDLE"}, statuses
+    finally:
+        await ws.close()
