@@ -66,6 +66,7 @@ WATCH_RUNS = """() => {
 async def browser() -> AsyncIterator[Browser]:
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is needed: apt-get install -y chromium (scripts/test installs it)"
+    expect.set_options(timeout=20_000)  # a wait for what the page shows, not a sleep: room for a busy CI machine
     async with async_playwright() as playwright:
         launched = await playwright.chromium.launch(executable_path=chromium)
         yield launched
@@ -307,3 +308,72 @@ async def test_a_replayed_thread_snapshot_whose_run_has_ended_reads_idle(client:
         assert statuses and set(statuses) == {"IDLE"}, statuses
     finally:
         await ws.close()
+
+
+async def test_the_page_manages_the_queue_stops_answers_forks_and_rolls_back(
+    browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
+) -> None:
+    project = await make_project(client, "Controls", workspace(tmp_path, "controls"))
+    thread = (await make_thread(client, project, "Queue and controls"))["id"]
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("dialog", lambda dialog: dialog.accept())  # the rollback asks to confirm
+    assert client.token
+    await sign_in(page, server.url, client.token)
+    await page.click(f"#threads li[data-id='{thread}']")
+    queue = page.locator("#queue li")
+
+    async def send_from_page(text: str, dispatch: str = "auto") -> None:
+        await page.fill("#message", text)
+        await page.select_option("#dispatch", dispatch)
+        await page.click("#send button[type=submit]")
+        await expect(page.locator("#message")).to_have_value("")  # accepted, no userErrors
+        await expect(page.locator("#error")).to_be_empty()
+
+    # A run held open by an approval, two messages queued behind it.
+    await send_from_page("@approval true\n@reply held run done")
+    await expect(run_card(page, 1)).to_have_attribute("data-status", "WAITING")
+    await send_from_page("@reply first queued", "queueAfterActive")
+    await send_from_page("@reply second queued", "queueAfterActive")
+    await expect(queue).to_have_text([re.compile("first queued"), re.compile("second queued")])
+
+    # Reorder with the page's arrows, cancel with its button.
+    await queue.nth(0).get_by_role("button", name="Move down").click()
+    await expect(queue).to_have_text([re.compile("second queued"), re.compile("first queued")])
+    await queue.nth(1).get_by_role("button", name="Cancel").click()
+    await expect(queue).to_have_text([re.compile("second queued")])
+    await expect(run_card(page, 2)).to_have_attribute("data-status", "CANCELLED")
+
+    # Stop: the active run ends, the queue is held; Resume queue starts what is left.
+    await page.click("#stop")
+    await expect(run_card(page, 1)).to_have_attribute("data-status", re.compile("INTERRUPTED|CANCELLED"))
+    await expect(page.locator("#queue-held")).to_contain_text("queue held")
+    await expect(page.locator("#requests li")).to_have_count(0)
+    await page.click("#resume-queue")
+    await expect(run_card(page, 3)).to_have_attribute("data-status", "COMPLETED")
+    await expect(page.locator("#resume-queue")).to_be_hidden()
+
+    # A question answered with the page's form.
+    await send_from_page("@ask Which database? | postgres | sqlite")
+    question = page.locator("#requests li[data-kind=USER_INPUT]")
+    await expect(question).to_contain_text("Which database?")
+    await question.locator("select").select_option("sqlite")
+    await question.get_by_role("button", name="Answer").click()
+    await expect(run_card(page, 4)).to_have_attribute("data-status", "COMPLETED")
+    await expect(page.locator("#messages li[data-role=ASSISTANT]").last).to_contain_text("sqlite")
+
+    # Roll back to right after run 3 from its checkpoint: run 4 is rolled back, live.
+    checkpoint = page.locator("#checkpoints li", has_text="after run 3")
+    await checkpoint.get_by_role("button", name="Roll back here").click()
+    await expect(run_card(page, 4)).to_have_attribute("data-status", "ROLLED_BACK")
+
+    # Fork from run 3: the page opens the fork, which links back to its source.
+    await run_card(page, 3).get_by_role("button", name="Fork").click()
+    await expect(page.locator("#thread-title")).to_have_text("Fork of Queue and controls")
+    await expect(page.locator("#lineage")).to_contain_text("Queue and controls")
+    await expect(page.locator("#threads li")).to_have_count(2)
+    await page.locator("#lineage a").click()
+    await expect(page.locator("#forks li")).to_have_text([re.compile("Fork of Queue and controls")])
+    assert errors == [], errors
+    await page.close()
