@@ -254,6 +254,15 @@ async def test_a_token_of_another_project_sees_nothing_of_this_one(
         assert (await outsider.gql("query($p: ID!) { project(id: $p) { id } }", {"p": ours}))["project"] is None
         listed = await outsider.gql("{ projects(first: 100) { nodes { id } } }")
         assert [p["id"] for p in listed["projects"]["nodes"]] == [theirs]
+        ws = await WsClient.connect(server.url, their_token)
+        try:
+            await ws.subscribe(EVENTS, {"t": secret})
+            refused = await ws.receive()
+            assert refused["type"] in ("error", "next"), refused
+            errors = refused["payload"] if refused["type"] == "error" else refused["payload"]["errors"]
+            assert [e["extensions"]["code"] for e in errors] == ["NOT_FOUND"], refused
+        finally:
+            await ws.close()
     finally:
         await outsider.aclose()
 
