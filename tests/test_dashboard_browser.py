@@ -322,15 +322,18 @@ async def test_a_replayed_thread_snapshot_whose_run_has_ended_reads_idle(client:
 async def test_the_page_manages_the_queue_stops_answers_forks_and_rolls_back(
     browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
 ) -> None:
-    project = await make_project(client, "Controls", workspace(tmp_path, "controls"))
-    thread = (await make_thread(client, project, "Queue and controls"))["id"]
+    await make_project(client, "Controls", workspace(tmp_path, "controls"))
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.on("dialog", lambda dialog: dialog.accept())  # the rollback asks to confirm
     assert client.token
     await sign_in(page, server.url, client.token)
-    await page.click(f"#threads li[data-id='{thread}']")
+    await expect(page.locator("#threads li")).to_have_count(0)
+    await page.fill("#new-thread-title", "Queue and controls")  # created from the page, which opens it
+    await page.click("#new-thread button[type=submit]")
+    await expect(page.locator("#thread-title")).to_have_text("Queue and controls")
+    await expect(page.locator("#threads li")).to_have_text([re.compile("Queue and controls")])
     queue = page.locator("#queue li")
 
     async def send_from_page(text: str, dispatch: str = "auto") -> None:
