@@ -12,6 +12,7 @@ from typing import Any
 from tests.support.graphql import make_project, make_thread
 from tests.support.runs import finished
 from tests.support.server import Client, ServerProcess, serving
+from threadloom import tracing
 
 SEND = """mutation SendHello($t: ID!) {
   sendMessage(input: {threadId: $t, text: "hello"}) { run { id } userErrors { code } }
@@ -110,3 +111,12 @@ async def test_one_send_message_is_one_trace(database_url: str, data_dir: Path) 
         assert any(s["attributes"].get("db.system") == "postgresql" and _under(s, effect, trace) for s in trace)
         # No span per field: the operation's children are SQL statements (and nothing named by a field).
         assert not [s for s in trace if "sendMessage" in s["name"] or s["name"].startswith("resolve")]
+
+
+def test_traces_are_off_unless_the_environment_names_an_exporter() -> None:
+    assert not tracing.wanted({})
+    assert not tracing.wanted({"OTEL_TRACES_EXPORTER": "none"})
+    assert not tracing.wanted({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"})
+    assert tracing.wanted({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "false"})
+    assert tracing.wanted({"OTEL_TRACES_EXPORTER": "otlp,console"})
+    assert not tracing.ENABLED  # this test process set nothing: every hook is a no-op

@@ -54,6 +54,7 @@ def configure() -> bool:
         return False
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "threadloom"}
     provider = TracerProvider(resource=Resource.create(attributes))  # reads OTEL_RESOURCE_ATTRIBUTES, sampler
+    exporting = False
     for name in (e.strip() for e in os.environ["OTEL_TRACES_EXPORTER"].split(",")):
         if not name or name == "none":
             continue
@@ -62,20 +63,13 @@ def configure() -> bool:
             log.warning("no OpenTelemetry trace exporter named %r is installed", name)
             continue
         provider.add_span_processor(BatchSpanProcessor(found[0].load()()))  # OTEL_BSP_* apply
+        exporting = True
+    if not exporting:  # spans nobody receives would only cost
+        return False
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("threadloom")
     ENABLED = True
     return True
-
-
-def shutdown() -> None:
-    """Flush the spans still batched (at server stop)."""
-    if ENABLED:
-        from opentelemetry import trace
-
-        provider = trace.get_tracer_provider()
-        if hasattr(provider, "shutdown"):
-            provider.shutdown()
 
 
 def span(name: str, attributes: Mapping[str, Any] | None = None, parent: Mapping[str, str] | None = None) -> Any:
