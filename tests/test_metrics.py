@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cli import create_token
@@ -13,6 +15,7 @@ from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, free_port, serving
 from tests.support.waiting import until
 from tests.support.ws import WsClient
+from tests.test_streams_limits import BIG, _raw_slow_socket
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -114,3 +117,44 @@ async def test_a_localhost_port_serves_metrics_without_a_token(database_url: str
             samples = parse(response.text)
             assert ("threadloom_queue_depth", ()) in samples
             assert (await http.get(f"http://127.0.0.1:{port}/other")).status_code == 404
+
+
+async def test_slow_consumers_dropped_events_and_replays_are_counted(
+    database_url: str, data_dir: Path
+) -> None:
+    with serving(database_url, data_dir, {"THREADLOOM_SUBSCRIBER_QUEUE": "20"}) as server:
+        client = Client(server.url, server.admin_token)
+        try:
+            thread = (await make_thread(client, await make_project(client, "slow"), "slow"))["id"]
+            before = await scrape(client)
+            ws = await _raw_slow_socket(server.url)  # reads as little as the kernel allows
+            await ws.send(orjson.dumps({"type": "connection_init", "payload": {"token": client.token}}).decode())
+            assert orjson.loads(await ws.recv())["type"] == "connection_ack"
+            payload = {"query": BIG, "variables": {"t": thread, "after": 0}}
+            await ws.send(orjson.dumps({"id": "slow", "type": "subscribe", "payload": payload}).decode())
+            await send(client, thread, "@delay 30000\n@reply done")  # keeps the next messages queued
+            for _ in range(40):  # ~6 MB: more than the socket buffers and the queue of 20 hold
+                await send(client, thread, "x" * 150_000, d={"queueAfterActive": True})
+            while True:  # what the server managed to send, then its verdict
+                message = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
+                if message["type"] == "next" and message["payload"].get("errors"):
+                    assert message["payload"]["errors"][0]["extensions"]["code"] == "SUBSCRIBER_TOO_SLOW"
+                    break
+            await ws.close()
+            again = await WsClient.connect(server.url, client.token)  # a replay of the whole thread
+            await again.subscribe(BIG, {"t": thread, "after": 0})
+            while (await again.receive())["payload"]["data"]["threadEvents"]["type"] != "synchronized":
+                pass
+            await again.close()
+            after = await scrape(client)
+        finally:
+            await client.aclose()
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("threadloom_slow_consumers_total") == 1
+    assert moved("threadloom_errors_total", code="SUBSCRIBER_TOO_SLOW") == 1
+    assert moved("threadloom_subscription_events_total", outcome="dropped", path="fast") >= 1
+    latest = value(after, "threadloom_replayed_events_total") - value(before, "threadloom_replayed_events_total")
+    assert latest >= 40  # the second subscription read the thread's log from its start

@@ -305,6 +305,7 @@ class Outbox:
         self.queue = collections.deque(item for item in self.queue if item[0] is None)
         metrics.DROPPED_FAST.inc(queued - len(self.queue) + 1)  # and the frame that did not fit
         metrics.SLOW_CONSUMERS.inc(len(behind))
+        metrics.error("SUBSCRIBER_TOO_SLOW", len(behind))  # as the general path's error items count
         for member in behind:
             member.end_too_slow(member.sent)
 
@@ -461,6 +462,7 @@ class Cohorts:
         member.sent = member.last = last
         if member.overflowed:
             metrics.SLOW_CONSUMERS.inc()
+            metrics.error("SUBSCRIBER_TOO_SLOW")
             member.end_too_slow(last)
             return
         if marker is not None:
