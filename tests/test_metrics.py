@@ -92,6 +92,10 @@ async def test_counters_move_as_the_api_is_used(server: ServerProcess, client: C
     assert moved("threadloom_request_duration_seconds_count", operation="Projects") == 1
     assert moved("threadloom_requests_total", operation="", status="200") >= 4  # unnamed: create, send, polls
     assert moved("threadloom_errors_total", code="GRAPHQL_VALIDATION_FAILED") == 1
+    assert moved("threadloom_operations_total", operation="Projects", type="query") == 1
+    assert moved("threadloom_operations_total", operation="Broken", type="query") == 0  # refused, not executed
+    assert moved("threadloom_operations_total", operation="", type="subscription") == 1  # over the WebSocket
+    assert moved("threadloom_operations_total", operation="", type="mutation") >= 3  # project, thread, send
     assert moved("threadloom_effects_total", kind="provider-turn.start", outcome="done") == 1
     assert moved("threadloom_subscription_events_total", outcome="delivered", path="fast") >= 3
     assert value(after, "threadloom_runs", status="completed") == 1

@@ -24,6 +24,12 @@ REQUEST_SECONDS = Histogram(
     ["operation"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+OPERATIONS = Counter(
+    "threadloom_operations",
+    "GraphQL operations executed over any transport (HTTP, WebSocket), by operation name and type; "
+    "operations refused before execution (parse, validation, auth) are not counted.",
+    ["operation", "type"],
+)
 ERRORS = Counter("threadloom_errors", "Top-level errors sent to clients, by extensions.code.", ["code"])
 EVENTS = Counter(
     "threadloom_subscription_events",

@@ -404,6 +404,7 @@ class Cohorts:
         cohort.members[member] = None
         outbox.members += 1
         handler.operations[member.id] = member  # type: ignore[assignment]
+        metrics.OPERATIONS.labels(metrics.operation_label(plan.operation_name), "subscription").inc()
         member.task = asyncio.create_task(self._replay(member, feed, after), name="ws-replay")
         return True
 

@@ -82,18 +82,19 @@ class CodedErrors(MaskErrors):
 
 
 class RecordOperation(SchemaExtension):
-    """Puts the operation name where the request log line can read it; with tracing on, the operation's
-    span (named by the operation, its SQL and effects inside it; none per field)."""
+    """Puts the operation name where the request log line can read it, counts the operation, and with
+    tracing on makes its span (named by the operation, its SQL and effects inside it; none per field)."""
 
     def on_execute(self) -> Iterator[None]:
         context = self.execution_context
         request = getattr(context.context, "request", None)
         if request is not None:
             request.scope.setdefault("state", {})["operation"] = context.operation_name
+        kind = context.operation_type.value
+        metrics.OPERATIONS.labels(metrics.operation_label(context.operation_name), kind).inc()
         if not tracing.ENABLED:
             yield
             return
-        kind = context.operation_type.value
         if kind == "subscription":  # lives as long as its socket: the ASGI span covers it
             yield
             return
