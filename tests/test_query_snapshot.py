@@ -10,35 +10,36 @@ by the second, and the schema gives queries (not mutations) that snapshot.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from tests.support.graphql import workspace
+from tests.support.inproc import ADMIN, new_thread
 from threadloom.api.context import Context
 from threadloom.api.ids import encode
 from threadloom.api.schema import build_schema
-from threadloom.domain.access import Principal
-from threadloom.domain.statuses import TokenScope
 from threadloom.engine.services import Services
 from threadloom.store import tables as t
 from threadloom.store.db import StatementCounter
 
-ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
 
-
-async def _thread(services: Services) -> tuple[uuid.UUID, uuid.UUID]:
-    project = await services.catalog.create_project(ADMIN, name="before", workspace_root=workspace(), key=None)
-    thread = await services.catalog.create_thread(
-        ADMIN,
-        project_id=project,
-        title="T",
-        provider_instance_id=None,
-        model=None,
-        runtime_mode="workspace_write",
-        key=None,
-    )
+async def _thread(services: Services, root: Path) -> tuple[uuid.UUID, uuid.UUID]:
+    """(project, thread) of a new thread; its project is named "p"."""
+    thread = await new_thread(services, root)
+    async with services.db.read() as db:
+        project = await db.scalar(sa.select(t.threads.c.project_id).where(t.threads.c.id == thread))
     return project, thread
+
+
+async def _execute(services: Services, document: str, thread: uuid.UUID) -> tuple[dict[str, Any], StatementCounter]:
+    counter = StatementCounter()
+    context = Context.create(ADMIN, services, counter=counter)
+    variables = {"t": encode("Thread", thread)}
+    result = await build_schema().execute(document, variable_values=variables, context_value=context)
+    assert result.errors is None and result.data is not None
+    return result.data, counter
 
 
 async def _rename_project(services: Services, project: uuid.UUID, name: str) -> None:
@@ -46,15 +47,15 @@ async def _rename_project(services: Services, project: uuid.UUID, name: str) -> 
         await db.execute(sa.update(t.projects).where(t.projects.c.id == project).values(name=name))
 
 
-async def test_a_commit_between_two_reads_is_not_seen_by_the_second(services: Services) -> None:
-    project, thread = await _thread(services)
+async def test_a_commit_between_two_reads_is_not_seen_by_the_second(services: Services, tmp_path: Path) -> None:
+    project, thread = await _thread(services, tmp_path / "ws")
     context = Context.create(ADMIN, services)
     snapshot = context.loaders.snapshot()
     try:
-        assert (await context.loaders.rows(t.threads).load(thread))["title"] == "T"  # opens the snapshot
+        assert (await context.loaders.rows(t.threads).load(thread))["title"] == "t"  # opens the snapshot
         await _rename_project(services, project, "after")
         seen = await context.loaders.rows(t.projects).load(project)
-        assert seen["name"] == "before"  # as it was when the query's first read ran
+        assert seen["name"] == "p"  # as it was when the query's first read ran
     finally:
         await snapshot.close()
     later = Context.create(ADMIN, services)  # the next operation sees the commit
@@ -64,36 +65,23 @@ async def test_a_commit_between_two_reads_is_not_seen_by_the_second(services: Se
             pass
 
 
-async def test_without_a_snapshot_each_read_sees_the_latest_commit(services: Services) -> None:
+async def test_without_a_snapshot_each_read_sees_the_latest_commit(services: Services, tmp_path: Path) -> None:
     """The control: a mutation's payload is read this way, after its command committed."""
-    project, thread = await _thread(services)
+    project, thread = await _thread(services, tmp_path / "ws")
     context = Context.create(ADMIN, services)
     await context.loaders.rows(t.threads).load(thread)
     await _rename_project(services, project, "after")
     assert (await context.loaders.rows(t.projects).load(project))["name"] == "after"
 
 
-async def test_queries_read_in_one_transaction_and_mutations_in_none(services: Services) -> None:
-    _, thread = await _thread(services)
-    schema = build_schema()
+async def test_queries_read_in_one_transaction_and_mutations_in_none(services: Services, tmp_path: Path) -> None:
+    _, thread = await _thread(services, tmp_path / "ws")
     query = """query($t: ID!) { thread(id: $t) { title project { name }
       runs(first: 5) { totalCount } messages(first: 5) { edges { node { text } } } } }"""
-    counter = StatementCounter()
-    result = await schema.execute(
-        query,
-        variable_values={"t": encode("Thread", thread)},
-        context_value=Context.create(ADMIN, services, counter=counter),
-    )
-    assert result.errors is None and result.data is not None
-    assert result.data["thread"]["project"]["name"] == "before"
+    data, counter = await _execute(services, query, thread)
+    assert data["thread"]["project"]["name"] == "p"
     assert counter.statements >= 3 and counter.transactions == 1  # several reads, one snapshot
     rename = """mutation($t: ID!) { renameThread(input: {threadId: $t, title: "R"}) { thread { title } } }"""
-    counter = StatementCounter()
-    result = await schema.execute(
-        rename,
-        variable_values={"t": encode("Thread", thread)},
-        context_value=Context.create(ADMIN, services, counter=counter),
-    )
-    assert result.errors is None and result.data is not None
-    assert result.data["renameThread"]["thread"]["title"] == "R"  # the payload sees its own commit
+    data, counter = await _execute(services, rename, thread)
+    assert data["renameThread"]["thread"]["title"] == "R"  # the payload sees its own commit
     assert counter.transactions == 0
