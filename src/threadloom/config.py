@@ -1,7 +1,8 @@
 """Settings from the command line and the environment.
 
 `DATABASE_URL` (external PostgreSQL; absent → embedded server in the data dir),
-`THREADLOOM_DATA_DIR`, `BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_HOST`/`PORT`,
+`THREADLOOM_DATA_DIR`, `THREADLOOM_AGENT_STATE_DIR` (the agents' resumable state; default `<data dir>/agents`),
+`BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_HOST`/`PORT`,
 `THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`, `THREADLOOM_PROVIDERS` (provider instances, TOML),
 `THREADLOOM_MAX_SUBSCRIPTIONS` (per connection), `THREADLOOM_MAX_REPLAY` (events), `THREADLOOM_SUBSCRIBER_QUEUE`,
 `THREADLOOM_MAX_QUERY_COST` (objects per operation), `THREADLOOM_QUERY_TIMEOUT` (seconds per query),
@@ -83,6 +84,14 @@ class Settings:
     metrics_port: int | None = None  # /metrics without a token on 127.0.0.1 (docs/operations.md)
     shutdown_seconds: float = 10.0  # SIGTERM: how long open work may take before the process exits
     limits: Limits = dataclasses.field(default_factory=Limits)
+    # Where provider drivers keep what a resume needs (one folder per instance inside). Replicas with data
+    # dirs of their own point it at one shared folder, so any of them resumes another's provider threads.
+    agent_state_dir: Path | None = None
+
+    @property
+    def agents_dir(self) -> Path:
+        """The agents' state folder: `THREADLOOM_AGENT_STATE_DIR`, else `<data dir>/agents`."""
+        return self.agent_state_dir if self.agent_state_dir is not None else self.data_dir / "agents"
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -100,9 +109,12 @@ class Settings:
             "fast_paths": env.get("THREADLOOM_FAST_PATHS", "1").strip().lower() not in {"0", "false", "no", "off"},
             "metrics_port": int(env["THREADLOOM_METRICS_PORT"]) if env.get("THREADLOOM_METRICS_PORT") else None,
             "shutdown_seconds": float(env.get("THREADLOOM_SHUTDOWN_SECONDS", "10")),
+            "agent_state_dir": env.get("THREADLOOM_AGENT_STATE_DIR") or None,
         }
         values["limits"] = Limits.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):
             values["data_dir"] = Path(values["data_dir"]).absolute()
+        if isinstance(values["agent_state_dir"], str | Path):
+            values["agent_state_dir"] = Path(values["agent_state_dir"]).absolute()
         return cls(**values)  # type: ignore[arg-type]

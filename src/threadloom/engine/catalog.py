@@ -64,9 +64,11 @@ class Catalog:
         eager_instances: Collection[str] = (),
         data_dir: Path | None = None,
         full_access_instances: Collection[str] = (),
+        agents_dir: Path | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.data_dir = None if data_dir is None else os.path.realpath(data_dir)  # never in a workspace
+        self.agents_dir = None if agents_dir is None else os.path.realpath(agents_dir)  # nor the agents' state
         self.full_access_instances = frozenset(full_access_instances)  # may run `full_access` threads
         self.provider_instances = provider_instances
         self.default_instance = default_instance
@@ -83,7 +85,11 @@ class Catalog:
             await receipts.lock_key(db, "workspace roots")  # one project creation at a time: no racing overlap
             existing = [p.workspace_root for p in await entities.where(db, Project)]  # stored resolved
             project_rules.check_workspace_root(
-                root, existing=existing, data_dir=self.data_dir, install_dirs=_install_dirs()
+                root,
+                existing=existing,
+                data_dir=self.data_dir,
+                install_dirs=_install_dirs(),
+                agents_dir=self.agents_dir,
             )
             change = project_rules.create_project(new_id(), name, root, now)
             return Outcome([change], result={"projectId": str(change.entity.id)})

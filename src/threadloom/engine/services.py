@@ -82,9 +82,11 @@ class Services:
             eager_instances=[name for name, config in instances.items() if config.eager_thread],
             data_dir=settings.data_dir,
             full_access_instances=full_access_instances(instances),
+            agents_dir=settings.agents_dir,
         )
         worker = Worker(db, clock)
-        drivers = {name: build_driver(config, settings.data_dir) for name, config in instances.items()}
+        agents_dir = settings.agents_dir
+        drivers = {name: build_driver(config, settings.data_dir, agents_dir) for name, config in instances.items()}
         idle = {
             name: float(config.options.get("idle_timeout_s", DEFAULT_IDLE_TIMEOUT_S))
             for name, config in instances.items()

@@ -370,7 +370,11 @@ class CodexDriver:
         env = child_env(self.api_key_env, extra)
         for folder in (codex_home, Path(extra["HOME"]), state / "tmp"):
             folder.mkdir(parents=True, exist_ok=True)
-        (codex_home / "config.toml").write_text(self.config_toml(codex_home, native_codex_dir(argv[0])))
+        # Replaced whole, never rewritten in place: a replica starting Codex on the same shared CODEX_HOME
+        # reads the old file or the new one (docs/providers.md, "Replicas").
+        staged = codex_home / f".config.toml.{os.getpid()}.tmp"
+        staged.write_text(self.config_toml(codex_home, native_codex_dir(argv[0])))
+        staged.replace(codex_home / "config.toml")
         secret_names = (self.api_key_env, *(k for k in self.extra_env if k != "HOME"))
         try:
             proc = await spawn_process(argv, env=env)

@@ -122,17 +122,18 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
     return out
 
 
-def _scripted(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
-    # The whole data dir stays invisible to commands, even in a workspace that contains it.
-    return ScriptedDriver(config.id, data_dir / "agents" / config.id, config.options, hidden=(data_dir,))
+def _scripted(config: InstanceConfig, data_dir: Path, agents_dir: Path) -> ProviderDriver:
+    # The whole data dir and every agent's state stay invisible to commands, even in a workspace that contains them.
+    hidden = (data_dir,) if agents_dir.is_relative_to(data_dir) else (data_dir, agents_dir)
+    return ScriptedDriver(config.id, agents_dir / config.id, config.options, hidden=hidden)
 
 
-def _codex(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
-    return CodexDriver(config.id, data_dir / "agents" / config.id, config.options)
+def _codex(config: InstanceConfig, data_dir: Path, agents_dir: Path) -> ProviderDriver:
+    return CodexDriver(config.id, agents_dir / config.id, config.options)
 
 
-def _claude(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
-    return ClaudeDriver(config.id, data_dir / "agents" / config.id, config.options)
+def _claude(config: InstanceConfig, data_dir: Path, agents_dir: Path) -> ProviderDriver:
+    return ClaudeDriver(config.id, agents_dir / config.id, config.options)
 
 
 DRIVERS = {"scripted": _scripted, "codex": _codex, "claude": _claude}
@@ -143,5 +144,7 @@ def full_access_instances(instances: dict[str, InstanceConfig]) -> frozenset[str
     return frozenset(name for name, config in instances.items() if config.options.get("allow_full_access") is True)
 
 
-def build_driver(config: InstanceConfig, data_dir: Path) -> ProviderDriver:
-    return DRIVERS[config.driver](config, data_dir)
+def build_driver(config: InstanceConfig, data_dir: Path, agents_dir: Path | None = None) -> ProviderDriver:
+    """The instance's driver; its resumable state goes to `agents_dir/<instance>` (`Settings.agents_dir`,
+    by default `<data dir>/agents`: a folder every replica must reach, docs/providers.md "Replicas")."""
+    return DRIVERS[config.driver](config, data_dir, agents_dir if agents_dir is not None else data_dir / "agents")
