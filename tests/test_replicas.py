@@ -1,15 +1,17 @@
 """Replicas: three `threadloom serve` processes on one PostgreSQL and one real Redis, one of them killed mid-work.
 
-Each replica has a data dir of its own; `THREADLOOM_AGENT_STATE_DIR` names one agent-state folder they share
-(docs/providers.md, "Replicas"), and `BROADCAST_URL` is a real `redis-server` started for the test. Thirty threads
-get ten messages each (300 runs), every message sent to the next replica round-robin, each thread's next message
-once its previous run ended; one `threadEvents` subscriber per thread, spread over the replicas. When a third of
-the runs are done the replica holding the most provider threads gets `kill -9`. Then:
+Two replicas share one data dir (as on a shared volume: the agents' state is in its default place, `<data dir>/agents`);
+the third has a data dir of its own and names that same agent-state folder with `THREADLOOM_AGENT_STATE_DIR`
+(docs/providers.md, "Replicas"). `BROADCAST_URL` is a real `redis-server` started for the test. Thirty threads get
+ten messages each (300 runs), every message sent to the next replica round-robin, each thread's next message once
+its previous run ended; one `threadEvents` subscriber per thread, spread over the replicas. When a third of the runs
+are done the replica holding the most provider threads gets `kill -9`. Then:
 - every subscriber holds exactly 1..latestSequence (those of the dead replica reconnected to another and resumed
   with `afterSequence`);
 - no run is stuck: each ended COMPLETED, or FAILED with a crash reason (its turn was on the dead replica);
 - no effect ran twice: no effect that is not replay-safe was claimed twice, no attempt has two provider turns,
-  and each thread's agent received each message at most once (its `@recall` lists every message once);
+  each thread's agent received each message at most once (its `@recall` lists every message once), and the dead
+  replica's agent processes ended with it (none goes on working beside the replica that resumes its threads);
 - the dead replica's provider threads resume elsewhere: `@recall` sent to a survivor runs on the same native
   thread and replies with the conversation from before the crash;
 - the survivors' Redis wake-ups never degraded to polling.
@@ -68,12 +70,14 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 class Replicas:
-    """Three servers on one database, Redis and agent-state folder; each with its own data dir and port."""
+    """Three servers on one database, Redis and agent-state folder, each on its own port."""
 
     def __init__(self, database_url: str, redis_url: str, root: Path) -> None:
-        env = {"BROADCAST_URL": redis_url, "THREADLOOM_AGENT_STATE_DIR": str(root / "agents"), **UNLIMITED}
-        first = ServerProcess(database_url, root / "r0", env=env).wait_ready()  # makes the admin token
-        others = [ServerProcess(database_url, root / f"r{i}", env=env) for i in range(1, REPLICAS)]
+        env = {"BROADCAST_URL": redis_url, **UNLIMITED}
+        shared = root / "shared-data"  # r0 and r1; r2 keeps its own data dir but the agents' state is shared
+        own = {**env, "THREADLOOM_AGENT_STATE_DIR": str(shared / "agents")}
+        first = ServerProcess(database_url, shared, env=env).wait_ready()  # makes the admin token
+        others = [ServerProcess(database_url, shared, env=env), ServerProcess(database_url, root / "r2-data", env=own)]
         self.servers = [first, *(s.wait_ready() for s in others)]
         assert first.admin_token is not None
         self.token: str = first.admin_token
@@ -157,6 +161,34 @@ async def _native_threads(db: Database) -> dict[str, tuple[str, str | None]]:
     return {str(row["thread_id"]): (str(row["native_thread_ref"]), row["owner"]) for row in rows}
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid` (the replica's agent processes and what they run), from /proc."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for tasks in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            try:
+                children = {int(child) for child in tasks.read_text().split()}
+            except OSError:
+                continue  # it exited meanwhile
+            todo.extend(children - found)
+            found |= children
+    return found
+
+
+def _running(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (a zombie has ended: it only waits to be reaped)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
 async def _recall(cluster: Replicas, preferred: int, thread: str, subscriber: ResumingSubscriber) -> tuple[str, Any]:
     """Send `@recall` through a live replica; the reply's text and the run (its provider thread)."""
     run_id = await _send(cluster, preferred, thread, "@recall", f"{thread}-recall")
@@ -209,11 +241,18 @@ async def test_replicas_take_over_a_killed_replica(replicas: Replicas, database_
         orphans = {thread: ref for thread, (ref, owner) in before.items() if owners.get(owner or "") == victim}
         on_victim = [sub for i, sub in enumerate(subscribers) if i % REPLICAS == victim]
         seen_before = [sub.last for sub in on_victim]
+        agents = _descendants(cluster.servers[victim].proc.pid)
         cluster.kill(victim)
         killed_at = ended
+
+        async def agents_gone() -> bool:  # no agent of the dead replica goes on working beside its successor
+            return not _running(agents)
+
+        await until(agents_gone, within=30)
         await asyncio.wait_for(driving, 300)
         print(f"killed replica {victim} after {killed_at} runs; provider threads per replica then: {held}")
         assert orphans, "the dead replica held no provider thread"
+        assert agents, "the dead replica ran no agent process"
 
         survivor = cluster.clients[cluster.live(victim + 1)]
         for sub in subscribers:  # 1. every subscriber holds exactly the log
@@ -267,6 +306,7 @@ async def test_replicas_take_over_a_killed_replica(replicas: Replicas, database_
         after = await _native_threads(db)
         dead_worker = next(worker for worker, index in owners.items() if index == victim)
         assert all(after[thread][1] != dead_worker for thread in orphans)  # resumed on a survivor's runtime
+        resumed_on = [sum(1 for thread in orphans if owners.get(after[thread][1] or "") == i) for i in range(REPLICAS)]
 
         # 5. Redis wake-ups stayed up on the survivors. Broken ones degrade every few seconds (measured with
         # broadcaster's own Redis backend: from the first seconds on, again and again); one lapse is allowed, as a
@@ -276,7 +316,8 @@ async def test_replicas_take_over_a_killed_replica(replicas: Replicas, database_
                 lapses = [line for line in server.log if "wake-ups degraded" in line]
                 assert len(lapses) <= 1, (index, lapses)
         elapsed = time.monotonic() - started
-        print(f"{len(statuses)} runs, {len(failed)} failed by the crash, {len(orphans)} resumed; {elapsed:.1f} s")
+        print(f"{len(statuses)} runs, {len(failed)} failed by the crash; {len(orphans)} provider threads resumed, per")
+        print(f"replica: {resumed_on}; {elapsed:.1f} s")
     finally:
         for sub in subscribers:
             await sub.stop()
