@@ -20,6 +20,7 @@ are done the replica holding the most provider threads gets `kill -9`. Then:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -205,13 +206,14 @@ async def test_replicas_take_over_a_killed_replica(replicas: Replicas, database_
     cluster = replicas
     db = Database.from_url(database_url, pool_size=1)
     subscribers: list[ResumingSubscriber] = []
+    driving: asyncio.Future[list[None]] | None = None
     started = time.monotonic()
     try:
         (tmp_path / "ws").mkdir()
         project = await make_project(cluster.clients[0], "replicas", str(tmp_path / "ws"))
         threads = [(await make_thread(cluster.clients[i % REPLICAS], project, f"r{i}"))["id"] for i in range(THREADS)]
         subscribers = [
-            ResumingSubscriber(lambda i=i: cluster.url(i), cluster.token, thread).start()
+            ResumingSubscriber(functools.partial(cluster.url, i), cluster.token, thread).start()
             for i, thread in enumerate(threads)
         ]
         sent: list[list[tuple[str, str]]] = [[] for _ in threads]  # per thread: (run id, text), in order
@@ -227,7 +229,7 @@ async def test_replicas_take_over_a_killed_replica(replicas: Replicas, database_
                 ended += 1
 
         async def mid_work() -> bool:
-            return ended >= KILL_AFTER
+            return ended >= KILL_AFTER or (driving is not None and driving.done())  # done early: it failed
 
         driving = asyncio.gather(*(drive(i) for i in range(THREADS)))
         await until(mid_work, within=300)
@@ -319,6 +321,8 @@ async def test_replicas_take_over_a_killed_replica(replicas: Replicas, database_
         print(f"{len(statuses)} runs, {len(failed)} failed by the crash; {len(orphans)} provider threads resumed, per")
         print(f"replica: {resumed_on}; {elapsed:.1f} s")
     finally:
+        if driving is not None and not driving.done():
+            driving.cancel()
         for sub in subscribers:
             await sub.stop()
         await db.dispose()
