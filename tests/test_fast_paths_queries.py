@@ -10,16 +10,20 @@ second time its caches answer), and the bodies, statuses and statement counts mu
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+import strawberry
 
 from tests.support.graphql import THREADS_PAGE, make_project, make_thread, statements
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, serving
 from tests.support.waiting import until
+from threadloom.api.compiled import with_fast_paths
 
 PAGE = """query($p: ID!, $n: Int) { threads(projectId: $p, first: $n) { edges { cursor node {
   id title status latestSequence providerInstanceId model runtimeMode queueHeld archivedAt
@@ -116,3 +120,164 @@ async def test_fast_paths_answer_byte_for_byte_like_graphql_core(
         assert small[2] == large[2]
     finally:
         await plain.aclose()
+
+
+# ---------------------------------------------------------------- the compiled paths' edge cases
+#
+# Errors inside compiled objects and lists cannot be provoked through the service's own schema (its
+# resolvers do not fail at execution), so a small real strawberry schema provides them: nulls in
+# non-null fields and list items, exceptions, wrong object types, out-of-range ints and unknown
+# enum values, awaitable items, shared objects, directives. The same documents run on the schema
+# with and without `with_fast_paths` (twice with it: the second time its plans are shared).
+
+
+@strawberry.enum
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@strawberry.interface
+class Named:
+    name: str | None
+
+
+@strawberry.type
+class Leaf(Named):
+    n: int
+    color: Color
+    flag: bool = False
+
+    @strawberry.field
+    def boom(self) -> str:
+        raise ValueError(f"boom {self.name}")
+
+    @strawberry.field
+    def doubled(self) -> int:
+        return self.n * 2
+
+
+class NotALeaf:
+    """Returned where a Leaf is expected: the type check refuses it."""
+
+
+async def _later(leaf: Leaf | None) -> Leaf | None:
+    return leaf
+
+
+@strawberry.type
+class Item:
+    id: strawberry.ID
+    label: str
+    leaf: Leaf | None
+    must: Leaf
+    leaves: list[Leaf | None]
+    strict: list[Leaf]
+    odd: Leaf | None = None
+    optional_list: list[Leaf] | None = None
+
+    @strawberry.field
+    def pending(self) -> Leaf | None:
+        return _later(self.leaf)  # type: ignore[return-value]  # a coroutine from a sync resolver
+
+    @strawberry.field
+    def pending_items(self) -> list[Leaf | None]:
+        return [_later(x) for x in self.leaves]  # type: ignore[misc]
+
+    @strawberry.field
+    async def later(self) -> Leaf | None:
+        return self.leaf
+
+    @strawberry.field
+    def info_leaf(self, info: strawberry.Info) -> Leaf | None:
+        return self.leaf if info.context is None else None
+
+
+SHARED = Leaf(name="shared", n=1, color=Color.RED)
+HUGE = Leaf(name="huge", n=2**40, color=Color.BLUE)
+WRONG = Leaf(name="wrong", n=3, color="green")  # type: ignore[arg-type]
+
+
+def _items() -> list[Item]:
+    plain = [Leaf(name=f"leaf {i}", n=i, color=Color.BLUE, flag=i % 2 == 0) for i in range(3)]
+    return [
+        Item(
+            id=strawberry.ID("1"), label="one", leaf=SHARED, must=SHARED, leaves=[SHARED, None, plain[0]], strict=plain
+        ),
+        Item(id=strawberry.ID("2"), label="two", leaf=None, must=plain[1], leaves=[], strict=[SHARED, SHARED]),
+        Item(id=strawberry.ID("3"), label=None, leaf=plain[2], must=SHARED, leaves=[None], strict=plain),  # type: ignore[arg-type]
+        Item(id=strawberry.ID("4"), label="four", leaf=HUGE, must=None, leaves=[HUGE], strict=[plain[0], None]),  # type: ignore[arg-type, list-item]
+        Item(
+            id=strawberry.ID("5"), label="five", leaf=WRONG, must=plain[0], leaves=[WRONG, SHARED], strict=[],
+            odd=NotALeaf(), optional_list=[SHARED, None],  # type: ignore[arg-type, list-item]
+        ),
+    ]
+
+
+@strawberry.type
+class Box:
+    items: list[Item]
+    maybe_items: list[Item | None] | None
+    first: Item | None
+
+
+@strawberry.type
+class EdgeQuery:
+    @strawberry.field
+    async def items(self) -> list[Item]:
+        return _items()
+
+    @strawberry.field
+    async def box(self) -> Box:
+        items = _items()
+        return Box(items=items, maybe_items=[None, *items], first=items[0])
+
+
+EDGE_DOCUMENTS: list[tuple[str, dict[str, Any]]] = [
+    ("{ box { first { __typename id label leaf { __typename name n color flag doubled } } } }", {}),
+    ("{ box { items { id a: label b: label leaf { name } } } }", {}),
+    ("{ box { maybeItems { id label } } }", {}),
+    ("{ box { maybeItems { id must { name } } } }", {}),
+    ("{ box { maybeItems { id leaves { name n } } } }", {}),
+    ("{ box { maybeItems { id strict { name } } } }", {}),
+    ("{ box { maybeItems { id leaves { color } } } }", {}),
+    ("{ box { maybeItems { id odd { name } optionalList { name } } } }", {}),
+    ("{ box { maybeItems { id leaf { boom } } } }", {}),
+    ("{ box { maybeItems { id pending { name n } pendingItems { name color } later { name } } } }", {}),
+    ("{ box { maybeItems { id infoLeaf { name ... on Named { name } } } } }", {}),
+    ("{ items { id leaf { name n } } }", {}),
+    ("{ box { items { id must { name n doubled } } } }", {}),
+    (
+        "query($yes: Boolean!) { box { maybeItems { id leaf @include(if: $yes) { name } "
+        "must { n @skip(if: $yes) name } } } }",
+        {"yes": True},
+    ),
+    (
+        "query($yes: Boolean!) { box { maybeItems { id leaf @include(if: $yes) { name } "
+        "must { n @skip(if: $yes) name } } } }",
+        {"yes": False},
+    ),
+    ("fragment F on Leaf { name color } { box { first { leaf { ...F ... on Leaf { n } } leaves { ...F } } } }", {}),
+]
+
+
+def _edge_schema() -> strawberry.Schema:
+    return strawberry.Schema(query=EdgeQuery, types=[Leaf])
+
+
+async def _run(schema: strawberry.Schema, query: str, variables: dict[str, Any]) -> bytes:
+    result = await schema.execute(query, variable_values=variables)
+    errors = [
+        {"message": e.message, "path": e.path, "locations": [(loc.line, loc.column) for loc in e.locations or []]}
+        for e in result.errors or []
+    ]
+    return orjson.dumps({"data": result.data, "errors": errors})
+
+
+@pytest.mark.parametrize(("query", "variables"), EDGE_DOCUMENTS)
+async def test_compiled_objects_fail_and_null_like_graphql_core(query: str, variables: dict[str, Any]) -> None:
+    plain, fast = _edge_schema(), with_fast_paths(_edge_schema())
+    expected = await _run(plain, query, variables)
+    assert b'"data":' in expected
+    for _ in range(2):  # the second time, from the shared plans
+        assert await _run(fast, query, variables) == expected

@@ -3,7 +3,7 @@
 A page of 100 threads with a dozen fields each is ~1,500 field executions. graphql-core
 runs every one through `execute_field` (a resolve info, strawberry's resolver wrapper, the
 argument machinery) and `complete_value`, which made the `threads(first: 100)` page ~12 times
-the cost of a raw asyncpg + orjson floor. Two things here cut that without changing a byte
+the cost of a raw asyncpg + orjson floor. Three things here cut that without changing a byte
 of any response:
 
 - `CachedDocuments` (a schema extension) keeps the parsed document per query text and the
@@ -13,18 +13,27 @@ of any response:
   them before (only passes are kept). A document the static rules refuse is validated in
   full on every request, as before, so its errors are unchanged.
 - `CompiledObjects` (an execution-context mixin) completes an object value from a plan
-  made once per selection (per operation): a field that is a plain attribute (strawberry's
+  made once per selection: a field that is a plain attribute (strawberry's
   default resolver: no resolver, no arguments, no field extension, no resolve middleware)
   of a scalar or enum type, possibly non-null, is read and serialized inline, exactly as
   `complete_value`/`complete_leaf_value` would (same coercion, same errors, same paths);
   `__typename` is the type's name. A field without arguments or field extensions whose
   resolver is synchronous (or an attribute of object or list type) is run as `execute_field`
   runs it, with its function called directly instead of through strawberry's wrapper
-  (argument conversion, extension chain); every other field goes through graphql-core's own
-  `execute_field`, and `@defer` selections or
+  (argument conversion, extension chain). Such a field of an object type, or of a list of one
+  (without directives, of a type with no `is_type_of` but strawberry's own, which reads no
+  info), is completed inline too: the object's dict comes from the plan of its own selection,
+  a list's items one by one, with `complete_value`'s null checks, type check, error paths and
+  list-item count (`count_list_items`), so a page's edges, nodes and their objects pass through
+  no `complete_value`, `complete_list_value` or resolve info of their own; a value that is
+  awaitable, or a list that is not a list or tuple, goes back to graphql-core's completion.
+  Every other field goes through graphql-core's own `execute_field`, and `@defer` selections or
   incremental delivery take graphql-core's path entirely, and so do mutations and
   subscriptions (only query operations are compiled). Key order is the response-key
   order of the collected fields, aliases included, as in `execute_fields`.
+- `SharedPlans` keeps those plans across the requests of one cached document when it has no
+  directives (collecting its selections then depends on nothing else), so a repeated page
+  builds none.
 
 `Settings.fast_paths` (`THREADLOOM_FAST_PATHS=0` turns it off) decides whether `GraphQLView`
 applies them; tests compare responses byte for byte with and without them.
@@ -33,16 +42,23 @@ applies them; tests compare responses byte for byte with and without them.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections import OrderedDict
 from collections.abc import Iterator
+from enum import Enum
 from typing import Any
 
 import orjson
 import strawberry
 from graphql import (
     DocumentNode,
+    GraphQLBoolean,
+    GraphQLID,
+    GraphQLInt,
+    GraphQLList,
     GraphQLNonNull,
     GraphQLObjectType,
+    GraphQLString,
     OperationDefinitionNode,
     OperationType,
     Undefined,
@@ -50,7 +66,9 @@ from graphql import (
     is_leaf_type,
     validate,
 )
-from graphql.pyutils import Path, inspect
+from graphql.execution.executor import invalid_return_type_error
+from graphql.pyutils import Path
+from graphql.pyutils import inspect as inspect_value
 from graphql.pyutils.gather_with_cancel import gather_with_cancel
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema import validate_document
@@ -155,10 +173,11 @@ class CachedDocuments(SchemaExtension):
 def with_fast_paths(schema: strawberry.Schema) -> strawberry.Schema:
     """`schema` with both fast paths: compiled object completion and the document cache."""
     base = schema.execution_context_class
-    settings = {
+    settings: dict[str, Any] = {
         "info_class": schema.config.info_class,
         "exception_handlers": bool(getattr(schema.schema_converter, "_exception_handler_specs", True)),
     }
+    settings["shared_plans"] = SharedPlans()
     schema.execution_context_class = type(base.__name__, (CompiledObjects, base), settings)
     schema.extensions = (*schema.extensions, functools.partial(CachedDocuments, DocumentCache()))
     return schema
@@ -167,8 +186,93 @@ def with_fast_paths(schema: strawberry.Schema) -> strawberry.Schema:
 # Plan entries: (ATTR, key, field name, python name, getter, leaf type, field type, field group)
 # (CALL, key, field group, field, function), (CALL_LEAF, key, field name, leaf type, field type,
 # field group, field, function, whether it takes info) and (GENERAL, key, field group).
-# __typename is (TYPENAME, key, type name).
-_ATTR, _TYPENAME, _CALL, _GENERAL, _CALL_LEAF = 0, 1, 2, 3, 4
+# __typename is (TYPENAME, key, type name). Object and list-of-object fields whose selection has a
+# plan are completed inline: (OBJECT | LIST, key, field name, field type, field group, field,
+# function, whether it takes info, object type, its plan, the list's item type, whether the plan is pure).
+_ATTR, _TYPENAME, _CALL, _GENERAL, _CALL_LEAF, _OBJECT, _LIST = 0, 1, 2, 3, 4, 5, 6
+
+
+
+class _IntLeaf:
+    """Stands for Int in `_SAME`: an int is serialized as it is only within 32 bits."""
+
+
+# Scalars whose serialization returns a value of this exact Python type unchanged.
+_SAME: dict[int, type] = {
+    id(GraphQLString): str,
+    id(GraphQLID): str,
+    id(GraphQLBoolean): bool,
+    id(GraphQLInt): _IntLeaf,
+}
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+
+# Classes whose instances `is_awaitable` has called not awaitable and that cannot become so: strawberry
+# object types and enums without `__await__`, `__getattr__` or their own `__getattribute__`. Asking
+# `is_awaitable` about each of a page's objects costs a failed `hasattr` every time.
+_PLAIN: set[type] = set()
+
+
+def _pending(value: Any, is_awaitable: Any) -> bool:
+    """`is_awaitable(value)`, remembered per class for the classes of `_PLAIN`."""
+    cls = value.__class__
+    if cls in _PLAIN:
+        return False
+    if is_awaitable(value):
+        return True
+    if (
+        (hasattr(cls, "__strawberry_definition__") or isinstance(value, Enum))
+        and cls.__getattribute__ is object.__getattribute__
+        and not hasattr(cls, "__getattr__")
+        and not hasattr(cls, "__await__")
+    ):
+        _PLAIN.add(cls)
+    return False
+
+
+def _inline_type_check(object_type: GraphQLObjectType) -> bool:
+    """Whether the type's `is_type_of` (if any) is strawberry's own, which never reads its info."""
+    check = object_type.is_type_of
+    return check is None or (
+        getattr(check, "__module__", "") == "strawberry.schema.schema_converter"
+        and getattr(check, "__qualname__", "").endswith("_get_is_type_of.<locals>.is_type_of")
+    )
+
+
+class SharedPlans:
+    """Plans kept across the operations of one cached document (an operation node is the same
+    object every time its document comes from `CachedDocuments`).
+
+    Only for documents without directives: collecting a selection then depends on nothing but the
+    document and the schema (no @skip/@include variable, no @defer), so the plan made for the first
+    request is the plan every later request would make.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self._items = _Lru(size)
+
+    def get(self, operation: OperationDefinitionNode, fragments: Any) -> tuple[dict[Any, Any], set[int], bool] | None:
+        found = self._items.get(id(operation))
+        if found is not None and found[0] is operation:
+            return found[1]  # type: ignore[no-any-return]
+        fragment_nodes = [getattr(f, "definition", f) for f in (fragments or {}).values()]
+        if _has_directives([operation, *fragment_nodes]):
+            return None
+        store: tuple[dict[Any, Any], set[int], bool] = ({}, set(), True)
+        self._items.put(id(operation), (operation, store))  # holds the operation: its id is not reused
+        return store
+
+
+def _has_directives(nodes: list[Any]) -> bool:
+    """Whether any of these definitions or their selections carry a directive."""
+    pending = list(nodes)
+    while pending:
+        node = pending.pop()
+        if getattr(node, "directives", None):
+            return True
+        selection_set = getattr(node, "selection_set", None)
+        if selection_set is not None:
+            pending.extend(selection_set.selections)
+    return False
 
 
 class CompiledObjects:
@@ -180,7 +284,8 @@ class CompiledObjects:
     is_awaitable: Any
     info_class: Any = None
     exception_handlers: bool = True
-    _failures = 0  # attribute fields that failed in `_complete` (see the memo in complete_object_value)
+    shared_plans: SharedPlans
+    _failures = 0  # attribute fields that failed in `_complete` (see the memo in `_object`)
 
     def complete_object_value(
         self,
@@ -193,25 +298,27 @@ class CompiledObjects:
     ) -> Any:
         compiled = position_context is None and self.operation.operation is OperationType.QUERY
         plan = self._plan(return_type, field_details_list) if compiled else None
-        if plan is None:
+        if plan is None or (
+            return_type.is_type_of is not None and return_type.is_type_of(result, info) is not True
+        ):
+            # Not compiled, or an async or failing check: graphql-core's path raises the same error.
             return super().complete_object_value(  # type: ignore[misc]
                 return_type, field_details_list, info, path, result, position_context
             )
-        pure = id(plan) in self._pure_plans
-        if pure:
-            # A selection of attributes only, met again on the same object (a page's threads all
-            # name one project): the same values, so the dict completed the first time is reused.
-            memo: dict[tuple[int, int], tuple[Any, Any]] = self.__dict__.setdefault("_memo", {})
-            found = memo.get((id(plan), id(result)))
-            if found is not None and found[0] is result:
-                return found[1]
-        if return_type.is_type_of is not None and return_type.is_type_of(result, info) is not True:
-            # An async or failing check: graphql-core's path raises the same error.
-            return super().complete_object_value(  # type: ignore[misc]
-                return_type, field_details_list, info, path, result, position_context
-            )
+        return self._object(return_type, plan, path, result, id(plan) in self._pure_plans)
+
+    def _object(
+        self, return_type: GraphQLObjectType, plan: tuple[Any, ...], path: Path, result: Any, pure: bool
+    ) -> Any:
+        """The object's dict (type already checked), from its plan (`pure`: one of `_pure_plans`)."""
         if not pure:
             return self._complete(return_type, plan, path, result)
+        # A selection of attributes only, met again on the same object (a page's threads all
+        # name one project): the same values, so the dict completed the first time is reused.
+        memo: dict[tuple[int, int], tuple[Any, Any]] = self.__dict__.setdefault("_memo", {})
+        found = memo.get((id(plan), id(result)))
+        if found is not None and found[0] is result:
+            return found[1]
         failures = self._failures
         completed = self._complete(return_type, plan, path, result)
         if self._failures == failures:  # a field error names its path: such a dict is not reused
@@ -220,25 +327,33 @@ class CompiledObjects:
 
     @property
     def _pure_plans(self) -> set[int]:
-        """The ids of the plans (per operation) made only of attribute fields and __typename."""
-        found: set[int] | None = self.__dict__.get("_pure")
-        if found is None:
-            found = self.__dict__["_pure"] = set()
-        return found
+        """The ids of the plans made only of attribute fields and __typename."""
+        return self._store()[1]
+
+    def _store(self) -> tuple[dict[Any, Any], set[int], bool]:
+        """This operation's plans, pure plan ids, and whether they are shared with later operations
+        of the same (cached) document."""
+        store: tuple[dict[Any, Any], set[int], bool] | None = self.__dict__.get("_plan_store")
+        if store is None:
+            middleware = self.middleware_manager
+            plain = middleware is None or not getattr(middleware, "middlewares", None)
+            shared = self.shared_plans.get(self.operation, self.fragments) if plain else None  # type: ignore[attr-defined]
+            store = self.__dict__["_plan_store"] = shared or ({}, set(), False)
+        return store
 
     def _plan(self, return_type: GraphQLObjectType, field_details_list: Any) -> tuple[Any, ...] | None:
-        plans: dict[Any, Any] | None = self.__dict__.get("_plans")
-        if plans is None:
-            plans = self.__dict__["_plans"] = {}
-        key = (return_type, id(field_details_list))
+        plans, pure, shared = self._store()
+        # Shared plans are found by the field nodes (of the cached document, so alive and the same
+        # objects every time); an operation's own by the list, kept alive with its plan.
+        key = (return_type, tuple([id(d.node) for d in field_details_list]) if shared else id(field_details_list))
         cached = plans.get(key)
         if cached is not None:
             return cached[1]  # type: ignore[no-any-return]
         grouped, new_defer_usages, _ = self.collect_subfields(return_type, field_details_list)  # type: ignore[attr-defined]
         plan = None if new_defer_usages else tuple(self._entries(return_type, grouped))
-        plans[key] = (field_details_list, plan)  # keeps the list alive, so its id is not reused
+        plans[key] = (field_details_list, plan)
         if plan is not None and all(entry[0] in (_ATTR, _TYPENAME) for entry in plan):
-            self._pure_plans.add(id(plan))  # the plan is kept in `plans`, so its id stays its own
+            pure.add(id(plan))  # the plan is kept in `plans`, so its id stays its own
         return plan
 
     def _entries(self, return_type: GraphQLObjectType, grouped: Any) -> Iterator[tuple[Any, ...]]:
@@ -269,18 +384,45 @@ class CompiledObjects:
             )
             if plain and definition is not None:
                 getter = definition.default_resolver
-                yield (_ATTR, key, name, definition.python_name, getter, leaf, field_type, group)
+                same = _SAME.get(id(leaf))
+                yield (_ATTR, key, name, definition.python_name, getter, leaf, field_type, group, same)
                 continue
             direct = self._direct_call(field_def, definition, node) if plain_allowed else None
             if direct is not None and is_leaf:
                 # A resolver of a scalar or enum (latestSequence, status): its value is completed
                 # inline as an attribute's is, and its info built only if it takes one.
                 call, takes_info = direct
-                yield (_CALL_LEAF, key, name, leaf, field_type, group, field_def, call, takes_info)
+                same = _SAME.get(id(leaf))
+                yield (_CALL_LEAF, key, name, leaf, field_type, group, field_def, call, takes_info, same)
+                continue
+            inline = self._inline_entry(key, name, field_type, group, field_def, direct) if direct else None
+            if inline is not None:
+                yield inline
             elif direct is not None:
                 yield (_CALL, key, group, field_def, direct[0])
             else:
                 yield (_GENERAL, key, group)
+
+    def _inline_entry(
+        self, key: str, name: str, field_type: Any, group: Any, field_def: Any, direct: tuple[Any, bool]
+    ) -> tuple[Any, ...] | None:
+        """An OBJECT or LIST entry for a field of an object type (or a list of one) whose selection
+        has a plan, or None (a field with directives, an abstract type, a custom type check)."""
+        if any(d.node.directives for d in group):
+            return None  # @stream and the like: graphql-core's path
+        inner = field_type.of_type if isinstance(field_type, GraphQLNonNull) else field_type
+        kind, item_type = _OBJECT, None
+        if isinstance(inner, GraphQLList):
+            kind, item_type = _LIST, inner.of_type
+            inner = item_type.of_type if isinstance(item_type, GraphQLNonNull) else item_type
+        if not isinstance(inner, GraphQLObjectType) or not _inline_type_check(inner):
+            return None
+        plan = self._plan(inner, group)
+        if plan is None:
+            return None
+        call, takes_info = direct
+        pure = id(plan) in self._pure_plans
+        return (kind, key, name, field_type, group, field_def, call, takes_info, inner, plan, item_type, pure)
 
     def _direct_call(self, field_def: Any, definition: Any, node: Any) -> tuple[Any, bool] | None:
         """The field's own function, called as strawberry's wrapper would, when nothing else may run,
@@ -309,6 +451,18 @@ class CompiledObjects:
         sources = [p.name for p in (resolver.parent_parameter, resolver.root_parameter) if p is not None]
         info_name = resolver.info_parameter.name if resolver.info_parameter is not None else None
         info_class = self.info_class
+        if not sources and pass_self:
+            # The usual shapes, `(self)` and `(self, info)`, called without a keyword dict.
+            params = list(inspect.signature(func).parameters.values())
+            if info_name is None and len(params) == 1:
+                return (lambda source, _info: func(source)), False
+            if (
+                info_name is not None
+                and len(params) == 2
+                and params[1].name == info_name
+                and params[1].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+            ):
+                return (lambda source, info: func(source, info_class(_raw_info=info, _field=definition))), True
 
         def call(source: Any, info: Any) -> Any:
             kwargs = dict.fromkeys(sources, source)
@@ -334,6 +488,104 @@ class CompiledObjects:
             return None
         return completed
 
+    def _inline(self, parent_type: GraphQLObjectType, entry: tuple[Any, ...], source: Any, path: Path) -> Any:
+        """An OBJECT or LIST field, as `execute_field` and `complete_value` would complete it, with its
+        object(s) completed from their plan (no resolve info unless the resolver takes one)."""
+        kind, _, name, field_type, group, field_def, call, takes_info, object_type, plan, item_type, pure = entry
+        info = self.build_resolve_info(field_def, [d.node for d in group], parent_type, path) if takes_info else None  # type: ignore[attr-defined]
+        try:
+            value = call(source, info)
+            if _pending(value, self.is_awaitable):
+                if info is None:
+                    info = self.build_resolve_info(field_def, [d.node for d in group], parent_type, path)  # type: ignore[attr-defined]
+                return self.complete_awaitable_value(field_type, group, info, path, value, None)  # type: ignore[attr-defined]
+            if isinstance(value, Exception):
+                raise value
+            if value is None or value is Undefined:
+                if isinstance(field_type, GraphQLNonNull):
+                    raise TypeError(f"Cannot return null for non-nullable field {parent_type.name}.{name}.")
+                return None
+            if kind == _OBJECT:
+                check = object_type.is_type_of
+                if check is not None and not check(value, None):
+                    raise invalid_return_type_error(object_type, value, group)
+                completed = self._object(object_type, plan, path, value, pure)
+            elif isinstance(value, list | tuple):
+                completed = self._inline_items(
+                    parent_type, name, item_type, object_type, plan, pure, group, path, value
+                )
+            else:
+                # Not a plain list (an async or odd iterable, or none): graphql-core's completion.
+                if info is None:
+                    info = self.build_resolve_info(field_def, [d.node for d in group], parent_type, path)  # type: ignore[attr-defined]
+                completed = self.complete_value(field_type, group, info, path, value, None)  # type: ignore[attr-defined]
+            if self.is_awaitable(completed):
+                return self._await_completed(completed, field_type, group, path)
+            return completed
+        except Exception as raw_error:
+            self.handle_field_error(raw_error, field_type, group, path)  # type: ignore[attr-defined]
+            return None
+
+    def _inline_items(
+        self,
+        parent_type: GraphQLObjectType,
+        name: str,
+        item_type: Any,
+        object_type: GraphQLObjectType,
+        plan: tuple[Any, ...],
+        pure: bool,
+        group: Any,
+        path: Path,
+        items: list[Any] | tuple[Any, ...],
+    ) -> Any:
+        """`complete_iterable_value` for a list of objects of one type (no @stream: no directives)."""
+        count = getattr(self, "count_list_items", None)  # the execution context's list budget, if any
+        if count is not None:
+            count(items)
+        is_awaitable = self.is_awaitable
+        check = object_type.is_type_of
+        non_null = isinstance(item_type, GraphQLNonNull)
+        completed: list[Any] = []
+        append = completed.append
+        pending: list[int] = []
+        try:
+            for index, item in enumerate(items):
+                item_path = Path(path, index, None)
+                if _pending(item, is_awaitable):
+                    info = self.build_resolve_info(  # type: ignore[attr-defined]
+                        self.schema.get_field(parent_type, name), [d.node for d in group], parent_type, path
+                    )
+                    complete = self.complete_awaitable_list_item_value  # type: ignore[attr-defined]
+                    append(complete(item, item_type, group, info, item_path, None))
+                    pending.append(index)
+                    continue
+                try:
+                    if isinstance(item, Exception):
+                        raise item
+                    if item is None or item is Undefined:
+                        if non_null:
+                            raise TypeError(f"Cannot return null for non-nullable field {parent_type.name}.{name}.")
+                        append(None)
+                        continue
+                    if check is not None and not check(item, None):  # type: ignore[arg-type]  # strawberry's: no info
+                        raise invalid_return_type_error(object_type, item, group)
+                    value = self._object(object_type, plan, item_path, item, pure)
+                    if is_awaitable(value):
+                        append(self._await_completed(value, item_type, group, item_path))
+                        pending.append(index)
+                    else:
+                        append(value)
+                except Exception as raw_error:
+                    self.handle_field_error(raw_error, item_type, group, item_path)  # type: ignore[attr-defined]
+                    append(None)
+        except Exception:
+            if pending:
+                self.settle_in_background([completed[i] for i in pending])  # type: ignore[attr-defined]
+            raise
+        if not pending:
+            return completed
+        return _awaited_items(completed, pending)
+
     async def _await_completed(self, completed: Any, return_type: Any, group: Any, path: Path) -> Any:
         try:
             return await completed
@@ -351,22 +603,36 @@ class CompiledObjects:
             for entry in plan:
                 kind = entry[0]
                 if kind == _ATTR:
-                    _, key, name, python_name, getter, leaf, field_type, group = entry
+                    _, key, name, python_name, getter, leaf, field_type, group, same = entry
                     try:
-                        results[key] = _leaf_value(getter(source, python_name), leaf, field_type, type_name, name)
+                        value = getter(source, python_name)
+                        if value.__class__ is same:  # a str or bool: serialized as it is
+                            results[key] = value
+                        elif value is None and field_type is leaf:
+                            results[key] = None
+                        elif same is _IntLeaf and value.__class__ is int and _INT_MIN <= value <= _INT_MAX:
+                            results[key] = value
+                        else:
+                            results[key] = _leaf_value(value, leaf, field_type, type_name, name)
                     except Exception as raw_error:
                         self._failures += 1
                         self.handle_field_error(raw_error, field_type, group, Path(path, key, type_name))  # type: ignore[attr-defined]
                         results[key] = None
                 elif kind == _CALL_LEAF:
-                    _, key, name, leaf, field_type, group, field_def, call, takes_info = entry
+                    _, key, name, leaf, field_type, group, field_def, call, takes_info, same = entry
                     field_path = Path(path, key, type_name)
-                    nodes = [d.node for d in group]
+                    nodes = [d.node for d in group] if takes_info else None
                     info = self.build_resolve_info(field_def, nodes, return_type, field_path) if takes_info else None  # type: ignore[attr-defined]
                     try:
                         value = call(source, info)
-                        if is_awaitable(value):
+                        if value.__class__ is same or (
+                            same is _IntLeaf and value.__class__ is int and _INT_MIN <= value <= _INT_MAX
+                        ):
+                            results[key] = value
+                            continue
+                        if _pending(value, is_awaitable):
                             if info is None:
+                                nodes = [d.node for d in group]
                                 info = self.build_resolve_info(field_def, nodes, return_type, field_path)  # type: ignore[attr-defined]
                             complete = self.complete_awaitable_value  # type: ignore[attr-defined]
                             results[key] = complete(field_type, group, info, field_path, value, None)
@@ -376,6 +642,12 @@ class CompiledObjects:
                     except Exception as raw_error:
                         self.handle_field_error(raw_error, field_type, group, field_path)  # type: ignore[attr-defined]
                         results[key] = None
+                elif kind in (_OBJECT, _LIST):
+                    key = entry[1]
+                    result = self._inline(return_type, entry, source, Path(path, key, type_name))
+                    results[key] = result
+                    if is_awaitable(result):
+                        awaitable_keys.append(key)
                 elif kind == _TYPENAME:
                     results[entry[1]] = entry[2]
                 elif kind == _CALL:
@@ -411,8 +683,8 @@ def _leaf_value(value: Any, leaf: Any, field_type: Any, type_name: str, name: st
     coerced = leaf.coerce_output_value(value)
     if coerced is Undefined or coerced is None:
         raise TypeError(
-            f"Expected `{inspect(leaf)}.coerce_output_value({inspect(value)})` "
-            f"to return non-nullable value, returned: {inspect(coerced)}"
+            f"Expected `{inspect_value(leaf)}.coerce_output_value({inspect_value(value)})` "
+            f"to return non-nullable value, returned: {inspect_value(coerced)}"
         )
     return coerced
 
@@ -425,3 +697,12 @@ async def _awaited(results: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         results.update(zip(keys, await gather_with_cancel(*(results[k] for k in keys)), strict=True))
     return results
 
+
+async def _awaited_items(items: list[Any], indices: list[int]) -> list[Any]:
+    """`complete_iterable_value`'s tail: the awaitable items settled together, in place."""
+    if len(indices) == 1:
+        items[indices[0]] = await items[indices[0]]
+    else:
+        for index, value in zip(indices, await gather_with_cancel(*(items[i] for i in indices)), strict=True):
+            items[index] = value
+    return items

@@ -77,13 +77,17 @@ class BoundedListsExecutionContext(FreshMemoExecutionContext):
         self, return_type: Any, field_details: Any, info: Any, path: Any, result: Any, *rest: Any
     ) -> Any:
         if isinstance(result, list | tuple):
-            self._items += len(result)
-            if self._items > self.max_items:
-                raise GraphQLError(
-                    f"the response would hold more than {self.max_items} list items",
-                    extensions={"code": "QUERY_TOO_COSTLY", "cost": self._items, "maxCost": self.max_items},
-                )
+            self.count_list_items(result)
         return super().complete_list_value(return_type, field_details, info, path, result, *rest)
+
+    def count_list_items(self, items: list[Any] | tuple[Any, ...]) -> None:
+        """Counts a list about to be completed (also called by `compiled.CompiledObjects`' inline lists)."""
+        self._items += len(items)
+        if self._items > self.max_items:
+            raise GraphQLError(
+                f"the response would hold more than {self.max_items} list items",
+                extensions={"code": "QUERY_TOO_COSTLY", "cost": self._items, "maxCost": self.max_items},
+            )
 
 
 class TimedExecutionContext(BoundedListsExecutionContext):
