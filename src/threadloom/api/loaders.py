@@ -130,7 +130,9 @@ class Loaders:
         made = self._loaders.get(("rows", table.name))
         if made is not None:  # asked once per object of a page: no closure made for the usual case
             return made
+        return self._new_rows(table)
 
+    def _new_rows(self, table: sa.Table) -> DataLoader[uuid.UUID, sa.RowMapping | None]:
         async def load(ids: list[uuid.UUID]) -> list[sa.RowMapping | None]:
             async with self.reader() as db:
                 found = await reads.by_ids(db, table, ids)

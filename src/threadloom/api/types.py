@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import operator
 import typing
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from types import CoroutineType
 from typing import Any, ClassVar, Self, TypeVar, dataclass_transform
 
 import sqlalchemy as sa
@@ -53,17 +55,26 @@ class _Entity:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:
-        row = dict(row)  # a database row's `in` and `[]` are slow: read every column once
+        if type(row) is not dict:
+            row = dict(row)  # a database row's `in` and `[]` are slow: read every column once
         rec = cls._record.from_mapping(row)
-        names = cls.__dict__.get("_init_names")
-        if names is None:
+        found = _INIT.get(cls)
+        if found is None:
             record_fields = set(cls._record.field_names())
             fields = dataclasses.fields(cls)  # type: ignore[arg-type]
             names = tuple(f.name for f in fields if f.init and f.name in record_fields and f.name != "id")
-            cls._init_names = names  # type: ignore[attr-defined]
-        values = {n: getattr(rec, n) for n in names}
-        extra = {k: row[k] for k in getattr(cls, "_row_extras", ()) if k in row}
-        return cls(id=gid.encode(cls.__name__, rec.id), rec=rec, **values, **extra)  # type: ignore[call-arg]
+            read: Callable[[Any], Any] | None = operator.attrgetter(*names) if names else None
+            found = _INIT[cls] = (names, read, getattr(cls, "_row_extras", ()))
+        names, read, extras = found
+        values = {} if read is None else dict(zip(names, read(rec) if len(names) > 1 else (read(rec),), strict=True))
+        for k in extras:
+            if k in row:
+                values[k] = row[k]
+        return cls(id=gid.encode(cls.__name__, rec.id), rec=rec, **values)  # type: ignore[call-arg]
+
+
+# By GraphQL type: the record fields its constructor takes, a getter of their values, and its row extras.
+_INIT: dict[type, tuple[tuple[str, ...], Callable[[Any], Any] | None, tuple[str, ...]]] = {}
 
 
 def _is_reference(hint: Any) -> bool:
@@ -102,7 +113,13 @@ def _entity(record: type[Record], *, hide: tuple[str, ...] = ()) -> Callable[[ty
 async def _load(info: Info, cls: type[E], entity_id: uuid.UUID | None) -> E | None:
     """Load an object of the same project as its parent (no visibility re-check needed)."""
     found = _load_now(info, cls, entity_id)
-    return await found if inspect.isawaitable(found) else found
+    return await found if _pending(found) else typing.cast("E | None", found)
+
+
+def _pending(value: object) -> typing.TypeGuard[Awaitable[Any]]:
+    """Whether `_load_now` answered with a pending load (its coroutine): cheaper to ask than
+    `inspect.isawaitable`, which goes through the Awaitable ABC for every object of a page."""
+    return isinstance(value, CoroutineType)
 
 
 def _load_now(info: Info, cls: type[E], entity_id: uuid.UUID | None) -> E | Awaitable[E | None] | None:
@@ -161,7 +178,7 @@ def _one(
     def resolve(self: Any, info: Info) -> Any:
         # Synchronous when the loader already holds the row (see `_load_now`), else a coroutine.
         found = _load_now(info, NODE_TYPES[type_name], getattr(self.rec, attr))
-        if inspect.isawaitable(found):
+        if _pending(found):
             return _required(found, type_name, attr) if required else found
         assert found is not None or not required, f"{type_name} {attr} missing"
         return found
@@ -245,9 +262,9 @@ class Thread(Node, _Entity):
     def status(self, info: Info) -> Any:
         # Synchronous for an idle thread or a run already loaded (see `_load_now`).
         run = _load_now(info, Run, self.rec.active_run_id)
-        if inspect.isawaitable(run):
+        if _pending(run):
             return _status_of(run)
-        return thread_status(None if run is None else run.rec.status.value)
+        return thread_status(None if run is None else typing.cast(Run, run).rec.status.value)
 
     @paged("thread.runs", "Run")
     def runs(self, info: Info) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from threadloom.store.db import Reader
 
@@ -45,12 +46,19 @@ class Page:
 _BY_IDS: dict[str, sa.Select[Any]] = {}
 
 
+def _any(column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[Any]:
+    """`= ANY(:name)` with the values bound as one array: the same rows as an `IN` list, but the
+    statement text does not change with the number of values (an expanding `IN` is rendered again
+    for every execution, and is a new prepared statement for every length)."""
+    return sa.func.any(sa.bindparam(name, type_=postgresql.ARRAY(column.type)))
+
+
 async def by_ids(db: Reader, table: sa.Table, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, sa.RowMapping]:
     if not ids:
         return {}
     stmt = _BY_IDS.get(table.name)
     if stmt is None:  # built once per table (see _PAGE_STATEMENTS)
-        stmt = _BY_IDS[table.name] = sa.select(table).where(table.c.id.in_(sa.bindparam("ids", expanding=True)))
+        stmt = _BY_IDS[table.name] = sa.select(table).where(table.c.id == _any(table.c.id, "ids"))
     rows = await db.rows(stmt, {"ids": list(set(ids))})
     return {r["id"]: r for r in rows}
 
@@ -74,7 +82,7 @@ def _page_statement(
     if parent is None:
         return sa.select(table).where(*conds).order_by(order).limit(limit)
     parent_col = table.c[parent]
-    conds.append(parent_col.in_(sa.bindparam("page_parents", expanding=True)))
+    conds.append(parent_col == _any(parent_col, "page_parents"))
     rn = sa.func.row_number().over(partition_by=parent_col, order_by=order).label("_rn")
     inner = sa.select(table, rn).where(*conds).subquery()
     return sa.select(inner).where(inner.c._rn <= limit).order_by(inner.c[parent], inner.c._rn)
