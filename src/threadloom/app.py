@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import signal
 from collections.abc import AsyncIterator
 
 import sqlalchemy as sa
@@ -49,6 +50,16 @@ def settle_garbage_collector() -> None:
     gc.set_threshold(50_000, 50, 1_000)
 
 
+WORKER_LOST_EXIT = 75  # EX_TEMPFAIL: stopped on purpose, to be restarted
+
+
+def _stop_self(app: Starlette) -> None:
+    """This process is no longer a live worker (its lock's connection broke): stop gracefully, as on
+    SIGTERM, and exit with WORKER_LOST_EXIT so a supervisor starts it again as a new worker."""
+    app.state.exit_code = WORKER_LOST_EXIT
+    signal.raise_signal(signal.SIGTERM)
+
+
 def create_app(settings: Settings, database_url: str, clock: Clock | None = None) -> Starlette:
     holder: dict[str, Services] = {}
 
@@ -59,7 +70,7 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         live = Live(services.db, settings.broadcast_url, StreamLimits(limits.max_replay, limits.subscriber_queue))
         await live.start()
         services.pipeline.listeners.append(live.on_commit)
-        await services.start()
+        await services.start(on_worker_lost=lambda: _stop_self(app))
         holder["services"] = services
         view = GraphQLView(services, build_schema(settings.limits, dev=settings.dev), live)
         settle_garbage_collector()

@@ -49,14 +49,14 @@ def _stop_embedded_at_exit(server: Any) -> None:
     stop_embedded(server)
 
 
-def _exit_on_signal(signum: int, frame: Any) -> None:
+def _exit_on_signal(signum: int, frame: Any, code: int = 0) -> None:
     """SIGINT/SIGTERM end the process through SystemExit, so exit hooks run.
 
     uvicorn handles both signals while it serves (graceful shutdown) and then re-raises the
     signal to the handler installed before it: this one. Python's default for SIGTERM
     would end the process without running exit hooks, leaving PostgreSQL behind.
     """
-    raise SystemExit(0)
+    raise SystemExit(code)
 
 
 async def _migrate(url: str) -> None:
@@ -110,6 +110,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if admin is not None:
         print(f"Admin token (shown once, keep it): {admin}", flush=True)
     app = create_app(settings, url)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the exit code: app.WORKER_LOST_EXIT if it stopped itself
+        signal.signal(sig, lambda *_: _exit_on_signal(0, None, int(getattr(app.state, "exit_code", 0))))
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -128,7 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_config=None,
     )
     _graceful_server(uvicorn.Server, app)(config).run()
-    return 0
+    return int(getattr(app.state, "exit_code", 0))
 
 
 GOING_AWAY_SECONDS = 1.0  # how long the subscriptions' last items may take to go out

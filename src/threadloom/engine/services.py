@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 
 from threadloom import tracing
 from threadloom.config import Settings
@@ -167,9 +168,12 @@ class Services:
         sessions.on_open = open_ingest
         return services
 
-    async def start(self) -> None:
-        """Become a live worker, recover what lost workers left, then take effects."""
-        await self.worker.start()
+    async def start(self, on_worker_lost: Callable[[], None] | None = None) -> None:
+        """Become a live worker, recover what lost workers left, then take effects.
+
+        `on_worker_lost`: called if this process stops being a live worker while it runs (see
+        engine.workers); the server stops itself."""
+        await self.worker.start(on_worker_lost)
         await self.recovery.recover()
         self.effects.start()
         self.recovery.start()

@@ -41,6 +41,12 @@ async def register(conn: AsyncConnection, worker_id: uuid.UUID, now: datetime) -
     return lock_no
 
 
+async def ping(conn: AsyncConnection) -> None:
+    """One round trip on the lock's connection (raises if it broke); leaves no transaction open."""
+    await conn.execute(sa.text("SELECT 1"))
+    await conn.rollback()
+
+
 async def mark_stopped(db: Reader, worker_id: uuid.UUID, now: datetime) -> None:
     await db.execute(sa.update(t.workers).where(t.workers.c.id == worker_id).values(stopped_at=now))
 
