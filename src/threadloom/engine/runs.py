@@ -11,7 +11,7 @@ import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from threadloom.checkpoints import CheckpointError
 from threadloom.domain import dispatch as dispatch_rules
@@ -65,6 +65,7 @@ from threadloom.store.db import Reader
 log = logging.getLogger("threadloom.runs")
 TURN_END_WAIT = 30.0
 Decide = Callable[[Reader, AppThread, Run], Awaitable[Outcome]]  # a command on a run, under its thread lock
+R = TypeVar("R", Run, RunAttempt)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,11 +91,26 @@ class _Prepared:
     handoffs: tuple[ContextHandoff, ...] = ()  # context the agent lacks (rollback, portable fork, merge-backs)
     fork: NativeFork | None = None
     baseline_due: bool = True  # the thread has no checkpoint N-1 yet (`Checkpoints.ensure_baseline` has work)
+    recorded: tuple[LiveSession, uuid.UUID] | None = None  # turn recorded with the preparing: its runtime, turn
 
     @property
     def target(self) -> _Target:
         settings = _settings(self.thread, self.cwd, self.run.model)
         return _Target(self.thread.id, settings, self.run.id, self.provider_thread, self.thread.project_id, self.fork)
+
+
+def _latest(changes: list[Change], entity: R) -> R:
+    """`entity` as `changes` leave it."""
+    for change in reversed(changes):
+        if isinstance(change.entity, type(entity)) and change.entity.id == entity.id:
+            return change.entity
+    return entity
+
+
+def _release(session: LiveSession) -> None:
+    """The end of a hold taken by `RunEngine._holding` (as `SessionManager.using` ends)."""
+    session.busy -= 1
+    session.idle_since = None
 
 
 def _settings(thread: AppThread, cwd: str, model: str | None = None) -> ThreadSettings:
@@ -260,9 +276,20 @@ class RunEngine:
     # ---- the provider-turn.start effect ---------------------------------------------------
 
     async def start_turn(self, effect: StartTurn) -> None:
-        """ensure session → ensure provider thread → record the turn → start it."""
+        """ensure session → ensure provider thread → record the turn → start it.
+
+        A follow-up turn on a native thread its live runtime already holds (nothing to create, resume,
+        fork, capture first or wait for) is prepared and recorded in one transaction (`_prepare`); the
+        turn's row still commits before the provider is asked to start it."""
         prepared = await self._prepare(effect.run_id, effect.input, effect.thread_id)
         if prepared is None:
+            return
+        if prepared.recorded is not None:
+            session, turn = prepared.recorded
+            try:
+                await self._send(session, prepared, prepared.provider_thread, turn, prepared.handoffs)
+            finally:
+                _release(session)
             return
         try:
             if prepared.thread.workspace_path:
@@ -300,6 +327,18 @@ class RunEngine:
         fell_back = prepared.fork is not None and provider_thread.forked_from_provider_thread_id is None
         if fell_back or provider_thread.id != prepared.provider_thread.id:  # a handoff made after preparing
             handoffs = await self._pending_handoffs(provider_thread.id)
+        await self._send(session, prepared, provider_thread, turn, handoffs)
+
+    async def _send(
+        self,
+        session: LiveSession,
+        prepared: _Prepared,
+        provider_thread: ProviderThread,
+        turn: uuid.UUID,
+        handoffs: tuple[ContextHandoff, ...],
+    ) -> None:
+        """Bind the recorded turn and ask the provider to start it (the turn's row is committed)."""
+        run_id = prepared.run.id
         handoff = joined(handoffs)
         binding = TurnBinding(
             thread_id=prepared.thread.id,
@@ -340,15 +379,20 @@ class RunEngine:
     async def _prepare(
         self, run_id: uuid.UUID, text: str | None = None, thread_id: uuid.UUID | None = None
     ) -> _Prepared | None:
+        """Read what the turn needs (`turn.prepare`); when the native thread is already loaded in a live
+        runtime, also record the provider thread and the requested turn in the same transaction, the
+        runtime kept from the reaper until the caller `_release`s it (`_Prepared.recorded`)."""
         now = self.now
+        found: list[_Prepared] = []
+        held: list[LiveSession] = []
 
-        async def decide(db: Reader, thread: AppThread) -> Valued[_Prepared | None]:
+        async def prepare(db: Reader, thread: AppThread) -> Outcome:
             run = await entities.get(db, Run, run_id)
             if run is None or run.status != RunStatus.PREPARING:
-                return Outcome().carrying(None)
+                return Outcome()
             attempt = await entities.require(db, RunAttempt, run.active_attempt_id)
             if attempt.status != AttemptStatus.PENDING:
-                return Outcome().carrying(None)
+                return Outcome()
             project = await entities.require(db, Project, thread.project_id)
             message = await entities.require(db, ConversationMessage, run.user_message_id)
             current = await entities.get(db, ProviderThread, thread.active_provider_thread_id)
@@ -363,7 +407,9 @@ class RunEngine:
             merged = await consume_merges(db, thread, run, provider_thread.id, now, new_id)
             outcome.changes.extend(merged.changes)
             handoffs.extend(merged.handoffs)
-            return outcome.carrying(
+            # The run and attempt as these changes leave them (the turn's record starts from them).
+            run, attempt = _latest(outcome.changes, run), _latest(outcome.changes, attempt)
+            found.append(
                 _Prepared(
                     run,
                     attempt,
@@ -376,11 +422,47 @@ class RunEngine:
                     await self.checkpoints.baseline_due(db, thread.id, run),
                 )
             )
+            return outcome
+
+        async def request(db: Reader, thread: AppThread) -> Valued[_Prepared | None]:
+            if not found:
+                return Outcome().carrying(None)
+            p = found[0]
+            session = self._holding(p)
+            if session is None:
+                return Outcome().carrying(p)  # the turn is recorded later, after the runtime is ready
+            held.append(session)
+            pt = p.provider_thread.evolve(session_id=session.session_id, status=ProviderThreadStatus.ACTIVE)
+            ordinal = await runs.next_turn_ordinal(db, pt.id)
+            outcome, turn = rules.turn_requested(p.run, p.attempt, pt, ordinal, now, new_id)
+            outcome.changes.insert(0, Change.updated(pt.evolve(updated_at=now)))  # as `_provider_thread_ready`
+            return outcome.carrying(dataclasses.replace(p, provider_thread=pt, recorded=(session, turn.id)))
 
         thread_id = thread_id or await self._thread_of_run(run_id)
         if thread_id is None:
             return None
-        return await self.pipeline.execute(Step(command_type="turn.prepare", thread_id=thread_id, decide=decide))
+        step = Step(command_type="turn.prepare", thread_id=thread_id, decide=request, before=(prepare,))
+        try:
+            return await self.pipeline.execute(step)
+        except BaseException:
+            for session in held:
+                _release(session)
+            raise
+
+    def _holding(self, p: _Prepared) -> LiveSession | None:
+        """The live runtime that already holds the turn's native thread, now kept from the reaper (as by
+        `SessionManager.using`), when the turn needs nothing before its record: no runtime to open, native
+        thread to create, resume or fork, fork folder or baseline to make, nor earlier turn to wait for."""
+        if p.fork is not None or p.baseline_due or p.thread.workspace_path:
+            return None
+        ref = p.provider_thread.native_thread_ref
+        session = self.sessions.live.get((p.run.provider_instance_id, p.thread.project_id))
+        if ref is None or session is None or session.stopping or not session.runtime.alive:
+            return None
+        if ref not in session.loaded or ref in session.bindings:
+            return None
+        session.busy += 1
+        return session
 
     async def _ensure_native_thread(self, session: LiveSession, p: _Target) -> ProviderThread:
         """Lazily create the native thread, or resume it in this runtime (Follow-Up Turns), and record it."""
