@@ -176,18 +176,14 @@ class Checkpoints:
         `attempt_id` is a superseded attempt's, whose end does not end the run)."""
         if self.store is None:
             return None
-        async with self.pipeline.db.read() as db:
-            run = await entities.get(db, Run, run_id)
-            if run is None or not is_active(run):
-                return None
-            if attempt_id is not None and run.active_attempt_id != attempt_id:
-                return None
-            where = await self._where(db, run.thread_id)
-            scope = await stored.root_scope(db, run.thread_id)
-            known = await stored.of_scope(db, scope.id) if scope is not None else []
-        if where is None:
+        async with self.pipeline.db.statements() as db:  # one statement, no BEGIN: a run's end waits for it
+            found = await stored.run_end_facts(db, run_id)
+        if found is None:
             return None
-        base = rules.base_of(known, run.ordinal)
+        run, thread, project, base = found
+        if not is_active(run) or (attempt_id is not None and run.active_attempt_id != attempt_id):
+            return None
+        where = _Where(thread.id, project.id, Path(workspace_of(thread, project.workspace_root)), index_key(thread))
         result = await self._capture(where, rules.ROOT_SCOPE_NAME, run.ordinal, base, f"after run {run.ordinal}")
         return RunCapture(run.id, run.ordinal, result)
 
@@ -203,11 +199,9 @@ class Checkpoints:
         """Inside the barrier's transaction: the run's checkpoint from the capture made before it."""
         if capture is None or capture.run_id != run.id:
             return None
-        current = await stored.root_scope(db, thread.id)
+        current, existing = await stored.root_at(db, thread.id, capture.ordinal)
         now = self.pipeline.clock.now()
         scope, changes = rules.ensure_root_scope(current, thread.id, now, new_id)
-        checkpoints = await stored.of_scope(db, scope.id) if current is not None else []
-        existing = next((c for c in checkpoints if c.ordinal == capture.ordinal), None)
         recorded = rules.record(
             scope,
             existing,

@@ -6,9 +6,9 @@ import uuid
 
 import sqlalchemy as sa
 
-from threadloom.domain.entities import AppThread, Checkpoint, CheckpointScope, ContextTransfer
+from threadloom.domain.entities import AppThread, Checkpoint, CheckpointScope, ContextTransfer, Project, Run
 from threadloom.domain.forks import ForkPoint
-from threadloom.domain.statuses import CheckpointScopeKind
+from threadloom.domain.statuses import CheckpointScopeKind, CheckpointStatus
 from threadloom.store import entities
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
@@ -24,6 +24,55 @@ async def root_scope(db: Reader, thread_id: uuid.UUID) -> CheckpointScope | None
         order_by=[t.checkpoint_scopes.c.created_at, t.checkpoint_scopes.c.id],
     )
     return found[0] if found else None
+
+
+_RUN_END = sa.text(
+    """
+    SELECT to_jsonb(r) AS run, to_jsonb(th) AS thread, to_jsonb(p) AS project,
+      (SELECT to_jsonb(c) FROM checkpoints c
+        WHERE c.scope_id = (SELECT s.id FROM checkpoint_scopes s WHERE s.thread_id = r.thread_id AND s.kind = :root
+                            ORDER BY s.created_at, s.id LIMIT 1)
+          AND c.ordinal < r.ordinal AND c.status = :ready AND c.ref IS NOT NULL AND c.ref <> ''
+        ORDER BY c.ordinal DESC LIMIT 1) AS base
+    FROM runs r JOIN threads th ON th.id = r.thread_id JOIN projects p ON p.id = th.project_id
+    WHERE r.id = :run
+    """
+)
+
+
+async def run_end_facts(db: Reader, run_id: uuid.UUID) -> tuple[Run, AppThread, Project, Checkpoint | None] | None:
+    """What a run's end capture reads, in one statement: the run, its thread and project (the workspace),
+    and the checkpoint its capture diffs against (`domain.checkpoints.base_of` of the run's ordinal)."""
+    params = {"run": run_id, "root": CheckpointScopeKind.ROOT_RUN.value, "ready": CheckpointStatus.READY.value}
+    row = await db.one_or_none(_RUN_END, params)
+    if row is None:
+        return None
+    base = Checkpoint.from_mapping(row["base"]) if row["base"] is not None else None
+    thread, project = AppThread.from_mapping(row["thread"]), Project.from_mapping(row["project"])
+    return Run.from_mapping(row["run"]), thread, project, base
+
+
+_ROOT_AT = sa.text(
+    """
+    SELECT to_jsonb(s) AS scope,
+      (SELECT to_jsonb(c) FROM checkpoints c WHERE c.scope_id = s.id AND c.ordinal = :ordinal) AS checkpoint
+    FROM checkpoint_scopes s WHERE s.thread_id = :thread AND s.kind = :root
+    ORDER BY s.created_at, s.id LIMIT 1
+    """
+)
+
+
+async def root_at(
+    db: Reader, thread_id: uuid.UUID, ordinal: int
+) -> tuple[CheckpointScope | None, Checkpoint | None]:
+    """The thread's root scope (`root_scope`) and its checkpoint `ordinal`, in one statement (a run's
+    end records its checkpoint under the thread lock)."""
+    params = {"thread": thread_id, "ordinal": ordinal, "root": CheckpointScopeKind.ROOT_RUN.value}
+    row = await db.one_or_none(_ROOT_AT, params)
+    if row is None:
+        return None, None
+    existing = Checkpoint.from_mapping(row["checkpoint"]) if row["checkpoint"] is not None else None
+    return CheckpointScope.from_mapping(row["scope"]), existing
 
 
 async def root_has(db: Reader, thread_id: uuid.UUID, ordinal: int) -> bool:
