@@ -67,40 +67,64 @@ async def thread_state(db: Reader, thread: AppThread) -> ThreadState:
     )
 
 
+_GRAPH = sa.text(
+    """
+    WITH a AS (SELECT * FROM run_attempts WHERE id = :attempt)
+    SELECT 'attempt' AS part, to_jsonb(a) AS row FROM a
+    UNION ALL SELECT 'root', to_jsonb(n) FROM execution_nodes n JOIN a ON n.id = a.root_node_id
+    UNION ALL SELECT 'turn', to_jsonb(pt) FROM provider_turns pt JOIN a ON pt.id = a.provider_turn_id
+    UNION ALL SELECT 'provider_thread', to_jsonb(p) FROM provider_threads p JOIN a ON p.id = a.provider_thread_id
+    UNION ALL SELECT 'message', to_jsonb(m) FROM conversation_messages m WHERE m.run_id = :run AND m.streaming
+    UNION ALL SELECT 'child', to_jsonb(n) FROM execution_nodes n JOIN a ON n.attempt_id = a.id
+      WHERE n.id <> a.root_node_id AND n.status IN :open_nodes
+    UNION ALL SELECT 'plan', to_jsonb(pa) FROM plan_artifacts pa WHERE pa.run_id = :run AND pa.status = :active_plan
+    UNION ALL SELECT 'queued', to_jsonb(q) FROM runs q WHERE q.thread_id = :thread AND q.status = :queued
+    UNION ALL SELECT 'request', to_jsonb(r) FROM runtime_requests r WHERE r.run_id = :run AND r.status = :pending
+    """
+).bindparams(sa.bindparam("open_nodes", expanding=True))
+_OPEN_NODES = [NodeStatus.PENDING.value, NodeStatus.RUNNING.value, NodeStatus.WAITING.value]
+
+
 async def run_graph(db: Reader, thread: AppThread, run: Run) -> RunGraph:
-    attempt = await entities.require(db, RunAttempt, run.active_attempt_id)
-    root = await entities.require(db, ExecutionNode, attempt.root_node_id)
-    open_statuses = [NodeStatus.PENDING.value, NodeStatus.RUNNING.value, NodeStatus.WAITING.value]
+    """Everything the completion barrier closes, in one statement (a run's end waits for it): the
+    same rows as one read per part, each part in id order, the queue in its order."""
+    found: dict[str, list[dict[str, object]]] = {}
+    params = {
+        "attempt": run.active_attempt_id,
+        "run": run.id,
+        "thread": thread.id,
+        "open_nodes": _OPEN_NODES,
+        "active_plan": PlanStatus.ACTIVE.value,
+        "queued": RunStatus.QUEUED.value,
+        "pending": RuntimeRequestStatus.PENDING.value,
+    }
+    for part, row in await db.tuples(_GRAPH, params):
+        found.setdefault(part, []).append(row)
+
+    def each(part: str, cls: type[entities.R]) -> list[entities.R]:
+        return sorted((cls.from_mapping(r) for r in found.get(part, [])), key=lambda e: e.id)
+
+    def one(part: str, cls: type[entities.R]) -> entities.R | None:
+        rows = each(part, cls)
+        return rows[0] if rows else None
+
+    attempt, root = one("attempt", RunAttempt), one("root", ExecutionNode)
+    if attempt is None or root is None:
+        raise LookupError(f"run {run.id}: attempt {run.active_attempt_id} or its root node not found")
+    queued = each("queued", Run)
+    queued.sort(key=lambda r: (r.queue_position is None, r.queue_position or 0, r.ordinal))
     return RunGraph(
         thread=thread,
         run=run,
         attempt=attempt,
         root=root,
-        turn=await entities.get(db, ProviderTurn, attempt.provider_turn_id),
-        provider_thread=await entities.get(db, ProviderThread, attempt.provider_thread_id),
-        open_messages=await entities.in_order(
-            db,
-            ConversationMessage,
-            t.conversation_messages.c.run_id == run.id,
-            t.conversation_messages.c.streaming.is_(True),
-        ),
-        open_children=await entities.in_order(
-            db,
-            ExecutionNode,
-            t.execution_nodes.c.attempt_id == attempt.id,
-            t.execution_nodes.c.id != root.id,
-            t.execution_nodes.c.status.in_(open_statuses),
-        ),
-        active_plans=await entities.in_order(
-            db, PlanArtifact, t.plan_artifacts.c.run_id == run.id, t.plan_artifacts.c.status == PlanStatus.ACTIVE.value
-        ),
-        queue=await queue(db, thread.id),
-        pending_requests=await entities.in_order(
-            db,
-            RuntimeRequest,
-            t.runtime_requests.c.run_id == run.id,
-            t.runtime_requests.c.status == RuntimeRequestStatus.PENDING.value,
-        ),
+        turn=one("turn", ProviderTurn),
+        provider_thread=one("provider_thread", ProviderThread),
+        open_messages=each("message", ConversationMessage),
+        open_children=each("child", ExecutionNode),
+        active_plans=each("plan", PlanArtifact),
+        queue=queued,
+        pending_requests=each("request", RuntimeRequest),
     )
 
 
