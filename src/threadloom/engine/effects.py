@@ -3,7 +3,9 @@ runs one effect at a time per thread in order, retries with capped exponential b
 
 Transactions: an effect that succeeded is marked done in the same transaction as its loop's next
 claim (one commit per effect, not two), and a claim that finds nothing and has nothing to mark done
-rolls back: an idle or needlessly woken loop costs a read, never a write."""
+rolls back: an idle or needlessly woken loop costs a read, never a write. Of the idle loops one polls
+(every `IDLE_POLL`); the others wait to be woken, so an idle server claims a few times a second, not
+once per loop each time, and a turn's engine work does not compete with their reads."""
 
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ LEASE = timedelta(minutes=5)
 BASE_BACKOFF = 0.2
 MAX_BACKOFF = 30.0
 MAX_ATTEMPTS = 8
-IDLE_POLL = 0.2
+IDLE_POLL = 0.2  # one idle loop polls this often: effects due later, or written by another server
+IDLE_BACKSTOP = 5.0  # the other idle loops wait for a wake-up, or this long
 
 
 def backoff(attempts: int) -> float:
@@ -47,11 +50,12 @@ class EffectWorker:
         self.concurrency = concurrency
         self.handlers: dict[str, Handler] = {}
         self._idle: list[asyncio.Event] = []  # the idle loops' wake-ups, the latest idle last
+        self._polling = False  # an idle loop is polling (the others' claims would find the same)
         self._tasks: list[asyncio.Task[None]] = []
 
     def wake(self) -> None:
-        """Wake one idle loop (it claims, and wakes another if it found something): a commit with one
-        effect costs one claim that finds it and one that does not, not one claim per loop."""
+        """Wake one idle loop (it claims, and wakes another if it found something and more was due): a
+        commit with one effect costs one claim that finds it, not one claim per loop."""
         if self._idle:
             self._idle.pop().set()
 
@@ -90,10 +94,13 @@ class EffectWorker:
             if not ran:
                 woken = asyncio.Event()
                 self._idle.append(woken)
+                polling, self._polling = not self._polling, True
                 try:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(woken.wait(), IDLE_POLL)
+                        await asyncio.wait_for(woken.wait(), IDLE_POLL if polling else IDLE_BACKSTOP)
                 finally:
+                    if polling:
+                        self._polling = False
                     if not woken.is_set():
                         self._idle.remove(woken)
 
@@ -121,7 +128,8 @@ class EffectWorker:
     async def _run(self, effect: sa.RowMapping) -> int | None:
         """Run a claimed effect: its id when it succeeded (to be marked done), None when its failure or
         retry is already recorded."""
-        self.wake()  # there may be more for other threads
+        if effect.get("more", True):
+            self.wake()  # more is due, maybe for other threads: another loop claims it meanwhile
         kind = effect["kind"]
         handler = self.handlers.get(kind)
         payload = dict(effect["payload"])

@@ -65,13 +65,17 @@ _CLAIM = sa.text(
     UPDATE effects SET status = 'running', lease_owner = :me, lease_expires_at = :lease,
                        attempts = effects.attempts + 1
     FROM next WHERE effects.id = next.id
-    RETURNING effects.id, effects.thread_id, effects.kind, effects.payload, effects.attempts, effects.replay_safe
+    RETURNING effects.id, effects.thread_id, effects.kind, effects.payload, effects.attempts, effects.replay_safe,
+      EXISTS (SELECT 1 FROM effects o WHERE o.status = 'pending' AND o.available_at <= :now
+              AND o.id <> effects.id) AS more
     """
 )
 
 
 async def claim(db: Reader, worker_id: uuid.UUID, now: datetime, lease: datetime) -> sa.RowMapping | None:
-    """Take the next runnable effect: oldest first, one at a time per thread, respecting affinity."""
+    """Take the next runnable effect: oldest first, one at a time per thread, respecting affinity.
+    `more` says whether any other effect was due (maybe not runnable yet: blocked by its thread's
+    running effect, or another worker's)."""
     return await db.one_or_none(_CLAIM, {"now": now, "me": worker_id, "lease": lease})
 
 
