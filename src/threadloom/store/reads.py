@@ -49,7 +49,8 @@ _BY_IDS: dict[str, sa.Select[Any]] = {}
 def _any(column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[Any]:
     """`= ANY(:name)` with the values bound as one array: the same rows as an `IN` list, but the
     statement text does not change with the number of values (an expanding `IN` is rendered again
-    for every execution, and is a new prepared statement for every length)."""
+    for every execution, and is a new prepared statement for every length). For primary-key
+    lookups only: a page's windowed read keeps its IN (see `_page_statement`)."""
     return sa.func.any(sa.bindparam(name, type_=postgresql.ARRAY(column.type)))
 
 
@@ -82,7 +83,9 @@ def _page_statement(
     if parent is None:
         return sa.select(table).where(*conds).order_by(order).limit(limit)
     parent_col = table.c[parent]
-    conds.append(parent_col == _any(parent_col, "page_parents"))
+    # An expanding IN, not `= ANY(array)`: with one parent the planner turns it into an equality,
+    # drops the partition and reads the page in key order from the index, stopping after it.
+    conds.append(parent_col.in_(sa.bindparam("page_parents", expanding=True)))
     rn = sa.func.row_number().over(partition_by=parent_col, order_by=order).label("_rn")
     inner = sa.select(table, rn).where(*conds).subquery()
     return sa.select(inner).where(inner.c._rn <= limit).order_by(inner.c[parent], inner.c._rn)
