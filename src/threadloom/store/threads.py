@@ -11,6 +11,10 @@ from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
 THREAD_LOCK_SPACE = 0x7468
+_LOCK = sa.text(
+    "WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock(:space, hashtext(:key))) "
+    "SELECT threads.* FROM held, threads WHERE threads.id = :id FOR UPDATE OF threads"
+)
 
 
 async def lock(db: Reader, thread_id: uuid.UUID) -> AppThread | None:
@@ -18,10 +22,12 @@ async def lock(db: Reader, thread_id: uuid.UUID) -> AppThread | None:
 
     The advisory lock comes first so that a waiting transaction gets its transaction id
     only once it holds the thread: per thread, transaction ids then follow commit order,
-    which the project feed (ordered by writer transaction id) relies on.
+    which the project feed (ordered by writer transaction id) relies on. One statement (a
+    write transaction's first, so every command's round trip): the lock is taken in a
+    materialized CTE the row must join, so the row is locked, and an id assigned, only after
+    it; `FOR UPDATE` returns the row's latest version, committed while this one waited.
     """
-    await db.execute(sa.select(sa.func.pg_advisory_xact_lock(THREAD_LOCK_SPACE, sa.func.hashtext(str(thread_id)))))
-    row = await db.one_or_none(sa.select(t.threads).where(t.threads.c.id == thread_id).with_for_update())
+    row = await db.one_or_none(_LOCK, {"space": THREAD_LOCK_SPACE, "key": str(thread_id), "id": thread_id})
     return None if row is None else AppThread.from_mapping(row)
 
 
