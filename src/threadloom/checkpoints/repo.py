@@ -34,6 +34,7 @@ from threadloom.checkpoints.refs import check_commit, check_prefix, check_ref, r
 from threadloom.checkpoints.walk import Fingerprint, fingerprint, is_git_name, walk_workspace
 
 INDEX_NAME = "threadloom-index"
+COMMITS_KEPT = 4096  # commit → tree pairs a store remembers (`ShadowRepo._known_ref`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,12 @@ class ShadowRepo:
     """One project's checkpoints. Get it from `CheckpointStore.repo`; methods are coroutine-safe."""
 
     def __init__(
-        self, git: Git, excludes: Excludes, lock: RepoLock, trees: dict[tuple[str, ...], Any] | None = None
+        self,
+        git: Git,
+        excludes: Excludes,
+        lock: RepoLock,
+        trees: dict[tuple[str, ...], Any] | None = None,
+        commits: dict[str, str] | None = None,
     ) -> None:
         self._git = git
         self.git_dir = git.git_dir
@@ -90,6 +96,8 @@ class ShadowRepo:
         # The store's memory of each index's last capture: (fingerprint of the files, their tree).
         self._trees: dict[tuple[str, ...], tuple[Fingerprint, str]] = trees if trees is not None else {}
         self._key = (str(self.git_dir), str(git.index_file), str(self.workspace), *excludes.patterns)
+        # The trees of commits the store made or resolved lately (a commit's tree never changes).
+        self._commits: dict[str, str] = commits if commits is not None else {}
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -188,13 +196,14 @@ class ShadowRepo:
                 if parent is not None:
                     base = await self._commit_and_tree(parent)
                 elif parent_ref is not None:
-                    base = await self._ref_commit_and_tree(parent_ref)
+                    base = self._known_ref(parent_ref) or await self._ref_commit_and_tree(parent_ref)
             finally:
                 reused, mark = await staged
             tree = reused or await self._git.text("write-tree")
             self._remember(mark, tree)
             parents = ["-p", base[0]] if base is not None else []
             commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
+            self._met(commit, tree)
             moved = self._git.run("update-ref", "--no-deref", ref, commit)
             old = base[1] if base is not None else EMPTY_TREE
             captured = Capture(commit, tree, base[0] if base is not None else None)
@@ -211,7 +220,26 @@ class ShadowRepo:
         """The commit a checkpoint ref points at and its tree, None when there is no such ref."""
         found = await self._git.run("rev-parse", f"{ref}^{{commit}}", f"{ref}^{{tree}}", check=False)
         lines = found.stdout.decode().split()
-        return (lines[0], lines[1]) if found.returncode == 0 and len(lines) == 2 else None
+        if found.returncode != 0 or len(lines) != 2:
+            return None
+        self._met(lines[0], lines[1])
+        return lines[0], lines[1]
+
+    def _known_ref(self, ref: str) -> tuple[str, str] | None:
+        """`_ref_commit_and_tree` without running git, when the ref is a loose ref file naming a commit
+        whose tree this store met (the previous run's end, usually); None: ask git (a packed ref, no
+        ref, a commit not met). Under the repository's lock no git of ours is moving the ref."""
+        try:
+            commit = (self.git_dir / ref).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        tree = self._commits.get(commit)
+        return (commit, tree) if tree is not None else None
+
+    def _met(self, commit: str, tree: str) -> None:
+        self._commits[commit] = tree
+        while len(self._commits) > COMMITS_KEPT:
+            del self._commits[next(iter(self._commits))]  # the oldest
 
     async def _commit_and_tree(self, commit: str) -> tuple[str, str]:
         """The full id of a commit of this repository and its tree's, or UNKNOWN_COMMIT."""

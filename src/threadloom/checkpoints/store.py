@@ -21,6 +21,7 @@ class CheckpointStore:
         self._git = find_git()
         self._locks: dict[str, RepoLock] = {}
         self._trees: dict[tuple[str, ...], Any] = {}  # each index's last capture (`ShadowRepo.capture_changes`)
+        self._commits: dict[str, str] = {}  # trees of commits met lately (`ShadowRepo._known_ref`)
 
     def git_dir(self, project_id: str) -> Path:
         return self.root / f"{check_project_id(project_id)}.git"
@@ -42,4 +43,4 @@ class CheckpointStore:
             lock = self._locks[project_id] = RepoLock(self.root / f"{project_id}.lock")
         index = INDEX_NAME if index_key is None else f"{INDEX_NAME}-{check_project_id(index_key)}"
         git = Git(self._git, git_dir, Path(workspace_root).resolve(), git_dir / index)
-        return ShadowRepo(git, Excludes(excludes), lock, self._trees)
+        return ShadowRepo(git, Excludes(excludes), lock, self._trees, self._commits)
