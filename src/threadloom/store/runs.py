@@ -55,16 +55,35 @@ async def queue_positions(db: Reader, thread_ids: list[uuid.UUID]) -> dict[uuid.
     return found
 
 
+_STATE = sa.text(
+    """
+    SELECT 'active' AS part, to_jsonb(r) AS row FROM runs r WHERE r.id = :active
+    UNION ALL SELECT 'queued', to_jsonb(q) FROM runs q WHERE q.thread_id = :thread AND q.status = :queued
+    UNION ALL SELECT 'last', to_jsonb(coalesce(max(o.ordinal), 0)) FROM runs o WHERE o.thread_id = :thread
+    """
+)
+
+
 async def thread_state(db: Reader, thread: AppThread) -> ThreadState:
-    last = await db.scalar(
-        sa.select(sa.func.coalesce(sa.func.max(t.runs.c.ordinal), 0)).where(t.runs.c.thread_id == thread.id)
-    )
-    return ThreadState(
-        thread=thread,
-        active=await entities.get(db, Run, thread.active_run_id),
-        queue=await queue(db, thread.id),
-        last_ordinal=int(last),
-    )
+    """The thread's active run, its queue (in order) and its last run's ordinal, in one statement
+    (sendMessage reads it)."""
+    params = {"active": thread.active_run_id, "thread": thread.id, "queued": RunStatus.QUEUED.value}
+    active: Run | None = None
+    queued: list[Run] = []
+    last = 0
+    for part, row in await db.tuples(_STATE, params):
+        if part == "last":
+            last = int(row)
+        elif part == "active":
+            active = Run.from_mapping(row)
+        else:
+            queued.append(Run.from_mapping(row))
+    return ThreadState(thread=thread, active=active, queue=_queue_order(queued), last_ordinal=last)
+
+
+def _queue_order(queued: list[Run]) -> list[Run]:
+    """`queue`'s order (NULL positions last, as PostgreSQL sorts them)."""
+    return sorted(queued, key=lambda r: (r.queue_position is None, r.queue_position or 0, r.ordinal))
 
 
 _GRAPH = sa.text(
@@ -111,8 +130,7 @@ async def run_graph(db: Reader, thread: AppThread, run: Run) -> RunGraph:
     attempt, root = one("attempt", RunAttempt), one("root", ExecutionNode)
     if attempt is None or root is None:
         raise LookupError(f"run {run.id}: attempt {run.active_attempt_id} or its root node not found")
-    queued = each("queued", Run)
-    queued.sort(key=lambda r: (r.queue_position is None, r.queue_position or 0, r.ordinal))
+    queued = _queue_order(each("queued", Run))
     return RunGraph(
         thread=thread,
         run=run,
