@@ -66,6 +66,7 @@ log = logging.getLogger("threadloom.runs")
 TURN_END_WAIT = 30.0
 Decide = Callable[[Reader, AppThread, Run], Awaitable[Outcome]]  # a command on a run, under its thread lock
 R = TypeVar("R", Run, RunAttempt)
+E = TypeVar("E", RunAttempt, Project, ConversationMessage)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,6 +106,13 @@ def _latest(changes: list[Change], entity: R) -> R:
         if isinstance(change.entity, type(entity)) and change.entity.id == entity.id:
             return change.entity
     return entity
+
+
+def _required(found: E | None, cls: type[E], entity_id: uuid.UUID | None) -> E:
+    """As `entities.require` raises for a missing entity."""
+    if found is None:
+        raise LookupError(f"{cls.entity_type} {entity_id} not found")
+    return found
 
 
 def _release(session: LiveSession) -> None:
@@ -387,15 +395,16 @@ class RunEngine:
         held: list[LiveSession] = []
 
         async def prepare(db: Reader, thread: AppThread) -> Outcome:
-            run = await entities.get(db, Run, run_id)
+            start = await runs.turn_start(db, thread, run_id)  # one statement for five reads
+            run = start.run
             if run is None or run.status != RunStatus.PREPARING:
                 return Outcome()
-            attempt = await entities.require(db, RunAttempt, run.active_attempt_id)
+            attempt = _required(start.attempt, RunAttempt, run.active_attempt_id)
             if attempt.status != AttemptStatus.PENDING:
                 return Outcome()
-            project = await entities.require(db, Project, thread.project_id)
-            message = await entities.require(db, ConversationMessage, run.user_message_id)
-            current = await entities.get(db, ProviderThread, thread.active_provider_thread_id)
+            project = _required(start.project, Project, thread.project_id)
+            message = _required(start.message, ConversationMessage, run.user_message_id)
+            current = start.provider_thread
             policy = self.switch_policies.get(run.provider_instance_id, DEFAULT_POLICY)
             provider_thread, changes, switched = await provider_for_run(db, thread, current, run, now, new_id, policy)
             outcome = Outcome(changes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import sqlalchemy as sa
@@ -11,6 +12,7 @@ from threadloom.domain.entities import (
     ConversationMessage,
     ExecutionNode,
     PlanArtifact,
+    Project,
     ProviderThread,
     ProviderTurn,
     Run,
@@ -143,6 +145,47 @@ async def run_graph(db: Reader, thread: AppThread, run: Run) -> RunGraph:
         active_plans=each("plan", PlanArtifact),
         queue=queued,
         pending_requests=each("request", RuntimeRequest),
+    )
+
+
+_TURN_START = sa.text(
+    """
+    WITH r AS (SELECT * FROM runs WHERE id = :run)
+    SELECT 'run' AS part, to_jsonb(r) AS row FROM r
+    UNION ALL SELECT 'attempt', to_jsonb(a) FROM run_attempts a JOIN r ON a.id = r.active_attempt_id
+    UNION ALL SELECT 'message', to_jsonb(m) FROM conversation_messages m JOIN r ON m.id = r.user_message_id
+    UNION ALL SELECT 'project', to_jsonb(p) FROM projects p WHERE p.id = :project
+    UNION ALL SELECT 'provider_thread', to_jsonb(pt) FROM provider_threads pt WHERE pt.id = :provider_thread
+    """
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnStart:
+    """What a turn's start reads first (each None when missing): the run, its active attempt and its
+    message, the thread's project and active provider thread."""
+
+    run: Run | None
+    attempt: RunAttempt | None
+    message: ConversationMessage | None
+    project: Project | None
+    provider_thread: ProviderThread | None
+
+
+async def turn_start(db: Reader, thread: AppThread, run_id: uuid.UUID) -> TurnStart:
+    """`TurnStart` in one statement (five reads by id)."""
+    params = {"run": run_id, "project": thread.project_id, "provider_thread": thread.active_provider_thread_id}
+    rows = {part: row for part, row in await db.tuples(_TURN_START, params)}
+
+    def one(part: str, cls: type[entities.R]) -> entities.R | None:
+        return cls.from_mapping(rows[part]) if part in rows else None
+
+    return TurnStart(
+        one("run", Run),
+        one("attempt", RunAttempt),
+        one("message", ConversationMessage),
+        one("project", Project),
+        one("provider_thread", ProviderThread),
     )
 
 
