@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support import processes
 from tests.support.server import free_port
 
 
@@ -55,18 +56,10 @@ class RedisServer:
         return ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        processes.stop(self.proc)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        processes.kill(self.proc)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.support import processes
 
 
 def free_port() -> int:
@@ -77,18 +78,10 @@ class ServerProcess:
         raise TimeoutError("server did not become ready:\n" + "\n".join(self.log[-80:]))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        processes.stop(self.proc)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        processes.kill(self.proc)
 
 
 class Client:

@@ -1,0 +1,22 @@
+"""Ending a child process the way a supervisor would: ask (SIGTERM), wait, then kill."""
+
+from __future__ import annotations
+
+import subprocess
+
+
+def stop(proc: subprocess.Popen[str], grace: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `grace` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            kill(proc)
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL (kill -9) and reap."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
