@@ -15,21 +15,17 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from threadloom.providers.agent_cli import StreamRedactor, child_env, known_secrets
 from threadloom.providers.codex_events import Translator
-from threadloom.providers.contract import (
-    Capabilities,
-    ProviderError,
-    ProviderEvent,
-    RuntimeExited,
-    SessionScope,
-    ThreadSettings,
-)
+from threadloom.providers.contract import Capabilities, ProviderError, RuntimeExited
 from threadloom.providers.jsonlines import JsonLinesProcess
+
+if TYPE_CHECKING:
+    from threadloom.providers.contract import ProviderEvent, SessionScope, ThreadSettings
 
 
 class ScriptedRuntime:

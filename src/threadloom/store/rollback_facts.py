@@ -101,11 +101,6 @@ async def pending_handoffs(db: Reader, provider_thread_id: uuid.UUID) -> list[Co
 
 async def handoffs_to(db: Reader, provider_thread_id: uuid.UUID, status: HandoffStatus) -> list[ContextHandoff]:
     """The handoffs for this provider thread in `status`, oldest first."""
-    table = t.context_handoffs
-    return await entities.where(
-        db,
-        ContextHandoff,
-        table.c.to_provider_thread_id == provider_thread_id,
-        table.c.status == status.value,
-        order_by=[table.c.created_at, table.c.id],
-    )
+    c = t.context_handoffs.c
+    to_it = c.to_provider_thread_id == provider_thread_id
+    return await entities.where(db, ContextHandoff, to_it, c.status == status.value, order_by=[c.created_at, c.id])

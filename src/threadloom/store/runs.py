@@ -28,12 +28,9 @@ from threadloom.store.db import Reader
 
 
 async def queue(db: Reader, thread_id: uuid.UUID) -> list[Run]:
+    c = t.runs.c
     return await entities.where(
-        db,
-        Run,
-        t.runs.c.thread_id == thread_id,
-        t.runs.c.status == RunStatus.QUEUED.value,
-        order_by=[t.runs.c.queue_position, t.runs.c.ordinal],
+        db, Run, c.thread_id == thread_id, c.status == RunStatus.QUEUED.value, order_by=[c.queue_position, c.ordinal]
     )
 
 

@@ -15,7 +15,7 @@ from threadloom import metrics
 from threadloom.store import events as log_reader
 from threadloom.store.db import Database
 from threadloom.store.events import LogEvent
-from threadloom.streams.hub import Hub, ServerClosing, SlowConsumer
+from threadloom.streams.hub import Hub, Mailbox, ServerClosing, SlowConsumer
 
 PAGE = 500
 
@@ -70,6 +70,16 @@ class GoingAway(StreamEnded):
 StreamItem = LogEvent | Synchronized | ReloadRequired
 
 
+async def _next_live(box: Mailbox, resume_from: int | tuple[int, int]) -> LogEvent:
+    """The next live row, or the end of the stream as the error the client resumes from `resume_from` after."""
+    try:
+        return await box.get()
+    except SlowConsumer:
+        raise TooSlow(resume_from) from None
+    except ServerClosing:
+        raise GoingAway(resume_from) from None
+
+
 async def thread_stream(
     hub: Hub,
     db: Database,
@@ -99,12 +109,7 @@ async def thread_stream(
                 break
         yield Synchronized(last)
         while True:
-            try:
-                row = await box.get()
-            except SlowConsumer:
-                raise TooSlow(last) from None
-            except ServerClosing:
-                raise GoingAway(last) from None
+            row = await _next_live(box, last)
             if row.sequence <= last:
                 continue
             while last < row.sequence - 1:  # a gap: read it from the log
@@ -153,12 +158,7 @@ async def project_stream(
             if len(rows) < PAGE:
                 break
         while True:
-            try:
-                row = await box.get()
-            except SlowConsumer:
-                raise TooSlow(cursor) from None
-            except ServerClosing:
-                raise GoingAway(cursor) from None
+            row = await _next_live(box, cursor)
             if (row.xid, row.position) <= cursor:
                 continue
             cursor = (row.xid, row.position)
