@@ -19,7 +19,6 @@ import collections
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from threadloom import metrics, tracing
@@ -87,21 +86,14 @@ class Mailbox:
 
 
 class Feed(Generic[K]):
-    """Reads new log rows for one key (thread or project) and fans them out."""
+    """Reads new log rows for one key (thread or project) and fans them out.
 
-    def __init__(
-        self,
-        key: K,
-        hub: Hub,
-        head: Callable[[], Awaitable[Any]],
-        read: Callable[[Any], Awaitable[list[LogEvent]]],
-        advance: Callable[[LogEvent], Any],
-    ) -> None:
+    A subclass says where its log starts (`_head`), how rows after a cursor are read (`_read`) and what
+    cursor a row leaves (`_advance`)."""
+
+    def __init__(self, key: K, hub: Hub) -> None:
         self.key = key
         self.hub = hub
-        self._head = head
-        self._read = read
-        self._advance = advance
         self.cursor: Any = None
         self.mailboxes: set[Mailbox] = set()
         self.sinks: set[Sink] = set()
@@ -110,6 +102,15 @@ class Feed(Generic[K]):
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+
+    async def _head(self) -> Any:
+        raise NotImplementedError
+
+    async def _read(self, after: Any) -> list[LogEvent]:
+        raise NotImplementedError
+
+    def _advance(self, row: LogEvent) -> Any:
+        raise NotImplementedError
 
     def start(self) -> None:
         with tracing.detached():  # the feed outlives the subscription that started it
@@ -164,6 +165,36 @@ class Feed(Generic[K]):
                         log.exception("a sink of feed %s failed on sequence %s", self.key, row.sequence)
             if len(rows) < 500:
                 return
+
+
+class ThreadFeed(Feed[uuid.UUID]):
+    """A thread's rows in sequence order, read in batches with other threads' (`BatchedReads`)."""
+
+    async def _head(self) -> int:
+        async with self.hub.db.read() as db:
+            latest, self.project_id = await log_reader.thread_head(db, self.key)
+        return latest
+
+    async def _read(self, after: int) -> list[LogEvent]:
+        return await self.hub.reads.read(self.key, after)
+
+    def _advance(self, row: LogEvent) -> int:
+        return row.sequence
+
+
+class ProjectFeed(Feed[uuid.UUID]):
+    """A project's thread changes in feed order (commit, then position)."""
+
+    async def _head(self) -> tuple[int, int]:
+        async with self.hub.db.read() as db:
+            return await log_reader.project_head(db, self.key)
+
+    async def _read(self, after: tuple[int, int]) -> list[LogEvent]:
+        async with self.hub.db.read() as db:
+            return await log_reader.project_events(db, self.key, after)
+
+    def _advance(self, row: LogEvent) -> tuple[int, int]:
+        return (row.xid, row.position)
 
 
 class BatchedReads:
@@ -239,22 +270,7 @@ class Hub:
 
     def thread_feed(self, thread_id: uuid.UUID) -> Feed[uuid.UUID]:
         """The thread's feed, started when new (release it with `release_if_idle` if unused)."""
-        feed = self.threads.get(thread_id)
-        if feed is None:
-
-            async def head() -> int:
-                async with self.db.read() as db:
-                    latest, project = await log_reader.thread_head(db, thread_id)
-                created.project_id = project
-                return latest
-
-            async def read(after: int) -> list[LogEvent]:
-                return await self.reads.read(thread_id, after)
-
-            feed = created = Feed(thread_id, self, head, read, lambda row: row.sequence)
-            self.threads[thread_id] = feed
-            feed.start()
-        return feed
+        return self._started(self.threads, thread_id, ThreadFeed)
 
     def release_if_idle(self, thread_id: uuid.UUID) -> None:
         feed = self.threads.get(thread_id)
@@ -263,20 +279,12 @@ class Hub:
                 feed.task.cancel()
             del self.threads[thread_id]
 
-    def _project_feed(self, project_id: uuid.UUID) -> Feed[uuid.UUID]:
-        feed = self.projects.get(project_id)
+    def _started(
+        self, feeds: dict[uuid.UUID, Feed[uuid.UUID]], key: uuid.UUID, kind: type[Feed[uuid.UUID]]
+    ) -> Feed[uuid.UUID]:
+        feed = feeds.get(key)
         if feed is None:
-
-            async def head() -> tuple[int, int]:
-                async with self.db.read() as db:
-                    return await log_reader.project_head(db, project_id)
-
-            async def read(after: tuple[int, int]) -> list[LogEvent]:
-                async with self.db.read() as db:
-                    return await log_reader.project_events(db, project_id, after)
-
-            feed = Feed(project_id, self, head, read, lambda row: (row.xid, row.position))
-            self.projects[project_id] = feed
+            feed = feeds[key] = kind(key, self)
             feed.start()
         return feed
 
@@ -293,7 +301,7 @@ class Hub:
 
     def attach_project(self, project_id: uuid.UUID) -> Mailbox:
         box = self._mailbox()
-        self._project_feed(project_id).mailboxes.add(box)
+        self._started(self.projects, project_id, ProjectFeed).mailboxes.add(box)
         return box
 
     def going_away(self) -> None:
