@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from threadloom.domain.changes import Change
@@ -63,6 +64,99 @@ async def upsert_entities(db: Reader, entities: Iterable[Record]) -> None:
         await db.execute(_upsert(table), [e.to_payload() for e in latest[entity_type].values()])
 
 
+_EVENT_COLUMNS = (
+    "thread_id",
+    "sequence",
+    "project_id",
+    "event_type",
+    "entity_type",
+    "entity_id",
+    "run_id",
+    "node_id",
+    "command_id",
+    "occurred_at",
+    "payload",
+)
+_APPEND_SQL: dict[tuple[bool, bool, tuple[str, ...]], sa.TextClause] = {}
+
+
+def _entity_columns(table: sa.Table) -> list[str]:
+    return [c.name for c in table.columns if c.name != "last_sequence"]
+
+
+def _upsert_sql(table: sa.Table, base: str | None) -> str:
+    """One table's upsert from a JSON array of payloads (`jsonb_populate_recordset` types each value
+    by its column). An activity's `sequence` arrives as its offset in the command and `base` adds the
+    thread's last sequence before it."""
+    columns = _entity_columns(table)
+    picked = ", ".join(
+        f"{base} + r.sequence" if base is not None and table is t.activities and c == "sequence" else f"r.{c}"
+        for c in columns
+    )
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c != "id")
+    return (
+        f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT {picked} "
+        f"FROM jsonb_populate_recordset(NULL::{table.name}, CAST(:{table.name} AS jsonb)) r "
+        f"ON CONFLICT (id) DO UPDATE SET {updates}"
+    )
+
+
+def _append_sql(threaded: bool, thread_row: bool, tables: tuple[str, ...]) -> sa.TextClause:
+    """The whole append as one statement (one round trip): the thread's sequence counter, every
+    projection's upsert and the events, as data-modifying CTEs. Made once per shape and kept.
+
+    Foreign keys are checked at the statement's end, so the order of the CTEs does not matter. The
+    thread's row is written once: when the command changes the thread itself, its upsert also advances
+    the counter (a new thread's starts at the events' count), else one UPDATE does."""
+    key = (threaded, thread_row, tables)
+    found = _APPEND_SQL.get(key)
+    if found is not None:
+        return found
+    parts: list[str] = []
+    base: str | None = None
+    params: list[sa.BindParameter[Any]] = []
+    if threaded:
+        base = "(SELECT base FROM seq)"
+        if thread_row:
+            columns = _entity_columns(t.threads)
+            updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c != "id")
+            parts.append(
+                f"seq AS (INSERT INTO threads AS x ({', '.join(columns)}, last_sequence) "
+                f"SELECT {', '.join('r.' + c for c in columns)}, :count "
+                "FROM jsonb_populate_recordset(NULL::threads, CAST(:threads AS jsonb)) r "
+                f"ON CONFLICT (id) DO UPDATE SET {updates}, last_sequence = x.last_sequence + :count "
+                "RETURNING x.last_sequence - :count AS base)"
+            )
+        else:
+            parts.append(
+                "seq AS (UPDATE threads SET last_sequence = last_sequence + :count WHERE id = :thread "
+                "RETURNING last_sequence - :count AS base)"
+            )
+            params.append(sa.bindparam("thread", type_=sa.Uuid()))
+        params.append(sa.bindparam("count", type_=sa.BigInteger()))
+    for name in tables:
+        if not (threaded and thread_row and name == t.threads.name):
+            parts.append(f"u_{name} AS ({_upsert_sql(t.metadata.tables[name], base)})")
+        params.append(sa.bindparam(name, type_=JSONB()))
+    sequence = f"{base} + e.sequence" if base is not None else "e.sequence"
+    picked = ", ".join(f"e.{c}" if c != "sequence" else sequence for c in _EVENT_COLUMNS[:-1])
+    payload = (
+        f"CASE WHEN e.entity_type = 'activity' THEN jsonb_set(e.payload, '{{sequence}}', to_jsonb({sequence})) "
+        "ELSE e.payload END"
+        if base is not None
+        else "e.payload"
+    )
+    parts.append(
+        f"ev AS (INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) SELECT {picked}, {payload} "
+        "FROM jsonb_populate_recordset(NULL::events, CAST(:events AS jsonb)) e)"
+    )
+    params.append(sa.bindparam("events", type_=JSONB()))
+    final = "SELECT base FROM seq" if threaded else "SELECT NULL::bigint AS base"
+    found = sa.text(f"WITH {', '.join(parts)} {final}").bindparams(*params)
+    _APPEND_SQL[key] = found
+    return found
+
+
 async def append(
     db: Reader,
     changes: Sequence[Change],
@@ -71,9 +165,12 @@ async def append(
     command_id: str | None,
     now: datetime,
 ) -> list[int]:
-    """Append events for one thread (or for no thread) and update projections.
+    """Append events for one thread (or for no thread) and update projections, in one statement.
 
-    Returns the sequences assigned (empty for thread-less events).
+    Returns the sequences assigned (empty for thread-less events). They follow the thread's
+    `last_sequence`, advanced in the same statement under the caller's thread lock; until then
+    events and activities carry their offset in the command (1, 2, ...), which the statement adds
+    to the counter's value before it.
     """
     if not changes:
         return []
@@ -81,29 +178,26 @@ async def append(
     if len(thread_ids) != 1:
         raise ValueError(f"one command writes one thread's log, got {thread_ids}")
     thread_id = thread_ids.pop()
-    sequences: list[int | None] = [None] * len(changes)
-    created_thread = False
-    if thread_id is not None:
-        bump = sa.update(t.threads).where(t.threads.c.id == thread_id)
-        last = await db.scalar(
-            bump.values(last_sequence=t.threads.c.last_sequence + len(changes)).returning(t.threads.c.last_sequence)
-        )
-        created_thread = last is None  # this command creates the thread: its log starts at 1
-        first = 1 if created_thread else int(last) - len(changes) + 1
-        sequences = list(range(first, first + len(changes)))
+    threaded = thread_id is not None
+    offsets: list[int | None] = list(range(1, len(changes) + 1)) if threaded else [None] * len(changes)
     stamped = [
-        c.entity.evolve(sequence=seq) if isinstance(c.entity, Activity) and seq is not None else c.entity
-        for c, seq in zip(changes, sequences, strict=True)
+        c.entity.evolve(sequence=k) if isinstance(c.entity, Activity) and k is not None else c.entity
+        for c, k in zip(changes, offsets, strict=True)
     ]
-    await upsert_entities(db, stamped)
-    if created_thread:
-        await db.execute(sa.update(t.threads).where(t.threads.c.id == thread_id).values(last_sequence=len(changes)))
+    latest: dict[str, dict[uuid.UUID, Record]] = {}
+    for entity in stamped:
+        latest.setdefault(entity.entity_type, {})[entity.id] = entity
+    names = sorted(t.TABLE_BY_ENTITY_TYPE[et].name for et in latest)
+    params: dict[str, Any] = {
+        t.TABLE_BY_ENTITY_TYPE[et].name: [e.to_payload() for e in rows.values()] for et, rows in latest.items()
+    }
+    thread_row = threaded and t.threads.name in params
     rows: list[dict[str, Any]] = []
-    for change, seq, entity in zip(changes, sequences, stamped, strict=True):
+    for change, k, entity in zip(changes, offsets, stamped, strict=True):
         rows.append(
             {
                 "thread_id": thread_id,
-                "sequence": seq,
+                "sequence": k,
                 "project_id": project_id,
                 "event_type": change.event_type,
                 "entity_type": entity.entity_type,
@@ -116,8 +210,17 @@ async def append(
                 "payload": entity.to_payload(),
             }
         )
-    await db.execute(sa.insert(t.events), rows)
-    return [s for s in sequences if s is not None]
+    params["events"] = rows
+    if threaded:
+        params["count"] = len(changes)
+        if not thread_row:
+            params["thread"] = thread_id
+    base = await db.scalar(_append_sql(threaded, thread_row, tuple(names)), params)
+    if not threaded:
+        return []
+    if base is None:
+        raise LookupError(f"thread {thread_id} not found")
+    return list(range(int(base) + 1, int(base) + 1 + len(changes)))
 
 
 async def rebuild_projections(db: Reader) -> int:
