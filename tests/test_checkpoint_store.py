@@ -92,6 +92,13 @@ def tree_paths(repo: ShadowRepo, commit: str) -> dict[str, str]:
     return entries
 
 
+def shadow_git(repo: ShadowRepo, *args: str) -> str:
+    """git's own answer about the shadow repository."""
+    return subprocess.run(
+        ["git", "--git-dir", str(repo.git_dir), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
 def by_path(changes: list[FileChange]) -> dict[str, FileChange]:
     return {change.path: change for change in changes}
 
@@ -627,6 +634,40 @@ async def test_unusual_file_names(store: CheckpointStore, workspace: Path) -> No
     assert state(workspace) == before
     await repo.restore(run1.commit)
     assert state(workspace) == with_files
+
+
+async def test_a_capture_against_the_last_commits_and_moves_its_ref_as_git_would(
+    store: CheckpointStore, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capture whose tree and parent are loose objects writes its commit and ref in-process; git reads
+    them as its own (the ref, the parent, the tree, `fsck --strict`). After `compact` packs them, git
+    makes the commit again."""
+    calls: list[str] = []
+    run = Git.run
+
+    async def counted(self: Git, *args: str, **kwargs: object) -> object:
+        calls.append(args[0])
+        return await run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Git, "run", counted)
+    repo = store.repo("p1", workspace)
+    first, _ = await repo.capture_changes(ref(0), "baseline")
+    (workspace / "notes.txt").write_text("x\n")
+    calls.clear()
+    second, changes = await repo.capture_changes(ref(1), "after run 1", parent_ref=ref(0))
+    assert "commit-tree" not in calls and "update-ref" not in calls
+    assert [c.path for c in changes] == ["notes.txt"]
+    assert await repo.resolve(ref(1)) == second.commit and await repo.parent(second.commit) == first.commit
+    assert "notes.txt" in tree_paths(repo, second.commit)
+    shown = shadow_git(repo, "cat-file", "-p", second.commit)
+    assert f"tree {second.tree}\nparent {first.commit}\nauthor Threadloom <" in shown
+    assert shown.endswith("\n\nafter run 1")
+    shadow_git(repo, "fsck", "--strict")
+    await repo.compact()
+    calls.clear()
+    third, none = await repo.capture_changes(ref(2), "after run 2", parent_ref=ref(1))
+    assert none == [] and "commit-tree" in calls and third.parent == second.commit
+    assert await repo.resolve(ref(2)) == third.commit
 
 
 async def test_compact_keeps_what_refs_reach(store: CheckpointStore, workspace: Path) -> None:
