@@ -10,6 +10,7 @@ second time its caches answer), and the bodies, statuses and statement counts mu
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +20,14 @@ import orjson
 import pytest
 import strawberry
 
+from tests.support.cli import create_token
 from tests.support.graphql import THREADS_PAGE, make_project, make_thread, statements
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, serving
 from tests.support.waiting import until
 from threadloom.api.compiled import with_fast_paths
+from threadloom.api.row_pages import compile_threads
+from threadloom.api.schema import build_schema
 
 PAGE = """query($p: ID!, $n: Int) { threads(projectId: $p, first: $n) { edges { cursor node {
   id title status latestSequence providerInstanceId model runtimeMode queueHeld archivedAt
@@ -43,6 +47,56 @@ query($p: ID!) {
   b: threads(projectId: $p, last: 2) { pageInfo { hasPreviousPage startCursor endCursor } edges { node { title } } }
   project(id: $p) { name workspaceRoot archivedAt threads(first: 1) { edges { node { title queueHeld } } } }
 }"""
+
+# Documents the compiled page (`api/row_pages.py`) answers, and some it hands back to graphql-core.
+WINDOW = "edges { cursor node { title } } pageInfo { hasNextPage hasPreviousPage startCursor endCursor }"
+UNKNOWN_PROJECT = "UHJvamVjdDowMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDA"  # Project:<zero uuid>
+COMPILED_PAGES: list[tuple[str, dict[str, Any]]] = [
+    # Every field it reads from a row, aliases, __typename at every level, both lists, all of pageInfo.
+    (
+        """query($p: ID!) { __typename t: threads(projectId: $p, first: 20, includeArchived: true) {
+          __typename n: nodes { id archivedAt workspacePath queueHoldReason model s: status }
+          pageInfo { __typename endCursor startCursor hasPreviousPage hasNextPage e2: endCursor }
+          edges { __typename c: cursor cursor node { __typename title id createdAt updatedAt latestSequence
+            queueHeld runtimeMode providerInstanceId status project { __typename id name workspaceRoot
+            createdAt updatedAt } p2: project { name } } } } }""",
+        {},
+    ),
+    # Fragments (named, inline, on the interface), a field asked twice, two compiled roots at once.
+    (
+        """fragment R on Thread { id t: title ... on Node { id } }
+        query($p: ID!) {
+          a: threads(projectId: $p, first: 3) { edges { node { ...R status title ... on Thread { model } } } }
+          b: threads(projectId: $p, last: 2) { pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
+            nodes { ...R project { id } project { name } } } }""",
+        {},
+    ),
+    # Pages after and before a cursor (CURSOR: the third thread's), an empty page.
+    (f"query($p: ID!, $a: String) {{ threads(projectId: $p, first: 2, after: $a) {{ {WINDOW} }} }}", {"a": "CURSOR"}),
+    (f"query($p: ID!, $b: String) {{ threads(projectId: $p, last: 2, before: $b) {{ {WINDOW} }} }}", {"b": "CURSOR"}),
+    (f"query($p: ID!) {{ threads(projectId: $p, first: 0) {{ {WINDOW} nodes {{ id }} }} }}", {}),
+    # Declined at run time: both first and last, a cursor from another connection, an unknown or
+    # malformed project, a Thread id (THREAD) where a Project id is needed.
+    ("query($p: ID!) { threads(projectId: $p, first: 1, last: 1) { edges { cursor } } }", {}),
+    ("query($p: ID!, $a: String) { threads(projectId: $p, first: 1, after: $a) { edges { cursor } } }", {"a": "Yzox"}),
+    (f'query {{ threads(projectId: "{UNKNOWN_PROJECT}") {{ edges {{ cursor }} }} }}', {}),
+    ("query($q: ID!) { threads(projectId: $q, first: 1) { edges { cursor } } }", {"q": "THREAD"}),
+    # Not compiled: totalCount, other thread fields, directives, a nested connection.
+    ("query($p: ID!) { threads(projectId: $p, first: 3) { totalCount edges { node { id } } } }", {}),
+    ("query($p: ID!) { threads(projectId: $p, first: 3) { edges { node { id activeRun { id status } } } } }", {}),
+    (
+        "query($p: ID!, $y: Boolean!) { threads(projectId: $p, first: 3) "
+        "{ edges { node { id title @include(if: $y) } } } }",
+        {"y": True},
+    ),
+    ("query($p: ID!, $y: Boolean!) { threads(projectId: $p, first: 3) @skip(if: $y) { nodes { id } } }", {"y": False}),
+    ("query($p: ID!) { threads(projectId: $p, first: 3) { nodes { id runs(first: 1) { edges { cursor } } } } }", {}),
+    (
+        "query($p: ID!) { project(id: $p) { threads(first: 2) { edges { node { title } } } } "
+        "threads(projectId: $p, first: 2) { nodes { title } } }",
+        {},
+    ),
+]
 
 NODES = """query($ids: [ID!]!) { nodes(ids: $ids) { __typename id
   ... on Thread { title status project { name } }
@@ -75,7 +129,7 @@ async def exchange(client: Client, query: str, variables: dict[str, Any]) -> tup
 
 
 async def test_fast_paths_answer_byte_for_byte_like_graphql_core(
-    client: Client, plain_server: ServerProcess
+    client: Client, plain_server: ServerProcess, database_url: str
 ) -> None:
     plain = Client(plain_server.url, client.token)
     try:
@@ -99,7 +153,12 @@ async def test_fast_paths_answer_byte_for_byte_like_graphql_core(
 
         await until(waiting)
 
+        four = "query($p: ID!) { threads(projectId: $p, first: 4) { edges { cursor } } }"
+        window = await client.gql(four, {"p": project})
+        stand_ins = {"CURSOR": window["threads"]["edges"][2]["cursor"], "THREAD": threads[0]}
+        compiled = [(q, {"p": project, **{k: stand_ins.get(v, v) for k, v in vs.items()}}) for q, vs in COMPILED_PAGES]
         cases = [
+            *compiled,
             (PAGE, {"p": project, "n": 10}),
             (PAGE, {"p": project, "n": 100}),
             (PAGE, {"p": project, "n": 1000}),  # refused by a variable rule the same document passed above
@@ -118,8 +177,53 @@ async def test_fast_paths_answer_byte_for_byte_like_graphql_core(
         small = await exchange(client, PAGE, {"p": project, "n": 2})
         large = await exchange(client, PAGE, {"p": project, "n": 100})
         assert small[2] == large[2]
+
+        # A token bound to another project sees a null page here and its own project's page; an
+        # unknown token is refused before anything runs. Both servers answer alike.
+        other = await make_project(client, "other")
+        await make_thread(client, other, "other's")
+        _, scoped = create_token(database_url, "read", other)
+        for token, expect_null in ((scoped, True), ("tl_not_a_token", False)):
+            fast_scoped, plain_scoped = Client(client.base_url, token), Client(plain_server.url, token)
+            try:
+                for variables in ({"p": project, "n": 10}, {"p": other, "n": 10}):
+                    expected = await exchange(plain_scoped, PAGE, variables)
+                    for _ in range(2):
+                        assert await exchange(fast_scoped, PAGE, variables) == expected
+                hidden = await exchange(fast_scoped, PAGE, {"p": project, "n": 10})
+                assert (orjson.loads(hidden[1]).get("data") == {"threads": None}) is expect_null
+            finally:
+                await fast_scoped.aclose()
+                await plain_scoped.aclose()
     finally:
         await plain.aclose()
+
+
+def test_compiled_page_serves_plain_pages_and_declines_the_rest() -> None:
+    """The compiled page is really used for the benchmark's page (not silently declined), and it
+    declines selections it does not know before reading anything."""
+    made: list[object] = []
+
+    def spy(executor: Any, parent_type: Any, group: Any) -> Any:
+        found = compile_threads(executor, parent_type, group)
+        made.append(found)
+        return found
+
+    schema = with_fast_paths(build_schema(), {"threads": spy})
+
+    async def compiled(query: str, variables: dict[str, Any]) -> list[object]:
+        made.clear()
+        await schema.execute(query, variable_values={"p": "x", "n": 3, **variables})
+        return list(made)
+
+    async def check() -> None:
+        for query, variables in [(PAGE, {}), *COMPILED_PAGES[:2], COMPILED_PAGES[4], COMPILED_PAGES[-1]]:
+            found = await compiled(query, variables)
+            assert found and all(x is not None for x in found), query
+        for query, variables in COMPILED_PAGES[-6:-1]:
+            assert await compiled(query, variables) in ([None], []), query
+
+    asyncio.run(check())
 
 
 # ---------------------------------------------------------------- the compiled paths' edge cases

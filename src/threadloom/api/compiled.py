@@ -41,10 +41,11 @@ applies them; tests compare responses byte for byte with and without them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from enum import Enum
 from typing import Any
 
@@ -53,6 +54,7 @@ import strawberry
 from graphql import (
     DocumentNode,
     GraphQLBoolean,
+    GraphQLEnumType,
     GraphQLID,
     GraphQLInt,
     GraphQLList,
@@ -170,12 +172,22 @@ class CachedDocuments(SchemaExtension):
         yield
 
 
-def with_fast_paths(schema: strawberry.Schema) -> strawberry.Schema:
-    """`schema` with both fast paths: compiled object completion and the document cache."""
+# Compiles a root query field for one cached selection: (execution context, Query type, field
+# group) -> an async function of (execution context, field group) giving the field's completed
+# value, or None when it does not serve that selection. Any exception it raises means "not served".
+RootCompiler = Callable[[Any, GraphQLObjectType, Any], Callable[[Any, Any], Awaitable[Any]] | None]
+
+
+def with_fast_paths(
+    schema: strawberry.Schema, root_fields: Mapping[str, RootCompiler] | None = None
+) -> strawberry.Schema:
+    """`schema` with the fast paths: compiled object completion, the document cache, and the
+    compiled root fields named in `root_fields` (see `CompiledObjects.execute_field`)."""
     base = schema.execution_context_class
     settings: dict[str, Any] = {
         "info_class": schema.config.info_class,
         "exception_handlers": bool(getattr(schema.schema_converter, "_exception_handler_specs", True)),
+        "root_fields": dict(root_fields or {}),
     }
     settings["shared_plans"] = SharedPlans()
     schema.execution_context_class = type(base.__name__, (CompiledObjects, base), settings)
@@ -285,7 +297,44 @@ class CompiledObjects:
     info_class: Any = None
     exception_handlers: bool = True
     shared_plans: SharedPlans
+    root_fields: Mapping[str, RootCompiler] = {}
     _failures = 0  # attribute fields that failed in `_complete` (see the memo in `_object`)
+
+    def execute_field(
+        self, parent_type: GraphQLObjectType, source: Any, field_details_list: Any, path: Path, position_context: Any
+    ) -> Any:
+        """A root query field named in `root_fields` is answered by its compiled function when that
+        serves the selection; if it declines (raises), graphql-core's own `execute_field` answers."""
+        compile_root = (
+            self.root_fields.get(field_details_list[0].node.name.value)
+            if path.prev is None and position_context is None and self.root_fields
+            else None
+        )
+        if compile_root is not None and self.operation.operation is OperationType.QUERY:
+            served = self._root_plan(parent_type, field_details_list, compile_root)
+            if served is not None:
+                return self._served(served, parent_type, source, field_details_list, path)
+        return super().execute_field(parent_type, source, field_details_list, path, position_context)  # type: ignore[misc]
+
+    def _root_plan(self, parent_type: GraphQLObjectType, field_details_list: Any, compile_root: RootCompiler) -> Any:
+        """The compiled root field, kept with the shared plans of a cached document without
+        directives (None otherwise: a plan made per request would cost more than it saves)."""
+        plans, _, shared = self._store()
+        if not shared or self.exception_handlers or parent_type is not self.schema.query_type:
+            return None
+        key = ("root", tuple([id(d.node) for d in field_details_list]))
+        cached = plans.get(key)
+        if cached is None:
+            cached = plans[key] = (field_details_list, compile_root(self, parent_type, field_details_list))
+        return cached[1]
+
+    async def _served(
+        self, served: Any, parent_type: GraphQLObjectType, source: Any, field_details_list: Any, path: Path
+    ) -> Any:
+        with contextlib.suppress(Exception):  # declined (or failed): graphql-core's path answers, errors and all
+            return await served(self, field_details_list)
+        result = super().execute_field(parent_type, source, field_details_list, path, None)  # type: ignore[misc]
+        return await result if self.is_awaitable(result) else result
 
     def complete_object_value(
         self,
@@ -598,7 +647,7 @@ class CompiledObjects:
         results: dict[str, Any] = {}
         awaitable_keys: list[str] = []
         is_awaitable = self.is_awaitable
-        execute_field = self.execute_field  # type: ignore[attr-defined]
+        execute_field = self.execute_field
         try:
             for entry in plan:
                 kind = entry[0]
@@ -670,6 +719,33 @@ class CompiledObjects:
         if not awaitable_keys:
             return results
         return _awaited(results, awaitable_keys)
+
+
+def leaf_reader(read: Callable[[Any, Any], Any], leaf: Any, field_type: Any, type_name: str, name: str) -> Any:
+    """`read`'s value completed as a scalar or enum field's (as `_complete` completes an attribute);
+    a value graphql-core would refuse raises."""
+    same = _SAME.get(id(leaf))
+    nullable = field_type is leaf
+    # An enum's few members, serialized once each (by class too: a str enum equals its value).
+    members: dict[tuple[type, Any], Any] | None = {} if isinstance(leaf, GraphQLEnumType) else None
+
+    def complete(source: Any, extra: Any) -> Any:
+        value = read(source, extra)
+        if value.__class__ is same:  # a str or bool: serialized as it is
+            return value
+        if value is None and nullable:
+            return None
+        if same is _IntLeaf and value.__class__ is int and _INT_MIN <= value <= _INT_MAX:
+            return value
+        if members is not None and isinstance(value, Enum):
+            key = (value.__class__, value)
+            found = members.get(key)
+            if found is None:
+                found = members[key] = _leaf_value(value, leaf, field_type, type_name, name)
+            return found
+        return _leaf_value(value, leaf, field_type, type_name, name)
+
+    return complete
 
 
 def _leaf_value(value: Any, leaf: Any, field_type: Any, type_name: str, name: str) -> Any:

@@ -39,6 +39,7 @@ from strawberry.types.unset import UNSET, UnsetType
 from threadloom.api.compiled import with_fast_paths
 from threadloom.api.context import NOBODY, Context
 from threadloom.api.gate import bearer
+from threadloom.api.row_pages import compile_threads
 from threadloom.api.token_guard import STATE_KEY, GuardedTransportWSHandler, TokenGuard
 from threadloom.engine.services import Services
 from threadloom.store import tokens
@@ -121,7 +122,7 @@ class GraphQLView(GraphQL[Context, None]):
     def __init__(self, services: Services, schema: Any, live: Live | None = None) -> None:
         settings = services.settings
         super().__init__(
-            with_fast_paths(schema) if settings.fast_paths else schema,
+            with_fast_paths(schema, {"threads": compile_threads}) if settings.fast_paths else schema,
             graphql_ide="graphiql" if settings.dev else None,
             allow_queries_via_get=True,
             subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, MULTIPART_SUBSCRIPTION_PROTOCOL),

@@ -80,6 +80,10 @@ class BoundedListsExecutionContext(FreshMemoExecutionContext):
             self.count_list_items(result)
         return super().complete_list_value(return_type, field_details, info, path, result, *rest)
 
+    def list_items_left(self) -> int:
+        """How many more list items the budget allows (`row_pages` declines a page that would pass it)."""
+        return self.max_items - self._items
+
     def count_list_items(self, items: list[Any] | tuple[Any, ...]) -> None:
         """Counts a list about to be completed (also called by `compiled.CompiledObjects`' inline lists)."""
         self._items += len(items)
