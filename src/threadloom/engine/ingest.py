@@ -81,6 +81,29 @@ class _Batch:
             self.cache[entity_id] = found
         return found
 
+    async def prefetch(self, binding: TurnBinding, events: list[Any]) -> None:
+        """What a batch reads, in one statement instead of one each: the turn's attempt, run, root node
+        and provider turn, and the nodes and messages of the items its events name (those made earlier)."""
+        wanted: dict[uuid.UUID, type[Record]] = {
+            binding.attempt_id: RunAttempt,
+            binding.run_id: Run,
+            binding.root_node_id: ExecutionNode,
+            binding.provider_turn_id: ProviderTurn,
+        }
+        for event in events:
+            item = getattr(event, "item_id", None)
+            if not isinstance(item, str):
+                continue
+            node_id, message_id = binding.items.get(item), binding.messages.get(item)
+            if node_id is not None:
+                wanted[node_id] = ExecutionNode
+            if message_id is not None:
+                wanted[message_id] = ConversationMessage
+        missing = [(cls, entity_id) for entity_id, cls in wanted.items() if entity_id not in self.cache]
+        for found in await entities.get_many(self.db, missing):
+            if found is not None:
+                self.cache[found.id] = found
+
     def seal(self) -> None:
         """Later changes are events of their own: only deltas between two structural events coalesce,
         so a batch of several events logs what they would have logged one by one."""
@@ -229,6 +252,7 @@ class Ingestor:
         as they are, and the window's end is checked after each."""
         pending = _Pending()
         taken = 0
+        overdue = 0  # events taken after the window closed, already queued when it did
         while True:
             if partition.queue.empty():
                 timeout = pending.since + COALESCE_SECONDS - time.monotonic() if pending.events else PARTITION_IDLE
@@ -252,7 +276,13 @@ class Ingestor:
                 return
             await self._guarded(self.handle(event, pending))
             if pending.events and time.monotonic() >= pending.since + COALESCE_SECONDS:
-                await self._guarded(self._write(pending))
+                # What already arrived joins the batch first (a few at most): a turn's end right behind
+                # it then takes the batch into its run's end, instead of waiting for its commit.
+                if partition.queue.empty() or overdue >= YIELD_EVERY:
+                    overdue = 0
+                    await self._guarded(self._write(pending))
+                else:
+                    overdue += 1
 
     async def _guarded(self, step: Awaitable[None]) -> None:
         try:
@@ -361,6 +391,7 @@ class Ingestor:
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             batch = _Batch(db)
+            await batch.prefetch(binding, events)
             attempt = await batch.get(RunAttempt, binding.attempt_id)
             if attempt is None or attempt.status not in (AttemptStatus.PENDING, AttemptStatus.RUNNING):
                 return Outcome()  # late events of a superseded or finished attempt

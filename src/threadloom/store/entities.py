@@ -41,3 +41,28 @@ async def where(db: Reader, cls: type[R], *conditions: sa.ColumnElement[bool], o
 async def in_order(db: Reader, cls: type[R], *conditions: sa.ColumnElement[bool]) -> list[R]:
     """`where`, in id order: ids are UUIDv7, so that is the order they were created in."""
     return await where(db, cls, *conditions, order_by=[t.PROJECTIONS[cls].c.id])
+
+
+_MANY: dict[tuple[type[Record], ...], sa.TextClause] = {}
+
+
+async def get_many(db: Reader, wanted: Sequence[tuple[type[Record], uuid.UUID | None]]) -> list[Record | None]:
+    """`get` of several entities (of any tables) in one statement: each found one, or None, in order."""
+    asked = [(i, cls, entity_id) for i, (cls, entity_id) in enumerate(wanted) if entity_id is not None]
+    found: list[Record | None] = [None] * len(wanted)
+    if not asked:
+        return found
+    shape = tuple(cls for _, cls, _ in asked)
+    stmt = _MANY.get(shape)
+    if stmt is None:
+        parts = [
+            f"SELECT {k} AS k, to_jsonb(x) AS row FROM {t.PROJECTIONS[cls].name} x WHERE x.id = :id{k}"
+            for k, cls in enumerate(shape)
+        ]
+        ids = [sa.bindparam(f"id{k}", type_=sa.Uuid()) for k in range(len(shape))]
+        stmt = _MANY[shape] = sa.text(" UNION ALL ".join(parts)).bindparams(*ids)
+    params = {f"id{k}": entity_id for k, (_, _, entity_id) in enumerate(asked)}
+    for k, row in await db.tuples(stmt, params):
+        i, cls, _ = asked[k]
+        found[i] = cls.from_mapping(row)
+    return found
