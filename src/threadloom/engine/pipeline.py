@@ -216,12 +216,13 @@ class Pipeline:
             outcome = await decide(db)
             project_id = outcome.project_id
             result = outcome.result
-            sequences = await log.append(db, outcome.changes, project_id=project_id, command_id=key, now=now)
             thread_id = thread_id or next(
                 (log.thread_of(c.entity) for c in outcome.changes if log.thread_of(c.entity)), None
             )
-            if outcome.effects:
-                await outbox.enqueue(db, thread_id, outcome.effects, command_id=key, now=now)
+            rows = outbox.rows(thread_id, outcome.effects, command_id=key, now=now)  # in the same statement
+            sequences = await log.append(
+                db, outcome.changes, project_id=project_id, command_id=key, now=now, effects=rows
+            )
             if key is not None:
                 await receipts.save(
                     db,
@@ -244,10 +245,11 @@ class Pipeline:
         """Write a `Step.before` decision's events and effects; the thread as the next decision must see it."""
         now = self.clock.now()
         project_id = outcome.project_id or thread.project_id
-        earlier.sequences += await log.append(db, outcome.changes, project_id=project_id, command_id=None, now=now)
-        if outcome.effects:
-            await outbox.enqueue(db, thread.id, outcome.effects, command_id=None, now=now)
-            earlier.effects += len(outcome.effects)
+        rows = outbox.rows(thread.id, outcome.effects, command_id=None, now=now)
+        earlier.sequences += await log.append(
+            db, outcome.changes, project_id=project_id, command_id=None, now=now, effects=rows
+        )
+        earlier.effects += len(outcome.effects)
         if any(isinstance(c.entity, AppThread) for c in outcome.changes):
             thread = await thread_store.get_thread(db, thread.id) or thread
         return thread

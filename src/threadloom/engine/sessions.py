@@ -24,7 +24,7 @@ from pathlib import Path
 
 from threadloom import tracing
 from threadloom.domain.changes import Change, EventVerb, Outcome
-from threadloom.domain.entities import Project, ProviderSession, ProviderThread
+from threadloom.domain.entities import Project, ProviderSession
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import ProviderSessionStatus
@@ -309,17 +309,13 @@ class SessionManager:
 
     async def owner_of(self, db: Reader, provider_thread_id: uuid.UUID | None) -> uuid.UUID | None:
         """The live worker holding this provider thread's runtime, if any."""
-        pt = await entities.get(db, ProviderThread, provider_thread_id)
-        if pt is None or pt.session_id is None:
+        found = await worker_store.session_of(db, provider_thread_id) if provider_thread_id is not None else None
+        if found is None:
             return None
-        session = await entities.get(db, ProviderSession, pt.session_id)
-        if (
-            session is None
-            or session.owner is None
-            or session.status in (ProviderSessionStatus.STOPPED, ProviderSessionStatus.ERROR)
-        ):
+        owner_text, status = found
+        if owner_text is None or status in (ProviderSessionStatus.STOPPED.value, ProviderSessionStatus.ERROR.value):
             return None
-        owner = uuid.UUID(session.owner)
+        owner = uuid.UUID(owner_text)
         if owner == self.worker_id:
             return owner
         return owner if owner in await worker_store.alive(db, [owner]) else None

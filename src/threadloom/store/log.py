@@ -77,7 +77,18 @@ _EVENT_COLUMNS = (
     "occurred_at",
     "payload",
 )
-_APPEND_SQL: dict[tuple[bool, bool, tuple[str, ...]], sa.TextClause] = {}
+_EFFECT_COLUMNS = (
+    "thread_id",
+    "kind",
+    "payload",
+    "status",
+    "replay_safe",
+    "available_at",
+    "command_id",
+    "created_at",
+    "affinity",
+)
+_APPEND_SQL: dict[tuple[bool, bool, tuple[str, ...], bool], sa.TextClause] = {}
 
 
 def _entity_columns(table: sa.Table) -> list[str]:
@@ -101,14 +112,15 @@ def _upsert_sql(table: sa.Table, base: str | None) -> str:
     )
 
 
-def _append_sql(threaded: bool, thread_row: bool, tables: tuple[str, ...]) -> sa.TextClause:
+def _append_sql(threaded: bool, thread_row: bool, tables: tuple[str, ...], effects: bool) -> sa.TextClause:
     """The whole append as one statement (one round trip): the thread's sequence counter, every
     projection's upsert and the events, as data-modifying CTEs. Made once per shape and kept.
 
     Foreign keys are checked at the statement's end, so the order of the CTEs does not matter. The
     thread's row is written once: when the command changes the thread itself, its upsert also advances
-    the counter (a new thread's starts at the events' count), else one UPDATE does."""
-    key = (threaded, thread_row, tables)
+    the counter (a new thread's starts at the events' count), else one UPDATE does. `effects`: the
+    command's outbox rows go in too (`outbox.rows`), in order (their ids are the outbox's order)."""
+    key = (threaded, thread_row, tables, effects)
     found = _APPEND_SQL.get(key)
     if found is not None:
         return found
@@ -151,6 +163,13 @@ def _append_sql(threaded: bool, thread_row: bool, tables: tuple[str, ...]) -> sa
         "FROM jsonb_populate_recordset(NULL::events, CAST(:events AS jsonb)) e)"
     )
     params.append(sa.bindparam("events", type_=JSONB()))
+    if effects:
+        listed = ", ".join(_EFFECT_COLUMNS)
+        parts.append(
+            f"fx AS (INSERT INTO effects ({listed}) SELECT {listed} "
+            "FROM jsonb_populate_recordset(NULL::effects, CAST(:effects AS jsonb)))"
+        )
+        params.append(sa.bindparam("effects", type_=JSONB()))
     final = "SELECT base FROM seq" if threaded else "SELECT NULL::bigint AS base"
     found = sa.text(f"WITH {', '.join(parts)} {final}").bindparams(*params)
     _APPEND_SQL[key] = found
@@ -164,8 +183,10 @@ async def append(
     project_id: uuid.UUID | None,
     command_id: str | None,
     now: datetime,
+    effects: Sequence[dict[str, Any]] = (),
 ) -> list[int]:
-    """Append events for one thread (or for no thread) and update projections, in one statement.
+    """Append events for one thread (or for no thread) and update projections, in one statement, with
+    the command's outbox rows when given (`outbox.rows`; written even without changes).
 
     Returns the sequences assigned (empty for thread-less events). They follow the thread's
     `last_sequence`, advanced in the same statement under the caller's thread lock; until then
@@ -173,6 +194,8 @@ async def append(
     to the counter's value before it.
     """
     if not changes:
+        if effects:
+            await db.execute(sa.insert(t.effects), list(effects))
         return []
     thread_ids = {thread_of(c.entity) for c in changes}
     if len(thread_ids) != 1:
@@ -215,7 +238,9 @@ async def append(
         params["count"] = len(changes)
         if not thread_row:
             params["thread"] = thread_id
-    base = await db.scalar(_append_sql(threaded, thread_row, tuple(names)), params)
+    if effects:
+        params["effects"] = list(effects)
+    base = await db.scalar(_append_sql(threaded, thread_row, tuple(names), bool(effects)), params)
     if not threaded:
         return []
     if base is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import orjson
 import sqlalchemy as sa
@@ -24,26 +25,31 @@ async def enqueue(
     command_id: str | None,
     now: datetime,
 ) -> None:
-    """Store `effects`; with tracing on, each payload also carries the current trace context, so the
-    effect's span continues the trace of the command that wrote it (effects.EffectWorker)."""
+    """Store `effects` (`rows`)."""
+    await db.execute(sa.insert(t.effects), rows(thread_id, effects, command_id=command_id, now=now))
+
+
+def rows(
+    thread_id: uuid.UUID | None, effects: Sequence[Effect], *, command_id: str | None, now: datetime
+) -> list[dict[str, Any]]:
+    """The outbox rows of `effects` (for `enqueue`, or written with the command's events by `log.append`);
+    with tracing on, each payload also carries the current trace context, so the effect's span continues
+    the trace of the command that wrote it (effects.EffectWorker)."""
     trace = {tracing.CARRIER_KEY: tracing.carrier()} if tracing.ENABLED else {}
-    await db.execute(
-        sa.insert(t.effects),
-        [
-            {
-                "thread_id": thread_id,
-                "kind": e.kind,
-                "payload": orjson.loads(orjson.dumps({**e.payload, **trace} if trace else e.payload)),
-                "status": "pending",
-                "replay_safe": e.replay_safe,
-                "available_at": now + timedelta(seconds=e.delay_s),
-                "command_id": command_id,
-                "created_at": now,
-                "affinity": e.affinity,
-            }
-            for e in effects
-        ],
-    )
+    return [
+        {
+            "thread_id": thread_id,
+            "kind": e.kind,
+            "payload": orjson.loads(orjson.dumps({**e.payload, **trace} if trace else e.payload)),
+            "status": "pending",
+            "replay_safe": e.replay_safe,
+            "available_at": now + timedelta(seconds=e.delay_s),
+            "command_id": command_id,
+            "created_at": now,
+            "affinity": e.affinity,
+        }
+        for e in effects
+    ]
 
 
 _CLAIM = sa.text(

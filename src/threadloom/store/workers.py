@@ -58,6 +58,19 @@ async def alive(db: Reader, worker_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
     return {r["id"] for r in rows}
 
 
+_SESSION_OF = sa.text(
+    "SELECT s.owner, s.status FROM provider_threads pt JOIN provider_sessions s ON s.id = pt.session_id "
+    "WHERE pt.id = :provider_thread"
+)
+
+
+async def session_of(db: Reader, provider_thread_id: uuid.UUID) -> tuple[str | None, str] | None:
+    """The owner and status of the session a provider thread was last live in, in one statement (a
+    sendMessage routes its turn by it); None when it has none."""
+    row = await db.one_or_none(_SESSION_OF, {"provider_thread": provider_thread_id})
+    return None if row is None else (row["owner"], row["status"])
+
+
 def alive_clause(worker_id_column: sa.ColumnElement[uuid.UUID]) -> sa.ColumnElement[bool]:
     """SQL: the worker in `worker_id_column` is alive."""
     return sa.exists(sa.select(1).select_from(t.workers).where(t.workers.c.id == worker_id_column, _HELD))
