@@ -26,7 +26,7 @@ from pathlib import Path
 from threadloom.checkpoints import CheckpointError, CheckpointErrorCode, CheckpointStore, ShadowRepo, checkpoint_ref
 from threadloom.domain import checkpoints as rules
 from threadloom.domain.changes import Change, Outcome
-from threadloom.domain.entities import AppThread, Checkpoint, ExecutionNode, Project, Run
+from threadloom.domain.entities import AppThread, Checkpoint, CheckpointScope, ExecutionNode, Project, Run
 from threadloom.domain.ids import new_id
 from threadloom.domain.runs import is_active
 from threadloom.domain.statuses import RunStatus
@@ -133,12 +133,10 @@ class Checkpoints:
 
     # ---- the root scope: a run's start and end ---------------------------------------------
 
-    async def baseline_due(self, db: Reader, thread_id: uuid.UUID, run: Run) -> bool:
-        """In a transaction that read `run`: whether `ensure_baseline` has work, so that a turn whose
-        baseline exists (the previous run's end) costs no read of its own for it."""
-        if self.store is None or run.ordinal < 1:
-            return False
-        return not await stored.root_has(db, thread_id, run.ordinal - 1)
+    def baseline_due(self, run: Run, present: bool) -> bool:
+        """Whether `ensure_baseline` has work for `run`, given whether the thread's root scope holds the
+        checkpoint of its previous ordinal (`present`, read with the run: `store.runs.turn_start`)."""
+        return self.store is not None and run.ordinal >= 1 and not present
 
     async def ensure_baseline(self, run_id: uuid.UUID) -> None:
         """Before run N's turn starts: the checkpoint N-1 exists (captured now if the thread has none)."""
@@ -187,19 +185,20 @@ class Checkpoints:
         result = await self._capture(where, rules.ROOT_SCOPE_NAME, run.ordinal, base, f"after run {run.ordinal}")
         return RunCapture(run.id, run.ordinal, result)
 
-    async def record_run_end(
+    def record_run_end(
         self,
-        db: Reader,
         thread: AppThread,
         run: Run,
         root_node_id: uuid.UUID,
         capture: RunCapture | None,
         status: RunStatus,
+        slot: tuple[CheckpointScope | None, Checkpoint | None],
     ) -> rules.Recorded | None:
-        """Inside the barrier's transaction: the run's checkpoint from the capture made before it."""
-        if capture is None or capture.run_id != run.id:
+        """Inside the barrier's transaction: the run's checkpoint from the capture made before it. `slot` is
+        the thread's root scope and its checkpoint of the run's ordinal (`store.runs.finish_facts`)."""
+        if capture is None or capture.run_id != run.id or capture.ordinal != run.ordinal:
             return None
-        current, existing = await stored.root_at(db, thread.id, capture.ordinal)
+        current, existing = slot
         now = self.pipeline.clock.now()
         scope, changes = rules.ensure_root_scope(current, thread.id, now, new_id)
         recorded = rules.record(

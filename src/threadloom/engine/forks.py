@@ -331,12 +331,19 @@ class Merged:
 
 
 async def consume_merges(
-    db: Reader, thread: AppThread, run: Run, to_provider_thread: uuid.UUID, now: datetime, new_id: NewId
+    db: Reader,
+    thread: AppThread,
+    run: Run,
+    to_provider_thread: uuid.UUID,
+    now: datetime,
+    new_id: NewId,
+    pending: Sequence[ContextTransfer] | None = None,
 ) -> Merged:
-    """Each pending merge-back into this thread becomes a MERGE_BACK_DELTA handoff for this run, oldest first."""
+    """Each pending merge-back into this thread becomes a MERGE_BACK_DELTA handoff for this run, oldest first.
+    `pending`: those merge-backs when the caller read them already (`fork_store.merges(into=thread.id)`)."""
     changes: list[Change] = []
     handoffs: list[ContextHandoff] = []
-    for transfer in await fork_store.merges(db, into=thread.id):
+    for transfer in pending if pending is not None else await fork_store.merges(db, into=thread.id):
         fork_id, since, upto = forks.merge_range(transfer)
         facts = await handoff_facts.read_run_facts(db, fork_id, range(since + 1, upto + 1))
         built = build_handoff(HandoffKind.MERGE_BACK_DELTA, facts, Selection.between(since, upto))

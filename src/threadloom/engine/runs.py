@@ -45,7 +45,7 @@ from threadloom.domain.statuses import (
     RunStatus,
     TokenScope,
 )
-from threadloom.engine.checkpoints import Checkpoints
+from threadloom.engine.checkpoints import Checkpoints, RunCapture
 from threadloom.engine.forks import (
     NativeFork,
     consume_merges,
@@ -93,6 +93,7 @@ class _Prepared:
     fork: NativeFork | None = None
     baseline_due: bool = True  # the thread has no checkpoint N-1 yet (`Checkpoints.ensure_baseline` has work)
     recorded: tuple[LiveSession, uuid.UUID] | None = None  # turn recorded with the preparing: its runtime, turn
+    next_ordinal: int | None = None  # the provider thread's next turn ordinal, when read with the preparing
 
     @property
     def target(self) -> _Target:
@@ -233,26 +234,49 @@ class RunEngine:
         """End a run through the completion barrier. A no-op (False) if it already ended,
         or if `guard`, checked under the thread lock, says no. `before` (the turn's last events)
         is written first, in the same transaction. `thread_id`, the run's thread when the caller
-        knows it, saves a read on the turn's critical path."""
-        # The capture's git work comes before the transaction; the run's thread is read meanwhile.
-        if thread_id is None:
-            capture, thread_id = await asyncio.gather(
-                self.checkpoints.capture_run_end(run_id, attempt_id), self._thread_of_run(run_id)
+        knows it, saves a read on the turn's critical path.
+
+        The workspace's capture (git work, no lock) runs alongside the transaction's first part (the
+        thread lock, `before`, the barrier's read); the checkpoint is recorded once it is done, so its
+        ref is written before the commit that names it, as when the capture came first."""
+        capturing = asyncio.ensure_future(self.checkpoints.capture_run_end(run_id, attempt_id))
+        try:
+            return await self._finish(
+                run_id, status, reason, capturing, hold_reason, attempt_id, guard, before, thread_id
             )
-        else:
-            capture = await self.checkpoints.capture_run_end(run_id, attempt_id)
+        finally:
+            if not capturing.done():  # not needed after all (the run had ended): let it finish, as before
+                await asyncio.gather(capturing, return_exceptions=True)
+
+    async def _finish(
+        self,
+        run_id: uuid.UUID,
+        status: RunStatus,
+        reason: str | None,
+        capturing: asyncio.Future[RunCapture | None],
+        hold_reason: str | None,
+        attempt_id: uuid.UUID | None,
+        guard: Callable[[Reader, Run], Awaitable[bool]] | None,
+        before: tuple[Callable[[Reader, AppThread], Awaitable[Outcome]], ...],
+        thread_id: uuid.UUID | None,
+    ) -> bool:
+        if thread_id is None:
+            thread_id = await self._thread_of_run(run_id)
         now = self.now
 
         async def decide(db: Reader, thread: AppThread) -> Valued[bool]:
-            run = await entities.get(db, Run, run_id)
+            facts = await runs.finish_facts(db, thread, run_id)  # the run, its graph, its checkpoint slot
+            run = facts.run
             if run is None or not rules.is_active(run):
                 return Outcome().carrying(False)
             if attempt_id is not None and run.active_attempt_id != attempt_id:
                 return (await self._close_superseded_turn(db, attempt_id, status)).carrying(False)
             if guard is not None and not await guard(db, run):
                 return Outcome().carrying(False)
-            graph = await runs.run_graph(db, thread, run)
-            checkpoint = await self.checkpoints.record_run_end(db, thread, run, graph.root.id, capture, status)
+            graph = facts.graph()
+            slot = (facts.scope, facts.checkpoint)
+            capture = await capturing
+            checkpoint = self.checkpoints.record_run_end(thread, run, graph.root.id, capture, status, slot)
             outcome = rules.finish_run(
                 graph, status, reason, now, new_id, hold_reason=hold_reason, checkpoint=checkpoint
             )
@@ -408,12 +432,15 @@ class RunEngine:
             policy = self.switch_policies.get(run.provider_instance_id, DEFAULT_POLICY)
             provider_thread, changes, switched = await provider_for_run(db, thread, current, run, now, new_id, policy)
             outcome = Outcome(changes)
-            handoffs = [*await rollback_facts.pending_handoffs(db, provider_thread.id), *switched]
+            # `start` read the pending handoffs and the last turn of the thread's active provider thread.
+            same = current is not None and provider_thread.id == current.id
+            pending = start.handoffs if same else await rollback_facts.pending_handoffs(db, provider_thread.id)
+            handoffs = [*pending, *switched]
             fork = await fork_resolution(db, thread, run, provider_thread, self._fork_ability(run), now, new_id)
             if fork is not None:
                 outcome.changes.extend(fork.changes)
                 handoffs.extend([fork.handoff] if fork.handoff else [])
-            merged = await consume_merges(db, thread, run, provider_thread.id, now, new_id)
+            merged = await consume_merges(db, thread, run, provider_thread.id, now, new_id, start.merges)
             outcome.changes.extend(merged.changes)
             handoffs.extend(merged.handoffs)
             # The run and attempt as these changes leave them (the turn's record starts from them).
@@ -428,7 +455,8 @@ class RunEngine:
                     thread_rules.workspace_of(thread, project.workspace_root),
                     tuple(handoffs),
                     fork.native if fork is not None else None,
-                    await self.checkpoints.baseline_due(db, thread.id, run),
+                    self.checkpoints.baseline_due(run, start.baseline),
+                    next_ordinal=start.last_turn + 1 if same else None,
                 )
             )
             return outcome
@@ -442,7 +470,7 @@ class RunEngine:
                 return Outcome().carrying(p)  # the turn is recorded later, after the runtime is ready
             held.append(session)
             pt = p.provider_thread.evolve(session_id=session.session_id, status=ProviderThreadStatus.ACTIVE)
-            ordinal = await runs.next_turn_ordinal(db, pt.id)
+            ordinal = p.next_ordinal or await runs.next_turn_ordinal(db, pt.id)
             outcome, turn = rules.turn_requested(p.run, p.attempt, pt, ordinal, now, new_id)
             outcome.changes.insert(0, Change.updated(pt.evolve(updated_at=now)))  # as `_provider_thread_ready`
             return outcome.carrying(dataclasses.replace(p, provider_thread=pt, recorded=(session, turn.id)))

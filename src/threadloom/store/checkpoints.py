@@ -52,41 +52,6 @@ async def run_end_facts(db: Reader, run_id: uuid.UUID) -> tuple[Run, AppThread, 
     return Run.from_mapping(row["run"]), thread, project, base
 
 
-_ROOT_AT = sa.text(
-    """
-    SELECT to_jsonb(s) AS scope,
-      (SELECT to_jsonb(c) FROM checkpoints c WHERE c.scope_id = s.id AND c.ordinal = :ordinal) AS checkpoint
-    FROM checkpoint_scopes s WHERE s.thread_id = :thread AND s.kind = :root
-    ORDER BY s.created_at, s.id LIMIT 1
-    """
-)
-
-
-async def root_at(
-    db: Reader, thread_id: uuid.UUID, ordinal: int
-) -> tuple[CheckpointScope | None, Checkpoint | None]:
-    """The thread's root scope (`root_scope`) and its checkpoint `ordinal`, in one statement (a run's
-    end records its checkpoint under the thread lock)."""
-    params = {"thread": thread_id, "ordinal": ordinal, "root": CheckpointScopeKind.ROOT_RUN.value}
-    row = await db.one_or_none(_ROOT_AT, params)
-    if row is None:
-        return None, None
-    existing = Checkpoint.from_mapping(row["checkpoint"]) if row["checkpoint"] is not None else None
-    return CheckpointScope.from_mapping(row["scope"]), existing
-
-
-async def root_has(db: Reader, thread_id: uuid.UUID, ordinal: int) -> bool:
-    """Whether the thread's root scope holds checkpoint `ordinal` (one statement: a turn's start asks)."""
-    scopes, checkpoints = t.checkpoint_scopes, t.checkpoints
-    found = sa.exists().where(
-        checkpoints.c.scope_id == scopes.c.id,
-        checkpoints.c.ordinal == ordinal,
-        scopes.c.thread_id == thread_id,
-        scopes.c.kind == CheckpointScopeKind.ROOT_RUN.value,
-    )
-    return bool(await db.scalar(sa.select(found)))
-
-
 async def node_scope(db: Reader, node_id: uuid.UUID) -> CheckpointScope | None:
     found = await entities.where(db, CheckpointScope, t.checkpoint_scopes.c.node_id == node_id)
     return found[0] if found else None

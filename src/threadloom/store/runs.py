@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from typing import Any
 
 import sqlalchemy as sa
 
 from threadloom.domain.entities import (
     AppThread,
+    Checkpoint,
+    CheckpointScope,
+    ContextHandoff,
+    ContextTransfer,
     ConversationMessage,
     ExecutionNode,
     PlanArtifact,
@@ -20,7 +25,17 @@ from threadloom.domain.entities import (
     RuntimeRequest,
 )
 from threadloom.domain.runs import RunGraph
-from threadloom.domain.statuses import ACTIVE_RUN_STATUSES, NodeStatus, PlanStatus, RunStatus, RuntimeRequestStatus
+from threadloom.domain.statuses import (
+    ACTIVE_RUN_STATUSES,
+    CheckpointScopeKind,
+    HandoffStatus,
+    NodeStatus,
+    PlanStatus,
+    RunStatus,
+    RuntimeRequestStatus,
+    TransferStatus,
+    TransferType,
+)
 from threadloom.domain.threads import ThreadState
 from threadloom.store import entities
 from threadloom.store import tables as t
@@ -85,9 +100,8 @@ def _queue_order(queued: list[Run]) -> list[Run]:
     return sorted(queued, key=lambda r: (r.queue_position is None, r.queue_position or 0, r.ordinal))
 
 
-_GRAPH = sa.text(
-    """
-    WITH a AS (SELECT * FROM run_attempts WHERE id = :attempt)
+# The barrier's parts, given `a` (the run's active attempt) and :run, :thread.
+_GRAPH_PARTS = """
     SELECT 'attempt' AS part, to_jsonb(a) AS row FROM a
     UNION ALL SELECT 'root', to_jsonb(n) FROM execution_nodes n JOIN a ON n.id = a.root_node_id
     UNION ALL SELECT 'turn', to_jsonb(pt) FROM provider_turns pt JOIN a ON pt.id = a.provider_turn_id
@@ -98,27 +112,40 @@ _GRAPH = sa.text(
     UNION ALL SELECT 'plan', to_jsonb(pa) FROM plan_artifacts pa WHERE pa.run_id = :run AND pa.status = :active_plan
     UNION ALL SELECT 'queued', to_jsonb(q) FROM runs q WHERE q.thread_id = :thread AND q.status = :queued
     UNION ALL SELECT 'request', to_jsonb(r) FROM runtime_requests r WHERE r.run_id = :run AND r.status = :pending
+"""
+_GRAPH = sa.text("WITH a AS (SELECT * FROM run_attempts WHERE id = :attempt)" + _GRAPH_PARTS).bindparams(
+    sa.bindparam("open_nodes", expanding=True)
+)
+# A run's end: the run itself, its barrier's parts, and the thread's root checkpoint scope with the
+# checkpoint of the run's ordinal.
+_FINISH = sa.text(
     """
+    WITH rn AS (SELECT * FROM runs WHERE id = :run),
+      a AS (SELECT * FROM run_attempts WHERE id = (SELECT active_attempt_id FROM rn)),
+      sc AS (SELECT * FROM checkpoint_scopes WHERE thread_id = :thread AND kind = :root_scope
+             ORDER BY created_at, id LIMIT 1)
+    SELECT 'run' AS part, to_jsonb(rn) AS row FROM rn
+    UNION ALL SELECT 'scope', to_jsonb(sc) FROM sc
+    UNION ALL SELECT 'checkpoint', to_jsonb(c) FROM checkpoints c JOIN sc ON c.scope_id = sc.id
+      WHERE c.ordinal = (SELECT ordinal FROM rn)
+    UNION ALL"""
+    + _GRAPH_PARTS
 ).bindparams(sa.bindparam("open_nodes", expanding=True))
 _OPEN_NODES = [NodeStatus.PENDING.value, NodeStatus.RUNNING.value, NodeStatus.WAITING.value]
 
 
-async def run_graph(db: Reader, thread: AppThread, run: Run) -> RunGraph:
-    """Everything the completion barrier closes, in one statement (a run's end waits for it): the
-    same rows as one read per part, each part in id order, the queue in its order."""
-    found: dict[str, list[dict[str, object]]] = {}
-    params = {
-        "attempt": run.active_attempt_id,
-        "run": run.id,
+def _graph_params(thread: AppThread, run_id: uuid.UUID) -> dict[str, object]:
+    return {
+        "run": run_id,
         "thread": thread.id,
         "open_nodes": _OPEN_NODES,
         "active_plan": PlanStatus.ACTIVE.value,
         "queued": RunStatus.QUEUED.value,
         "pending": RuntimeRequestStatus.PENDING.value,
     }
-    for part, row in await db.tuples(_GRAPH, params):
-        found.setdefault(part, []).append(row)
 
+
+def _graph(thread: AppThread, run: Run, found: dict[str, list[dict[str, object]]]) -> RunGraph:
     def each(part: str, cls: type[entities.R]) -> list[entities.R]:
         return sorted((cls.from_mapping(r) for r in found.get(part, [])), key=lambda e: e.id)
 
@@ -145,6 +172,48 @@ async def run_graph(db: Reader, thread: AppThread, run: Run) -> RunGraph:
     )
 
 
+async def run_graph(db: Reader, thread: AppThread, run: Run) -> RunGraph:
+    """Everything the completion barrier closes, in one statement (a run's end waits for it): the
+    same rows as one read per part, each part in id order, the queue in its order."""
+    found: dict[str, list[dict[str, object]]] = {}
+    for part, row in await db.tuples(_GRAPH, {"attempt": run.active_attempt_id, **_graph_params(thread, run.id)}):
+        found.setdefault(part, []).append(row)
+    return _graph(thread, run, found)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FinishFacts:
+    """What a run's end reads under the thread lock: the run (None: no such run), the thread's root
+    checkpoint scope and its checkpoint of the run's ordinal, and the parts of the barrier's graph."""
+
+    run: Run | None
+    scope: CheckpointScope | None
+    checkpoint: Checkpoint | None
+    _thread: AppThread
+    _parts: dict[str, list[dict[str, object]]]
+
+    def graph(self) -> RunGraph:
+        """The run's `RunGraph` (as `run_graph` reads it); LookupError without its attempt or root node."""
+        if self.run is None:
+            raise LookupError("no run")
+        return _graph(self._thread, self.run, self._parts)
+
+
+async def finish_facts(db: Reader, thread: AppThread, run_id: uuid.UUID) -> FinishFacts:
+    """`FinishFacts` in one statement: a run's end reads its run, graph and checkpoint slot at once."""
+    found: dict[str, list[dict[str, object]]] = {}
+    params = {"root_scope": CheckpointScopeKind.ROOT_RUN.value, **_graph_params(thread, run_id)}
+    for part, row in await db.tuples(_FINISH, params):
+        found.setdefault(part, []).append(row)
+
+    def single(part: str, cls: type[entities.R]) -> entities.R | None:
+        rows = found.pop(part, None)
+        return cls.from_mapping(rows[0]) if rows else None
+
+    run, scope, checkpoint = single("run", Run), single("scope", CheckpointScope), single("checkpoint", Checkpoint)
+    return FinishFacts(run, scope, checkpoint, thread, found)
+
+
 _TURN_START = sa.text(
     """
     WITH r AS (SELECT * FROM runs WHERE id = :run)
@@ -153,6 +222,15 @@ _TURN_START = sa.text(
     UNION ALL SELECT 'message', to_jsonb(m) FROM conversation_messages m JOIN r ON m.id = r.user_message_id
     UNION ALL SELECT 'project', to_jsonb(p) FROM projects p WHERE p.id = :project
     UNION ALL SELECT 'provider_thread', to_jsonb(pt) FROM provider_threads pt WHERE pt.id = :provider_thread
+    UNION ALL SELECT 'handoff', to_jsonb(h) FROM context_handoffs h
+      WHERE h.to_provider_thread_id = :provider_thread AND h.status = :pending_handoff
+    UNION ALL SELECT 'merge', to_jsonb(x) FROM context_transfers x
+      WHERE x.thread_id = :thread AND x.type = :merge_back AND x.status = :pending_transfer
+    UNION ALL SELECT 'baseline', to_jsonb(EXISTS (
+      SELECT 1 FROM checkpoints c JOIN checkpoint_scopes s ON c.scope_id = s.id JOIN r ON c.ordinal = r.ordinal - 1
+      WHERE s.thread_id = :thread AND s.kind = :root_scope))
+    UNION ALL SELECT 'last_turn', to_jsonb(coalesce(max(t.ordinal), 0)) FROM provider_turns t
+      WHERE t.provider_thread_id = :provider_thread
     """
 )
 
@@ -160,29 +238,52 @@ _TURN_START = sa.text(
 @dataclasses.dataclass(frozen=True, slots=True)
 class TurnStart:
     """What a turn's start reads first (each None when missing): the run, its active attempt and its
-    message, the thread's project and active provider thread."""
+    message, the thread's project and active provider thread; and what its preparing asks next, for that
+    provider thread (`rollback_facts.pending_handoffs`, `next_turn_ordinal` less one) and the thread
+    (`forks.merges` into it, and whether its root scope holds the run's previous checkpoint)."""
 
     run: Run | None
     attempt: RunAttempt | None
     message: ConversationMessage | None
     project: Project | None
     provider_thread: ProviderThread | None
+    handoffs: list[ContextHandoff]
+    merges: list[ContextTransfer]
+    baseline: bool
+    last_turn: int
 
 
 async def turn_start(db: Reader, thread: AppThread, run_id: uuid.UUID) -> TurnStart:
-    """`TurnStart` in one statement (five reads by id)."""
-    params = {"run": run_id, "project": thread.project_id, "provider_thread": thread.active_provider_thread_id}
-    rows = {part: row for part, row in await db.tuples(_TURN_START, params)}
+    """`TurnStart` in one statement (what used to be nine reads)."""
+    params = {
+        "run": run_id,
+        "thread": thread.id,
+        "project": thread.project_id,
+        "provider_thread": thread.active_provider_thread_id,
+        "pending_handoff": HandoffStatus.PENDING.value,
+        "merge_back": TransferType.MERGE_BACK.value,
+        "pending_transfer": TransferStatus.PENDING.value,
+        "root_scope": CheckpointScopeKind.ROOT_RUN.value,
+    }
+    rows: dict[str, list[Any]] = {}
+    for part, row in await db.tuples(_TURN_START, params):
+        rows.setdefault(part, []).append(row)
 
     def one(part: str, cls: type[entities.R]) -> entities.R | None:
-        return cls.from_mapping(rows[part]) if part in rows else None
+        return cls.from_mapping(rows[part][0]) if part in rows else None
 
+    handoffs = sorted(map(ContextHandoff.from_mapping, rows.get("handoff", [])), key=lambda h: (h.created_at, h.id))
+    merges = sorted(map(ContextTransfer.from_mapping, rows.get("merge", [])), key=lambda x: (x.created_at, x.id))
     return TurnStart(
         one("run", Run),
         one("attempt", RunAttempt),
         one("message", ConversationMessage),
         one("project", Project),
         one("provider_thread", ProviderThread),
+        handoffs,
+        merges,
+        bool(rows["baseline"][0]) if "baseline" in rows else False,
+        int(rows["last_turn"][0]) if "last_turn" in rows else 0,
     )
 
 
