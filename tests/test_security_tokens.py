@@ -118,6 +118,38 @@ async def test_revoked_token_socket_is_closed_and_its_mutation_refused(
     assert refused.value.rcvd is not None and refused.value.rcvd.code == 4403
 
 
+async def test_a_socket_opened_just_after_a_revocation_does_not_outlive_it(
+    server: ServerProcess, client: Client, database_url: str, tmp_path: Path
+) -> None:
+    """A socket's token verdict younger than a second serves the next socket of that token without a lookup;
+    a socket let in on it after a revocation is closed with the others, and nothing it sends runs."""
+    project, thread = await _project_and_thread(client, tmp_path / "ws")
+    token_id, token = create_token(database_url, "operate", project)
+    first = await WsClient.connect(server.url, token)
+    try:
+        op = await first.subscribe(EVENTS, {"t": thread})
+        await _synchronized(first, op)
+        second = await WsClient.connect(server.url, token)  # admitted on the first socket's verdict
+        await second.close()
+
+        assert threadloom(database_url, "token", "revoke", token_id).returncode == 0
+        try:
+            late = await WsClient.connect(server.url, token)
+        except websockets.ConnectionClosed as refused:  # the watcher had already seen the revocation
+            assert refused.rcvd is not None and refused.rcvd.code == 4403
+        else:
+            rename = {"query": RENAME, "variables": {"t": thread, "n": "evil"}}
+            await late.ws.send(orjson.dumps({"id": "m", "type": "subscribe", "payload": rename}).decode())
+            assert await _closed(late.ws, within=2.0) == 4403
+        assert await _closed(first.ws, within=2.0) == 4403
+    finally:
+        await first.close()
+    assert (await _title(client, thread))["title"] == "before"
+    with pytest.raises(websockets.ConnectionClosed) as refused_after:
+        await WsClient.connect(server.url, token)
+    assert refused_after.value.rcvd is not None and refused_after.value.rcvd.code == 4403
+
+
 async def test_expired_token_is_refused_on_http_and_websocket(
     server: ServerProcess, client: Client, database_url: str, tmp_path: Path
 ) -> None:

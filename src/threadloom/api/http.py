@@ -42,7 +42,6 @@ from threadloom.api.gate import bearer
 from threadloom.api.row_pages import compile_threads
 from threadloom.api.token_guard import STATE_KEY, GuardedTransportWSHandler, TokenGuard
 from threadloom.engine.services import Services
-from threadloom.store import tokens
 from threadloom.streams.live import Live
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
@@ -166,10 +165,7 @@ class GraphQLView(GraphQL[Context, None]):
         params = context.connection_params or {}
         raw = params.get("authorization") or params.get("Authorization") or ""
         token = bearer(str(raw)) if raw else (str(params["token"]) if params.get("token") else None)
-        principal = None
-        if token is not None:
-            async with self.services.db.read(context.counter) as db:
-                principal = await tokens.authenticate(db, token)
+        principal = None if token is None else await self.token_guard.authenticate_socket(token, context.counter)
         if principal is None:
             raise ConnectionRejectionError()
         self.token_guard.admit(context, principal)  # TooManyConnections → close 4429

@@ -51,7 +51,7 @@ from threadloom.config import Limits
 from threadloom.domain.access import Principal
 from threadloom.domain.rate_limits import Bucket, Rate, take_all
 from threadloom.store import tokens
-from threadloom.store.db import Database
+from threadloom.store.db import Database, StatementCounter
 
 if TYPE_CHECKING:
     from threadloom.api.context import Context
@@ -91,6 +91,7 @@ class TokenGuard:
         self._buckets: dict[uuid.UUID, tuple[Bucket, Bucket]] = {}
         self.cohorts = Cohorts(limits)  # the subscription fast path of this process's sockets
         self._verified: dict[uuid.UUID, float] = {}  # token id → when it last authenticated
+        self._principals: dict[str, Principal] = {}  # token hash → its principal, while it has a verdict
         self._operations: dict[uuid.UUID, int] = {}  # token id → operations over its sockets
 
     # -- sockets ----------------------------------------------------------------------------
@@ -124,7 +125,7 @@ class TokenGuard:
             if not held:
                 del registry[token_id]
                 if token_id not in self._sockets and token_id not in self._streams:
-                    self._verified.pop(token_id, None)
+                    self._forget(token_id)
 
     def attach(self, token_id: uuid.UUID, context: Context, handler: GuardedTransportWSHandler) -> None:
         sockets = self._sockets.get(token_id)
@@ -160,8 +161,23 @@ class TokenGuard:
         else:
             self._operations.pop(token_id, None)
 
+    async def authenticate_socket(self, token: str, counter: StatementCounter) -> Principal | None:
+        """A socket's token at `connection_init`. A verdict younger than `RECHECK_SECONDS` for the same token
+        serves without a statement, as it does for fast-path subscriptions: a reconnecting crowd of one
+        token's clients costs one lookup a second, and a revoked token's sockets close within that second."""
+        digest = tokens.hash_token(token)
+        known = self._principals.get(digest)
+        if known is not None and self.recently_usable(known.token_id):
+            return known
+        async with self.db.statements(counter) as db:
+            principal = await tokens.authenticate_hash(db, digest)
+        if principal is not None:
+            self._principals[digest] = principal
+            self._verify({principal.token_id}, {principal.token_id})
+        return principal
+
     async def usable(self, token_id: uuid.UUID) -> bool:
-        async with self.db.read() as db:
+        async with self.db.statements() as db:
             usable = bool(await tokens.still_usable(db, [token_id]))
         self._verify({token_id} if usable else set(), {token_id})
         return usable
@@ -181,7 +197,12 @@ class TokenGuard:
             if token_id in usable:
                 self._verified[token_id] = now
             else:
-                self._verified.pop(token_id, None)
+                self._forget(token_id)
+
+    def _forget(self, token_id: uuid.UUID) -> None:
+        if self._verified.pop(token_id, None) is not None:
+            for digest in [d for d, p in self._principals.items() if p.token_id == token_id]:
+                del self._principals[digest]
 
     async def _watch(self) -> None:
         """Once a second, one statement: close the sockets and streams whose token no longer authenticates."""

@@ -110,7 +110,12 @@ _AUTHENTICATE = sa.select(t.api_tokens.c.id, t.api_tokens.c.scope, t.api_tokens.
 
 async def authenticate(db: Reader, token: str) -> Principal | None:
     """The principal of a usable token; None for an unknown, revoked or expired one."""
-    rows = await db.tuples(_AUTHENTICATE, {"token_hash": hash_token(token)})
+    return await authenticate_hash(db, hash_token(token))
+
+
+async def authenticate_hash(db: Reader, token_hash: str) -> Principal | None:
+    """`authenticate` for a token already hashed (`hash_token`)."""
+    rows = await db.tuples(_AUTHENTICATE, {"token_hash": token_hash})
     if not rows:
         return None
     token_id, scope, project_id = rows[0]
