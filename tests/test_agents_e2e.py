@@ -275,3 +275,48 @@ async def test_the_model_a_message_asks_for_reaches_the_model(
     assert done["status"] == "COMPLETED"
     bodies = fake.bodies(MODEL_PATH[provider])[seen:]
     assert bodies and {body.get("model") for body in bodies} == {asked}
+
+
+def _alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_another_replica_resumes_the_native_thread_of_a_killed_one(
+    api: Client, agents_server: ServerProcess, database_url: str, fake: FakeModel, tmp_path: Path, provider: str
+) -> None:
+    """Two replicas on one database and one data folder (the agents' state on the shared volume): the replica that
+    ran a thread's turn is killed with -9, its agent goes with it, and the next message, sent to the other replica,
+    continues the same native thread with the conversation from before."""
+    env = cli_providers_env(
+        tmp_path, fake, openai_key="sk-fake-openai-SECRET", anthropic_key="sk-fake-anthropic-SECRET"
+    )
+    other = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    survivor = Client(other.url, agents_server.admin_token)
+    try:
+        thread, _ = await _thread(api, tmp_path, provider)
+        first = await send(api, thread, "remember BRAVO-7")
+        assert (await finished(api, first["run"]["id"], within=90))["status"] == "COMPLETED"
+        groups = _agent_process_groups(agents_server)
+        assert groups, "the first replica started no agent"
+        agents_server.kill()
+
+        async def agents_gone() -> bool:
+            return not any(_alive(group) for group in groups)
+
+        await until(agents_gone, within=30)  # nothing goes on working beside the replica that resumes
+        second = await send(survivor, thread, "what did I say?")
+        done = await finished(survivor, second["run"]["id"], within=120)
+        assert done["status"] == "COMPLETED", done
+        before = (await run(survivor, first["run"]["id"]))["providerThread"]["nativeThreadRef"]
+        assert done["providerThread"]["nativeThreadRef"] == before
+        last = fake.bodies(MODEL_PATH[provider])[-1]
+        assert "remember BRAVO-7" in str(last) and "what did I say?" in str(last)
+    finally:
+        await survivor.aclose()
+        other.stop()
+    assert not any("SECRET" in line for line in other.log), "an API key reached the server log"
