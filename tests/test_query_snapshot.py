@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from tests.support.inproc import ADMIN, new_thread
+from tests.support.inproc import ADMIN, new_thread, send
 from threadloom.api.context import Context
 from threadloom.api.ids import encode
 from threadloom.api.schema import build_schema
 from threadloom.engine.services import Services
+from threadloom.store import reads
 from threadloom.store import tables as t
 from threadloom.store.db import StatementCounter
 
@@ -85,3 +86,37 @@ async def test_queries_read_in_one_transaction_and_mutations_in_none(services: S
     data, counter = await _execute(services, rename, thread)
     assert data["renameThread"]["thread"]["title"] == "R"  # the payload sees its own commit
     assert counter.transactions == 0
+
+
+async def test_direct_reads_give_what_sqlalchemy_gives(services: Services, tmp_path: Path) -> None:
+    """`Reader.dicts` runs a plain select on the asyncpg connection itself: for every projection
+    (UUIDs, timestamps, enums as text, JSON, arrays) and a windowed page, the dicts are the ones
+    SQLAlchemy's execution gives, and each counts as one statement."""
+    _, thread = await _thread(services, tmp_path / "ws")
+    await send(services, thread, "hello")  # a run, a message, their events and activities
+    counter = StatementCounter()
+    async with services.db.read(counter) as db:
+        for table in t.PROJECTIONS.values():
+            stmt = sa.select(table).order_by(table.c.id)
+            through = [dict(r) for r in (await db.execute(stmt)).mappings().all()]
+            assert await db.dicts(stmt) == through, table.name
+        page = reads._page_statement(t.threads, "id", "project_id", reads.PageArgs(first=5), [])
+        params = {"page_limit": 6, "page_parents": [uuid.uuid4(), *(await db.scalars_all(sa.select(t.projects.c.id)))]}
+        through = [dict(r) for r in (await db.execute(page, params)).mappings().all()]
+        assert through and await db.dicts(page, params) == through
+    assert counter.statements == 2 * (len(t.PROJECTIONS) + 1) + 1
+
+
+async def test_a_snapshot_holds_for_reads_through_sqlalchemy_too(services: Services, tmp_path: Path) -> None:
+    """The snapshot is the driver's transaction: statements SQLAlchemy runs on its connection (a
+    count, a feed cursor) see the same commit as the direct reads."""
+    project, thread = await _thread(services, tmp_path / "ws")
+    context = Context.create(ADMIN, services)
+    snapshot = context.loaders.snapshot()
+    try:
+        assert (await context.loaders.rows(t.threads).load(thread))["title"] == "t"  # direct: opens it
+        await _rename_project(services, project, "after")
+        async with context.loaders.reader() as db:
+            assert await db.scalar(sa.select(t.projects.c.name).where(t.projects.c.id == project)) == "p"
+    finally:
+        await snapshot.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -50,7 +51,7 @@ class Context:
         """The same caller with empty loaders: what this context had cached is not reused."""
         return dataclasses.replace(self, loaders=Loaders(self.services.db, self.counter))
 
-    async def project_of(self, table: sa.Table, row: sa.RowMapping) -> uuid.UUID | None:
+    async def project_of(self, table: sa.Table, row: Mapping[Any, Any]) -> uuid.UUID | None:
         """The project an object belongs to (None for global objects such as provider sessions)."""
         if table is t.projects:
             return uuid.UUID(str(row["id"]))
@@ -62,7 +63,7 @@ class Context:
         thread = await self.loaders.rows(t.threads).load(thread_id)
         return None if thread is None else uuid.UUID(str(thread["project_id"]))
 
-    async def visible(self, table: sa.Table, row: sa.RowMapping | None) -> bool:
+    async def visible(self, table: sa.Table, row: Mapping[Any, Any] | None) -> bool:
         if row is None:
             return False
         project_id = await self.project_of(table, row)
@@ -70,7 +71,7 @@ class Context:
             return self.principal.project_id is None
         return self.principal.sees(project_id)
 
-    async def load_visible(self, table: sa.Table, entity_id: uuid.UUID | None) -> sa.RowMapping | None:
+    async def load_visible(self, table: sa.Table, entity_id: uuid.UUID | None) -> Mapping[Any, Any] | None:
         if entity_id is None:
             return None
         row = await self.loaders.rows(table).load(entity_id)

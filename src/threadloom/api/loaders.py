@@ -126,14 +126,14 @@ class Loaders:
             loader = self._loaders[key] = make()
         return loader
 
-    def rows(self, table: sa.Table) -> DataLoader[uuid.UUID, sa.RowMapping | None]:
+    def rows(self, table: sa.Table) -> DataLoader[uuid.UUID, Mapping[Any, Any] | None]:
         made = self._loaders.get(("rows", table.name))
         if made is not None:  # asked once per object of a page: no closure made for the usual case
             return made
         return self._new_rows(table)
 
-    def _new_rows(self, table: sa.Table) -> DataLoader[uuid.UUID, sa.RowMapping | None]:
-        async def load(ids: list[uuid.UUID]) -> list[sa.RowMapping | None]:
+    def _new_rows(self, table: sa.Table) -> DataLoader[uuid.UUID, Mapping[Any, Any] | None]:
+        async def load(ids: list[uuid.UUID]) -> list[Mapping[Any, Any] | None]:
             async with self.reader() as db:
                 found = await reads.by_ids(db, table, ids)
             return [found.get(i) for i in ids]

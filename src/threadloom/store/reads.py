@@ -54,13 +54,13 @@ def _any(column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[Any]:
     return sa.func.any(sa.bindparam(name, type_=postgresql.ARRAY(column.type)))
 
 
-async def by_ids(db: Reader, table: sa.Table, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, sa.RowMapping]:
+async def by_ids(db: Reader, table: sa.Table, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
     if not ids:
         return {}
     stmt = _BY_IDS.get(table.name)
     if stmt is None:  # built once per table (see _PAGE_STATEMENTS)
         stmt = _BY_IDS[table.name] = sa.select(table).where(table.c.id == _any(table.c.id, "ids"))
-    rows = await db.rows(stmt, {"ids": list(set(ids))})
+    rows = await db.dicts(stmt, {"ids": list(set(ids))})
     return {r["id"]: r for r in rows}
 
 
