@@ -628,12 +628,9 @@ class CompiledObjects:
                     self.handle_field_error(raw_error, item_type, group, item_path)  # type: ignore[attr-defined]
                     append(None)
         except Exception:
-            if pending:
-                self.settle_in_background([completed[i] for i in pending])  # type: ignore[attr-defined]
+            self._abandon(completed, pending)
             raise
-        if not pending:
-            return completed
-        return _awaited_items(completed, pending)
+        return _settled(completed, pending)
 
     async def _await_completed(self, completed: Any, return_type: Any, group: Any, path: Path) -> Any:
         try:
@@ -713,12 +710,15 @@ class CompiledObjects:
                         if is_awaitable(result):
                             awaitable_keys.append(key)
         except Exception:
-            if awaitable_keys:
-                self.settle_in_background([results[k] for k in awaitable_keys])  # type: ignore[attr-defined]
+            self._abandon(results, awaitable_keys)
             raise
-        if not awaitable_keys:
-            return results
-        return _awaited(results, awaitable_keys)
+        return _settled(results, awaitable_keys)
+
+    def _abandon(self, values: Any, pending: list[Any]) -> None:
+        """A field or item failed the whole object or list: its values still pending settle in the
+        background, as graphql-core's own `execute_fields` and list completion leave them."""
+        if pending:
+            self.settle_in_background([values[k] for k in pending])  # type: ignore[attr-defined]
 
 
 def leaf_reader(read: Callable[[Any, Any], Any], leaf: Any, field_type: Any, type_name: str, name: str) -> Any:
@@ -765,20 +765,19 @@ def _leaf_value(value: Any, leaf: Any, field_type: Any, type_name: str, name: st
     return coerced
 
 
-async def _awaited(results: dict[str, Any], keys: list[str]) -> dict[str, Any]:
-    """`execute_fields`' tail: the awaitable fields settled together, in place."""
-    if len(keys) == 1:
-        results[keys[0]] = await results[keys[0]]
-    else:
-        results.update(zip(keys, await gather_with_cancel(*(results[k] for k in keys)), strict=True))
-    return results
+def _settled(values: Any, pending: list[Any]) -> Any:
+    """An object's dict or a list's items (`values`) as they are when none is pending, else an
+    awaitable of them with the pending ones (by key or index) settled together in place: the tail
+    of `execute_fields` and of `complete_iterable_value`."""
+    if not pending:
+        return values
+    return _settle(values, pending)
 
 
-async def _awaited_items(items: list[Any], indices: list[int]) -> list[Any]:
-    """`complete_iterable_value`'s tail: the awaitable items settled together, in place."""
-    if len(indices) == 1:
-        items[indices[0]] = await items[indices[0]]
+async def _settle(values: Any, pending: list[Any]) -> Any:
+    if len(pending) == 1:
+        values[pending[0]] = await values[pending[0]]
     else:
-        for index, value in zip(indices, await gather_with_cancel(*(items[i] for i in indices)), strict=True):
-            items[index] = value
-    return items
+        for key, value in zip(pending, await gather_with_cancel(*(values[k] for k in pending)), strict=True):
+            values[key] = value
+    return values
