@@ -389,3 +389,125 @@ async def test_the_page_manages_the_queue_stops_answers_forks_and_rolls_back(
     await expect(page.locator("#forks li")).to_have_text([re.compile("Fork of Queue and controls")])
     assert errors == [], errors
     await page.close()
+
+
+REQUESTS = "query($r: ID!) { run(id: $r) { attempts { attemptOrdinal status reason } } }"
+ANSWERED = "query($id: ID!) { node(id: $id) { ... on RuntimeRequest { status response } } }"
+
+
+async def test_the_page_restarts_steers_and_approves_for_the_session(
+    browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
+) -> None:
+    await make_project(client, "Steering", workspace(tmp_path, "steering"))
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    assert client.token
+    await sign_in(page, server.url, client.token)
+    await page.fill("#new-thread-title", "Steer from the page")
+    await page.click("#new-thread button[type=submit]")
+    await expect(page.locator("#thread-title")).to_have_text("Steer from the page")
+    approval = page.locator("#requests li[data-kind=COMMAND_APPROVAL]")
+
+    async def send_from_page(text: str, dispatch: str = "auto") -> None:
+        await page.fill("#message", text)
+        await page.select_option("#dispatch", dispatch)
+        await page.click("#send button[type=submit]")
+        await expect(page.locator("#message")).to_have_value("")
+        await expect(page.locator("#error")).to_be_empty()
+
+    # Restart: the held run's turn is interrupted and tried again with both messages, as attempt 2 of run 1.
+    await send_from_page("@approval true\n@reply first answer")
+    await expect(run_card(page, 1)).to_have_attribute("data-status", "WAITING")
+    await send_from_page("@reply restarted with this", "restartActive")
+    await expect(run_card(page, 1).locator(".attempts")).to_contain_text("attempt 2")
+    await expect(run_card(page, 1)).to_have_attribute("data-status", "WAITING")  # attempt 2 asks again
+    await expect(approval).to_have_count(1)
+    # Approve for the session: the run goes on with the answer the page sent.
+    request_id = await approval.get_attribute("data-id")
+    await approval.get_by_role("button", name="Approve for session").click()
+    await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
+    await expect(page.locator("#messages li[data-role=ASSISTANT]").last).to_contain_text("restarted with this")
+    await expect(page.locator("#runs .run")).to_have_count(1)
+
+    # Steer: the held run's live turn takes the message after its approval; no new run.
+    await send_from_page("@approval true\n@reply second answer")
+    await expect(run_card(page, 2)).to_have_attribute("data-status", "WAITING")
+    await send_from_page("keep it short", "steerActive")
+    await approval.get_by_role("button", name="Approve", exact=True).click()
+    await expect(run_card(page, 2)).to_have_attribute("data-status", "COMPLETED")
+    await expect(page.locator("#runs .run")).to_have_count(2)
+    await expect(page.locator("#messages")).to_contain_text("Steered: keep it short")
+
+    # What the page showed is what the API holds.
+    first, second = [await run_card(page, n).get_attribute("data-run") for n in (1, 2)]
+    restarted = (await client.gql(REQUESTS, {"r": first}))["run"]
+    assert [a["attemptOrdinal"] for a in restarted["attempts"]] == [1, 2], restarted
+    assert restarted["attempts"][1]["reason"] == "STEERING_RESTART", restarted
+    assert len((await client.gql(REQUESTS, {"r": second}))["run"]["attempts"]) == 1
+    answered = await client.gql(ANSWERED, {"id": request_id})
+    assert answered["node"]["status"] == "RESOLVED", answered
+    assert answered["node"]["response"] == {"decision": "accept_for_session"}, answered
+    assert errors == [], errors
+    await page.close()
+
+
+async def test_a_page_too_far_behind_reloads_the_thread_instead_of_replaying(
+    browser: Browser, database_url: str, data_dir: Path, tmp_path: Path
+) -> None:
+    """A server that replays at most 3 events: the page, away while a whole run happened, is told to reload
+    (`reload_required`), loads the thread afresh and follows it live from there."""
+    env = {"THREADLOOM_MAX_REPLAY": "3"}
+    server = ServerProcess(database_url, data_dir, env=env).wait_ready()
+    port, token = server.port, server.admin_token
+    assert token
+    api = Client(server.url, token)
+    other: ServerProcess | None = None
+    try:
+        project = await make_project(api, "Reload", workspace(tmp_path, "reload"))
+        thread = (await make_thread(api, project, "Far behind"))["id"]
+        page = await browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        received: list[str] = []
+        sent_frames: list[str] = []
+
+        def on_socket(ws: Any) -> None:
+            ws.on("framereceived", lambda frame: received.append(str(frame)))
+            ws.on("framesent", lambda frame: sent_frames.append(str(frame)))
+
+        page.on("websocket", on_socket)
+        await sign_in(page, server.url, token)
+        await page.click(f"#threads li[data-id='{thread}']")
+        await expect(page.locator("#thread-title")).to_have_text("Far behind")
+
+        server.stop()
+        await expect(page.locator("#connection")).to_have_attribute("data-state", re.compile("reconnecting|connecting"))
+        other = ServerProcess(database_url, data_dir).wait_ready()  # no replay limit: `ended` replays the thread
+        away = Client(other.url, token)
+        missed = await send(away, thread, "@reply Written while the page was away.")
+        assert await ended(away, missed) == "COMPLETED"
+        await away.aclose()
+        other.stop()
+        other = None
+
+        server = ServerProcess(database_url, data_dir, port=port, env=env).wait_ready()
+        await expect(page.locator("#connection")).to_have_attribute("data-state", "live", timeout=30_000)
+        await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
+        await expect(page.locator("#messages")).to_contain_text("Written while the page was away.")
+        assert any("reload_required" in frame for frame in received), "the server never said reload_required"
+        live = await send(api, thread, "@reply Live after the reload.")
+        assert live
+        await expect(run_card(page, 2)).to_have_attribute("data-status", "COMPLETED")
+        messages = await page.locator("#messages li").evaluate_all("(items) => items.map((li) => li.dataset.id)")
+        assert len(messages) == 4 and len(set(messages)) == 4, messages  # each message once
+        # After the reload the page followed from the fresh snapshot's cursor, not from where it was.
+        resumed = thread_subscriptions(sent_frames)
+        assert resumed[-1]["after"] > resumed[-2]["after"], resumed
+        assert errors == [], errors
+        await page.close()
+    finally:
+        await api.aclose()
+        if other is not None:
+            other.stop()
+        server.stop()
