@@ -89,22 +89,27 @@ async def test_queries_read_in_one_transaction_and_mutations_in_none(services: S
 
 
 async def test_direct_reads_give_what_sqlalchemy_gives(services: Services, tmp_path: Path) -> None:
-    """`Reader.dicts` runs a plain select on the asyncpg connection itself: for every projection
-    (UUIDs, timestamps, enums as text, JSON, arrays) and a windowed page, the dicts are the ones
-    SQLAlchemy's execution gives, and each counts as one statement."""
+    """Outside SQLAlchemy's transactions `Reader.dicts` and `tuples` run a plain select on the
+    asyncpg connection itself: for every projection (UUIDs, timestamps, enums as text, JSON,
+    arrays) and a windowed page, the rows are the ones SQLAlchemy's execution gives, and each
+    counts as one statement."""
     _, thread = await _thread(services, tmp_path / "ws")
     await send(services, thread, "hello")  # a run, a message, their events and activities
     counter = StatementCounter()
-    async with services.db.read(counter) as db:
+    async with services.db.statements(counter) as db:
         for table in t.PROJECTIONS.values():
             stmt = sa.select(table).order_by(table.c.id)
-            through = [dict(r) for r in (await db.execute(stmt)).mappings().all()]
-            assert await db.dicts(stmt) == through, table.name
+            through = (await db.execute(stmt)).all()
+            assert await db.tuples(stmt) == [tuple(r) for r in through], table.name
+            assert await db.dicts(stmt) == [dict(r._mapping) for r in through], table.name
         page = reads._page_statement(t.threads, "id", "project_id", reads.PageArgs(first=5), [])
         params = {"page_limit": 6, "page_parents": [uuid.uuid4(), *(await db.scalars_all(sa.select(t.projects.c.id)))]}
         through = [dict(r) for r in (await db.execute(page, params)).mappings().all()]
         assert through and await db.dicts(page, params) == through
-    assert counter.statements == 2 * (len(t.PROJECTIONS) + 1) + 1
+        assert await db._fetch_direct(page, params) is not None  # the direct path really ran
+    assert counter.statements == 3 * len(t.PROJECTIONS) + 2 + 2
+    async with services.db.transaction() as db:  # never inside SQLAlchemy's own transaction
+        assert await db._fetch_direct(page, params) is None
 
 
 async def test_a_snapshot_holds_for_reads_through_sqlalchemy_too(services: Services, tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ class Database:
         writes, locks or needs `now()` to agree across statements.
         """
         async with self._autocommit.connect() as conn:
-            yield Reader(conn, counter or StatementCounter())
+            yield Reader(conn, counter or StatementCounter(), direct=True)
 
     @asynccontextmanager
     async def transaction(self, counter: StatementCounter | None = None) -> AsyncIterator[Reader]:
@@ -126,7 +126,7 @@ class Snapshot:
                     raise
                 self._conn, self._driver, self._transaction = conn, driver, transaction
                 self._counter.transactions += 1
-            yield Reader(self._conn, self._counter, self._driver)
+            yield Reader(self._conn, self._counter, self._driver, direct=True)
 
     async def close(self) -> None:
         """End the transaction and return the connection (after a read still running, if any)."""
@@ -146,10 +146,16 @@ class Snapshot:
 class Reader:
     """A connection that counts what it executes."""
 
-    def __init__(self, conn: AsyncConnection, counter: StatementCounter, driver: Any = None) -> None:
+    def __init__(
+        self, conn: AsyncConnection, counter: StatementCounter, driver: Any = None, direct: bool = False
+    ) -> None:
         self.conn = conn
         self.counter = counter
         self._driver = driver  # the asyncpg connection under `conn`, once asked for
+        # Whether plain selects may skip SQLAlchemy (`_fetch_direct`): only where SQLAlchemy holds no
+        # transaction of its own (autocommit, or a snapshot's driver transaction), since a select run
+        # straight on the driver before SQLAlchemy's lazy BEGIN would run outside that transaction.
+        self._direct = direct
 
     async def execute(self, stmt: sa.Executable, params: Any = None) -> sa.CursorResult[Any]:
         self.counter.statements += 1
@@ -160,18 +166,33 @@ class Reader:
         return list(result.mappings().all())
 
     async def dicts(self, stmt: sa.Executable, params: Any = None) -> list[dict[str, Any]]:
-        """Rows as plain dicts: cheaper to build and to read than RowMappings, for pages of many rows.
+        """Rows as plain dicts: cheaper to build and to read than RowMappings, for pages of many rows."""
+        records = await self._fetch_direct(stmt, params)
+        if records is not None:
+            return [dict(record) for record in records]
+        result = await self.execute(stmt, params)
+        keys = list(result.keys())
+        return [dict(zip(keys, row, strict=True)) for row in result.all()]
 
-        A select whose columns SQLAlchemy would not convert runs straight on the asyncpg connection
-        (`_direct`): SQLAlchemy's execution of a page's read (its cache key, parameter and result
-        handling) cost about twice the statement's own CPU. While tracing is on, every statement
+    async def tuples(self, stmt: sa.Executable, params: Any = None) -> list[tuple[Any, ...]]:
+        """Rows as plain tuples in select order: the cheapest shape for hot paths that build their own objects."""
+        records = await self._fetch_direct(stmt, params)
+        if records is not None:
+            return [tuple(record) for record in records]
+        result = await self.execute(stmt, params)
+        return [tuple(row) for row in result.all()]
+
+    async def _fetch_direct(self, stmt: sa.Executable, params: Any) -> list[Any] | None:
+        """The records of a select whose columns SQLAlchemy would not convert, run straight on the
+        asyncpg connection (`_direct`), or None when SQLAlchemy must run it.
+
+        SQLAlchemy's execution of a page's read (its cache key, parameter and result handling, the
+        greenlet hop) cost about twice the statement's own CPU. While tracing is on every statement
         goes through SQLAlchemy, which reports it.
         """
-        compiled = _direct(stmt, self.conn.dialect) if not tracing.ENABLED else None
+        compiled = _direct(stmt, self.conn.dialect) if self._direct and not tracing.ENABLED else None
         if compiled is None:
-            result = await self.execute(stmt, params)
-            keys = list(result.keys())
-            return [dict(zip(keys, row, strict=True)) for row in result.all()]
+            return None
         state = compiled.construct_expanded_state(params or {})
         processors = state.processors
         values = state.parameters
@@ -180,12 +201,7 @@ class Reader:
         if driver is None:
             driver = self._driver = (await self.conn.get_raw_connection()).driver_connection
         self.counter.statements += 1
-        return [dict(record) for record in await driver.fetch(state.statement, *args)]
-
-    async def tuples(self, stmt: sa.Executable, params: Any = None) -> list[tuple[Any, ...]]:
-        """Rows as plain tuples in select order: the cheapest shape for hot paths that build their own objects."""
-        result = await self.execute(stmt, params)
-        return [tuple(row) for row in result.all()]
+        return await driver.fetch(state.statement, *args)  # type: ignore[no-any-return]
 
     async def one_or_none(self, stmt: sa.Executable, params: Any = None) -> sa.RowMapping | None:
         result = await self.execute(stmt, params)
@@ -200,7 +216,7 @@ class Reader:
         return result.scalar()
 
 
-# Selects compiled once for `Reader.dicts`' direct path, by statement (None: through SQLAlchemy).
+# Selects compiled once for `Reader._fetch_direct`, by statement (None: through SQLAlchemy).
 _DIRECT: dict[int, tuple[sa.Executable, Any]] = {}
 
 
@@ -213,8 +229,11 @@ def _direct(stmt: sa.Executable, dialect: Any) -> Any:
         return found[1]
     compiled = None
     if isinstance(stmt, sa.Select) and dialect.driver == "asyncpg" and dialect.paramstyle == "numeric_dollar":
-        columns = stmt.selected_columns
-        if all(c.type.dialect_impl(dialect).result_processor(dialect, None) is None for c in columns):
+        types = [c.type for c in stmt.selected_columns]
+        # A numeric's processor depends on the column's actual type, known only from the cursor.
+        if not any(isinstance(k, sa.Numeric | sa.Float) for k in types) and all(
+            k.dialect_impl(dialect).result_processor(dialect, None) is None for k in types
+        ):
             compiled = stmt.compile(dialect=dialect)
     if len(_DIRECT) >= 512:
         _DIRECT.clear()  # statements built per call (not cached by their module) would grow it
