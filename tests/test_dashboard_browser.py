@@ -379,6 +379,11 @@ async def test_the_page_manages_the_queue_stops_answers_forks_and_rolls_back(
     checkpoint = page.locator("#checkpoints li", has_text="after run 3")
     await checkpoint.get_by_role("button", name="Roll back here").click()
     await expect(run_card(page, 4)).to_have_attribute("data-status", "ROLLED_BACK")
+    # Undo it from the page: run 4 is back, and the button goes away with the rolled-back runs.
+    await page.click("#undo-rollback")
+    await expect(run_card(page, 4)).to_have_attribute("data-status", "COMPLETED")
+    await expect(page.locator("#undo-rollback")).to_be_hidden()
+    await expect(page.locator("#messages li[data-role=ASSISTANT]").last).to_contain_text("sqlite")
 
     # Fork from run 3: the page opens the fork, which links back to its source.
     await run_card(page, 3).get_by_role("button", name="Fork").click()

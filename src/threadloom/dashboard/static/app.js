@@ -58,6 +58,7 @@ const MUTATIONS = {
   reorderQueuedRun: `mutation($r: ID!, $pos: Int!) { reorderQueuedRun(input: {runId: $r, position: $pos}) { run { id } ${ERRORS} } }`,
   cancelQueuedRun: `mutation($r: ID!) { cancelQueuedRun(input: {runId: $r}) { run { id } ${ERRORS} } }`,
   rollbackToRun: `mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n}) { thread { id } ${ERRORS} } }`,
+  undoRollback: `mutation($t: ID!) { undoRollback(input: {threadId: $t}) { thread { id } ${ERRORS} } }`,
   forkThread: `mutation($r: ID!) { forkThread(input: {source: {run: $r}}) { thread { id } ${ERRORS} } }`,
 };
 
@@ -606,6 +607,8 @@ function renderQueue(t) {
 }
 
 function renderCheckpoints(t) {
+  // Offered while runs are rolled back; the server refuses it (shown as an error) once a run started since.
+  $("undo-rollback").hidden = ![...t.runs.values()].some((run) => run.status === "ROLLED_BACK");
   const checkpoints = [...t.checkpoints.values()].filter((c) => c.checkpointRun).sort((a, b) => b.ordinal - a.ordinal);
   $("checkpoints").replaceChildren(...checkpoints.map((c) =>
     h("li", { "data-id": c.id },
@@ -671,6 +674,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("stop").addEventListener("click", () => state.t && mutate("stopThread", { t: state.t.id }));
   $("resume-queue").addEventListener("click", () => state.t && mutate("resumeQueue", { t: state.t.id }));
+  $("undo-rollback").addEventListener("click", () => state.t && mutate("undoRollback", { t: state.t.id }));
   if (state.token) signIn(state.token);
   else signOut("");
 });
