@@ -136,14 +136,18 @@ class CaptureFailed:
 CaptureResult = Captured | CaptureFailed
 
 
-def root_scope(thread_id: uuid.UUID, now: datetime, new_id: NewId) -> CheckpointScope:
+def _scope(
+    kind: CheckpointScopeKind, thread_id: uuid.UUID, now: datetime, new_id: NewId, **under: uuid.UUID | None
+) -> CheckpointScope:
+    """A scope of `kind`; only the thread's root scope counts runs (a subagent's checkpoints are its own)."""
+    advances = kind == CheckpointScopeKind.ROOT_RUN
     return CheckpointScope(
-        id=new_id(),
-        thread_id=thread_id,
-        kind=CheckpointScopeKind.ROOT_RUN,
-        advances_run_count=True,
-        created_at=now,
+        id=new_id(), thread_id=thread_id, kind=kind, advances_run_count=advances, created_at=now, **under
     )
+
+
+def root_scope(thread_id: uuid.UUID, now: datetime, new_id: NewId) -> CheckpointScope:
+    return _scope(CheckpointScopeKind.ROOT_RUN, thread_id, now, new_id)
 
 
 def ensure_root_scope(
@@ -165,16 +169,9 @@ class Recorded:
 
 
 def child_scope(parent: CheckpointScope, node: ExecutionNode, now: datetime, new_id: NewId) -> CheckpointScope:
-    return CheckpointScope(
-        id=new_id(),
-        thread_id=node.thread_id,
-        run_id=node.run_id,
-        node_id=node.id,
-        parent_scope_id=parent.id,
-        kind=CheckpointScopeKind.SUBAGENT,
-        advances_run_count=False,
-        created_at=now,
-    )
+    """The scope of a subagent's node, under the scope it was opened in."""
+    under = {"run_id": node.run_id, "node_id": node.id, "parent_scope_id": parent.id}
+    return _scope(CheckpointScopeKind.SUBAGENT, node.thread_id, now, new_id, **under)
 
 
 def has_scope(node: ExecutionNode) -> bool:

@@ -57,10 +57,12 @@ class DispatchMode(StrEnum):
 
 
 class AppliedDispatch(StrEnum):
-    START_IMMEDIATELY = "start_immediately"
-    QUEUE_AFTER_ACTIVE = "queue_after_active"
-    STEER_ACTIVE = "steer_active"
-    RESTART_ACTIVE = "restart_active"
+    """What a message's dispatch came to: a `DispatchMode` other than AUTO, spelled the same."""
+
+    START_IMMEDIATELY = DispatchMode.START_IMMEDIATELY.value
+    QUEUE_AFTER_ACTIVE = DispatchMode.QUEUE_AFTER_ACTIVE.value
+    STEER_ACTIVE = DispatchMode.STEER_ACTIVE.value
+    RESTART_ACTIVE = DispatchMode.RESTART_ACTIVE.value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
