@@ -25,6 +25,7 @@ BENCHMARKS = [
     "checkpoints.py",
     "ingest_fairness.py",
     "spread.py",
+    "metrics_overhead.py",
 ]
 RATIO = re.compile(r"^\s*ratio\s+(median\s+)?[0-9.]+x", re.MULTILINE)
 
