@@ -38,9 +38,10 @@ import operator
 import typing
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from graphql import (
     GraphQLBoolean,
     GraphQLID,
@@ -187,7 +188,7 @@ Node = Callable[[Row, "_Request"], dict[str, Any]]
 
 def _fast_column(name: str, convert: Any, leaf: Any) -> tuple[str, Any]:
     """How a column's usual value is completed inline (its reader does the rest): a str or a bool
-    as it is, a datetime with `isoformat()` when the scalar serializes it so."""
+    as it is, a UTC datetime as `isoformat()` writes it when the scalar serializes it so."""
     if convert is None and leaf in (GraphQLString, GraphQLID):
         return "str", name
     if convert is None and leaf is GraphQLBoolean:
@@ -203,7 +204,14 @@ _ISOFORMAT = repr(operator.methodcaller("isoformat"))
 def _node_function(type_name: str, specs: list[_Spec]) -> Node:
     """The node's dict in one generated function: the usual values inline, anything else (a null,
     another type, a resolver's field) through the field's reader."""
-    namespace: dict[str, Any] = {"datetime": datetime, "encode": gid.encode, "MIN": -(2**31), "MAX": 2**31 - 1}
+    namespace: dict[str, Any] = {
+        "datetime": datetime,
+        "UTC": UTC,
+        "dumps": orjson.dumps,
+        "encode": gid.encode,
+        "MIN": -(2**31),
+        "MAX": 2**31 - 1,
+    }
     lines = ["def node(row, request):\n"]
     for i, (_, reader, fast, what) in enumerate(specs):
         namespace[f"r{i}"] = reader
@@ -221,7 +229,9 @@ def _node_function(type_name: str, specs: list[_Spec]) -> Node:
             lines.append(f"    if {v}.__class__ is not {fast}:\n        {v} = {slow}\n")
         elif fast == "datetime":
             lines.append(f"    {v} = row[{what!r}]\n")
-            lines.append(f"    {v} = {v}.isoformat() if {v}.__class__ is datetime else {slow}\n")
+            # orjson writes a UTC datetime exactly as `isoformat()` does, four times faster.
+            utc = f"{v}.__class__ is datetime and {v}.tzinfo is UTC"
+            lines.append(f"    {v} = dumps({v})[1:-1].decode() if {utc} else {slow}\n")
         elif fast == "int":
             lines.append(f"    {v} = row.get('last_sequence', 0)\n")
             lines.append(f"    if {v}.__class__ is not int or not MIN <= {v} <= MAX:\n        {v} = {slow}\n")
