@@ -145,21 +145,25 @@ def test_recovery_decisions() -> None:
     )
 
 
-async def test_loop_marks_an_effect_done_with_its_next_claim_and_idles_without_commits(services: Services) -> None:
-    """Two effects of one thread cost one commit each (the second claim also marks the first done), and a
-    loop that finds nothing commits nothing: its empty claims roll back."""
+async def test_loop_marks_an_effect_done_with_its_next_claim_in_one_statement(services: Services) -> None:
+    """Two effects of one thread cost one statement each (the second claim also marks the first done),
+    each on its own outside a transaction (no BEGIN, no COMMIT), and a claim that finds nothing changes
+    no row."""
     (thread,) = await _threads(services, 1)
     worker = EffectWorker(services.db, services.clock, uuid.uuid4(), concurrency=1)
     seen: list[object] = []
     second_running, release = asyncio.Event(), asyncio.Event()
-    commits: list[int] = []
-    committed = asyncio.Event()
+    claims: list[str] = []
+    transactions: list[str] = []
+    claimed = asyncio.Event()
 
-    def on_commit(conn: object) -> None:
-        commits.append(1)
-        committed.set()
+    def on_execute(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if "UPDATE effects SET status = 'running'" in statement:
+            claims.append(statement)
+            claimed.set()
 
-    sa.event.listen(services.db.engine.sync_engine, "commit", on_commit)
+    sa.event.listen(services.db.engine.sync_engine, "after_cursor_execute", on_execute)
+    sa.event.listen(services.db.engine.sync_engine, "commit", lambda conn: transactions.append("commit"))
 
     async def record(payload: dict[str, object]) -> None:
         seen.append(payload["n"])
@@ -169,22 +173,25 @@ async def test_loop_marks_an_effect_done_with_its_next_claim_and_idles_without_c
 
     worker.handlers["x"] = record
     await _enqueue(services, thread, Effect("x", {"n": 1}), Effect("x", {"n": 2}))
-    commits.clear()
+    transactions.clear()
     worker.start()
     try:
         await second_running.wait()
         async with services.db.read() as db:
             first = await db.scalar(sa.select(t.effects.c.status).where(t.effects.c.payload["n"].astext == "1"))
-        assert first == "done"  # marked in the transaction that claimed the second
-        assert commits == [1, 1]  # claim 1; done 1 + claim 2
-        committed.clear()
+        assert first == "done"  # marked by the statement that claimed the second
+        assert len(claims) == 2  # claim 1; done 1 + claim 2
+        claimed.clear()
         release.set()
-        await committed.wait()  # done 2, with a claim that found nothing
+        await claimed.wait()  # done 2, with a claim that found nothing
     finally:
         release.set()
         await worker.stop()
+    assert transactions == []  # each claim was a statement of its own
     async with services.db.read() as db:
-        statuses = await db.scalars_all(sa.select(t.effects.c.status).order_by(t.effects.c.id))
-    assert seen == [1, 2] and statuses == ["done", "done"]
-    commits.clear()
-    assert await worker.run_one() is False and commits == []  # nothing due: a read, not a write
+        before = await db.rows(sa.text("SELECT id, status, xmin::text AS version FROM effects ORDER BY id"))
+    assert seen == [1, 2] and [r["status"] for r in before] == ["done", "done"]
+    assert await worker.run_one() is False  # nothing due
+    async with services.db.read() as db:
+        after = await db.rows(sa.text("SELECT id, status, xmin::text AS version FROM effects ORDER BY id"))
+    assert after == before  # no row written

@@ -1,11 +1,12 @@
 """The outbox worker (docs/architecture.md): claims effects with `FOR UPDATE SKIP LOCKED` and a lease,
 runs one effect at a time per thread in order, retries with capped exponential backoff.
 
-Transactions: an effect that succeeded is marked done in the same transaction as its loop's next
-claim (one commit per effect, not two), and a claim that finds nothing and has nothing to mark done
-rolls back: an idle or needlessly woken loop costs a read, never a write. Of the idle loops one polls
-(every `IDLE_POLL`); the others wait to be woken, so an idle server claims a few times a second, not
-once per loop each time, and a turn's engine work does not compete with their reads."""
+Transactions: an effect that succeeded is marked done by the same statement as its loop's next
+claim (one commit per effect, not two), run on its own outside a transaction; a claim that finds
+nothing and has nothing to mark done changes nothing: an idle or needlessly woken loop costs a
+read, never a write. Of the idle loops one polls (every `IDLE_POLL`); the others wait to be woken,
+so an idle server claims a few times a second, not once per loop each time, and a turn's engine
+work does not compete with their reads."""
 
 from __future__ import annotations
 
@@ -115,15 +116,15 @@ class EffectWorker:
         return True
 
     async def _claim(self, done: int | None, *, claim: bool = True) -> sa.RowMapping | None:
-        """Mark `done` done and claim the next effect, in one transaction; a read when neither happens."""
+        """Mark `done` done and claim the next effect, in one statement outside a transaction (no BEGIN
+        and COMMIT round trips: a turn's start waits for it); one that changes nothing writes nothing."""
         now = self.clock.now()
-        async with self.db.read() as db, db.conn.begin() as tx:
+        async with self.db.statements() as db:
+            if claim:
+                return await outbox.claim(db, self.worker_id, now, now + LEASE, done=done)
             if done is not None:
                 await outbox.finish(db, done, now)
-            effect = await outbox.claim(db, self.worker_id, now, now + LEASE) if claim else None
-            if effect is None and done is None:
-                await tx.rollback()
-        return effect
+        return None
 
     async def _run(self, effect: sa.RowMapping) -> int | None:
         """Run a claimed effect: its id when it succeeded (to be marked done), None when its failure or

@@ -54,14 +54,20 @@ def rows(
 
 _CLAIM = sa.text(
     """
-    WITH next AS (
+    WITH done AS (
+      UPDATE effects SET status = 'done', completed_at = :now, last_error = NULL, lease_owner = NULL,
+                         lease_expires_at = NULL
+      WHERE id = CAST(:done AS bigint)
+    ),
+    next AS (
       SELECT e.id FROM effects e
       WHERE e.status = 'pending' AND e.available_at <= :now
         AND (e.affinity IS NULL OR e.affinity = :me OR NOT EXISTS (
               SELECT 1 FROM workers w WHERE w.id = e.affinity AND """
     + alive_sql("w")
     + """))
-        AND NOT EXISTS (SELECT 1 FROM effects r WHERE r.thread_id = e.thread_id AND r.status = 'running')
+        AND NOT EXISTS (SELECT 1 FROM effects r WHERE r.thread_id = e.thread_id AND r.status = 'running'
+                        AND r.id IS DISTINCT FROM CAST(:done AS bigint))
         AND NOT EXISTS (SELECT 1 FROM effects p WHERE p.thread_id = e.thread_id AND p.status = 'pending'
                         AND p.id < e.id)
       ORDER BY e.id
@@ -78,11 +84,15 @@ _CLAIM = sa.text(
 )
 
 
-async def claim(db: Reader, worker_id: uuid.UUID, now: datetime, lease: datetime) -> sa.RowMapping | None:
+async def claim(
+    db: Reader, worker_id: uuid.UUID, now: datetime, lease: datetime, *, done: int | None = None
+) -> sa.RowMapping | None:
     """Take the next runnable effect: oldest first, one at a time per thread, respecting affinity.
     `more` says whether any other effect was due (maybe not runnable yet: blocked by its thread's
-    running effect, or another worker's)."""
-    return await db.one_or_none(_CLAIM, {"now": now, "me": worker_id, "lease": lease})
+    running effect, or another worker's). `done`, an effect of this worker that succeeded, is marked
+    done by the same statement (as `finish`), and no longer holds its thread's next effect back: one
+    statement, so it can run on its own, outside a transaction."""
+    return await db.one_or_none(_CLAIM, {"now": now, "me": worker_id, "lease": lease, "done": done})
 
 
 async def finish(db: Reader, effect_id: int, now: datetime, *, status: str = "done", error: str | None = None) -> None:
