@@ -29,8 +29,9 @@ with 50 queued messages per thread about 40% of the event rows are queue renumbe
 
 Counting: a SQLAlchemy listener on the engine counts every statement it sends (the
 effect worker's and recovery's polling included; claims are reported separately), rows
-bound per statement, and transactions (commit = write, rollback = read: a claim that finds
-nothing rolls back, so it counts as a read). The events a run
+bound per statement, and transactions (commit = write, rollback = read), and apart from them
+the statements run outside a transaction (autocommit: an effect claim, which also marks the
+loop's last effect done, and the run-end capture's read). The events a run
 wrote are counted in the `events` table afterwards. PostgreSQL's own transaction counter
 (pg_stat_database) is compared with the listener's over the engine's whole lifetime.
 
@@ -79,7 +80,8 @@ from threadloom.store.db import Database
 DATABASE = "tl_bench"
 TEXT = "hello"
 POLL = 0.05
-CLAIM = "claim effect (WITH next AS ... UPDATE effects)"
+CLAIM = "claim effect (WITH done AS ... UPDATE effects)"
+APPEND = "append (events, projections, outbox: one statement)"
 
 
 # ---------------------------------------------------------------- counting statements
@@ -89,8 +91,10 @@ CLAIM = "claim effect (WITH next AS ... UPDATE effects)"
 def shape(statement: str) -> str:
     """A statement's kind: verb and table ("upsert runs", "select threads for update", ...)."""
     s = " ".join(statement.split())
-    if s.startswith("WITH next AS"):
+    if s.startswith(("WITH next AS", "WITH done AS")):
         return CLAIM
+    if s.startswith("WITH ") and "INSERT INTO events" in s:
+        return APPEND
     verb = s.split(" ", 1)[0].upper()
     if verb == "INSERT":
         m = re.match(r"INSERT INTO (\w+)", s)
@@ -111,6 +115,7 @@ class Tally:
     statements: int = 0
     commits: int = 0
     rollbacks: int = 0
+    alone: int = 0  # statements outside a transaction (autocommit: claims, the run-end capture's read)
     shapes: Counter[str] = field(default_factory=Counter)
     rows: Counter[str] = field(default_factory=Counter)  # parameter sets bound, per shape
 
@@ -119,13 +124,16 @@ class Tally:
         return self.commits + self.rollbacks
 
     def copy(self) -> Tally:
-        return Tally(self.statements, self.commits, self.rollbacks, Counter(self.shapes), Counter(self.rows))
+        return Tally(
+            self.statements, self.commits, self.rollbacks, self.alone, Counter(self.shapes), Counter(self.rows)
+        )
 
     def __sub__(self, other: Tally) -> Tally:
         return Tally(
             self.statements - other.statements,
             self.commits - other.commits,
             self.rollbacks - other.rollbacks,
+            self.alone - other.alone,
             self.shapes - other.shapes,
             self.rows - other.rows,
         )
@@ -133,6 +141,10 @@ class Tally:
     def projection_rows(self) -> int:
         """Rows written by projection upserts (`store.log.upsert_entities`)."""
         return sum(n for s, n in self.rows.items() if s.startswith("upsert "))
+
+
+def _autocommit(conn: Any) -> bool:
+    return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")
 
 
 class SqlCounter:
@@ -150,6 +162,8 @@ class SqlCounter:
     def _execute(self, conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
         kind = shape(statement)
         self.tally.statements += 1
+        if _autocommit(conn):
+            self.tally.alone += 1
         self.tally.shapes[kind] += 1
         self.tally.rows[kind] += len(params) if executemany else 1
 
@@ -160,7 +174,8 @@ class SqlCounter:
         self.tally.commits += 1
 
     def _rollback(self, conn: Any) -> None:
-        self.tally.rollbacks += 1
+        if not _autocommit(conn):  # an autocommit connection's reset on return is no transaction
+            self.tally.rollbacks += 1
 
     def snapshot(self) -> Tally:
         return self.tally.copy()
@@ -543,7 +558,8 @@ def report(phases: list[Phase], check: PgCheck, args: argparse.Namespace, total:
             f"statements/run {p.per_run(t.statements):.1f} (claims {p.per_run(claims):.1f}, "
             f"{p.per_run(empty):.1f} empty)   "
             f"transactions/run {p.per_run(t.transactions):.1f} ({p.per_run(t.commits):.1f} write, "
-            f"{p.per_run(t.rollbacks):.1f} read)   events/run {p.per_run(p.events):.1f}"
+            f"{p.per_run(t.rollbacks):.1f} read) + {p.per_run(t.alone):.1f} statements outside one   "
+            f"events/run {p.per_run(p.events):.1f}"
         )
         print(
             f"  floor   {floor_rate:6.1f} runs/s  {1000 * p.floor_wall / p.runs:5.1f} ms/run   "
