@@ -516,3 +516,43 @@ async def test_a_page_too_far_behind_reloads_the_thread_instead_of_replaying(
         if other is not None:
             other.stop()
         server.stop()
+
+
+def files(folder: str) -> list[str]:
+    return sorted(p.name for p in Path(folder).iterdir() if not p.name.startswith("."))
+
+
+async def test_the_page_rolls_back_what_a_subagent_did(
+    browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
+) -> None:
+    home = workspace(tmp_path, "subagent")
+    await make_project(client, "Subagents", home)
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("dialog", lambda dialog: dialog.accept())
+    assert client.token
+    await sign_in(page, server.url, client.token)
+    await page.fill("#new-thread-title", "Delegate")
+    await page.click("#new-thread button[type=submit]")
+    await expect(page.locator("#thread-title")).to_have_text("Delegate")
+    # The scripted agent's subagent runs what its approval names, in the thread's workspace.
+    await page.fill("#message", "@write parent.txt p\n@subagent @approval echo c > child.txt")
+    await page.click("#send button[type=submit]")
+    await page.locator("#requests li").get_by_role("button", name="Approve", exact=True).click()
+    await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
+    assert files(home) == ["child.txt", "parent.txt"]
+
+    # The subagent's own checkpoints are listed apart from the run's, with their own rollback.
+    subagent = page.locator("#checkpoints li.subagent")
+    await expect(subagent).to_have_count(2)
+    await expect(page.locator("#checkpoints li:not(.subagent)")).to_have_count(1)  # the run's, after run 1
+    start = subagent.filter(has_text="#0")  # taken when the subagent started; #1 when it ended
+    await start.get_by_role("button", name="Roll back subagent here").click()
+    # The files as the subagent found them; its later checkpoint is stale; the run stays COMPLETED.
+    await expect(subagent.filter(has_text="#1")).to_contain_text("STALE")
+    assert files(home) == ["parent.txt"]
+    await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
+    await expect(page.locator("#error")).to_be_empty()
+    assert errors == [], errors
+    await page.close()

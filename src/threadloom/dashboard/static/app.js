@@ -22,7 +22,8 @@ fragment N on ExecutionNode { id nodeKind: kind nodeStatus: status nodeTitle: ti
 fragment M on ConversationMessage { id role text streaming createdAt }
 fragment Q on RuntimeRequest { id requestKind: kind requestStatus: status payload responseCapability reqRun: run { id } }
 fragment A on Activity { id activityKind: kind summary sequence runId nodeId }
-fragment C on Checkpoint { id ordinal checkpointStatus: status checkpointRun: run { id ordinal } }
+fragment C on Checkpoint { id ordinal checkpointStatus: status checkpointRun: run { id ordinal }
+  checkpointScope: scope { kind node { id nodeTitle: title } } }
 fragment TH on Thread { id threadTitle: title threadStatus: status queueHeld queueHoldReason activeRun { id } }`;
 const SUMMARY_FRAGMENT = `
 fragment S on Thread {
@@ -58,6 +59,7 @@ const MUTATIONS = {
   reorderQueuedRun: `mutation($r: ID!, $pos: Int!) { reorderQueuedRun(input: {runId: $r, position: $pos}) { run { id } ${ERRORS} } }`,
   cancelQueuedRun: `mutation($r: ID!) { cancelQueuedRun(input: {runId: $r}) { run { id } ${ERRORS} } }`,
   rollbackToRun: `mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n}) { thread { id } ${ERRORS} } }`,
+  rollbackNode: `mutation($n: ID!, $c: ID!) { rollbackNode(input: {nodeId: $n, checkpointId: $c}) { node { id } ${ERRORS} } }`,
   undoRollback: `mutation($t: ID!) { undoRollback(input: {threadId: $t}) { thread { id } ${ERRORS} } }`,
   forkThread: `mutation($r: ID!) { forkThread(input: {source: {run: $r}}) { thread { id } ${ERRORS} } }`,
 };
@@ -609,17 +611,29 @@ function renderQueue(t) {
 function renderCheckpoints(t) {
   // Offered while runs are rolled back; the server refuses it (shown as an error) once a run started since.
   $("undo-rollback").hidden = ![...t.runs.values()].some((run) => run.status === "ROLLED_BACK");
-  const checkpoints = [...t.checkpoints.values()].filter((c) => c.checkpointRun).sort((a, b) => b.ordinal - a.ordinal);
-  $("checkpoints").replaceChildren(...checkpoints.map((c) =>
+  const all = [...t.checkpoints.values()].sort((a, b) => b.ordinal - a.ordinal);
+  const subagent = (c) => c.checkpointScope && c.checkpointScope.kind === "SUBAGENT" && c.checkpointScope.node;
+  const rollback = (label, question, run) =>
+    h("button", { type: "button", onclick: () => { if (confirm(question)) run(); } }, label);
+  // A run's checkpoints roll the thread back; a subagent's roll back only what that subagent did.
+  const runs = all.filter((c) => c.checkpointRun && !subagent(c)).map((c) =>
     h("li", { "data-id": c.id },
       `#${c.ordinal} after run ${c.checkpointRun.ordinal} `, statusBadge(c.checkpointStatus),
       c.checkpointStatus === "READY"
-        ? h("button", { type: "button", onclick: () => {
-            if (confirm(`Roll the thread back to right after run ${c.checkpointRun.ordinal}?`)) {
-              mutate("rollbackToRun", { t: t.id, n: c.checkpointRun.ordinal });
-            }
-          } }, "Roll back here")
-        : null)));
+        ? rollback("Roll back here", `Roll the thread back to right after run ${c.checkpointRun.ordinal}?`,
+            () => mutate("rollbackToRun", { t: t.id, n: c.checkpointRun.ordinal }))
+        : null));
+  const subagents = all.filter(subagent).map((c) => {
+    const node = c.checkpointScope.node;
+    const name = node.nodeTitle || "subagent";
+    return h("li", { "data-id": c.id, "data-node": node.id, className: "subagent" },
+      `${name} #${c.ordinal} `, statusBadge(c.checkpointStatus),
+      c.checkpointStatus === "READY"
+        ? rollback("Roll back subagent here", `Put back the files as they were at ${name}'s checkpoint #${c.ordinal}?`,
+            () => mutate("rollbackNode", { n: node.id, c: c.id }))
+        : null);
+  });
+  $("checkpoints").replaceChildren(...runs, ...subagents);
 }
 
 function renderActivities(t) {
