@@ -39,6 +39,7 @@ from threadloom.checkpoints.walk import Fingerprint, fingerprint, is_git_name, w
 
 INDEX_NAME = "threadloom-index"
 COMMITS_KEPT = 4096  # commit → tree pairs a store remembers (`ShadowRepo._known_ref`)
+_SETTINGS_WRITTEN: dict[Path, str] = {}  # git dir → the exclude file text this process last wrote there
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,18 +111,23 @@ class ShadowRepo:
     # -- setup -------------------------------------------------------------------------------
 
     async def _ensure(self) -> None:
-        """Create the repository on first use; (re)write its config, attributes and excludes."""
+        """Create the repository on first use; (re)write its config, attributes and excludes (in a
+        thread, once per repository and exclude list in this process: a run's end waits for this)."""
         if not (self.git_dir / "HEAD").exists():
             self.git_dir.parent.mkdir(parents=True, exist_ok=True)
             await self._git.run("init", "--bare", "--quiet", "--template=", str(self.git_dir), bare=True)
-        await asyncio.to_thread(self._write_settings)
-
-    def _write_settings(self) -> None:
-        _write_if_changed(self.git_dir / "config", _config_text())
-        _write_if_changed(self.git_dir / "info" / "attributes", SHADOW_ATTRIBUTES)
-        _write_if_changed(self.git_dir / "info" / "exclude", self.excludes.file_text())
+            _SETTINGS_WRITTEN.pop(self.git_dir, None)  # a new repository: its config is git's own
+        excludes = self.excludes.file_text()
+        if _SETTINGS_WRITTEN.get(self.git_dir) != excludes:
+            await asyncio.to_thread(self._write_settings, excludes)
+            _SETTINGS_WRITTEN[self.git_dir] = excludes
         # Under our lock no git of ours is running on this index: a lock file left by a crash is stale.
         (self.git_dir / f"{INDEX_NAME}.lock").unlink(missing_ok=True)
+
+    def _write_settings(self, excludes: str) -> None:
+        _write_if_changed(self.git_dir / "config", _config_text())
+        _write_if_changed(self.git_dir / "info" / "attributes", SHADOW_ATTRIBUTES)
+        _write_if_changed(self.git_dir / "info" / "exclude", excludes)
 
     def _check_workspace(self) -> None:
         if not self.workspace.is_dir():
@@ -198,15 +204,18 @@ class ShadowRepo:
             check_ref(parent_ref)
         async with self.lock.hold():
             await self._ensure()
-            staged = asyncio.create_task(self._stage_or_reuse())
-            base: tuple[str, str] | None = None
-            try:
-                if parent is not None:
-                    base = await self._commit_and_tree(parent)
-                elif parent_ref is not None:
-                    base = self._known_ref(parent_ref) or await self._ref_commit_and_tree(parent_ref)
-            finally:
-                reused, mark = await staged
+            base = self._known_ref(parent_ref) if parent is None and parent_ref is not None else None
+            if base is not None or (parent is None and parent_ref is None):  # nothing to ask git meanwhile
+                reused, mark = await self._stage_or_reuse()
+            else:
+                staged = asyncio.create_task(self._stage_or_reuse())
+                try:
+                    if parent is not None:
+                        base = await self._commit_and_tree(parent)
+                    elif parent_ref is not None:
+                        base = await self._ref_commit_and_tree(parent_ref)
+                finally:
+                    reused, mark = await staged
             tree = reused or await self._git.text("write-tree")
             self._remember(mark, tree)
             parent_commit = base[0] if base is not None else None
