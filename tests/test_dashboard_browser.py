@@ -98,6 +98,17 @@ async def ended(client: Client, run_id: str) -> str:
         await ws.close()
 
 
+async def run_elsewhere(database_url: str, data_dir: Path, token: str, thread: str, text: str) -> None:
+    """Another server process on the same database runs `text` on the thread to its end, then stops."""
+    other = ServerProcess(database_url, data_dir).wait_ready()  # no replay limit: `ended` replays the thread
+    away = Client(other.url, token)
+    try:
+        assert await ended(away, await send(away, thread, text)) == "COMPLETED"
+    finally:
+        await away.aclose()
+        other.stop()
+
+
 async def sign_in(page: Page, url: str, token: str) -> None:
     await page.goto(url + "/dashboard")
     await expect(page.locator("#login")).to_be_visible()
@@ -120,6 +131,38 @@ def run_card(page: Page, ordinal: int) -> Any:
     return page.locator(f"#runs .run[data-ordinal='{ordinal}']")
 
 
+async def open_page(browser: Browser) -> tuple[Page, list[str]]:
+    """A page of the screenshot's size, collecting its uncaught errors and confirming its dialogs (a rollback asks)."""
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("dialog", lambda dialog: dialog.accept())
+    return page, errors
+
+
+async def thread_page(
+    browser: Browser, server: ServerProcess, client: Client, home: str, title: str
+) -> tuple[Page, list[str]]:
+    """A project on `home`, and a page signed in that created a thread `title` with its form (and opened it)."""
+    await make_project(client, title, home)
+    page, errors = await open_page(browser)
+    assert client.token
+    await sign_in(page, server.url, client.token)
+    await page.fill("#new-thread-title", title)
+    await page.click("#new-thread button[type=submit]")
+    await expect(page.locator("#thread-title")).to_have_text(title)
+    return page, errors
+
+
+async def send_from_page(page: Page, text: str, dispatch: str = "auto") -> None:
+    """Send with the page's form; it clears the box once the server took the message without userErrors."""
+    await page.fill("#message", text)
+    await page.select_option("#dispatch", dispatch)
+    await page.click("#send button[type=submit]")
+    await expect(page.locator("#message")).to_have_value("")
+    await expect(page.locator("#error")).to_be_empty()
+
+
 async def test_the_dashboard_follows_a_thread_live_across_restarts(
     browser: Browser, database_url: str, data_dir: Path, tmp_path: Path
 ) -> None:
@@ -127,7 +170,6 @@ async def test_the_dashboard_follows_a_thread_live_across_restarts(
     port, token = server.port, server.admin_token
     assert token
     api = Client(server.url, token)
-    other: ServerProcess | None = None
     try:
         project = await make_project(api, "Threadloom demo", workspace(tmp_path, "demo"))
         thread = (await make_thread(api, project, "Fix the flaky login test"))["id"]
@@ -141,9 +183,7 @@ async def test_the_dashboard_follows_a_thread_live_across_restarts(
             assert (await http.get("/dashboard/../app.py")).status_code == 404
             assert (await http.post("/graphql", json={"query": "{ viewer { scope } }"})).status_code == 401
 
-        page = await browser.new_page(viewport={"width": 1280, "height": 900})
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
+        page, errors = await open_page(browser)
         sent_frames: list[str] = []
         page.on("websocket", lambda ws: ws.on("framesent", lambda frame: sent_frames.append(str(frame))))
 
@@ -181,13 +221,8 @@ async def test_the_dashboard_follows_a_thread_live_across_restarts(
         await expect(page.locator("#connection")).to_have_attribute("data-state", re.compile("reconnecting|connecting"))
         last_seen = await page.evaluate("state.t.lastSeq")  # the page's cursor when the server went away
         subscribed_before = len(thread_subscriptions(sent_frames))
-        other = ServerProcess(database_url, data_dir).wait_ready()
-        away = Client(other.url, token)
-        missed = await send(away, thread, "@reply Also fixed the logout test while you were away.")
-        assert await ended(away, missed) == "COMPLETED"
-        await away.aclose()
-        other.stop()
-        other = None
+        missed = "@reply Also fixed the logout test while you were away."
+        await run_elsewhere(database_url, data_dir, token, thread, missed)
 
         # 4. Back at the same address: the page reconnects, replays what it missed from its cursor, then
         # follows live again.
@@ -232,8 +267,6 @@ async def test_the_dashboard_follows_a_thread_live_across_restarts(
         await page.close()
     finally:
         await api.aclose()
-        if other is not None:
-            other.stop()
         server.stop()
         print("\n".join(server.log[-60:]))
 
@@ -322,32 +355,15 @@ async def test_a_replayed_thread_snapshot_whose_run_has_ended_reads_idle(client:
 async def test_the_page_manages_the_queue_stops_answers_forks_and_rolls_back(
     browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
 ) -> None:
-    await make_project(client, "Controls", workspace(tmp_path, "controls"))
-    page = await browser.new_page(viewport={"width": 1280, "height": 900})
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.on("dialog", lambda dialog: dialog.accept())  # the rollback asks to confirm
-    assert client.token
-    await sign_in(page, server.url, client.token)
-    await expect(page.locator("#threads li")).to_have_count(0)
-    await page.fill("#new-thread-title", "Queue and controls")  # created from the page, which opens it
-    await page.click("#new-thread button[type=submit]")
-    await expect(page.locator("#thread-title")).to_have_text("Queue and controls")
+    page, errors = await thread_page(browser, server, client, workspace(tmp_path, "controls"), "Queue and controls")
     await expect(page.locator("#threads li")).to_have_text([re.compile("Queue and controls")])
     queue = page.locator("#queue li")
 
-    async def send_from_page(text: str, dispatch: str = "auto") -> None:
-        await page.fill("#message", text)
-        await page.select_option("#dispatch", dispatch)
-        await page.click("#send button[type=submit]")
-        await expect(page.locator("#message")).to_have_value("")  # accepted, no userErrors
-        await expect(page.locator("#error")).to_be_empty()
-
     # A run held open by an approval, two messages queued behind it.
-    await send_from_page("@approval true\n@reply held run done")
+    await send_from_page(page, "@approval true\n@reply held run done")
     await expect(run_card(page, 1)).to_have_attribute("data-status", "WAITING")
-    await send_from_page("@reply first queued", "queueAfterActive")
-    await send_from_page("@reply second queued", "queueAfterActive")
+    await send_from_page(page, "@reply first queued", "queueAfterActive")
+    await send_from_page(page, "@reply second queued", "queueAfterActive")
     await expect(queue).to_have_text([re.compile("first queued"), re.compile("second queued")])
 
     # Reorder with the page's arrows, cancel with its button.
@@ -367,7 +383,7 @@ async def test_the_page_manages_the_queue_stops_answers_forks_and_rolls_back(
     await expect(page.locator("#resume-queue")).to_be_hidden()
 
     # A question answered with the page's form.
-    await send_from_page("@ask Which database? | postgres | sqlite")
+    await send_from_page(page, "@ask Which database? | postgres | sqlite")
     question = page.locator("#requests li[data-kind=USER_INPUT]")
     await expect(question).to_contain_text("Which database?")
     await question.locator("select").select_option("sqlite")
@@ -403,28 +419,13 @@ ANSWERED = "query($id: ID!) { node(id: $id) { ... on RuntimeRequest { status res
 async def test_the_page_restarts_steers_and_approves_for_the_session(
     browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
 ) -> None:
-    await make_project(client, "Steering", workspace(tmp_path, "steering"))
-    page = await browser.new_page(viewport={"width": 1280, "height": 900})
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    assert client.token
-    await sign_in(page, server.url, client.token)
-    await page.fill("#new-thread-title", "Steer from the page")
-    await page.click("#new-thread button[type=submit]")
-    await expect(page.locator("#thread-title")).to_have_text("Steer from the page")
+    page, errors = await thread_page(browser, server, client, workspace(tmp_path, "steering"), "Steer from the page")
     approval = page.locator("#requests li[data-kind=COMMAND_APPROVAL]")
 
-    async def send_from_page(text: str, dispatch: str = "auto") -> None:
-        await page.fill("#message", text)
-        await page.select_option("#dispatch", dispatch)
-        await page.click("#send button[type=submit]")
-        await expect(page.locator("#message")).to_have_value("")
-        await expect(page.locator("#error")).to_be_empty()
-
     # Restart: the held run's turn is interrupted and tried again with both messages, as attempt 2 of run 1.
-    await send_from_page("@approval true\n@reply first answer")
+    await send_from_page(page, "@approval true\n@reply first answer")
     await expect(run_card(page, 1)).to_have_attribute("data-status", "WAITING")
-    await send_from_page("@reply restarted with this", "restartActive")
+    await send_from_page(page, "@reply restarted with this", "restartActive")
     await expect(run_card(page, 1).locator(".attempts")).to_contain_text("attempt 2")
     await expect(run_card(page, 1)).to_have_attribute("data-status", "WAITING")  # attempt 2 asks again
     await expect(approval).to_have_count(1)
@@ -436,9 +437,9 @@ async def test_the_page_restarts_steers_and_approves_for_the_session(
     await expect(page.locator("#runs .run")).to_have_count(1)
 
     # Steer: the held run's live turn takes the message after its approval; no new run.
-    await send_from_page("@approval true\n@reply second answer")
+    await send_from_page(page, "@approval true\n@reply second answer")
     await expect(run_card(page, 2)).to_have_attribute("data-status", "WAITING")
-    await send_from_page("keep it short", "steerActive")
+    await send_from_page(page, "keep it short", "steerActive")
     await approval.get_by_role("button", name="Approve", exact=True).click()
     await expect(run_card(page, 2)).to_have_attribute("data-status", "COMPLETED")
     await expect(page.locator("#runs .run")).to_have_count(2)
@@ -467,13 +468,10 @@ async def test_a_page_too_far_behind_reloads_the_thread_instead_of_replaying(
     port, token = server.port, server.admin_token
     assert token
     api = Client(server.url, token)
-    other: ServerProcess | None = None
     try:
         project = await make_project(api, "Reload", workspace(tmp_path, "reload"))
         thread = (await make_thread(api, project, "Far behind"))["id"]
-        page = await browser.new_page(viewport={"width": 1280, "height": 900})
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
+        page, errors = await open_page(browser)
         received: list[str] = []
         sent_frames: list[str] = []
 
@@ -488,13 +486,7 @@ async def test_a_page_too_far_behind_reloads_the_thread_instead_of_replaying(
 
         server.stop()
         await expect(page.locator("#connection")).to_have_attribute("data-state", re.compile("reconnecting|connecting"))
-        other = ServerProcess(database_url, data_dir).wait_ready()  # no replay limit: `ended` replays the thread
-        away = Client(other.url, token)
-        missed = await send(away, thread, "@reply Written while the page was away.")
-        assert await ended(away, missed) == "COMPLETED"
-        await away.aclose()
-        other.stop()
-        other = None
+        await run_elsewhere(database_url, data_dir, token, thread, "@reply Written while the page was away.")
 
         server = ServerProcess(database_url, data_dir, port=port, env=env).wait_ready()
         await expect(page.locator("#connection")).to_have_attribute("data-state", "live", timeout=30_000)
@@ -513,8 +505,6 @@ async def test_a_page_too_far_behind_reloads_the_thread_instead_of_replaying(
         await page.close()
     finally:
         await api.aclose()
-        if other is not None:
-            other.stop()
         server.stop()
 
 
@@ -526,19 +516,9 @@ async def test_the_page_rolls_back_what_a_subagent_did(
     browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
 ) -> None:
     home = workspace(tmp_path, "subagent")
-    await make_project(client, "Subagents", home)
-    page = await browser.new_page(viewport={"width": 1280, "height": 900})
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.on("dialog", lambda dialog: dialog.accept())
-    assert client.token
-    await sign_in(page, server.url, client.token)
-    await page.fill("#new-thread-title", "Delegate")
-    await page.click("#new-thread button[type=submit]")
-    await expect(page.locator("#thread-title")).to_have_text("Delegate")
+    page, errors = await thread_page(browser, server, client, home, "Delegate")
     # The scripted agent's subagent runs what its approval names, in the thread's workspace.
-    await page.fill("#message", "@write parent.txt p\n@subagent @approval echo c > child.txt")
-    await page.click("#send button[type=submit]")
+    await send_from_page(page, "@write parent.txt p\n@subagent @approval echo c > child.txt")
     await page.locator("#requests li").get_by_role("button", name="Approve", exact=True).click()
     await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
     assert files(home) == ["child.txt", "parent.txt"]
