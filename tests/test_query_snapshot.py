@@ -100,14 +100,17 @@ async def test_direct_reads_give_what_sqlalchemy_gives(services: Services, tmp_p
         for table in t.PROJECTIONS.values():
             stmt = sa.select(table).order_by(table.c.id)
             through = (await db.execute(stmt)).all()
-            assert await db.tuples(stmt) == [tuple(r) for r in through], table.name
-            assert await db.dicts(stmt) == [dict(r._mapping) for r in through], table.name
+            for _ in range(2):  # a statement object is compiled for the driver when it is run again
+                assert await db.tuples(stmt) == [tuple(r) for r in through], table.name
+                assert await db.dicts(stmt) == [dict(r._mapping) for r in through], table.name
         page = reads._page_statement(t.threads, "id", "project_id", reads.PageArgs(first=5), [])
         params = {"page_limit": 6, "page_parents": [uuid.uuid4(), *(await db.scalars_all(sa.select(t.projects.c.id)))]}
         through = [dict(r) for r in (await db.execute(page, params)).mappings().all()]
-        assert through and await db.dicts(page, params) == through
+        for _ in range(2):
+            assert through and await db.dicts(page, params) == through
         assert await db._fetch_direct(page, params) is not None  # the direct path really ran
-    assert counter.statements == 3 * len(t.PROJECTIONS) + 2 + 2
+        assert await db._fetch_direct(sa.select(t.projects), None) is None  # built for one call: SQLAlchemy's
+    assert counter.statements == 5 * len(t.PROJECTIONS) + 2 + 3
     async with services.db.transaction() as db:  # never inside SQLAlchemy's own transaction
         assert await db._fetch_direct(page, params) is None
 

@@ -41,8 +41,12 @@ class Relation:
     filters: Callable[[Mapping[str, Any]], list[sa.ColumnElement[bool]]] = _no_filters
 
 
+# One expression for every page: its cache key (which finds the page's statement) is worked out once.
+_UNARCHIVED = t.threads.c.archived_at.is_(None)
+
+
 def _thread_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
-    return [] if f.get("include_archived") else [t.threads.c.archived_at.is_(None)]
+    return [] if f.get("include_archived") else [_UNARCHIVED]
 
 
 def _project_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:

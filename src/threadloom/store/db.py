@@ -217,16 +217,26 @@ class Reader:
         return result.scalar()
 
 
-# Selects compiled once for `Reader._fetch_direct`, by statement (None: through SQLAlchemy).
+# Selects compiled once for `Reader._fetch_direct`, by statement: its compiled form, None (through
+# SQLAlchemy), or _SEEN (met once so far).
 _DIRECT: dict[int, tuple[sa.Executable, Any]] = {}
+_SEEN = object()
 
 
 def _direct(stmt: sa.Executable, dialect: Any) -> Any:
-    """`stmt` compiled for the asyncpg connection, or None when SQLAlchemy must run it: not a select,
-    or a column whose values SQLAlchemy converts (asyncpg's own codecs give every other value as
-    SQLAlchemy would, JSON included: the dialect sets the driver's JSON codecs)."""
+    """`stmt` compiled for the asyncpg connection, or None when SQLAlchemy runs it: not a select, a
+    column whose values SQLAlchemy converts (asyncpg's own codecs give every other value as SQLAlchemy
+    would, JSON included: the dialect sets the driver's JSON codecs), or a statement object met for the
+    first time. Only a statement run again (one its module keeps, such as a page's or a by-id read) is
+    compiled here: one built for a single call is better served by SQLAlchemy's cache of compiled forms,
+    which finds it by structure."""
     found = _DIRECT.get(id(stmt))
-    if found is not None and found[0] is stmt:
+    if found is None or found[0] is not stmt:
+        if len(_DIRECT) >= 512:
+            _DIRECT.clear()  # statements built per call would grow it
+        _DIRECT[id(stmt)] = (stmt, _SEEN)  # holds `stmt`, so its id is not reused
+        return None
+    if found[1] is not _SEEN:
         return found[1]
     compiled = None
     if isinstance(stmt, sa.Select) and dialect.driver == "asyncpg" and dialect.paramstyle == "numeric_dollar":
@@ -236,7 +246,5 @@ def _direct(stmt: sa.Executable, dialect: Any) -> Any:
             k.dialect_impl(dialect).result_processor(dialect, None) is None for k in types
         ):
             compiled = stmt.compile(dialect=dialect)
-    if len(_DIRECT) >= 512:
-        _DIRECT.clear()  # statements built per call (not cached by their module) would grow it
-    _DIRECT[id(stmt)] = (stmt, compiled)  # holds `stmt`, so its id is not reused
+    _DIRECT[id(stmt)] = (stmt, compiled)
     return compiled
