@@ -74,7 +74,7 @@ class Dispatcher:
                 raise DomainError(
                     ErrorCode.IDEMPOTENCY_KEY_REUSED, "this clientMessageId is used on this thread", "clientMessageId"
                 )
-            state = await runs.thread_state(db, thread)
+            state, session = await runs.routed_thread_state(db, thread)
             chosen: Change | None = None
             active_on = state.active.provider_instance_id if state.active else thread.provider_instance_id
             applied = rules.choose(dispatch, state, self.runs.ability(active_on))
@@ -108,7 +108,7 @@ class Dispatcher:
                 )
             if chosen is not None:
                 outcome.changes.insert(0, chosen)
-            await self.runs.route(db, thread, outcome)
+            await self.runs.route(db, thread, outcome, session)
             return outcome
 
         key = None if client_message_id is None else f"{thread_id}/{client_message_id}"

@@ -61,6 +61,7 @@ from threadloom.engine.switching import provider_for_run, replacement_handoff
 from threadloom.providers.contract import ProviderError, ThreadSettings
 from threadloom.store import entities, rollback_facts, runs
 from threadloom.store.db import Reader
+from threadloom.store.runs import SessionOf
 
 log = logging.getLogger("threadloom.runs")
 TURN_END_WAIT = 30.0
@@ -211,11 +212,12 @@ class RunEngine:
             raise not_found("runId")
         return run.thread_id
 
-    async def route(self, db: Reader, thread: AppThread, outcome: Outcome) -> None:
-        """Send turn starts to the worker whose live runtime holds the thread's provider thread."""
+    async def route(self, db: Reader, thread: AppThread, outcome: Outcome, known: SessionOf | None = None) -> None:
+        """Send turn starts to the worker whose live runtime holds the thread's provider thread (`known`: its
+        session as read already, `SessionManager.owner_of`)."""
         if not outcome.effects:
             return
-        owner = await self.sessions.owner_of(db, thread.active_provider_thread_id)
+        owner = await self.sessions.owner_of(db, thread.active_provider_thread_id, known)
         if owner is not None:
             outcome.effects = [dataclasses.replace(e, affinity=owner) for e in outcome.effects]
 

@@ -34,6 +34,7 @@ from threadloom.providers.traced import traced
 from threadloom.store import entities
 from threadloom.store import workers as worker_store
 from threadloom.store.db import Reader
+from threadloom.store.runs import SessionOf
 
 log = logging.getLogger("threadloom.sessions")
 SETTLE_SECONDS = 10.0
@@ -307,9 +308,17 @@ class SessionManager:
                 return session, binding
         return None
 
-    async def owner_of(self, db: Reader, provider_thread_id: uuid.UUID | None) -> uuid.UUID | None:
-        """The live worker holding this provider thread's runtime, if any."""
-        found = await worker_store.session_of(db, provider_thread_id) if provider_thread_id is not None else None
+    async def owner_of(
+        self, db: Reader, provider_thread_id: uuid.UUID | None, known: SessionOf | None = None
+    ) -> uuid.UUID | None:
+        """The live worker holding this provider thread's runtime, if any. `known`: its session's owner and
+        status as the caller read them already (`runs.routed_thread_state`), when read for this thread."""
+        if known is not None and known[0] == provider_thread_id:
+            found = known[1]
+        elif provider_thread_id is not None:
+            found = await worker_store.session_of(db, provider_thread_id)
+        else:
+            found = None
         if found is None:
             return None
         owner_text, status = found

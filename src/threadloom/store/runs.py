@@ -74,25 +74,42 @@ _STATE = sa.text(
     SELECT 'active' AS part, to_jsonb(r) AS row FROM runs r WHERE r.id = :active
     UNION ALL SELECT 'queued', to_jsonb(q) FROM runs q WHERE q.thread_id = :thread AND q.status = :queued
     UNION ALL SELECT 'last', to_jsonb(coalesce(max(o.ordinal), 0)) FROM runs o WHERE o.thread_id = :thread
+    UNION ALL SELECT 'session', jsonb_build_object('owner', s.owner, 'status', s.status)
+      FROM provider_threads pt JOIN provider_sessions s ON s.id = pt.session_id WHERE pt.id = :provider_thread
     """
 )
+SessionOf = tuple[uuid.UUID | None, tuple[str | None, str] | None]  # a provider thread; its session's owner, status
 
 
 async def thread_state(db: Reader, thread: AppThread) -> ThreadState:
-    """The thread's active run, its queue (in order) and its last run's ordinal, in one statement
-    (sendMessage reads it)."""
-    params = {"active": thread.active_run_id, "thread": thread.id, "queued": RunStatus.QUEUED.value}
+    """The thread's active run, its queue (in order) and its last run's ordinal, in one statement."""
+    return (await routed_thread_state(db, thread))[0]
+
+
+async def routed_thread_state(db: Reader, thread: AppThread) -> tuple[ThreadState, SessionOf]:
+    """`thread_state`, and in the same statement the owner and status of the session its active provider
+    thread was last live in (`workers.session_of`), which routes a new turn (sendMessage reads both)."""
+    params = {
+        "active": thread.active_run_id,
+        "thread": thread.id,
+        "queued": RunStatus.QUEUED.value,
+        "provider_thread": thread.active_provider_thread_id,
+    }
     active: Run | None = None
     queued: list[Run] = []
     last = 0
+    session: tuple[str | None, str] | None = None
     for part, row in await db.tuples(_STATE, params):
         if part == "last":
             last = int(row)
         elif part == "active":
             active = Run.from_mapping(row)
+        elif part == "session":
+            session = (row["owner"], row["status"])
         else:
             queued.append(Run.from_mapping(row))
-    return ThreadState(thread=thread, active=active, queue=_queue_order(queued), last_ordinal=last)
+    state = ThreadState(thread=thread, active=active, queue=_queue_order(queued), last_ordinal=last)
+    return state, (thread.active_provider_thread_id, session)
 
 
 def _queue_order(queued: list[Run]) -> list[Run]:
