@@ -18,8 +18,9 @@ thread) and send the same short messages, one turn at a time on one native threa
 
 Per side it prints the median and p90 turn latency (first turn excluded: process start) and
 the ratio threadloom / floor. The difference is the engine: the command pipeline, event log,
-projections and outbox hop of a run (about 5 write transactions, most of them serial), the
-workspace checkpoint git work at the run's start and end, and the ingest coalescing window.
+projections and outbox hop of a run (three write transactions and the effect claim's statement,
+all serial, each one write statement), the workspace checkpoint at the run's start and end, and the
+ingest coalescing window.
 """
 
 from __future__ import annotations
