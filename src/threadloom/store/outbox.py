@@ -57,7 +57,7 @@ _CLAIM = sa.text(
     WITH done AS (
       UPDATE effects SET status = 'done', completed_at = :now, last_error = NULL, lease_owner = NULL,
                          lease_expires_at = NULL
-      WHERE id = CAST(:done AS bigint)
+      WHERE id = CAST(:done AS bigint) AND set_config('synchronous_commit', 'off', true) = 'off'
     ),
     next AS (
       SELECT e.id FROM effects e
@@ -76,7 +76,7 @@ _CLAIM = sa.text(
     )
     UPDATE effects SET status = 'running', lease_owner = :me, lease_expires_at = :lease,
                        attempts = effects.attempts + 1
-    FROM next WHERE effects.id = next.id
+    FROM next WHERE effects.id = next.id AND set_config('synchronous_commit', 'off', true) = 'off'
     RETURNING effects.id, effects.thread_id, effects.kind, effects.payload, effects.attempts, effects.replay_safe,
       EXISTS (SELECT 1 FROM effects o WHERE o.status = 'pending' AND o.available_at <= :now
               AND o.id <> effects.id) AS more
@@ -91,7 +91,12 @@ async def claim(
     `more` says whether any other effect was due (maybe not runnable yet: blocked by its thread's
     running effect, or another worker's). `done`, an effect of this worker that succeeded, is marked
     done by the same statement (as `finish`), and no longer holds its thread's next effect back: one
-    statement, so it can run on its own, outside a transaction."""
+    statement, so it can run on its own, outside a transaction.
+
+    Its commit does not wait for the WAL flush (`synchronous_commit` off for this statement only, set
+    where it writes): the handler's first commit (a turn's record, before the agent is asked to start)
+    flushes it along, and a claim lost with a crash of PostgreSQL before that leaves the effect pending
+    (or the done one running, recovered as an orphan), as a lease lost with its worker does."""
     return await db.one_or_none(_CLAIM, {"now": now, "me": worker_id, "lease": lease, "done": done})
 
 
