@@ -219,13 +219,13 @@ class ShadowRepo:
             tree = reused or await self._git.text("write-tree")
             self._remember(mark, tree)
             parent_commit = base[0] if base is not None else None
-            commit = self._write_commit(tree, parent_commit, message)
+            # In a thread: a loaded disk can take milliseconds, and a run's end reads meanwhile.
+            commit = await asyncio.to_thread(self._write_commit_and_ref, tree, parent_commit, message, ref)
             if commit is None:
                 parents = ["-p", parent_commit] if parent_commit is not None else []
                 commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
                 moved: Awaitable[object] = self._git.run("update-ref", "--no-deref", ref, commit)
             else:
-                self._write_ref(ref, commit)
                 moved = _done()
             self._met(commit, tree)
             old = base[1] if base is not None else EMPTY_TREE
@@ -267,6 +267,13 @@ class ShadowRepo:
             os.chmod(temporary, 0o444)
             os.replace(temporary, path)
         return oid
+
+    def _write_commit_and_ref(self, tree: str, parent: str | None, message: str, ref: str) -> str | None:
+        """`_write_commit`, then `_write_ref` of what it wrote (None: neither, ask git)."""
+        commit = self._write_commit(tree, parent, message)
+        if commit is not None:
+            self._write_ref(ref, commit)
+        return commit
 
     def _write_ref(self, ref: str, commit: str) -> None:
         """`git update-ref --no-deref` of a checkpoint ref without a process: the loose ref file written
