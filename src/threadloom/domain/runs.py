@@ -10,22 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from threadloom.domain.activities import ActivityKind, run_activity, run_ended
 from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.checkpoints import Recorded
 from threadloom.domain.effects import DeliverToParent
-from threadloom.domain.entities import (
-    AppThread,
-    ConversationMessage,
-    ExecutionNode,
-    PlanArtifact,
-    ProviderThread,
-    ProviderTurn,
-    Run,
-    RunAttempt,
-    RuntimeRequest,
-)
+from threadloom.domain.entities import ProviderTurn
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.queue import drain_queue
 from threadloom.domain.statuses import (
@@ -41,6 +32,18 @@ from threadloom.domain.statuses import (
     RunStatus,
     RuntimeRequestStatus,
 )
+
+if TYPE_CHECKING:  # the entities this module only names in signatures and fields
+    from threadloom.domain.entities import (
+        AppThread,
+        ConversationMessage,
+        ExecutionNode,
+        PlanArtifact,
+        ProviderThread,
+        Run,
+        RunAttempt,
+        RuntimeRequest,
+    )
 
 
 def is_active(run: Run) -> bool:
@@ -58,6 +61,7 @@ def completes_run(node: ExecutionNode, run: Run) -> bool:
 def turn_requested(
     run: Run, attempt: RunAttempt, provider_thread: ProviderThread, turn_ordinal: int, now: datetime, new_id: NewId
 ) -> tuple[Outcome, ProviderTurn]:
+
     """Before the turn is sent: record a pending ProviderTurn, so recovery knows it may have started."""
     if run.status != RunStatus.PREPARING or attempt.status != AttemptStatus.PENDING:
         raise DomainError(ErrorCode.RUN_NOT_STARTABLE, f"run is {run.status}, attempt {attempt.status}")
