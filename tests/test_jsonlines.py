@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
+from tests.support.waiting import until
 from threadloom.providers import child_process
 from threadloom.providers.contract import ProviderError
 from threadloom.providers.jsonlines import JsonLinesProcess
@@ -47,3 +50,26 @@ async def test_odd_responses_are_ignored_or_read_as_errors() -> None:
     assert peer.alive
     await peer.close()
     assert not peer.alive
+
+
+async def test_a_stopped_agent_takes_what_it_started_in_its_own_session_with_it(tmp_path: Path) -> None:
+    """An agent's helper in a session of its own (as Codex's sandboxed file helper is) is not in the agent's
+    process group; stopping the agent still ends it, instead of leaving it to init."""
+    pidfile = tmp_path / "helper.pid"
+    script = f"setsid sleep 600 & echo $! > {pidfile}; cat >/dev/null"  # cat: the agent ends on stdin's EOF
+    proc = await child_process.spawn_process(["sh", "-c", script], env={"PATH": os.environ["PATH"]})
+
+    async def helper_started() -> bool:
+        return pidfile.exists() and pidfile.read_text().strip().isdigit()
+
+    await until(helper_started, within=10)
+    helper = int(pidfile.read_text())
+    assert child_process._stat(helper) is not None
+    await child_process.stop_child(proc)
+    assert proc.returncode == 0  # the agent ended on its own (EOF), as a real CLI does
+
+    async def helper_gone() -> bool:
+        fields = child_process._stat(helper)
+        return fields is None or fields[0] == b"Z"  # gone, or dead and waiting for init to reap it
+
+    await until(helper_gone, within=10)

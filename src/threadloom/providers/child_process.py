@@ -48,7 +48,12 @@ async def spawn_process(
 
 
 async def stop_child(proc: asyncio.subprocess.Process, grace: float = 5.0) -> None:
-    """Close an agent's stdin (every CLI here ends on EOF), then kill its process group after `grace` s."""
+    """Close an agent's stdin (every CLI here ends on EOF), then kill its process group after `grace` s.
+
+    Whatever the agent started in sessions of its own (Codex's sandboxed file helper is one) is not in
+    that group and would outlive it, adopted by init: the agent's process tree is noted first, and what
+    is left of it once the agent is gone is killed."""
+    tree = await asyncio.to_thread(descendants, proc.pid)
     if proc.stdin is not None and not proc.stdin.is_closing():
         proc.stdin.close()
     try:
@@ -57,6 +62,40 @@ async def stop_child(proc: asyncio.subprocess.Process, grace: float = 5.0) -> No
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
+    await asyncio.to_thread(kill_remaining, tree)
+
+
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return file.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(root: int) -> list[tuple[int, bytes]]:
+    """Every process below `root`, with its start time (so a pid reused later is not taken for it)."""
+    children: dict[int, list[tuple[int, bytes]]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (fields := _stat(entry.name)) is not None:
+            children.setdefault(int(fields[1]), []).append((int(entry.name), fields[19]))
+    found: list[tuple[int, bytes]] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def kill_remaining(tree: list[tuple[int, bytes]]) -> None:
+    """SIGKILL each process of `tree` that still runs (the same process: same pid, same start time)."""
+    for pid, started in tree:
+        fields = _stat(pid)
+        if fields is not None and fields[19] == started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 class ChildProcess:
