@@ -203,12 +203,8 @@ async def test_capture_changes_against_a_ref(store: CheckpointStore, workspace: 
     assert orphan.parent is None and everything == await repo.diff(None, orphan.commit)
 
 
-async def test_an_unchanged_workspace_reuses_the_last_tree(
-    store: CheckpointStore, workspace: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """When every file's stat data is as at the last capture, the capture reuses its tree without staging;
-    any change — a new file, a rewrite that puts the old mtime back — is staged as usual."""
-    monkeypatch.setattr(walk_module, "RACY_SECONDS", 0.0)  # the files were all written just now
+def git_commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The git subcommands the store runs from now on, in order (the real git still runs them)."""
     calls: list[str] = []
     run = Git.run
 
@@ -217,6 +213,16 @@ async def test_an_unchanged_workspace_reuses_the_last_tree(
         return await run(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Git, "run", counted)
+    return calls
+
+
+async def test_an_unchanged_workspace_reuses_the_last_tree(
+    store: CheckpointStore, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When every file's stat data is as at the last capture, the capture reuses its tree without staging;
+    any change — a new file, a rewrite that puts the old mtime back — is staged as usual."""
+    monkeypatch.setattr(walk_module, "RACY_SECONDS", 0.0)  # the files were all written just now
+    calls = git_commands(monkeypatch)
     repo = store.repo("p1", workspace)
     first, _ = await repo.capture_changes(ref(0), "baseline")
     calls.clear()
@@ -642,14 +648,7 @@ async def test_a_capture_against_the_last_commits_and_moves_its_ref_as_git_would
     """A capture whose tree and parent are loose objects writes its commit and ref in-process; git reads
     them as its own (the ref, the parent, the tree, `fsck --strict`). After `compact` packs them, git
     makes the commit again."""
-    calls: list[str] = []
-    run = Git.run
-
-    async def counted(self: Git, *args: str, **kwargs: object) -> object:
-        calls.append(args[0])
-        return await run(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Git, "run", counted)
+    calls = git_commands(monkeypatch)
     repo = store.repo("p1", workspace)
     first, _ = await repo.capture_changes(ref(0), "baseline")
     (workspace / "notes.txt").write_text("x\n")
