@@ -295,12 +295,13 @@ async def test_another_replica_resumes_the_native_thread_of_a_killed_one(
     env = cli_providers_env(
         tmp_path, fake, openai_key="sk-fake-openai-SECRET", anthropic_key="sk-fake-anthropic-SECRET"
     )
+    thread, _ = await _thread(api, tmp_path, provider)
+    first = await send(api, thread, "remember BRAVO-7")
+    assert (await finished(api, first["run"]["id"], within=90))["status"] == "COMPLETED"
+    # Started only now, so the first turn ran on the first replica (any replica's worker may claim a turn).
     other = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
     survivor = Client(other.url, agents_server.admin_token)
     try:
-        thread, _ = await _thread(api, tmp_path, provider)
-        first = await send(api, thread, "remember BRAVO-7")
-        assert (await finished(api, first["run"]["id"], within=90))["status"] == "COMPLETED"
         groups = _agent_process_groups(agents_server)
         assert groups, "the first replica started no agent"
         agents_server.kill()

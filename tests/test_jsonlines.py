@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import select
+import signal
 import sys
 from pathlib import Path
 
@@ -73,3 +75,23 @@ async def test_a_stopped_agent_takes_what_it_started_in_its_own_session_with_it(
         return fields is None or fields[0] == b"Z"  # gone, or dead and waiting for init to reap it
 
     await until(helper_gone, within=10)
+
+
+async def test_a_killed_child_is_not_alive_before_the_event_loop_reaps_it() -> None:
+    """Between a child's death and the event loop noticing it, a turn sent to it would be lost with it: a
+    killed agent must read as dead at once, so the next turn starts a new process instead."""
+    proc = await child_process.spawn_process(["sleep", "60"], env={"PATH": os.environ["PATH"]})
+    child = child_process.ChildProcess(proc, "sleeper")
+    child.start()
+    assert child.alive
+    os.kill(proc.pid, signal.SIGKILL)
+    # Blocking on purpose: the event loop must not run (and hand over the exit) before the checks below.
+    exited = os.pidfd_open(proc.pid)
+    try:
+        assert select.select([exited], [], [], 10)[0], "the killed child did not exit"
+    finally:
+        os.close(exited)
+    assert proc.returncode is None  # the event loop has not seen it yet…
+    assert not child.alive and child.dead  # …and still it reads as dead
+    await child.wait_closed()
+    assert proc.returncode == -signal.SIGKILL

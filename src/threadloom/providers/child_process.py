@@ -125,7 +125,17 @@ class ChildProcess:
 
     @property
     def alive(self) -> bool:
-        return self.proc.returncode is None and bool(self._tasks) and not self._tasks[0].done()
+        """Running: not exited, still read, and not dead unnoticed (a killed child is a zombie until the event
+        loop reaps it; a turn sent to it in between would be lost with it)."""
+        return not self.dead and bool(self._tasks) and not self._tasks[0].done()
+
+    @property
+    def dead(self) -> bool:
+        """Exited, whether or not the event loop has reaped it yet."""
+        if self.proc.returncode is not None:
+            return True
+        fields = _stat(self.proc.pid)
+        return fields is None or fields[0] == b"Z"
 
     def scrub(self, text: str) -> str:
         """Text about to be logged or shown, with the instance's secrets redacted."""

@@ -244,7 +244,7 @@ class ClaudeRuntime:
             await thread.stopping
             thread.stopping = None
         child = thread.child
-        if child is not None and child.proc.returncode is not None:  # dead, its reader not done yet
+        if child is not None and child.dead:  # dead (maybe not reaped yet), its reader not done yet
             await child.wait_closed()
         if thread.child is None:
             thread.child = await self._spawn(thread)
