@@ -14,6 +14,7 @@ so a subscriber that joins near the head replays from memory instead of the data
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import contextlib
@@ -85,7 +86,7 @@ class Mailbox:
         return self.items.popleft()
 
 
-class Feed(Generic[K]):
+class Feed(abc.ABC, Generic[K]):
     """Reads new log rows for one key (thread or project) and fans them out.
 
     A subclass says where its log starts (`_head`), how rows after a cursor are read (`_read`) and what
@@ -103,14 +104,17 @@ class Feed(Generic[K]):
         self.task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
+    @abc.abstractmethod
     async def _head(self) -> Any:
-        raise NotImplementedError
+        """The cursor of the log's end when the feed starts."""
 
+    @abc.abstractmethod
     async def _read(self, after: Any) -> list[LogEvent]:
-        raise NotImplementedError
+        """The rows after cursor `after`, in feed order."""
 
+    @abc.abstractmethod
     def _advance(self, row: LogEvent) -> Any:
-        raise NotImplementedError
+        """The cursor `row` leaves."""
 
     def start(self) -> None:
         with tracing.detached():  # the feed outlives the subscription that started it
