@@ -29,7 +29,7 @@ _SOCKET_CHATTER = frozenset({'%s - "WebSocket %s" [accepted]', "connection open"
 
 
 def _not_socket_chatter(record: logging.LogRecord) -> bool:
-    return record.msg not in _SOCKET_CHATTER
+    return not (isinstance(record.msg, str) and record.msg in _SOCKET_CHATTER)
 
 
 def configure(level: str = "INFO") -> None:
