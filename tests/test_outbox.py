@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -18,6 +20,7 @@ from threadloom.engine.services import Services
 from threadloom.engine.workers import Worker
 from threadloom.store import outbox
 from threadloom.store import tables as t
+from threadloom.store.db import Database
 
 ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
 
@@ -157,12 +160,14 @@ async def test_loop_marks_an_effect_done_with_its_next_claim_in_one_statement(se
     transactions: list[str] = []
     claimed = asyncio.Event()
 
-    def on_execute(conn: object, cursor: object, statement: str, *args: object) -> None:
+    def on_statement(statement: str) -> None:
         if "UPDATE effects SET status = 'running'" in statement:
             claims.append(statement)
             claimed.set()
+        elif statement.lstrip().upper().startswith("COMMIT"):  # a transaction's end (reads roll back)
+            transactions.append(statement)
 
-    sa.event.listen(services.db.engine.sync_engine, "after_cursor_execute", on_execute)
+    every_statement(services.db, on_statement)
     sa.event.listen(services.db.engine.sync_engine, "commit", lambda conn: transactions.append("commit"))
 
     async def record(payload: dict[str, object]) -> None:
@@ -195,3 +200,22 @@ async def test_loop_marks_an_effect_done_with_its_next_claim_in_one_statement(se
     async with services.db.read() as db:
         after = await db.rows(sa.text("SELECT id, status, xmin::text AS version FROM effects ORDER BY id"))
     assert after == before  # no row written
+
+
+def every_statement(db: Database, seen: Callable[[str], None]) -> None:
+    """Call `seen` with every statement the pool's connections run: through SQLAlchemy (its cursor event)
+    or straight on the asyncpg connection (asyncpg's query logger, which SQLAlchemy's prepared statements
+    do not pass through), so each statement is seen once."""
+    watched: set[int] = set()
+
+    def on_checkout(dbapi_connection: Any, record: object, proxy: object) -> None:
+        driver = dbapi_connection.driver_connection
+        if id(driver) not in watched:
+            watched.add(id(driver))
+            driver.add_query_logger(lambda logged: seen(logged.query))
+
+    def on_execute(conn: object, cursor: object, statement: str, *args: object) -> None:
+        seen(statement)
+
+    sa.event.listen(db.engine.sync_engine, "checkout", on_checkout)
+    sa.event.listen(db.engine.sync_engine, "after_cursor_execute", on_execute)

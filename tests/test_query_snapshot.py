@@ -111,8 +111,39 @@ async def test_direct_reads_give_what_sqlalchemy_gives(services: Services, tmp_p
         assert await db._fetch_direct(page, params) is not None  # the direct path really ran
         assert await db._fetch_direct(sa.select(t.projects), None) is None  # built for one call: SQLAlchemy's
     assert counter.statements == 5 * len(t.PROJECTIONS) + 2 + 3
-    async with services.db.transaction() as db:  # never inside SQLAlchemy's own transaction
+    async with services.db.read() as db:  # never inside SQLAlchemy's own (lazily begun) transaction
         assert await db._fetch_direct(page, params) is None
+    async with services.db.transaction() as db:  # the driver's, begun first: direct reads run inside it
+        assert await db._fetch_direct(page, params) is not None
+
+
+async def test_direct_statements_run_inside_the_transaction(services: Services, tmp_path: Path) -> None:
+    """A `transaction()` is begun on the driver before its first statement, so a text statement run
+    straight on the driver (a single row, a scalar, a write returning rows) sees the transaction's own
+    writes and is undone with it; the values are the ones SQLAlchemy's execution gives."""
+    project, _ = await _thread(services, tmp_path / "ws")
+    rename = sa.text("UPDATE projects SET name = :name WHERE id = :id RETURNING id, name, created_at")
+    read = sa.text("SELECT name, created_at, id FROM projects WHERE id = :id")
+    name = sa.text("SELECT name FROM projects WHERE id = :id")
+    with pytest.raises(RuntimeError, match="undo"):
+        async with services.db.transaction() as db:
+            through = (await db.execute(read, {"id": project})).mappings().one()
+            for _ in range(2):  # compiled for the driver when run again
+                assert await db.one_or_none(read, {"id": project}) == dict(through)
+            assert await db._fetch_direct(read, {"id": project}) is not None
+            await db.one_or_none(rename, {"name": "first", "id": project})
+            renamed = await db.one_or_none(rename, {"name": "inside", "id": project})
+            assert renamed is not None and renamed["name"] == "inside"
+            await db.scalar(name, {"id": project})
+            assert await db.scalar(name, {"id": project}) == "inside"  # its own write, read directly
+            assert await db._fetch_direct(name, {"id": project}) is not None
+            raise RuntimeError("undo")
+    async with services.db.statements() as db:
+        assert await db.scalar(name, {"id": project}) == "p"  # rolled back with the transaction
+    async with services.db.transaction() as db:
+        await db.one_or_none(rename, {"name": "kept", "id": project})
+    async with services.db.statements() as db:
+        assert await db.scalar(name, {"id": project}) == "kept"
 
 
 async def test_a_snapshot_holds_for_reads_through_sqlalchemy_too(services: Services, tmp_path: Path) -> None:

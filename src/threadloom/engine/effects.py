@@ -14,11 +14,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
-
-import sqlalchemy as sa
 
 from threadloom import metrics, tracing
 from threadloom.aio import cancel_all
@@ -115,7 +113,7 @@ class EffectWorker:
             await self._claim(done, claim=False)
         return True
 
-    async def _claim(self, done: int | None, *, claim: bool = True) -> sa.RowMapping | None:
+    async def _claim(self, done: int | None, *, claim: bool = True) -> Mapping[str, Any] | None:
         """Mark `done` done and claim the next effect, in one statement outside a transaction (no BEGIN
         and COMMIT round trips: a turn's start waits for it); one that changes nothing writes nothing."""
         now = self.clock.now()
@@ -126,7 +124,7 @@ class EffectWorker:
                 await outbox.finish(db, done, now)
         return None
 
-    async def _run(self, effect: sa.RowMapping) -> int | None:
+    async def _run(self, effect: Mapping[str, Any]) -> int | None:
         """Run a claimed effect: its id when it succeeded (to be marked done), None when its failure or
         retry is already recorded."""
         if effect.get("more", True):

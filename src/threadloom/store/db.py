@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import sqlalchemy as sa
@@ -73,10 +73,35 @@ class Database:
 
     @asynccontextmanager
     async def transaction(self, counter: StatementCounter | None = None) -> AsyncIterator[Reader]:
-        async with self.engine.begin() as conn:
-            c = counter or StatementCounter()
+        """A READ COMMITTED transaction, committed when the block ends and rolled back if it raises.
+
+        It is the driver's own (asyncpg's BEGIN and COMMIT on a connection checked out in autocommit
+        mode, as `Snapshot`'s), begun before the first statement: its statements may then run straight
+        on the driver (`Reader._fetch_direct`), which SQLAlchemy's lazily begun transaction would not
+        allow. Statements run through SQLAlchemy run inside it all the same."""
+        c = counter or StatementCounter()
+        async with self._autocommit.connect() as conn:
+            try:
+                driver: Any = (await conn.get_raw_connection()).driver_connection
+                transaction = driver.transaction()
+                await transaction.start()
+            except BaseException:
+                await conn.invalidate()  # the transaction may or may not have begun
+                raise
             c.transactions += 1
-            yield Reader(conn, c)
+            try:
+                yield Reader(conn, c, driver, direct=True)
+            except BaseException:
+                try:
+                    await transaction.rollback()
+                except BaseException:
+                    await conn.invalidate()  # a connection in an unknown state goes, not back to the pool
+                raise
+            try:
+                await transaction.commit()
+            except BaseException:
+                await conn.invalidate()
+                raise
 
     def snapshot(self, counter: StatementCounter | None = None) -> Snapshot:
         """Reads that all see the database at one moment (opened at the first of them)."""
@@ -152,9 +177,10 @@ class Reader:
         self.conn = conn
         self.counter = counter
         self._driver = driver  # the asyncpg connection under `conn`, once asked for
-        # Whether plain selects may skip SQLAlchemy (`_fetch_direct`): only where SQLAlchemy holds no
-        # transaction of its own (autocommit, or a snapshot's driver transaction), since a select run
-        # straight on the driver before SQLAlchemy's lazy BEGIN would run outside that transaction.
+        # Whether plain statements may skip SQLAlchemy (`_fetch_direct`): only where SQLAlchemy holds no
+        # transaction of its own (autocommit, or the driver's transaction of a snapshot or of
+        # `transaction()`), since one run straight on the driver before SQLAlchemy's lazy BEGIN would
+        # run outside that transaction.
         self._direct = direct
 
     async def execute(self, stmt: sa.Executable, params: Any = None) -> sa.CursorResult[Any]:
@@ -184,8 +210,8 @@ class Reader:
         return [tuple(row) for row in result.all()]
 
     async def _fetch_direct(self, stmt: sa.Executable, params: Any) -> list[Any] | None:
-        """The records of a select whose columns SQLAlchemy would not convert, run straight on the
-        asyncpg connection (`_direct`), or None when SQLAlchemy must run it.
+        """The records of a select whose columns SQLAlchemy would not convert, or of a text statement,
+        run straight on the asyncpg connection (`_direct`), or None when SQLAlchemy must run it.
 
         SQLAlchemy's execution of a page's read (its cache key, parameter and result handling, the
         greenlet hop) cost about twice the statement's own CPU. While tracing is on every statement
@@ -195,7 +221,8 @@ class Reader:
         if compiled is None:
             return None
         state = compiled.construct_expanded_state(params or {})
-        processors = state.processors
+        # Only a statement with an expanding (IN) parameter has its processors in the state; all of them.
+        processors = state.processors or compiled._bind_processors
         values = state.parameters
         args = [processors[k](values[k]) if k in processors else values[k] for k in state.positiontup or ()]
         driver = self._driver
@@ -204,15 +231,23 @@ class Reader:
         self.counter.statements += 1
         return await driver.fetch(state.statement, *args)  # type: ignore[no-any-return]
 
-    async def one_or_none(self, stmt: sa.Executable, params: Any = None) -> sa.RowMapping | None:
+    async def one_or_none(self, stmt: sa.Executable, params: Any = None) -> Mapping[str, Any] | None:
+        records = await self._fetch_direct(stmt, params)
+        if records is not None:
+            if len(records) > 1:
+                raise sa.exc.MultipleResultsFound("multiple rows were found when one or none was required")
+            return dict(zip(records[0].keys(), records[0], strict=True)) if records else None
         result = await self.execute(stmt, params)
-        return result.mappings().one_or_none()
+        return cast("Mapping[str, Any] | None", result.mappings().one_or_none())  # its keys are names
 
     async def scalars_all(self, stmt: sa.Executable, params: Any = None) -> list[Any]:
         result = await self.execute(stmt, params)
         return list(result.scalars().all())
 
     async def scalar(self, stmt: sa.Executable, params: Any = None) -> Any:
+        records = await self._fetch_direct(stmt, params)
+        if records is not None:
+            return records[0][0] if records else None
         result = await self.execute(stmt, params)
         return result.scalar()
 
@@ -224,8 +259,9 @@ _SEEN = object()
 
 
 def _direct(stmt: sa.Executable, dialect: Any) -> Any:
-    """`stmt` compiled for the asyncpg connection, or None when SQLAlchemy runs it: not a select, a
-    column whose values SQLAlchemy converts (asyncpg's own codecs give every other value as SQLAlchemy
+    """`stmt` compiled for the asyncpg connection, or None when SQLAlchemy runs it: neither a select nor
+    a text statement (whose result columns are untyped: SQLAlchemy hands on the driver's values), a
+    select column whose values SQLAlchemy converts (asyncpg's own codecs give every other value as SQLAlchemy
     would, JSON included: the dialect sets the driver's JSON codecs), or a statement object met for the
     first time. Only a statement run again (one its module keeps, such as a page's or a by-id read) is
     compiled here: one built for a single call is better served by SQLAlchemy's cache of compiled forms,
@@ -239,12 +275,15 @@ def _direct(stmt: sa.Executable, dialect: Any) -> Any:
     if found[1] is not _SEEN:
         return found[1]
     compiled = None
-    if isinstance(stmt, sa.Select) and dialect.driver == "asyncpg" and dialect.paramstyle == "numeric_dollar":
-        types = [c.type for c in stmt.selected_columns]
-        # A numeric's processor depends on the column's actual type, known only from the cursor.
-        if not any(isinstance(k, sa.Numeric | sa.Float) for k in types) and all(
-            k.dialect_impl(dialect).result_processor(dialect, None) is None for k in types
-        ):
+    if dialect.driver == "asyncpg" and dialect.paramstyle == "numeric_dollar":
+        if isinstance(stmt, sa.TextClause):
             compiled = stmt.compile(dialect=dialect)
+        elif isinstance(stmt, sa.Select):
+            types = [c.type for c in stmt.selected_columns]
+            # A numeric's processor depends on the column's actual type, known only from the cursor.
+            if not any(isinstance(k, sa.Numeric | sa.Float) for k in types) and all(
+                k.dialect_impl(dialect).result_processor(dialect, None) is None for k in types
+            ):
+                compiled = stmt.compile(dialect=dialect)
     _DIRECT[id(stmt)] = (stmt, compiled)
     return compiled

@@ -15,11 +15,18 @@ from threadloom.store.db import Reader
 R = TypeVar("R", bound=Record)
 
 
+# One select per entity kind, kept: a statement run again is compiled once for the driver (`Reader`).
+_BY_ID: dict[type[Record], sa.Select[Any]] = {}
+
+
 async def get(db: Reader, cls: type[R], entity_id: uuid.UUID | None) -> R | None:
     if entity_id is None:
         return None
-    table = t.PROJECTIONS[cls]
-    row = await db.one_or_none(sa.select(table).where(table.c.id == entity_id))
+    stmt = _BY_ID.get(cls)
+    if stmt is None:
+        table = t.PROJECTIONS[cls]
+        stmt = _BY_ID[cls] = sa.select(table).where(table.c.id == sa.bindparam("entity_id", type_=table.c.id.type))
+    row = await db.one_or_none(stmt, {"entity_id": entity_id})
     return None if row is None else cls.from_mapping(row)
 
 

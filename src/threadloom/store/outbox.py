@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -86,7 +86,7 @@ _CLAIM = sa.text(
 
 async def claim(
     db: Reader, worker_id: uuid.UUID, now: datetime, lease: datetime, *, done: int | None = None
-) -> sa.RowMapping | None:
+) -> Mapping[str, Any] | None:
     """Take the next runnable effect: oldest first, one at a time per thread, respecting affinity.
     `more` says whether any other effect was due (maybe not runnable yet: blocked by its thread's
     running effect, or another worker's). `done`, an effect of this worker that succeeded, is marked

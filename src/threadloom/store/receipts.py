@@ -7,6 +7,7 @@ A key belongs to the token that used it: the stored key is prefixed with the tok
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
@@ -26,7 +27,7 @@ async def lock_key(db: Reader, key: str) -> None:
     await db.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(key, 0))))
 
 
-async def find(db: Reader, key: str) -> sa.RowMapping | None:
+async def find(db: Reader, key: str) -> Mapping[str, Any] | None:
     return await db.one_or_none(sa.select(t.command_receipts).where(t.command_receipts.c.key == key))
 
 
