@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
@@ -54,27 +55,81 @@ async def test_odd_responses_are_ignored_or_read_as_errors() -> None:
     assert not peer.alive
 
 
-async def test_a_stopped_agent_takes_what_it_started_in_its_own_session_with_it(tmp_path: Path) -> None:
-    """An agent's helper in a session of its own (as Codex's sandboxed file helper is) is not in the agent's
-    process group; stopping the agent still ends it, instead of leaving it to init."""
-    pidfile = tmp_path / "helper.pid"
-    script = f"setsid sleep 600 & echo $! > {pidfile}; cat >/dev/null"  # cat: the agent ends on stdin's EOF
+def _helper_of(root: int, marker: str) -> int | None:
+    """The host pid of the process below `root` whose command line holds `marker` (an agent in its own PID
+    namespace knows its helpers by other numbers)."""
+    for pid, _ in child_process.descendants(root):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                if marker.encode() in file.read():
+                    return pid
+        except OSError:
+            continue
+    return None
+
+
+async def _gone(pid: int) -> None:
+    async def dead() -> bool:
+        fields = child_process._stat(pid)
+        return fields is None or fields[0] == b"Z"  # gone, or dead and waiting to be reaped
+
+    await until(dead, within=10)
+
+
+# An agent that starts a helper in a session of its own (as Codex's sandboxed file helper is) and ends
+# on stdin's EOF, as the real CLIs do.
+HELPER_AGENT = "setsid sleep 600.{n} & cat >/dev/null"
+
+
+async def test_a_stopped_agent_takes_what_it_started_in_its_own_session_with_it() -> None:
+    """An agent's helper in a session of its own is not in the agent's process group; stopping the agent
+    still ends it, instead of leaving it to init."""
+    script = HELPER_AGENT.format(n=os.getpid())
     proc = await child_process.spawn_process(["sh", "-c", script], env={"PATH": os.environ["PATH"]})
 
-    async def helper_started() -> bool:
-        return pidfile.exists() and pidfile.read_text().strip().isdigit()
+    async def helper_started() -> int | None:
+        return _helper_of(proc.pid, f"600.{os.getpid()}")
 
-    await until(helper_started, within=10)
-    helper = int(pidfile.read_text())
-    assert child_process._stat(helper) is not None
+    helper = await until(helper_started, within=10)
     await child_process.stop_child(proc)
     assert proc.returncode == 0  # the agent ended on its own (EOF), as a real CLI does
+    await _gone(helper)
 
-    async def helper_gone() -> bool:
-        fields = child_process._stat(helper)
-        return fields is None or fields[0] == b"Z"  # gone, or dead and waiting for init to reap it
 
-    await until(helper_gone, within=10)
+# Threadloom's stand-in: starts the agent, prints the agent's pid, then waits to be killed.
+STARTER = """
+import asyncio, os, sys
+from threadloom.providers import child_process
+
+async def main():
+    proc = await child_process.spawn_process(["sh", "-c", sys.argv[1]], env={"PATH": os.environ["PATH"]})
+    print(proc.pid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+async def test_everything_an_agent_started_dies_with_threadloom_killed(tmp_path: Path) -> None:
+    """Killed with -9, Threadloom stops nothing itself: its agents and every process they started, in
+    sessions of their own included, still end with it (the agent's PID namespace dies with its parent)."""
+    marker = f"600.{os.getpid()}1"
+    starter = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", STARTER, f"setsid sleep {marker} & cat >/dev/null", stdout=asyncio.subprocess.PIPE
+    )
+    assert starter.stdout is not None
+    agent = int(await asyncio.wait_for(starter.stdout.readline(), 30))
+
+    async def helper_started() -> int | None:
+        return _helper_of(agent, marker)
+
+    helper = await until(helper_started, within=10)
+    tree = [pid for pid, _ in child_process.descendants(agent)]
+    starter.kill()
+    await starter.wait()
+    for pid in [agent, *tree]:
+        await _gone(pid)
+    assert helper in tree
 
 
 async def test_a_killed_child_is_not_alive_before_the_event_loop_reaps_it() -> None:

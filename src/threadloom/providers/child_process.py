@@ -15,6 +15,7 @@ import collections
 import contextlib
 import logging
 import os
+import shutil
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -28,15 +29,36 @@ LINE_LIMIT = 64 * 1024 * 1024  # the longest stdout line read; a longer one stop
 STDERR_TAIL = 5  # stderr lines kept to explain an exit
 
 
+def contained(argv: Sequence[str]) -> list[str]:
+    """`argv` in a PID namespace of its own, so every process the agent starts ends with it.
+
+    An agent may start processes in sessions of their own (Codex's sandboxed file helper is one), out of
+    reach of a kill of its process group. In a PID namespace they all die when its first process does.
+    `unshare` starts the agent as that process and takes it along when it dies itself (`--kill-child`);
+    `setpriv` makes `unshare` die with Threadloom, even one killed with -9. The namespace has its own
+    /proc (`--mount-proc`) and shares everything else, so the agent CLIs' own sandboxes still nest in it.
+    Without util-linux's `unshare` and `setpriv` the agent runs as is, and `stop_child` kills the process
+    tree it finds."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if unshare is None or setpriv is None:
+        return list(argv)
+    user = [] if os.geteuid() == 0 else ["--user", "--map-current-user"]  # a PID namespace needs one unless root
+    return [
+        setpriv, "--pdeathsig", "KILL", "--",
+        unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--", *argv,
+    ]  # fmt: skip
+
+
 async def spawn_process(
     argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
 ) -> asyncio.subprocess.Process:
-    """Start `argv` with exactly `env`, piped stdio and its own process group (so a stop reaches its tools).
+    """Start `argv` with exactly `env`, piped stdio and its own process group (so a stop reaches its tools),
+    `contained` in a PID namespace.
 
     Raises OSError when it cannot start; each driver says what that means for it.
     """
     return await asyncio.create_subprocess_exec(
-        *argv,
+        *contained(argv),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
