@@ -157,6 +157,30 @@ async def test_turns_on_one_thread_share_the_conversation(codex: Codex) -> None:
     assert snapshot["id"] == thread and len(snapshot["turns"]) == 2
 
 
+async def test_a_turn_names_its_model_only_when_it_changes(codex: Codex, monkeypatch: pytest.MonkeyPatch) -> None:
+    """turn/start's model holds for the next turns too, and naming it costs Codex time on every turn: it is
+    sent when the thread's model changes, and each turn still reaches the model it asked for."""
+    s = codex.session
+    runtime = s.runtime
+    named: list[object] = []
+    request = runtime.process.request
+
+    async def recorded(method: str, params: dict[str, Any], wait_s: float = 60.0) -> Any:
+        if method == "turn/start":
+            named.append(params.get("model"))
+        return await request(method, params, wait_s)
+
+    monkeypatch.setattr(runtime.process, "request", recorded)
+    thread = await runtime.start_thread(codex.settings())
+    default = codex.settings()
+    other = dataclasses.replace(default, model="gpt-5.4")
+    for settings in (default, default, other, other, default):
+        turn = await runtime.start_turn(thread, "hello", settings)
+        await s.until(lambda e, turn=turn: isinstance(e, ev.TurnCompleted) and e.native_turn == turn)
+    assert named == [None, None, "gpt-5.4", None, runtime.model]
+    assert [body["model"] for body in codex.requests()] == [runtime.model] * 2 + ["gpt-5.4"] * 2 + [runtime.model]
+
+
 async def test_a_tool_call_really_runs_and_its_output_goes_back(codex: Codex) -> None:
     s = codex.session
     thread = await s.runtime.start_thread(codex.settings())
