@@ -27,9 +27,11 @@ Sending up front has a cost of its own, reported separately: each run start renu
 every run still queued on its thread (one `run.updated` event and projection row each), so
 with 50 queued messages per thread about 40% of the event rows are queue renumbering.
 
-Counting: a SQLAlchemy listener on the engine counts every statement it sends (the
-effect worker's and recovery's polling included; claims are reported separately), rows
-bound per statement, and transactions (commit = write, rollback = read), and apart from them
+Counting: a SQLAlchemy listener on the engine counts every statement it sends, and a wrapper
+of `Reader._fetch_direct` every statement run straight on the asyncpg connection (the effect
+worker's and recovery's polling included; claims are reported separately), rows bound per
+statement, and transactions (commit = write, rollback = read: SQLAlchemy's own, and the driver's
+`Database.transaction` blocks, by how they end), and apart from them
 the statements run outside a transaction (autocommit: an effect claim, which also marks the
 loop's last effect done, and the run-end capture's read). The events a run
 wrote are counted in the `events` table afterwards. PostgreSQL's own transaction counter
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import functools
 import io
@@ -54,7 +57,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,7 +78,7 @@ from threadloom.engine.clock import SystemClock
 from threadloom.engine.services import Services
 from threadloom.providers.registry import load_instances
 from threadloom.store import migrate
-from threadloom.store.db import Database
+from threadloom.store.db import Database, Reader
 
 DATABASE = "tl_bench"
 TEXT = "hello"
@@ -147,25 +150,75 @@ def _autocommit(conn: Any) -> bool:
     return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")
 
 
+def _in_driver_transaction(conn: Any) -> bool:
+    """Whether the asyncpg connection under `conn` is in a transaction the driver began (`Database.transaction`)."""
+    return bool(conn.connection.dbapi_connection.driver_connection.is_in_transaction())
+
+
+# The counters by the pool their engine checks connections out of (`Database`'s autocommit engine shares it).
+_COUNTERS: dict[int, SqlCounter] = {}
+
+
+def _count_what_skips_sqlalchemy() -> None:
+    """Wrap `Reader._fetch_direct` and `Database.transaction` (once) so the statements run straight on the
+    driver, and the driver's transactions, reach the counter of their engine."""
+    if getattr(Reader._fetch_direct, "counted", False):
+        return
+    fetch = Reader._fetch_direct
+    transaction = Database.transaction
+
+    async def counted_fetch(self: Reader, stmt: sa.Executable, params: Any) -> list[Any] | None:
+        records = await fetch(self, stmt, params)
+        counter = _COUNTERS.get(id(self.conn.sync_engine.pool))
+        if records is not None and counter is not None:
+            alone = not self.conn.sync_connection.connection.dbapi_connection.driver_connection.is_in_transaction()
+            counter.count(getattr(stmt, "text", None) or str(stmt), 1, alone)
+        return records
+
+    @contextlib.asynccontextmanager
+    async def counted_transaction(self: Database, counter: Any = None) -> AsyncIterator[Reader]:
+        tally = _COUNTERS.get(id(self.engine.sync_engine.pool))
+        try:
+            async with transaction(self, counter) as reader:
+                yield reader
+        except BaseException:
+            if tally is not None:
+                tally.tally.rollbacks += 1
+            raise
+        if tally is not None:
+            tally.tally.commits += 1
+
+    counted_fetch.counted = True  # type: ignore[attr-defined]
+    Reader._fetch_direct = counted_fetch  # type: ignore[method-assign]
+    Database.transaction = counted_transaction  # type: ignore[method-assign]
+
+
 class SqlCounter:
-    """Counts what one SQLAlchemy engine sends to PostgreSQL."""
+    """Counts what one engine's connections send to PostgreSQL, through SQLAlchemy or straight on the driver."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.tally = Tally()
         self.connections = 0  # new DBAPI connections (their setup queries bypass the listeners)
         sync = engine.sync_engine
+        _COUNTERS[id(sync.pool)] = self
+        _count_what_skips_sqlalchemy()
         event.listen(sync, "connect", self._connect)
         event.listen(sync, "before_cursor_execute", self._execute)
         event.listen(sync, "commit", self._commit)
         event.listen(sync, "rollback", self._rollback)
 
-    def _execute(self, conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+    def count(self, statement: str, rows: int, alone: bool) -> None:
         kind = shape(statement)
         self.tally.statements += 1
-        if _autocommit(conn):
+        if alone:
             self.tally.alone += 1
         self.tally.shapes[kind] += 1
-        self.tally.rows[kind] += len(params) if executemany else 1
+        self.tally.rows[kind] += rows
+
+    def _execute(self, conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+        # An autocommit connection is outside a transaction unless the driver began one on it.
+        alone = _autocommit(conn) and not _in_driver_transaction(conn)
+        self.count(statement, len(params) if executemany else 1, alone)
 
     def _connect(self, dbapi_conn: Any, record: Any) -> None:
         self.connections += 1
@@ -259,12 +312,14 @@ def _cpu(p: psutil.Process, reaped_children: bool) -> float:
 
 
 def cpu_now(postmaster: int) -> Cpu:
-    """CPU seconds so far: this process, its children (the agent), PostgreSQL (all backends)."""
+    """CPU seconds so far: this process, the processes below it (the agent, below the `unshare` that gives
+    it a PID namespace), PostgreSQL (all backends)."""
     me = psutil.Process()
     pm = psutil.Process(postmaster)
     return Cpu(
         engine=_cpu(me, False),
-        agent=sum(_cpu(c, True) for c in me.children(recursive=False)),
+        # each live one's own, and what the ones it reaped used (each process counted once)
+        agent=sum(_cpu(c, True) for c in me.children(recursive=True)),
         # exited backends are in the postmaster's children_* once it has reaped them
         postgres=_cpu(pm, True) + sum(_cpu(c, False) for c in pm.children()),
     )
@@ -611,7 +666,7 @@ def report(phases: list[Phase], check: PgCheck, args: argparse.Namespace, total:
     print()
     print(
         f"cross-check over the engine's lifetime: pg_stat_database {check.commits} commits + {check.rollbacks} "
-        f"rollbacks; SQLAlchemy listeners {e.commits + q.commits} + {e.rollbacks + q.rollbacks} "
+        f"rollbacks; the counters {e.commits + q.commits} + {e.rollbacks + q.rollbacks} "
         f"(engine {e.commits} + {e.rollbacks}, this benchmark's poller {q.commits} + {q.rollbacks}); "
         f"{check.connections} connections were opened, whose setup queries the listeners do not see"
     )
