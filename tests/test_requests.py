@@ -114,6 +114,8 @@ def _is_agent(pid: str, data_dir: Path) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
+    if Path(cmdline[0].decode()).name == "unshare":  # the agent's PID namespace holder names it too
+        return False
     return b"threadloom.agent" in cmdline and any(str(data_dir).encode() in part for part in cmdline)
 
 
