@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 
 from tests.support.inproc import ADMIN, new_thread, send
 from threadloom.api.context import Context
@@ -140,6 +141,15 @@ async def test_direct_statements_run_inside_the_transaction(services: Services, 
             raise RuntimeError("undo")
     async with services.db.statements() as db:
         assert await db.scalar(name, {"id": project}) == "p"  # rolled back with the transaction
+        # typed parameters get SQLAlchemy's processing, an expanding one's values too
+        typed = sa.text("SELECT CAST(:doc AS jsonb) AS doc WHERE CAST(:doc AS jsonb) IN :docs").bindparams(
+            sa.bindparam("doc", type_=JSONB()), sa.bindparam("docs", expanding=True, type_=JSONB())
+        )
+        params = {"doc": {"a": [1]}, "docs": [{"b": 2}, {"a": [1]}]}
+        through = (await db.execute(typed, params)).mappings().one()
+        for _ in range(2):
+            assert await db.one_or_none(typed, params) == dict(through) == {"doc": {"a": [1]}}
+        assert await db._fetch_direct(typed, params) is not None
     async with services.db.transaction() as db:
         await db.one_or_none(rename, {"name": "kept", "id": project})
     async with services.db.statements() as db:

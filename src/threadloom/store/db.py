@@ -81,13 +81,7 @@ class Database:
         allow. Statements run through SQLAlchemy run inside it all the same."""
         c = counter or StatementCounter()
         async with self._autocommit.connect() as conn:
-            try:
-                driver: Any = (await conn.get_raw_connection()).driver_connection
-                transaction = driver.transaction()
-                await transaction.start()
-            except BaseException:
-                await conn.invalidate()  # the transaction may or may not have begun
-                raise
+            driver, transaction = await _begin(conn)
             c.transactions += 1
             try:
                 yield Reader(conn, c, driver, direct=True)
@@ -109,6 +103,19 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+
+async def _begin(conn: AsyncConnection, **options: Any) -> tuple[Any, Any]:
+    """The asyncpg connection under `conn` (checked out in autocommit mode) and a transaction begun on it.
+    If beginning fails the connection is dropped, not returned to the pool: it may or may not be in one."""
+    try:
+        driver: Any = (await conn.get_raw_connection()).driver_connection
+        transaction = driver.transaction(**options)
+        await transaction.start()
+    except BaseException:
+        await conn.invalidate()
+        raise
+    return driver, transaction
 
 
 class Snapshot:
@@ -142,13 +149,7 @@ class Snapshot:
                 raise RuntimeError("the operation's snapshot is closed")
             if self._conn is None:
                 conn = await self._engine.connect()
-                try:
-                    driver: Any = (await conn.get_raw_connection()).driver_connection
-                    transaction = driver.transaction(isolation="repeatable_read", readonly=True)
-                    await transaction.start()
-                except BaseException:
-                    await conn.invalidate()  # the transaction may or may not have begun
-                    raise
+                driver, transaction = await _begin(conn, isolation="repeatable_read", readonly=True)
                 self._conn, self._driver, self._transaction = conn, driver, transaction
                 self._counter.transactions += 1
             yield Reader(self._conn, self._counter, self._driver, direct=True)
@@ -221,8 +222,9 @@ class Reader:
         if compiled is None:
             return None
         state = compiled.construct_expanded_state(params or {})
-        # Only a statement with an expanding (IN) parameter has its processors in the state; all of them.
-        processors = state.processors or compiled._bind_processors
+        processors = compiled._bind_processors
+        if state.processors:  # an expanding (IN) parameter's, one per expanded value
+            processors = {**processors, **state.processors}
         values = state.parameters
         args = [processors[k](values[k]) if k in processors else values[k] for k in state.positiontup or ()]
         driver = self._driver
