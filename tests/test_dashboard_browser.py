@@ -536,3 +536,42 @@ async def test_the_page_rolls_back_what_a_subagent_did(
     await expect(page.locator("#error")).to_be_empty()
     assert errors == [], errors
     await page.close()
+
+
+async def test_a_summary_read_before_a_request_opened_does_not_hide_it(
+    browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
+) -> None:
+    """The page re-reads its summary (queue, pending requests) after events. A read whose snapshot was taken
+    before a request opened can come back after the page applied the request's event; the request must stay.
+
+    The race is made certain: the page's own summary document is read before the message is sent, and that
+    real, older answer is what the page gets for the first summary it asks for once it holds the request.
+    """
+    page, errors = await thread_page(browser, server, client, workspace(tmp_path, "stale"), "Stale summary")
+    thread = await page.evaluate("state.t.id")
+    before = await client.gql(await page.evaluate("SUMMARY"), {"t": thread})
+    assert before["thread"]["pendingRequests"] == []
+    served_stale = False
+
+    async def summaries(route: Any) -> None:
+        nonlocal served_stale
+        document = json.loads(route.request.post_data or "{}").get("query", "")
+        holds_request = await page.evaluate("state.t.requests.size > 0")
+        if not served_stale and "pendingRequests" in document and "messages(" not in document and holds_request:
+            served_stale = True
+            await route.fulfill(json={"data": before})
+        else:
+            await route.continue_()
+
+    await page.route("**/graphql", summaries)
+    await send_from_page(page, "@approval echo approved > approved.txt")
+    await page.wait_for_function("() => state.t.requests.size > 0")
+    # Every summary the page asked for has been applied, the stale one included.
+    await page.wait_for_function("() => !state.t.summaryBusy && !state.t.summaryTimer")
+    assert served_stale
+    assert await page.evaluate("[...state.t.requests.values()].map((r) => r.requestStatus)") == ["PENDING"]
+    await page.locator("#requests li").get_by_role("button", name="Approve", exact=True).click()
+    await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
+    await expect(page.locator("#requests li")).to_have_count(0)
+    assert errors == [], errors
+    await page.close()

@@ -27,7 +27,7 @@ fragment C on Checkpoint { id ordinal checkpointStatus: status checkpointRun: ru
 fragment TH on Thread { id threadTitle: title threadStatus: status queueHeld queueHoldReason activeRun { id } }`;
 const SUMMARY_FRAGMENT = `
 fragment S on Thread {
-  ...TH queue { ...R } pendingRequests { ...Q } checkpoints(last: 30) { nodes { ...C } }
+  ...TH latestSequence queue { ...R } pendingRequests { ...Q } checkpoints(last: 30) { nodes { ...C } }
   lineage { relationship parentThread { id title } forks(first: 30) { nodes { id title status } } }
 }`;
 
@@ -36,7 +36,7 @@ const PROJECTS = `query { projects(first: 100) { nodes { id name } } }`;
 const PROJECT_THREADS = `query($p: ID!) { project(id: $p) { id feedCursor threads(first: 100) { nodes { id title status } } } }`;
 const PROJECT_FEED = `subscription($p: ID!, $after: String) {
   projectThreads(projectId: $p, after: $after) { cursor sequence type thread { id title status } } }`;
-const THREAD = `query($t: ID!) { thread(id: $t) { ...S latestSequence
+const THREAD = `query($t: ID!) { thread(id: $t) { ...S
   runs(last: 20) { nodes { ...R executionGraph { nodes { ...N } } } }
   messages(last: 100) { nodes { ...M } }
   activities(last: 100) { nodes { ...A } } } }` + FRAGMENTS + SUMMARY_FRAGMENT;
@@ -394,7 +394,8 @@ function followThread(t) {
       }
       if (event.sequence <= t.lastSeq) return; // already applied: a replay overlapping what we have
       t.lastSeq = event.sequence;
-      if (event.entity) upsert(t, { ...event.entity, __typename: event.entity.__typename });
+      // seenAt: the summary read later must not undo this with an older snapshot (applySummary)
+      if (event.entity) upsert(t, { ...event.entity, __typename: event.entity.__typename, seenAt: event.sequence });
       if (/^(thread|run|request|queue|checkpoint|rollback|transfer)\./.test(event.type)) refreshSummary(t);
       scheduleRender();
     },
@@ -448,20 +449,26 @@ function refreshSummary(t) {
   }, 100);
 }
 
+// A summary is one snapshot at `latestSequence`. It may have been read before events the page already
+// applied (its request was in flight meanwhile): an entity an event updated after that snapshot keeps what
+// the event said, and the next summary (one is always wanted after such an event) brings it up to date.
 function applySummary(t, thread) {
+  const current = (map, id) => ((map.get(id) || {}).seenAt || 0) <= thread.latestSequence;
   t.info = { ...(t.info || {}), id: thread.id, threadTitle: thread.threadTitle, threadStatus: thread.threadStatus,
     queueHeld: thread.queueHeld, queueHoldReason: thread.queueHoldReason, activeRun: thread.activeRun };
   t.queue = thread.queue.map((run) => run.id);
-  for (const run of thread.queue) upsert(t, { __typename: "Run", ...run });
+  for (const run of thread.queue) if (current(t.runs, run.id)) upsert(t, { __typename: "Run", ...run });
   const pending = new Set(thread.pendingRequests.map((r) => r.id));
   for (const request of thread.pendingRequests) {
-    const known = t.requests.get(request.id);
-    if (!known || known.requestStatus === "PENDING") upsert(t, { __typename: "RuntimeRequest", ...request });
+    if (current(t.requests, request.id)) upsert(t, { __typename: "RuntimeRequest", ...request });
   }
   for (const request of t.requests.values()) {
-    if (request.requestStatus === "PENDING" && !pending.has(request.id)) request.requestStatus = "ANSWERED";
+    const gone = request.requestStatus === "PENDING" && !pending.has(request.id);
+    if (gone && current(t.requests, request.id)) request.requestStatus = "ANSWERED";
   }
-  for (const checkpoint of thread.checkpoints.nodes) upsert(t, { __typename: "Checkpoint", ...checkpoint });
+  for (const checkpoint of thread.checkpoints.nodes) {
+    if (current(t.checkpoints, checkpoint.id)) upsert(t, { __typename: "Checkpoint", ...checkpoint });
+  }
   t.lineage = thread.lineage;
   const listed = state.threads.get(t.id);
   if (listed) listed.status = thread.threadStatus;
