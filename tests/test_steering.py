@@ -112,7 +112,7 @@ async def test_steering_restart_fallback(client: Client, tmp_path: Path) -> None
 
 async def test_restart_as_a_new_run_linked_by_supersedes(client: Client, tmp_path: Path) -> None:
     thread = await _thread(client, tmp_path, "newrun")
-    first = await send(client, thread, "@delay 250\n@reply one two three four five six seven eight")
+    first = await send(client, thread, "@delay 10000\n@reply one two three four five six seven eight")
     await _running(client, first["run"]["id"])
     restart = await send(client, thread, "@reply instead")
     assert restart["appliedDispatch"] == "RESTART_ACTIVE"
