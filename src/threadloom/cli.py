@@ -1,4 +1,4 @@
-"""The `threadloom` command: serve, migrate, export-schema, token create|list|revoke."""
+"""The `threadloom` command: serve, migrate, export-schema, token create|list|revoke, acp."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import atexit
 import logging
 import math
+import os
 import re
 import signal
 import sys
@@ -258,6 +259,20 @@ def duration(value: str) -> timedelta:
     return timedelta(seconds=int(found[1]) * _UNITS[found[2] or "s"])
 
 
+def cmd_acp(args: argparse.Namespace) -> int:
+    """Speaks the Agent Client Protocol on stdio for an editor, driving the server at --url (docs/acp.md)."""
+    from threadloom.acp.bridge import Options, serve_stdio
+
+    token = os.environ.get("THREADLOOM_TOKEN", "")
+    if not token:
+        print("threadloom acp: set THREADLOOM_TOKEN to a token of the server", file=sys.stderr)
+        return 2
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)  # stdout carries the protocol only
+    options = Options(url=args.url, token=token, project_id=args.project, provider=args.provider)
+    asyncio.run(serve_stdio(options))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="threadloom", description=__doc__)
     p.add_argument("--data-dir", default=None, help="data folder (env THREADLOOM_DATA_DIR, default ./.threadloom)")
@@ -272,6 +287,12 @@ def parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export-schema", help="print the GraphQL SDL (sorted), or write it to --out")
     exp.add_argument("--out", default=None, help="write to this file instead of stdout")
     exp.set_defaults(func=cmd_export_schema)
+    acp = sub.add_parser("acp", help="be an Agent Client Protocol agent on stdio, for an editor (THREADLOOM_TOKEN)")
+    default_url = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000")
+    acp.add_argument("--url", default=default_url, help="the server (env THREADLOOM_URL)")
+    acp.add_argument("--project", default=None, help="the project of new sessions (default: the one holding cwd)")
+    acp.add_argument("--provider", default=None, help="the provider instance of new sessions' threads")
+    acp.set_defaults(func=cmd_acp)
     tok = sub.add_parser("token", help="manage API tokens")
     tsub = tok.add_subparsers(dest="token_command", required=True)
     create = tsub.add_parser("create", help="create a token; prints it as the last line")
