@@ -18,18 +18,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from threadloom.acp.graphql_socket import GraphQLError, GraphQLSocket
-from threadloom.acp.rpc import (
-    AUTH_REQUIRED,
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    RESOURCE_NOT_FOUND,
-    AcpError,
-    Connection,
-    Params,
-    PeerGone,
-)
+from threadloom.acp.rpc import AUTH_REQUIRED, RESOURCE_NOT_FOUND, AcpError, Connection, Params, PeerGone
 from threadloom.acp.updates import EVENTS, PERMISSION_OPTIONS, PermissionAsk, Turn, history, prompt_text, stop_reason
+from threadloom.agent.wire import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 
 log = logging.getLogger("threadloom.acp")
 

@@ -13,15 +13,19 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from threadloom.agent.wire import LineReader, LineWriter
+from threadloom.agent.wire import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    LineReader,
+    LineWriter,
+)
 
 log = logging.getLogger("threadloom.acp")
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
+# ACP's own codes beside JSON-RPC's standard ones.
 AUTH_REQUIRED = -32000
 RESOURCE_NOT_FOUND = -32002
 
