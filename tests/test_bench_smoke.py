@@ -26,6 +26,7 @@ BENCHMARKS = [
     "ingest_fairness.py",
     "spread.py",
     "metrics_overhead.py",
+    "acp_prompts.py",
 ]
 RATIO = re.compile(r"^\s*ratio\s+(median\s+)?[0-9.]+x", re.MULTILINE)
 
