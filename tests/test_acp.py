@@ -11,7 +11,7 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,23 @@ from acp.stdio import spawn_agent_process
 
 from tests.support.cli import create_token
 from tests.support.graphql import make_project, workspace
-from tests.support.server import Client, ServerProcess
+from tests.support.pg import PgServer
+from tests.support.server import Client, ServerProcess, serving
 from tests.support.waiting import until
+
+
+@pytest.fixture(scope="module")
+async def database_url(pg: PgServer) -> str:
+    """One database for the module's server; each test works in a project of its own."""
+    return await pg.fresh()
+
+
+@pytest.fixture(scope="module")
+def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the module (a start per test would cost more than most of these tests)."""
+    with serving(database_url, tmp_path_factory.mktemp("acp-data")) as proc:
+        yield proc
+
 
 THREADS = "query($p: ID!) { project(id: $p) { threads { totalCount } } }"
 THREAD = """query($t: ID!) { thread(id: $t) { project { id } runs { nodes { status } }
@@ -372,8 +387,9 @@ async def test_a_prompt_follows_on_after_the_connection_drops(
 
 
 async def test_a_server_stopping_mid_prompt_ends_it_with_the_runs_outcome(
-    database_url: str, data_dir: Path, tmp_path: Path
+    pg: PgServer, data_dir: Path, tmp_path: Path
 ) -> None:
+    database_url = await pg.fresh()  # a server of its own: the module's would take the run's turn too
     server = ServerProcess(database_url, data_dir).wait_ready()
     port, token = server.port, str(server.admin_token)
     api = Client(server.url, token)
