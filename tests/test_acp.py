@@ -8,6 +8,7 @@ real server with the scripted agent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import sys
@@ -326,6 +327,7 @@ class Cable:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = 0
+        self.url = ""
         self.connections = 0
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.Server | None = None
@@ -333,6 +335,7 @@ class Cable:
     async def __aenter__(self) -> Cable:
         self._server = await asyncio.start_server(self._forward, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -344,6 +347,16 @@ class Cable:
         for writer in self._writers:
             writer.transport.abort()
         self._writers.clear()
+
+    async def unplug(self) -> None:
+        """Cut every connection and refuse new ones until `plug`."""
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+        self.cut()
+
+    async def plug(self) -> None:
+        self._server = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -372,7 +385,7 @@ async def test_a_prompt_follows_on_after_the_connection_drops(
     async def first_part_shown() -> bool:
         return "before the blip" in editor.text()
 
-    async with Cable(server.port) as cable, agent(f"http://127.0.0.1:{cable.port}", str(client.token), editor) as conn:
+    async with Cable(server.port) as cable, agent(cable.url, str(client.token), editor) as conn:
         session = await conn.new_session(cwd=home)
         script = "@reply before the blip\n@delay 1500\n@reply after the blip"
         prompt = asyncio.create_task(conn.prompt(session_id=session.session_id, prompt=[text_block(script)]))
@@ -425,3 +438,41 @@ async def test_a_subagents_approval_is_asked_in_the_editor(
     assert [call["title"] for call, _ in editor.asked] == ["echo c > child.txt"]
     assert (Path(home) / "child.txt").read_text() == "c\n"
     assert [c["kind"] for c in editor.of_kind("tool_call")][:1] == ["other"]  # the subagent, as a tool call
+
+
+async def test_a_prompt_too_far_behind_to_replay_reads_the_run_and_misses_nothing(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """The bridge is cut off while the run does its work. Back, it is too far behind to replay (the server's
+    replay limit is 1 event), so it reads the run as it is, shows the editor what it has not seen, and
+    follows on from the thread's newest sequence."""
+    database_url = await pg.fresh()
+    editor = Editor()
+
+    async def shown(text: str) -> bool:
+        return text in editor.text()
+
+    with serving(database_url, tmp_path / "data", {"THREADLOOM_MAX_REPLAY": "1"}) as server:
+        api = Client(server.url, str(server.admin_token))
+        try:
+            home = await project_home(api, tmp_path, "Behind")
+            async with Cable(server.port) as cable, agent(cable.url, str(server.admin_token), editor) as conn:
+                session = await conn.new_session(cwd=home)
+                script = "@reply first part\n@delay 1000\n@reply the rest of it\n@tool echo tool-output"
+                prompt = asyncio.create_task(conn.prompt(session_id=session.session_id, prompt=[text_block(script)]))
+                await until(functools.partial(shown, "first part"))
+                await cable.unplug()
+
+                async def run_ended() -> bool:
+                    runs = (await thread(api, session.session_id))["runs"]["nodes"]
+                    return runs[0]["status"] == "COMPLETED"
+
+                await until(run_ended)  # all of it happened while the bridge was away
+                await cable.plug()
+                done = await asyncio.wait_for(prompt, 60)
+        finally:
+            await api.aclose()
+    assert done.stop_reason == "end_turn"
+    assert editor.text() == "first partthe rest of it"  # each part once
+    calls = editor.of_kind("tool_call")
+    assert [(c["title"], c["status"]) for c in calls] == [("echo tool-output", "completed")]  # known once done

@@ -40,8 +40,11 @@ MESSAGES = """query($t: ID!, $after: String) { thread(id: $t) { messages(first: 
 SEND = """mutation($t: ID!, $text: String!) {
   sendMessage(input: {threadId: $t, text: $text, dispatch: {queueAfterActive: true}}) {
     run { id } userErrors { code message } } }"""
-RUN = """query($r: ID!, $t: ID!) { run(id: $r) { id runStatus: status statusReason }
-  thread(id: $t) { latestSequence } }"""
+RESYNC = """query($r: ID!, $t: ID!) {
+  run(id: $r) { id runStatus: status statusReason
+    executionGraph { nodes { id nodeKind: kind nodeStatus: status title detail } }
+    plans { id planKind: kind items } }
+  thread(id: $t) { latestSequence messages(last: 50) { nodes { id role text run { id } } } } }"""
 INTERRUPT = "mutation($r: ID!) { interruptRun(input: {runId: $r}) { userErrors { code message } } }"
 CANCEL_QUEUED = "mutation($r: ID!) { cancelQueuedRun(input: {runId: $r}) { userErrors { code message } } }"
 RESPOND = """mutation($r: ID!, $d: Decision!) { respondToApproval(input: {requestId: $r, decision: $d}) {
@@ -170,7 +173,7 @@ class Bridge:
                     async for data in socket.subscribe(EVENTS, {"t": session.thread_id, "after": after}):
                         event = data["threadEvents"]
                         if event["type"] == "reload_required":
-                            after = await self._skip_gap(turn, session.thread_id)
+                            after = await self._resync(session_id, turn, session.thread_id)
                             break
                         after = max(after, int(event.get("sequence") or 0))
                         for update in turn.updates(event):
@@ -181,6 +184,8 @@ class Bridge:
                             task.add_done_callback(asks.discard)
                         if turn.status is not None:
                             break
+                    else:  # the server completed the stream: it will not tell how the run ends
+                        raise AcpError(INTERNAL_ERROR, "the thread's event stream ended before the run", "STREAM_ENDED")
                 except GraphQLError as exc:
                     if exc.code not in RESUMABLE:
                         raise AcpError(INTERNAL_ERROR, str(exc), exc.code) from exc
@@ -190,13 +195,22 @@ class Bridge:
                 task.cancel()
         return turn
 
-    async def _skip_gap(self, turn: Turn, thread_id: str) -> int:
-        """Too much happened while away to replay: go on from now, with the run's status read directly.
-
-        Messages are whole texts, so the next update of a message still brings the part the editor missed.
-        """
-        data = await self._execute(RUN, {"r": turn.run_id, "t": thread_id})
+    async def _resync(self, session_id: str, turn: Turn, thread_id: str) -> int:
+        """Too much happened while away to replay: read the run as it is now, tell the editor what it has not
+        seen (messages are whole texts, nodes and plans whole states), and go on from the thread's newest
+        sequence. Returns that sequence."""
+        data = await self._execute(RESYNC, {"r": turn.run_id, "t": thread_id})
         run = data["run"] or {}
+        entities = [
+            *(m for m in data["thread"]["messages"]["nodes"] if (m.pop("run") or {}).get("id") == turn.run_id),
+            *(run.get("executionGraph") or {}).get("nodes", []),
+            *run.get("plans", []),
+        ]
+        kinds = {"role": "ConversationMessage", "nodeKind": "ExecutionNode", "planKind": "PlanArtifact"}
+        for entity in entities:
+            typename = next(name for key, name in kinds.items() if key in entity)
+            for update in turn.updates({"runId": turn.run_id, "entity": {"__typename": typename, **entity}}):
+                await self._update(session_id, update)
         turn.updates({"runId": turn.run_id, "entity": {"__typename": "Run", **run}})
         return int(data["thread"]["latestSequence"])
 

@@ -16,6 +16,7 @@ import orjson
 import websockets
 
 PROTOCOL = "graphql-transport-ws"
+REFUSED = frozenset({4401, 4403})  # the server's close codes for a missing or refused token
 _END = object()
 
 
@@ -47,8 +48,9 @@ class GraphQLSocket:
         try:
             ack = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
         except websockets.ConnectionClosed as exc:
-            raise GraphQLError(f"Threadloom refused the token ({exc.rcvd.reason if exc.rcvd else exc})",
-                               "UNAUTHENTICATED") from exc
+            if exc.rcvd is not None and exc.rcvd.code in REFUSED:
+                raise GraphQLError(f"Threadloom refused the token ({exc.rcvd.reason})", "UNAUTHENTICATED") from exc
+            raise GraphQLError(f"the connection to {url} closed before it was accepted", "UNREACHABLE") from exc
         if ack.get("type") != "connection_ack":
             await ws.close()
             raise GraphQLError(f"unexpected answer to connection_init: {ack}", "UNAUTHENTICATED")
