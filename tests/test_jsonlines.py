@@ -36,6 +36,18 @@ async def test_unreadable_output_stops_the_child_and_fails_its_requests(monkeypa
     await peer.close()
 
 
+async def test_a_child_its_owner_forgot_does_not_hold_up_the_exit() -> None:
+    """A start cancelled mid-way (by a shutdown) leaves a child nobody closes; at the process's exit asyncio
+    cancels its reader, which must stop the child rather than wait for it: the server hung until SIGKILL."""
+    child = await JsonLinesProcess.spawn([sys.executable, "-c", "import time; time.sleep(3600)"], env={}, name="left")
+    reader = child._tasks[0]
+    await asyncio.sleep(0)  # one step of the loop: the reader is now reading (a task cancelled unstarted never runs)
+    reader.cancel()
+    done, _ = await asyncio.wait([reader], timeout=10)  # a bound for a broken build, not a timing claim
+    assert done == {reader} and reader.cancelled()
+    assert child.proc.returncode is not None and not child.alive
+
+
 # A response nobody asked for (an id that cannot be ours), then an error that is a plain string.
 ODD_PEER = """
 import sys

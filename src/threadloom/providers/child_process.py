@@ -190,6 +190,12 @@ class ChildProcess:
             log.exception("%s: unreadable output; stopping the process", self.name)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+        except asyncio.CancelledError:
+            # Cancelled with the child still running: its owner is going away without closing it (a start
+            # cancelled by a shutdown). Waiting for it below would hold the process's exit until it ends.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
         finally:
             self.exit_code = await self.proc.wait()
             self.exited(self.exit_code)
