@@ -44,13 +44,16 @@ class GraphQLSocket:
         except (OSError, websockets.InvalidHandshake) as exc:
             raise GraphQLError(f"cannot reach Threadloom at {url}: {exc}", "UNREACHABLE") from exc
         init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
-        await ws.send(orjson.dumps(init).decode())
         try:
+            await ws.send(orjson.dumps(init).decode())
             ack = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
         except websockets.ConnectionClosed as exc:
             if exc.rcvd is not None and exc.rcvd.code in REFUSED:
                 raise GraphQLError(f"Threadloom refused the token ({exc.rcvd.reason})", "UNAUTHENTICATED") from exc
             raise GraphQLError(f"the connection to {url} closed before it was accepted", "UNREACHABLE") from exc
+        except TimeoutError as exc:
+            await ws.close()
+            raise GraphQLError(f"{url} did not acknowledge the connection", "UNREACHABLE") from exc
         if ack.get("type") != "connection_ack":
             await ws.close()
             raise GraphQLError(f"unexpected answer to connection_init: {ack}", "UNAUTHENTICATED")
@@ -58,21 +61,22 @@ class GraphQLSocket:
 
     async def execute(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
         """The data of a query or mutation; top-level errors raise `GraphQLError`."""
-        async for data in self.subscribe(query, variables):
-            return data
-        raise GraphQLError("the server completed the operation without a result")
+        op, queue = await self._start(query, variables)
+        try:
+            item = await queue.get()
+        finally:
+            self._streams.pop(op, None)  # the server's `complete` that follows is ignored
+        if isinstance(item, GraphQLError):
+            raise item
+        if item is _END:
+            raise GraphQLError("the server completed the operation without a result")
+        return item  # type: ignore[no-any-return]
 
     async def subscribe(self, query: str, variables: dict[str, Any] | None = None) -> AsyncIterator[dict[str, Any]]:
         """Each result's data until the server completes the operation; leaving the loop stops it."""
-        if self.closed:
-            raise GraphQLError("the connection to Threadloom closed", "DISCONNECTED")
-        op = str(next(self._ids))
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._streams[op] = queue
-        message = {"id": op, "type": "subscribe", "payload": {"query": query, "variables": variables or {}}}
+        op, queue = await self._start(query, variables)
         completed = False
         try:
-            await self._send(message)
             while (item := await queue.get()) is not _END:
                 if isinstance(item, GraphQLError):
                     completed = True
@@ -84,6 +88,19 @@ class GraphQLSocket:
             if not completed and not self.closed:
                 with contextlib.suppress(GraphQLError):
                     await self._send({"id": op, "type": "complete"})
+
+    async def _start(self, query: str, variables: dict[str, Any] | None) -> tuple[str, asyncio.Queue[Any]]:
+        if self.closed:
+            raise GraphQLError("the connection to Threadloom closed", "DISCONNECTED")
+        op = str(next(self._ids))
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._streams[op] = queue
+        try:
+            await self._send({"id": op, "type": "subscribe", "payload": {"query": query, "variables": variables or {}}})
+        except GraphQLError:
+            self._streams.pop(op, None)
+            raise
+        return op, queue
 
     async def close(self) -> None:
         self.closed = True
