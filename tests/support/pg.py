@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,15 @@ class PgServer:
         return await asyncpg.connect(host=self.socket_dir, user="postgres", database=database)
 
     def stop(self) -> None:
-        """Stop the session's server (unless a live process still uses it)."""
+        """Stop the session's server (unless a live process still uses it).
+
+        Its data is deleted next, so it stops at once (SIGQUIT, PostgreSQL's immediate shutdown): the
+        checkpoint of a clean stop wrote out the thousand databases of a full run for about 30 s."""
+        info = getattr(self.server, "_postmaster_info", None)
+        postmaster = getattr(info, "process", None)
+        if postmaster is not None and postmaster.is_running():
+            postmaster.send_signal(signal.SIGQUIT)
+            postmaster.wait(30)
         stop_embedded(self.server)
 
 
