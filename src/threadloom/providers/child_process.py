@@ -87,6 +87,9 @@ async def stop_child(proc: asyncio.subprocess.Process, grace: float = 5.0) -> No
     await asyncio.to_thread(kill_remaining, tree)
 
 
+EXITED_STATES = frozenset({b"Z", b"X", b"x"})
+
+
 def _stat(pid: int | str) -> list[bytes] | None:
     """The fields of /proc/<pid>/stat after the command name (state first), or None when it is gone."""
     try:
@@ -157,7 +160,8 @@ class ChildProcess:
         if self.proc.returncode is not None:
             return True
         fields = _stat(self.proc.pid)
-        return fields is None or fields[0] == b"Z"
+        # Z: a zombie not reaped yet. X: reaped by asyncio's watcher thread, its /proc entry not gone yet.
+        return fields is None or fields[0] in EXITED_STATES
 
     def scrub(self, text: str) -> str:
         """Text about to be logged or shown, with the instance's secrets redacted."""
