@@ -1,11 +1,29 @@
-"""Secrets are redacted from driver events even when a stream splits them across deltas."""
+"""Secrets are redacted from driver events, and the redaction tells nothing about what is not typed whole.
+
+The redactor keeps back a tail of fixed length of every stream; what it emits, and when, depends only on
+the lengths of the deltas. A stream typing the beginning of a secret looks exactly like one typing any other
+text of the same length, so prefixes cannot be probed one character at a time; only the exact secret turns
+into `***` (the agent printing it held it). Only what the agent process holds is redacted: its API key and
+its instance's `env`, never the server's own secrets (the agent cannot know them).
+"""
 
 from __future__ import annotations
 
-from threadloom.providers.agent_cli import StreamRedactor
-from threadloom.providers.contract import ItemCompleted, OutputDelta, ProviderEvent, TextDelta, TurnCompleted
+import pytest
+
+from threadloom.providers.agent_cli import STREAM_HOLD, StreamRedactor, driver_secrets
+from threadloom.providers.contract import (
+    ItemCompleted,
+    OutputDelta,
+    ProviderEvent,
+    RuntimeExited,
+    TextDelta,
+    TurnCompleted,
+)
 
 SECRET = "sk-live-0123456789abcdef"
+OTHER = "qz-mild-9876543210fedcba"  # the same length as SECRET, sharing no prefix with it
+LONG = "-----BEGIN KEY-----" + "".join(f"{k:03d}x" for k in range(60)) + "-----END KEY-----"  # > STREAM_HOLD
 
 
 def _stream(redactor: StreamRedactor, events: list[ProviderEvent]) -> str:
@@ -17,8 +35,20 @@ def _stream(redactor: StreamRedactor, events: list[ProviderEvent]) -> str:
     return "".join(out)
 
 
+def _shape(redactor: StreamRedactor, events: list[ProviderEvent]) -> list[list[int]]:
+    """For each event fed in, the lengths of the deltas it made the redactor emit: what a watcher of the
+    stream can measure (how much appears, and at which point of the agent's output)."""
+    return [
+        [len(e.delta) for e in redactor.events(event) if isinstance(e, OutputDelta | TextDelta)] for event in events
+    ]
+
+
 def _chunks(text: str, size: int) -> list[ProviderEvent]:
     return [OutputDelta("t", "u", "i", text[k : k + size]) for k in range(0, len(text), size)]
+
+
+def _done(text: str) -> ItemCompleted:
+    return ItemCompleted("t", "u", "i", "tool_call", "completed", detail={"output": text})
 
 
 def test_a_secret_cut_anywhere_is_redacted_and_nothing_else_is_lost() -> None:
@@ -26,23 +56,74 @@ def test_a_secret_cut_anywhere_is_redacted_and_nothing_else_is_lost() -> None:
     expected = text.replace(SECRET, "***")
     for size in range(1, len(text) + 1):
         redactor = StreamRedactor((SECRET,))
-        done = ItemCompleted("t", "u", "i", "tool_call", "completed", detail={"output": text})
-        got = _stream(redactor, [*_chunks(text, size), done])
+        got = _stream(redactor, [*_chunks(text, size), _done(text)])
         assert got == expected, size
 
 
-def test_tails_are_flushed_by_the_turn_end_and_by_flush() -> None:
+def test_typing_a_prefix_of_a_secret_looks_like_typing_anything_else() -> None:
+    """The prefix-probing attack: the agent echoes guesses; the watcher compares what appears when."""
+    filler = "the agent says: " * 6  # longer than the held tail, so some text is emitted while typing
+    for known in range(1, len(SECRET)):  # every guess of a prefix, right or wrong
+        for size in (1, 3, 7, 64):
+            right, wrong = filler + SECRET[:known], filler + OTHER[:known]
+            seen = _shape(StreamRedactor((SECRET,)), [*_chunks(right, size), _done(right)])
+            assert seen == _shape(StreamRedactor((SECRET,)), [*_chunks(wrong, size), _done(wrong)]), (known, size)
+    # The same holds of a secret longer than the held tail (redacted as pieces of more than half the tail:
+    # each piece is a secret of its own, confirmed only when typed whole).
+    for known in (1, 20, STREAM_HOLD // 2):
+        right, wrong = filler + LONG[:known], filler + "z" * known
+        seen = _shape(StreamRedactor((LONG,)), [*_chunks(right, 5), _done(right)])
+        assert seen == _shape(StreamRedactor((LONG,)), [*_chunks(wrong, 5), _done(wrong)]), known
+
+
+def test_the_held_tail_has_one_length_whatever_the_secrets() -> None:
+    for secrets in ((SECRET,), (LONG,), (SECRET, LONG), ("abcdef",)):
+        redactor = StreamRedactor(secrets)
+        [emitted] = redactor.events(OutputDelta("t", "u", "i", "x" * 500))
+        assert isinstance(emitted, OutputDelta) and len(emitted.delta) == 500 - STREAM_HOLD
+    # A driver with no secret (the scripted agent) keeps nothing back and changes nothing.
+    plain = StreamRedactor(())
+    assert _shape(plain, _chunks(f"a{SECRET}bcd", 4)) == [[4]] * 7
+    assert plain.text(SECRET) == SECRET
+
+
+def test_the_whole_secret_still_ends_up_as_stars() -> None:
+    text = f"key={SECRET}\nlong={LONG}\n"
+    for size in (1, 2, 9, 40, len(text)):
+        redactor = StreamRedactor((SECRET, LONG))
+        streamed = _stream(redactor, _chunks(text, size))
+        streamed += "".join(e.delta for e in redactor.flush() if isinstance(e, OutputDelta))
+        assert SECRET not in streamed and "key=***\n" in streamed, size
+        # The long one went out as pieces no longer than the tail, each replaced: no character of it shows.
+        assert streamed.startswith("key=***\nlong=") and set(streamed[len("key=***\nlong=") : -1]) == {"*"}, size
+        [done] = redactor.events(_done(text))
+        assert isinstance(done, ItemCompleted) and done.detail == {"output": "key=***\nlong=***\n"}
+
+
+def test_tails_are_released_by_the_item_the_turn_the_exit_and_flush() -> None:
     redactor = StreamRedactor((SECRET,))
-    assert _stream(redactor, [TextDelta("t", "u", "m", "hello")]) == "hello"  # no secret starts here: not held
-    held = _stream(redactor, [TextDelta("t", "u", "m", " and sk-li")])
-    assert held == " and "  # the tail could begin the secret: kept back
-    assert _stream(redactor, [TurnCompleted("t", "u", "completed")]) == "sk-li"
-    assert _stream(redactor, [OutputDelta("t", "u", "x", "sk-")]) == ""
-    assert [e.delta for e in redactor.flush() if isinstance(e, OutputDelta)] == ["sk-"]
+    assert _stream(redactor, [TextDelta("t", "u", "m", "hello")]) == ""  # any short text is kept back
+    assert _stream(redactor, [TextDelta("t", "u", "m", " and sk-li")]) == ""
+    assert _stream(redactor, [TurnCompleted("t", "u", "completed")]) == "hello and sk-li"
+    assert _stream(redactor, [OutputDelta("t", "u", "x", "partial")]) == ""
+    assert _stream(redactor, [_done("partial")]) == ""  # another item's end releases only its own tail
+    assert _stream(redactor, [OutputDelta("t", "u", "i", "mine")]) == ""
+    assert _stream(redactor, [_done("mine")]) == "mine"
+    assert _stream(redactor, [RuntimeExited("gone", 1)]) == "partial"
+    assert _stream(redactor, [OutputDelta("t", "u", "x", SECRET)]) == ""
+    assert [e.delta for e in redactor.flush() if isinstance(e, OutputDelta)] == ["***"]  # released redacted
+    assert redactor.flush() == []
 
 
 def test_completed_items_are_redacted_whole() -> None:
     redactor = StreamRedactor((SECRET,))
-    [done] = redactor.events(ItemCompleted("t", "u", "i", "tool_call", "completed", detail={"output": SECRET}))
+    [done] = redactor.events(_done(SECRET))
     assert isinstance(done, ItemCompleted)
     assert done.detail == {"output": "***"}
+
+
+def test_only_the_agents_own_variables_are_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's secrets are not on the list, even when the server's environment has them."""
+    monkeypatch.setenv("THREADLOOM_UNIT_TOKEN", "server-only-token-1234")
+    env = {"OPENAI_API_KEY": SECRET, "DEPLOY_PASS": "pw-4711", "SHORT": "abc", "PATH": "/usr/bin"}
+    assert driver_secrets(env, ("OPENAI_API_KEY", "DEPLOY_PASS", "SHORT", "MISSING")) == (SECRET, "pw-4711")

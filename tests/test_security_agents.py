@@ -135,8 +135,9 @@ async def test_the_server_environment_is_out_of_reach(world: World) -> None:
         assert SERVER_SECRET not in seen
         assert "DATABASE_URL" not in seen and world.database_url not in seen
         assert "THREADLOOM" not in seen
-    # A secret value that reaches the output anyway (typed by the attacker here) is redacted before the log.
-    assert SERVER_SECRET not in echoed and "***" in echoed
+    # The server's secret typed into the output by the attacker is shown as typed: the agent cannot know it,
+    # and redacting it would confirm the attacker's guesses of it (tests/test_redaction.py).
+    assert SERVER_SECRET in echoed and "***" not in echoed
 
 
 async def test_another_projects_workspace_is_invisible(world: World) -> None:

@@ -1,7 +1,7 @@
 """Security review: what an `operate` token of project B can make the scripted agent reach, beyond the
 cases of test_security_agents.py (variants: the server's own /proc entry, the checkout and install, a
 `@write` through a symlink the attacker planted, python instead of cat, the database socket, loopback ports,
-secrets split over several output chunks, delegated threads' modes).
+server secrets typed over several output chunks, delegated threads' modes).
 
 Real `threadloom serve`, real bubblewrap, two projects; B's token is the only credential the attacker uses.
 """
@@ -171,11 +171,13 @@ async def test_delegated_threads_keep_the_parents_mode(world: World) -> None:
     assert child["runtimeMode"] == "read_only"
 
 
-async def test_a_secret_split_over_output_chunks_is_still_redacted(world: World) -> None:
+async def test_a_server_secret_split_over_output_chunks_is_shown_as_typed(world: World) -> None:
+    """Not redacted: the agent holds no secret, and redacting one it cannot know would make its output an
+    oracle of the server's secrets (tests/test_redaction.py)."""
     half = len(SERVER_SECRET) // 2
     head, tail = SERVER_SECRET[:half], SERVER_SECRET[half:]
     thread = await world.thread()
     # Two writes with a pause between them reach the agent as two output chunks.
     [tool] = await world.tools(thread, f"@tool printf %s {head}; sleep 0.5; printf %s {tail}\n@reply done")
     assert tool["status"] == "COMPLETED"
-    assert SERVER_SECRET not in output(tool), output(tool)
+    assert SERVER_SECRET in output(tool), output(tool)

@@ -11,12 +11,9 @@ the instance names, and the instance's own variables. The server's other secrets
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import re
 import shutil
-import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -128,43 +125,22 @@ def redact(text: str, env: Mapping[str, str], names: tuple[str, ...]) -> str:
     return text
 
 
-# Names of variables whose values are secrets wherever they appear (tokens, keys, passwords).
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|AUTH", re.IGNORECASE)
-_SERVER_URLS = ("DATABASE_URL", "BROADCAST_URL")
 MIN_SECRET = 6  # shorter values (ports, counts) would blank ordinary output
-
-
-def known_secrets(api_key_env: str | None = None, extra: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """Every secret value an agent's output must never carry into the log, longest first.
-
-    The instance's API key and its `env` table, the server's database and broadcast URLs (and
-    their passwords alone), and any server variable whose name says it holds a secret (a token,
-    key or password) and whose value is not just a number. One list for every driver.
-    """
-    env = os.environ
-    values: set[str] = set()
-    if api_key_env and env.get(api_key_env):
-        values.add(env[api_key_env])
-    values.update(v for v in (extra or {}).values() if v)
-    for name in _SERVER_URLS:
-        url = env.get(name)
-        if not url or "://" not in url or url.startswith("memory://"):
-            continue
-        values.add(url)
-        with contextlib.suppress(ValueError):
-            password = urllib.parse.urlsplit(url).password
-            if password:
-                values.update({password, urllib.parse.unquote(password)})
-    for name, value in env.items():
-        if _SECRET_NAME.search(name) and value and not value.isdigit():
-            values.add(value)
-    return tuple(sorted((v for v in values if len(v) >= MIN_SECRET), key=len, reverse=True))
+STREAM_HOLD = 64  # characters kept back at the end of every stream of a driver holding secrets
 
 
 def driver_secrets(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, ...]:
-    """The values of a driver's own secret variables (in its child's `env`) plus `known_secrets()`."""
+    """The values of the named variables of an agent's environment `env` (its API key and its instance's
+    `env` table): the only secrets an agent's output is redacted of, longest first.
+
+    Only what the agent process holds. The server's own secrets (database and broadcast URLs, tokens)
+    never reach an agent (`child_env`), so the agent cannot print them by itself; redacting them anyway
+    would only tell whoever makes the agent echo guesses which guess was right (a guess turning into
+    `***`): an oracle for the server's secrets. A driver with no secret variables (the scripted agent)
+    redacts nothing.
+    """
     own = {env[name] for name in names if len(env.get(name) or "") >= MIN_SECRET}
-    return tuple(sorted(own | set(known_secrets()), key=len, reverse=True))
+    return tuple(sorted(own, key=len, reverse=True))
 
 
 def secret_redactor(secrets: tuple[str, ...]) -> Callable[[str], str]:
@@ -177,6 +153,19 @@ def secret_redactor(secrets: tuple[str, ...]) -> Callable[[str], str]:
         return text
 
     return redactor
+
+
+def _pieces(secret: str, size: int) -> list[str]:
+    """`secret` cut into consecutive pieces of at most `size` characters, their lengths within one of each
+    other (no short last piece that ordinary text could contain)."""
+    count = -(-len(secret) // size)
+    base, extra = divmod(len(secret), count)
+    pieces, start = [], 0
+    for k in range(count):
+        end = start + base + (1 if k < extra else 0)
+        pieces.append(secret[start:end])
+        start = end
+    return pieces
 
 
 _TEXT_FIELDS = ("delta", "text", "message", "error", "title", "reason")
@@ -196,39 +185,54 @@ def _redact_tree(value: Any, redactor: Callable[[str], str]) -> Any:
 class StreamRedactor:
     """Redacts secrets from a driver's events, also when a secret is split across streamed deltas.
 
-    Each item's streamed text keeps back only its tail that could be the start of a secret, until
-    the next delta joins it (then a secret cut in two is whole again and replaced) or the item ends
-    (then the tail is flushed: it cannot hold a whole secret). Ordinary output is not delayed.
+    Each item's stream keeps back a tail of fixed length (`STREAM_HOLD` characters; none for a driver
+    without secrets) until more text pushes it out or the item ends (its completion, its turn's end, the
+    runtime's exit or `flush` release it, redacted). What is emitted, and when, depends only on the lengths
+    of the deltas, never on what they say: a tail is not kept longer because it could begin a secret, so a
+    watcher cannot tell a guessed prefix from any other text. A secret longer than the tail is redacted as
+    consecutive pieces no longer than the tail plus one and more than half of it (each becomes `***`, and
+    each is confirmed only when typed whole, like a short secret), so no part of it passes the cut before
+    it is whole. An exact secret still becomes `***`: the agent printing it held it anyway.
     """
 
     def __init__(self, secrets: tuple[str, ...]) -> None:
-        self.text = secret_redactor(secrets)
-        self._secrets = secrets
-        self._hold = max((len(s) for s in secrets), default=1) - 1
-        self._pending: dict[tuple[str, str], TextDelta | OutputDelta] = {}  # (thread, item) -> held tail
+        size = STREAM_HOLD + 1
+        pieces = {piece for secret in secrets for piece in (_pieces(secret, size) if len(secret) > size else [secret])}
+        self._pieces = tuple(sorted(pieces, key=len, reverse=True))
+        self.text = secret_redactor((*(s for s in secrets if len(s) > size), *self._pieces))
+        self._hold = STREAM_HOLD if secrets else 0
+        self._pending: dict[tuple[str, str], TextDelta | OutputDelta] = {}  # (thread, item) -> raw held tail
 
-    def _held(self, text: str) -> int:
-        """The length of the longest tail of `text` that begins some secret."""
-        for size in range(min(len(text), self._hold), 0, -1):
-            tail = text[-size:]
-            if any(secret.startswith(tail) for secret in self._secrets):
-                return size
-        return 0
+    def _cut(self, text: str) -> int:
+        """Where to split `text` into what is emitted now and what is kept: `_hold` characters from its
+        end, moved past any whole secret piece it would cut in two. Every piece is at most `_hold` + 1 long,
+        so a piece crossing that point is already whole in `text`, and moving past it reveals nothing that
+        `***` does not."""
+        cut = len(text) - self._hold
+        if cut <= 0:
+            return 0
+        moved = True
+        while moved:  # overlapping secrets can move it more than once
+            moved = False
+            for piece in self._pieces:
+                at = text.find(piece, max(0, cut - len(piece) + 1))
+                if 0 <= at < cut < at + len(piece):
+                    cut, moved = at + len(piece), True
+        return cut
 
     def events(self, event: ProviderEvent) -> list[ProviderEvent]:
-        """What to emit for `event`: nothing (all held back), the redacted event, or a flush then it."""
+        """What to emit for `event`: nothing (all kept back), the redacted event, or held tails then it."""
         if isinstance(event, TextDelta | OutputDelta):
             key = (event.native_thread, event.item_id)
             held = self._pending.pop(key, None)
-            joined = self.text((held.delta if held is not None else "") + event.delta)
-            cut = len(joined) - self._held(joined)
+            joined = (held.delta if held is not None else "") + event.delta
+            cut = self._cut(joined)
             if cut < len(joined):
                 self._pending[key] = dataclasses.replace(event, delta=joined[cut:])
-            return [dataclasses.replace(event, delta=joined[:cut])] if cut > 0 else []
+            return [dataclasses.replace(event, delta=self.text(joined[:cut]))] if cut > 0 else []
         flushed: list[ProviderEvent] = []
         if isinstance(event, ItemCompleted):
-            tail = self._pending.pop((event.native_thread, event.item_id), None)
-            flushed = [tail] if tail is not None and tail.delta else []
+            flushed = self._flush(lambda key: key == (event.native_thread, event.item_id))
         elif isinstance(event, TurnCompleted):
             flushed = self._flush(lambda key: key[0] == event.native_thread)
         elif isinstance(event, RuntimeExited):
@@ -236,13 +240,13 @@ class StreamRedactor:
         return [*flushed, redact_event(event, self.text)]
 
     def flush(self) -> list[ProviderEvent]:
-        """Every held tail (the stream ends)."""
+        """Every held tail, redacted (the stream ends)."""
         return self._flush(lambda key: True)
 
     def _flush(self, which: Callable[[tuple[str, str]], bool]) -> list[ProviderEvent]:
         keys = [key for key in self._pending if which(key)]
         tails = [self._pending.pop(key) for key in keys]
-        return [tail for tail in tails if tail.delta]
+        return [dataclasses.replace(tail, delta=self.text(tail.delta)) for tail in tails if tail.delta]
 
 
 def storable(text: str) -> str:

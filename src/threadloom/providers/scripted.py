@@ -7,7 +7,8 @@ One agent process per project (`open_session(scope)`): it starts with the minima
 the project's own folder, may start threads only inside the project's workspace, and runs every command
 and file write under bubblewrap (agent/sandbox.py) with the data dir hidden. The thread's runtime mode
 travels with `thread/start`/`thread/resume`; `full_access` gets the network only where the instance's
-`allow_full_access` is set. Every event is redacted of the known secret values before the engine sees it.
+`allow_full_access` is set. It holds no secret (no API key, no `env`), so nothing of its output is redacted:
+redacting a value it cannot know would only confirm guesses of it (see `agent_cli.driver_secrets`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from threadloom.providers.agent_cli import StreamRedactor, child_env, known_secrets
+from threadloom.providers.agent_cli import StreamRedactor, child_env
 from threadloom.providers.codex_events import Translator
 from threadloom.providers.contract import Capabilities, ProviderError, RuntimeExited
 from threadloom.providers.jsonlines import JsonLinesProcess
@@ -54,7 +55,8 @@ class ScriptedRuntime:
         return str(result["thread"]["id"])
 
     async def resume_thread(self, native_thread: str, settings: ThreadSettings) -> None:
-        await self.process.request("thread/resume", {"threadId": native_thread, "runtimeMode": settings.runtime_mode})
+        params = {"threadId": native_thread, "runtimeMode": settings.runtime_mode, "cwd": settings.cwd}
+        await self.process.request("thread/resume", params)
 
     async def start_turn(
         self, native_thread: str, text: str, settings: ThreadSettings | None = None, handoff: str | None = None
@@ -162,6 +164,8 @@ class ScriptedDriver:
             argv.append("--allow-network")
         for folder in (*self.hidden, self.state_dir):
             argv += ["--hide", str(folder)]
+        if scope.own_workspaces is not None:  # forks' own folders, under the data dir
+            argv += ["--own-workspaces", scope.own_workspaces]
         name = f"scripted:{self.instance_id}:{scope.project_id}"
         process = await JsonLinesProcess.spawn(argv, env=child_env(None, {}), cwd=str(scope.state_dir), name=name)
         try:
@@ -169,4 +173,4 @@ class ScriptedDriver:
         except ProviderError:
             await process.close()
             raise
-        return ScriptedRuntime(process, self.capabilities(), known_secrets())
+        return ScriptedRuntime(process, self.capabilities())  # it holds no secret: nothing to redact

@@ -82,7 +82,7 @@ class ClaudeDriver:
         )
         if cli.base_url:
             env["ANTHROPIC_BASE_URL"] = cli.base_url
-        secrets = (cli.api_key_env, *cli.env)
+        secrets = ("ANTHROPIC_API_KEY", *cli.env)  # the key is under that name in the CLI's environment
         runtime = ClaudeRuntime(binary, env, state, cli.model, secrets)
         runtime.allow_full_access = self.options.get("allow_full_access") is True
         return runtime

@@ -426,4 +426,6 @@ class ClaudeRuntime:
         stopping = list(self._stopping)
         await asyncio.gather(*(c.close() for c in children), *stopping, return_exceptions=True)
         self._requests.clear()
+        for tail in self._redactor.flush():  # the kept-back end of a stream cut off by the close
+            self._events.put_nowait(tail)
         self._events.put_nowait(None)
