@@ -34,6 +34,8 @@ SANDBOX_HOME = "/tmp"
 ETC_FILES = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime", "/etc/passwd", "/etc/group")
 # Added when the network is shared: name resolution and the CA certificates.
 NETWORK_ETC_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates")
+# The merged-/usr links every sandbox makes (link, target); the checkpoint store's git sandbox uses them too.
+SYSTEM_LINKS = (("/bin", "usr/bin"), ("/sbin", "usr/sbin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"))
 BWRAP_ENV = {"PATH": "/usr/bin:/bin"}  # bwrap's own environment (see the module docstring)
 
 
@@ -63,7 +65,7 @@ class Sandbox:
         if self.network:
             args.append("--share-net")
         args += ["--ro-bind", "/usr", "/usr"]
-        for link, target in (("/bin", "usr/bin"), ("/sbin", "usr/sbin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64")):
+        for link, target in SYSTEM_LINKS:
             args += ["--symlink", target, link]
         for name in ETC_FILES + (NETWORK_ETC_FILES if self.network else ()):
             args += ["--ro-bind-try", name, name]

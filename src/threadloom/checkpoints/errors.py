@@ -13,6 +13,8 @@ class CheckpointErrorCode(StrEnum):
     GIT_NOT_FOUND = "GIT_NOT_FOUND"  # no `git` executable on PATH
     GIT_FAILED = "GIT_FAILED"  # git exited non-zero where nothing else explains it
     WORKSPACE_MISSING = "WORKSPACE_MISSING"  # the workspace root is not an existing directory
+    UNSAFE_WORKSPACE = "UNSAFE_WORKSPACE"  # the workspace root is, or passes through, a symlink
+    SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"  # no bwrap: git is never let read a workspace unconfined
     INVALID_PROJECT_ID = "INVALID_PROJECT_ID"  # would not make a safe folder name
     INVALID_REF = "INVALID_REF"  # not a well-formed ref under refs/threadloom/
     INVALID_EXCLUDE = "INVALID_EXCLUDE"  # an exclude pattern spanning lines

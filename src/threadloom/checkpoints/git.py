@@ -3,7 +3,11 @@
 Nothing of the user's git setup may leak in: no system or global config (hooks, filters, aliases,
 excludes, attributes), no GIT_* variables inherited from whoever started Threadloom (a GIT_DIR set
 by a hook would point every command at the user's repository). Each call gets a fresh, minimal
-environment naming the shadow git dir, its private index and the workspace as the work tree.
+environment naming the shadow git dir and its private index.
+
+Only the calls that read the workspace's files get a work tree, and they run sandboxed (`sandbox_argv`);
+every other call (ls-files, write-tree, diff-tree, rev-parse, cat-file...) gets none and runs in `/`.
+Nothing of ours lets git write the workspace: restore writes files itself (`confine.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from threadloom.agent.sandbox import BWRAP_ENV, SANDBOX_PATH, SYSTEM_LINKS, SandboxUnavailable, find_bwrap
 from threadloom.checkpoints.errors import CheckpointError, CheckpointErrorCode
+
+SANDBOX_WORKSPACE = "/workspace"  # where a sandboxed git call sees the workspace (its work tree and cwd)
 
 # Settings written into every shadow repository's config (and so never read from the user's).
 SHADOW_CONFIG: dict[str, str] = {
@@ -72,8 +79,18 @@ class GitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Launch:
+    """How to start one git call: its argv, environment, cwd and the descriptors it inherits."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    pass_fds: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Git:
-    """git bound to one shadow repository and one work tree."""
+    """git bound to one shadow repository (and, for the calls that read it, one workspace)."""
 
     executable: str
     git_dir: Path
@@ -81,6 +98,7 @@ class Git:
     index_file: Path
 
     def environment(self) -> dict[str, str]:
+        """No work tree: only `launch(..., workspace_fd=...)` gives git one, inside the sandbox."""
         empty_home = str(self.git_dir / "home")  # never created: nothing to read there
         return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -90,7 +108,6 @@ class Git:
             "LC_ALL": "C",
             "TZ": "UTC",
             "GIT_DIR": str(self.git_dir),
-            "GIT_WORK_TREE": str(self.work_tree),
             "GIT_INDEX_FILE": str(self.index_file),
             "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_CONFIG_GLOBAL": "/dev/null",
@@ -101,28 +118,40 @@ class Git:
             **IDENTITY,
         }
 
-    async def run(self, *args: str, stdin: bytes | None = None, check: bool = True, bare: bool = False) -> GitResult:
-        """Run `git <args>` in the work tree; non-zero exit raises GIT_FAILED unless `check` is False.
+    def launch(self, *args: str, bare: bool = False, workspace_fd: int | None = None) -> Launch:
+        """`git <args>`, with no work tree and "/" as cwd; or, given the workspace root's descriptor (opened
+        by `confine.open_root`), sandboxed with that workspace as its work tree (`sandbox_argv`).
 
-        `bare` leaves the work tree and index out (`git init` refuses them).
-        """
+        `bare` leaves the git dir and index out (`git init` refuses them)."""
         env = self.environment()
         if bare:
-            for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+            for name in ("GIT_DIR", "GIT_INDEX_FILE"):
                 del env[name]
-        elif not self.work_tree.is_dir():
-            # History stays readable when the workspace is gone; commands that need the work tree
-            # are refused earlier with WORKSPACE_MISSING.
-            bare = True
-            del env["GIT_WORK_TREE"]
+        if workspace_fd is None:
+            return Launch([self.executable, *args], env, "/", ())
+        env["PATH"] = SANDBOX_PATH
+        env["GIT_WORK_TREE"] = SANDBOX_WORKSPACE
+        argv = sandbox_argv(self.executable, workspace_fd, self.git_dir, env, [self.executable, *args])
+        return Launch(argv, dict(BWRAP_ENV), "/", (workspace_fd,))
+
+    async def run(
+        self,
+        *args: str,
+        stdin: bytes | None = None,
+        check: bool = True,
+        bare: bool = False,
+        workspace_fd: int | None = None,
+    ) -> GitResult:
+        """Run `git <args>` (see `launch`); non-zero exit raises GIT_FAILED unless `check` is False."""
+        how = self.launch(*args, bare=bare, workspace_fd=workspace_fd)
         process = await asyncio.create_subprocess_exec(
-            self.executable,
-            *args,
+            *how.argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=str(self.git_dir.parent if bare else self.work_tree),
+            env=how.env,
+            cwd=how.cwd,
+            pass_fds=how.pass_fds,
         )
         stdout, stderr = await process.communicate(stdin)
         result = GitResult(process.returncode or 0, stdout, stderr)
@@ -136,3 +165,32 @@ class Git:
     async def text(self, *args: str, stdin: bytes | None = None) -> str:
         """stdout of a successful call, decoded and stripped."""
         return (await self.run(*args, stdin=stdin)).stdout.decode(errors="surrogateescape").strip()
+
+
+def sandbox_argv(
+    executable: str, workspace_fd: int, git_dir: Path, env: dict[str, str], command: list[str]
+) -> list[str]:
+    """The `bwrap` command line for a git call that reads the workspace (`update-index --add`).
+
+    Inside there is only the workspace (bound from the descriptor `confine.open_root` opened without following
+    any link, at `SANDBOX_WORKSPACE`), the shadow git dir (read-write, at its own path: objects and the index
+    are written there), `/usr` read-only with the usual links into it, and a minimal `/dev` (git reads
+    `/dev/null` as its hooks path and global config). Fresh namespaces, no network, the environment cleared
+    to `env`. So a symlink in the workspace, even one swapped in while git runs, resolves only to something
+    inside the sandbox: never another project's files, the data dir or the server's install."""
+    try:
+        bwrap = find_bwrap()
+    except SandboxUnavailable as missing:
+        raise CheckpointError(CheckpointErrorCode.SANDBOX_UNAVAILABLE, str(missing)) from None
+    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
+    for link, target in SYSTEM_LINKS:
+        args += ["--symlink", target, link]
+    real = Path(executable).resolve()
+    if not real.is_relative_to("/usr") and len(real.parents) > 2:
+        prefix = str(real.parents[1])  # e.g. /opt/git for /opt/git/bin/git: its libexec comes along
+        args += ["--ro-bind", prefix, prefix]
+    args += ["--dev", "/dev", "--bind-fd", str(workspace_fd), SANDBOX_WORKSPACE]
+    args += ["--bind", str(git_dir), str(git_dir), "--chdir", SANDBOX_WORKSPACE, "--clearenv"]
+    for name, value in env.items():
+        args += ["--setenv", name, value]
+    return [*args, "--", *command]

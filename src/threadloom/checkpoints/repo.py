@@ -22,20 +22,31 @@ import contextlib
 import hashlib
 import os
 import stat
+import subprocess
+import threading
 import time
 import zlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from threadloom.checkpoints.confine import (
+    Dirs,
+    lstat_at,
+    open_root,
+    remove_empty_folders,
+    unlink_at,
+    walk_below,
+    write_at,
+)
 from threadloom.checkpoints.diffs import EMPTY_TREE, FileChange, combine
 from threadloom.checkpoints.errors import CheckpointError, CheckpointErrorCode
 from threadloom.checkpoints.excludes import Excludes
 from threadloom.checkpoints.git import IDENTITY, SHADOW_ATTRIBUTES, SHADOW_CONFIG, Git
 from threadloom.checkpoints.locks import RepoLock
 from threadloom.checkpoints.refs import check_commit, check_prefix, check_ref, ref_sort_key
-from threadloom.checkpoints.walk import Fingerprint, fingerprint, is_git_name, walk_workspace
+from threadloom.checkpoints.walk import Fingerprint, is_git_name, walk_marked, walk_workspace
 
 INDEX_NAME = "threadloom-index"
 COMMITS_KEPT = 4096  # commit → tree pairs a store remembers (`ShadowRepo._known_ref`)
@@ -129,35 +140,36 @@ class ShadowRepo:
         _write_if_changed(self.git_dir / "info" / "attributes", SHADOW_ATTRIBUTES)
         _write_if_changed(self.git_dir / "info" / "exclude", excludes)
 
-    def _check_workspace(self) -> None:
-        if not self.workspace.is_dir():
-            raise CheckpointError(CheckpointErrorCode.WORKSPACE_MISSING, f"workspace is not a folder: {self.workspace}")
+    @contextlib.contextmanager
+    def _root(self) -> Iterator[int]:
+        """The workspace root's descriptor for one operation (`confine.open_root`: WORKSPACE_MISSING, or
+        UNSAFE_WORKSPACE for a root that is or passes through a symlink); every file operation of the
+        operation starts from it."""
+        fd = open_root(self.workspace)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     # -- capture -----------------------------------------------------------------------------
 
-    async def _stage(self) -> None:
+    async def _stage(self, root: int) -> None:
         """Make the private index describe the workspace exactly."""
-        self._check_workspace()
         present, listing = await asyncio.gather(
-            asyncio.to_thread(walk_workspace, self.workspace, self.excludes, self.git_dir),
+            asyncio.to_thread(walk_workspace, root, self.excludes, self.git_dir, self.workspace),
             self._git.run("ls-files", "-z"),
         )
-        await self._stage_listed(present, listing.stdout)
+        await self._stage_listed(root, present, listing.stdout)
 
-    def _walk_marked(self) -> tuple[list[bytes], Fingerprint | None]:
-        present = walk_workspace(self.workspace, self.excludes, self.git_dir)
-        return present, fingerprint(self.workspace, present)
-
-    async def _stage_or_reuse(self) -> tuple[str | None, Fingerprint | None]:
+    async def _stage_or_reuse(self, root: int) -> tuple[str | None, Fingerprint | None]:
         """The last capture's tree when the files' stat data is as it was then (no git at all); else
         stage (`_stage`) and answer None. Also the fingerprint, for `_remember`."""
-        self._check_workspace()
-        present, mark = await asyncio.to_thread(self._walk_marked)
+        present, mark = await asyncio.to_thread(walk_marked, root, self.excludes, self.git_dir, self.workspace)
         known = self._trees.get(self._key)
         if mark is not None and known is not None and known[0] == mark:
             return known[1], mark
         listing = await self._git.run("ls-files", "-z")
-        await self._stage_listed(present, listing.stdout)
+        await self._stage_listed(root, present, listing.stdout)
         return None, mark
 
     def _remember(self, mark: Fingerprint | None, tree: str) -> None:
@@ -166,29 +178,38 @@ class ShadowRepo:
         else:
             self._trees[self._key] = (mark, tree)
 
-    async def _stage_listed(self, present: list[bytes], ls_files: bytes) -> None:
+    async def _stage_listed(self, root: int, present: list[bytes], ls_files: bytes) -> None:
+        """Drop the index entries the walk no longer found (index only: no work tree), then let git read
+        the walked files, sandboxed (`git.sandbox_argv`): it reads only the changed ones."""
         listed = ls_files.split(b"\0")
         stale = set(listed) - set(present) - {b""}
         if stale:  # gone from disk, now excluded, or replaced by a folder
-            await self._git.run("update-index", "-z", "--force-remove", "--stdin", stdin=_z(sorted(stale)))
+            await self._git.run("update-index", "-z", "--index-info", stdin=b"".join(map(_unlisted, sorted(stale))))
         if present:
-            await self._git.run("update-index", "-z", "--add", "--remove", "--replace", "--stdin", stdin=_z(present))
+            await self._git.run(
+                "update-index", "-z", "--add", "--remove", "--replace", "--stdin", stdin=_z(present), workspace_fd=root
+            )
 
     async def capture(self, ref: str, message: str, parent: str | None = None) -> Capture:
         """Commit the whole workspace as a checkpoint on `ref` (also when nothing changed)."""
         check_ref(ref)
         async with self.lock.hold():
             await self._ensure()
-            # Checking the parent alongside staging: a refused parent leaves only a fresher index.
-            staged = asyncio.create_task(self._stage())
-            try:
-                parents = ["-p", await self._commit(parent)] if parent is not None else []
-            finally:
-                await staged
-            tree = await self._git.text("write-tree")  # reuses the index's cached subtrees
-            commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
-            await self._git.run("update-ref", "--no-deref", ref, commit)
+            with self._root() as root:
+                commit, tree = await self._capture(root, ref, message, parent)
         return Capture(commit, tree)
+
+    async def _capture(self, root: int, ref: str, message: str, parent: str | None) -> tuple[str, str]:
+        # Checking the parent alongside staging: a refused parent leaves only a fresher index.
+        staged = asyncio.create_task(self._stage(root))
+        try:
+            parents = ["-p", await self._commit(parent)] if parent is not None else []
+        finally:
+            await staged
+        tree = await self._git.text("write-tree")  # reuses the index's cached subtrees
+        commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
+        await self._git.run("update-ref", "--no-deref", ref, commit)
+        return commit, tree
 
     async def capture_changes(
         self, ref: str, message: str, parent: str | None = None, *, parent_ref: str | None = None
@@ -204,39 +225,45 @@ class ShadowRepo:
             check_ref(parent_ref)
         async with self.lock.hold():
             await self._ensure()
-            base = self._known_ref(parent_ref) if parent is None and parent_ref is not None else None
-            if base is not None or (parent is None and parent_ref is None):  # nothing to ask git meanwhile
-                reused, mark = await self._stage_or_reuse()
-            else:
-                staged = asyncio.create_task(self._stage_or_reuse())
-                try:
-                    if parent is not None:
-                        base = await self._commit_and_tree(parent)
-                    elif parent_ref is not None:
-                        base = await self._ref_commit_and_tree(parent_ref)
-                finally:
-                    reused, mark = await staged
-            tree = reused or await self._git.text("write-tree")
-            self._remember(mark, tree)
-            parent_commit = base[0] if base is not None else None
-            # In a thread: a loaded disk can take milliseconds, and a run's end reads meanwhile.
-            commit = await asyncio.to_thread(self._write_commit_and_ref, tree, parent_commit, message, ref)
-            if commit is None:
-                parents = ["-p", parent_commit] if parent_commit is not None else []
-                commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
-                moved: Awaitable[object] = self._git.run("update-ref", "--no-deref", ref, commit)
-            else:
-                moved = _done()
-            self._met(commit, tree)
-            old = base[1] if base is not None else EMPTY_TREE
-            captured = Capture(commit, tree, base[0] if base is not None else None)
-            if old == tree:
-                await moved
-                return captured, []
-            common = ["-r", "-z", "-M", "--no-ext-diff", "--no-textconv", old, tree]
-            _, raw, numstat = await asyncio.gather(
-                moved, self._git.run("diff-tree", "--raw", *common), self._git.run("diff-tree", "--numstat", *common)
-            )
+            with self._root() as root:
+                return await self._capture_changes(root, ref, message, parent, parent_ref)
+
+    async def _capture_changes(
+        self, root: int, ref: str, message: str, parent: str | None, parent_ref: str | None
+    ) -> tuple[Capture, list[FileChange]]:
+        base = self._known_ref(parent_ref) if parent is None and parent_ref is not None else None
+        if base is not None or (parent is None and parent_ref is None):  # nothing to ask git meanwhile
+            reused, mark = await self._stage_or_reuse(root)
+        else:
+            staged = asyncio.create_task(self._stage_or_reuse(root))
+            try:
+                if parent is not None:
+                    base = await self._commit_and_tree(parent)
+                elif parent_ref is not None:
+                    base = await self._ref_commit_and_tree(parent_ref)
+            finally:
+                reused, mark = await staged
+        tree = reused or await self._git.text("write-tree")
+        self._remember(mark, tree)
+        parent_commit = base[0] if base is not None else None
+        # In a thread: a loaded disk can take milliseconds, and a run's end reads meanwhile.
+        commit = await asyncio.to_thread(self._write_commit_and_ref, tree, parent_commit, message, ref)
+        if commit is None:
+            parents = ["-p", parent_commit] if parent_commit is not None else []
+            commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
+            moved: Awaitable[object] = self._git.run("update-ref", "--no-deref", ref, commit)
+        else:
+            moved = _done()
+        self._met(commit, tree)
+        old = base[1] if base is not None else EMPTY_TREE
+        captured = Capture(commit, tree, base[0] if base is not None else None)
+        if old == tree:
+            await moved
+            return captured, []
+        common = ["-r", "-z", "-M", "--no-ext-diff", "--no-textconv", old, tree]
+        _, raw, numstat = await asyncio.gather(
+            moved, self._git.run("diff-tree", "--raw", *common), self._git.run("diff-tree", "--numstat", *common)
+        )
         return captured, combine(raw.stdout, numstat.stdout)
 
     def _loose(self, oid: str) -> Path:
@@ -414,75 +441,129 @@ class ShadowRepo:
         """Make the workspace equal to the checkpoint's tree, leaving `.git` and excluded paths alone."""
         async with self.lock.hold():
             await self._ensure()
-            staged = asyncio.create_task(self._stage())
-            try:
-                target = await self._commit(commit)
-            finally:
-                await staged
-            out = await self._git.run("diff-index", "--cached", "-z", "--no-renames", "--raw", target)
-            fields = out.stdout.split(b"\0")
-            remove: list[str] = []
-            write: list[str] = []
-            # Index lines making the index match the target; removals first (a file may become a folder).
-            removals: list[bytes] = []
-            entries: list[bytes] = []
-            for header, raw in zip(fields[0::2], fields[1::2], strict=False):
-                # ":<target mode> <disk mode> <target id> <disk id> <status>": target is the old side.
-                mode, _disk_mode, blob, _disk_blob, letter = header[1:].split(b" ")
-                path = os.fsdecode(raw)
-                if letter == b"A":
-                    remove.append(path)
-                    removals.append(b"0 " + b"0" * len(blob) + b"\t" + raw + b"\0")
-                elif not self.excludes.covers(path):
-                    write.append(path)
-                    entries.append(mode + b" " + blob + b"\t" + raw + b"\0")
-            removed = set(remove)
-            blocked = await asyncio.to_thread(self._blocked_folders, write, removed)
-            if blocked:
-                raise CheckpointError(
-                    CheckpointErrorCode.RESTORE_CONFLICT,
-                    f"folders hold files a restore must not remove (.git or excluded): {', '.join(blocked)}",
-                )
-            await asyncio.to_thread(self._remove, remove, write)
-            if removals or entries:  # only the differing entries change: the others keep their stat data
-                await self._git.run("update-index", "-z", "--index-info", stdin=b"".join(removals + entries))
-            if write:
-                await self._git.run("checkout-index", "--force", "-u", "-z", "--stdin", stdin=_z(write))
+            with self._root() as root:
+                return await self._restore(root, commit)
+
+    async def _restore(self, root: int, commit: str) -> Restored:
+        staged = asyncio.create_task(self._stage(root))
+        try:
+            target = await self._commit(commit)
+        finally:
+            await staged
+        out = await self._git.run("diff-index", "--cached", "-z", "--no-renames", "--raw", target)
+        fields = out.stdout.split(b"\0")
+        remove: list[str] = []
+        write: list[str] = []
+        blobs: list[tuple[str, int, bytes]] = []
+        # Index lines making the index match the target; removals first (a file may become a folder).
+        removals: list[bytes] = []
+        entries: list[bytes] = []
+        for header, raw in zip(fields[0::2], fields[1::2], strict=False):
+            # ":<target mode> <disk mode> <target id> <disk id> <status>": target is the old side.
+            mode, _disk_mode, blob, _disk_blob, letter = header[1:].split(b" ")
+            path = os.fsdecode(raw)
+            if letter == b"A":
+                remove.append(path)
+                removals.append(_unlisted(raw))
+            elif not self.excludes.covers(path):
+                write.append(path)
+                blobs.append((path, int(mode, 8), blob))
+                entries.append(mode + b" " + blob + b"\t" + raw + b"\0")
+        removed = set(remove)
+        blocked = await asyncio.to_thread(self._blocked_folders, root, write, removed)
+        if blocked:
+            raise CheckpointError(
+                CheckpointErrorCode.RESTORE_CONFLICT,
+                f"folders hold files a restore must not remove (.git or excluded): {', '.join(blocked)}",
+            )
+        await asyncio.to_thread(self._remove, root, remove, write)
+        if removals or entries:  # only the differing entries change: the others keep their stat data
+            await self._git.run("update-index", "-z", "--index-info", stdin=b"".join(removals + entries))
+        if blobs:
+            await asyncio.to_thread(self._checkout, root, blobs)
         return Restored(tuple(sorted(write)), tuple(sorted(remove)))
 
-    def _blocked_folders(self, write: list[str], removed: set[str]) -> list[str]:
+    def _blocked_folders(self, root: int, write: list[str], removed: set[str]) -> list[str]:
         """Paths the target has as files where the disk has a folder with something we may not remove."""
         blocked = []
-        for path in write:
-            folder = self.workspace / path
-            if not folder.is_dir() or folder.is_symlink():
-                continue
-            for dirpath, dirnames, filenames in os.walk(folder):
-                rel = Path(dirpath).relative_to(self.workspace).as_posix()
-                if any(is_git_name(d) for d in dirnames) or any(f"{rel}/{name}" not in removed for name in filenames):
-                    blocked.append(path)
-                    break
+        with Dirs(root) as dirs:
+            for path in write:
+                folder = dirs.get(path)  # None: not a real folder (a link is not entered)
+                if folder is None:
+                    continue
+                for rel, folders, others in walk_below(folder):
+                    inside = f"{path}/{rel}" if rel else path
+                    if any(is_git_name(d) for d in folders) or any(
+                        f"{inside}/{name}" not in removed for name in others
+                    ):
+                        blocked.append(path)
+                        break
         return blocked
 
-    def _remove(self, remove: list[str], write: list[str]) -> None:
-        """Delete what the target lacks, then the folders this emptied (never the workspace root)."""
-        root = self.workspace
-        folders: set[Path] = set()
-        for path in remove:
-            target = root / path
+    def _remove(self, root: int, remove: list[str], write: list[str]) -> None:
+        """Delete what the target lacks, then the folders this emptied (never the workspace root).
+
+        Every unlink and rmdir is relative to a folder reached from the root without following a link: a
+        path whose folder is now a link (swapped in since staging) is skipped, its file is not in the
+        workspace any more."""
+        folders: set[str] = set()
+        with Dirs(root) as dirs:
+            for path in remove:
+                parent, _, name = path.rpartition("/")
+                fd = dirs.get(parent)
+                st = None if fd is None else lstat_at(fd, name)
+                if fd is None or st is None or stat.S_ISDIR(st.st_mode):
+                    continue  # gone, behind a link now, or became a folder since staging: leave it
+                unlink_at(fd, name)
+                while parent:
+                    folders.add(parent)
+                    parent = parent.rpartition("/")[0]
+            for path in write:  # a folder standing where the target has a file (checked empty of others)
+                parent, _, name = path.rpartition("/")
+                fd = dirs.get(parent)
+                if fd is not None:
+                    remove_empty_folders(fd, name)
+        for folder in sorted(folders, key=lambda p: p.count("/"), reverse=True):
+            with Dirs(root) as dirs:  # afresh: the folders above were just removed, their descriptors stale
+                parent, _, name = folder.rpartition("/")
+                fd = dirs.get(parent)
+                if fd is not None:
+                    with contextlib.suppress(OSError):  # not empty (excluded or other content): keep it
+                        os.rmdir(name, dir_fd=fd)
+
+    def _checkout(self, root: int, blobs: list[tuple[str, int, bytes]]) -> None:
+        """Write the target's files (what `git checkout-index --force` did, without letting git near the
+        workspace): contents from `git cat-file --batch` (no work tree), each file created in its folder's
+        descriptor (`confine.write_at`), folders made or put in place of a file or link (`Dirs.make`)."""
+        how = self._git.launch("cat-file", "--batch")
+        with subprocess.Popen(
+            how.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=how.env, cwd=how.cwd
+        ) as process:
+            assert process.stdin is not None and process.stdout is not None
+            ids = b"".join(blob + b"\n" for _, _, blob in blobs)
+            feeder = threading.Thread(target=_feed, args=(process.stdin, ids), daemon=True)
+            feeder.start()
             try:
-                mode = target.lstat().st_mode
-            except FileNotFoundError:
-                continue
-            if stat.S_ISDIR(mode):
-                continue  # became a folder since staging: leave it
-            target.unlink()
-            folders.update(p for p in target.parents if p != root and p.is_relative_to(root))
-        for path in write:  # a folder standing where the target has a file (checked empty of others)
-            target = root / path
-            if target.is_dir() and not target.is_symlink():
-                for dirpath, _dirs, _files in os.walk(target, topdown=False):
-                    Path(dirpath).rmdir()
-        for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
-            with contextlib.suppress(OSError):  # not empty (excluded or other content): keep it
-                folder.rmdir()
+                with Dirs(root) as dirs:
+                    for path, mode, blob in blobs:
+                        header = process.stdout.readline().split()
+                        if len(header) != 3 or header[0] != blob:
+                            raise CheckpointError(CheckpointErrorCode.GIT_FAILED, f"git cat-file: no object {blob!r}")
+                        content = process.stdout.read(int(header[2]))
+                        process.stdout.read(1)  # the newline after each object
+                        parent, _, name = path.rpartition("/")
+                        write_at(dirs.make(parent), name, mode, content)
+            finally:
+                process.kill()
+                feeder.join()
+
+
+def _feed(pipe: IO[bytes], data: bytes) -> None:
+    """Write `data` to a child's stdin and close it (in a thread: the child answers as it reads)."""
+    with contextlib.suppress(BrokenPipeError), pipe:
+        pipe.write(data)
+
+
+def _unlisted(path: bytes) -> bytes:
+    """An `update-index --index-info` line removing `path` from the index (mode 0)."""
+    return b"0 " + b"0" * 40 + b"\t" + path + b"\0"

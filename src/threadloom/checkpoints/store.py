@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,5 +43,7 @@ class CheckpointStore:
         if lock is None:
             lock = self._locks[project_id] = RepoLock(self.root / f"{project_id}.lock")
         index = INDEX_NAME if index_key is None else f"{INDEX_NAME}-{check_project_id(index_key)}"
-        git = Git(self._git, git_dir, Path(workspace_root).resolve(), git_dir / index)
+        # Never resolved: a root that is or passes through a symlink is refused when opened (UNSAFE_WORKSPACE).
+        workspace = Path(os.path.abspath(workspace_root))
+        git = Git(self._git, git_dir, workspace, git_dir / index)
         return ShadowRepo(git, Excludes(excludes), lock, self._trees, self._commits)
