@@ -5,12 +5,26 @@ the lengths of the deltas. A stream typing the beginning of a secret looks exact
 text of the same length, so prefixes cannot be probed one character at a time; only the exact secret turns
 into `***` (the agent printing it held it). Only what the agent process holds is redacted: its API key and
 its instance's `env`, never the server's own secrets (the agent cannot know them).
+
+The unit tests feed the redactor directly; the API tests watch a real server's threadEvents with a read
+token while the real Codex CLI (against the fake model server) or the scripted agent types.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
 import pytest
 
+from tests.support.agents import cli_providers_env
+from tests.support.cli import create_token
+from tests.support.fake_model import FakeModel
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import finished, send
+from tests.support.server import Client, ServerProcess
+from tests.support.ws import WsClient
 from threadloom.providers.agent_cli import STREAM_HOLD, StreamRedactor, driver_secrets
 from threadloom.providers.contract import (
     ItemCompleted,
@@ -127,3 +141,115 @@ def test_only_the_agents_own_variables_are_secrets(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("THREADLOOM_UNIT_TOKEN", "server-only-token-1234")
     env = {"OPENAI_API_KEY": SECRET, "DEPLOY_PASS": "pw-4711", "SHORT": "abc", "PATH": "/usr/bin"}
     assert driver_secrets(env, ("OPENAI_API_KEY", "DEPLOY_PASS", "SHORT", "MISSING")) == (SECRET, "pw-4711")
+
+
+# ---- through the API: a read token watching threadEvents of a real server ----------------------------
+
+KEY = "sk-fake-openai-7d1c44e0b9a2"  # the codex instance's API key: the agent holds it
+SERVER_SECRET = "srv-token-3b8f20c6d5e1"  # a server variable named like a token: no agent holds it
+FILLER = "a long enough opening so that the stream shows text before the item completes:"
+THREAD = """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i,
+  title: "t"}) { thread { id } userErrors { code message } } }"""
+EVENTS = """subscription($t: ID!) { threadEvents(threadId: $t, afterSequence: 0) {
+  type entity { ... on ConversationMessage { id role text streaming } } } }"""
+
+
+@dataclasses.dataclass
+class Watched:
+    """What a watcher of a thread saw of one assistant message: each text it showed while streaming, and
+    the text it ended with."""
+
+    streamed: list[str]
+    final: str
+
+
+@pytest.fixture
+def watched_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterator[ServerProcess]:
+    """A server with a `codex` instance (key KEY, against the fake model) and a `scripted` one, and
+    SERVER_SECRET in its environment; a workspace folder `tmp_path/ws`."""
+    env = cli_providers_env(tmp_path, fake, openai_key=KEY)
+    config = Path(env["THREADLOOM_PROVIDERS"])
+    config.write_text(config.read_text() + '\n[instances.open]\ndriver = "scripted"\n')
+    env["THREADLOOM_REDACTION_TOKEN"] = SERVER_SECRET
+    (tmp_path / "ws").mkdir()
+    proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    yield proc
+    proc.stop()
+    print("\n".join(proc.log[-60:]))
+
+
+@pytest.fixture
+async def watched_api(
+    watched_server: ServerProcess, database_url: str, tmp_path: Path
+) -> AsyncIterator[tuple[Client, str, str]]:
+    """(admin client, a read token of the project, the project's id)."""
+    admin = Client(watched_server.url, watched_server.admin_token)
+    try:
+        project = (await admin.gql(CREATE_PROJECT, {"name": "p", "root": str(tmp_path / "ws")}))["createProject"]
+        project_id = str(project["project"]["id"])
+        yield admin, create_token(database_url, "read", project_id)[1], project_id
+    finally:
+        await admin.aclose()
+
+
+async def _thread(admin: Client, project: str, instance: str) -> str:
+    made = (await admin.gql(THREAD, {"p": project, "i": instance}))["createThread"]
+    assert made["userErrors"] == [], made
+    return str(made["thread"]["id"])
+
+
+async def _say(admin: Client, reader: str, thread: str, text: str) -> Watched:
+    """Send `text`; once the run is over, what the read token's threadEvents show of its assistant
+    message (replayed from the log: the very rows a live watcher received)."""
+    sent = await send(admin, thread, text)
+    assert sent["userErrors"] == [], sent
+    done = await finished(admin, sent["run"]["id"], within=60)
+    assert done["status"] == "COMPLETED", done
+    ws = await WsClient.connect(admin.base_url, reader)
+    texts: dict[str, list[tuple[str, bool]]] = {}
+    try:
+        await ws.subscribe(EVENTS, {"t": thread})
+        async for message in ws.items():
+            assert message["type"] == "next", message
+            item = message["payload"]["data"]["threadEvents"]
+            if item["type"] == "synchronized":
+                break
+            entity = item["entity"] or {}
+            if entity.get("role") == "ASSISTANT":
+                texts.setdefault(entity["id"], []).append((entity["text"], entity["streaming"]))
+    finally:
+        await ws.close()
+    *_, last = texts.values()  # the message of this run: the latest one
+    return Watched([text for text, streaming in last if streaming], last[-1][0])
+
+
+async def test_a_watcher_sees_server_secrets_as_typed_and_key_prefixes_like_any_text(
+    watched_api: tuple[Client, str, str],
+) -> None:
+    admin, reader, project = watched_api
+    thread = await _thread(admin, project, "codex")
+    # A server secret is not redacted, nor held: the agent could not have had it.
+    said = await _say(admin, reader, thread, f"{FILLER} {SERVER_SECRET}")
+    assert said.final == f"echo: {FILLER} {SERVER_SECRET}"
+    # A prefix of the key and a string of its length that begins nothing stream the same way: the last
+    # STREAM_HOLD characters wait for the item's end, whatever they are, and then show as typed. (How many
+    # partial texts a watcher sees depends on how the server batches deltas, so only their bound is asserted.)
+    for tail in (KEY[:-1], "x" * (len(KEY) - 1)):
+        said = await _say(admin, reader, thread, f"{FILLER} {tail}")
+        assert said.final == f"echo: {FILLER} {tail}"
+        for text in said.streamed:  # the growing text, then the tail released by the item's end
+            assert said.final.startswith(text), text
+            assert text == said.final or len(text) <= len(said.final) - STREAM_HOLD, text
+    # The whole key is the one thing replaced.
+    said = await _say(admin, reader, thread, f"{FILLER} {KEY}")
+    assert said.final == f"echo: {FILLER} ***"
+    assert not any(KEY in text for text in said.streamed)
+
+
+async def test_the_scripted_agents_output_is_never_redacted(watched_api: tuple[Client, str, str]) -> None:
+    """It holds no secret: the server's secret it is told to print shows as typed."""
+    admin, reader, project = watched_api
+    thread = await _thread(admin, project, "open")
+    said = await _say(admin, reader, thread, f"@reply {FILLER} {SERVER_SECRET[:-3]} and {SERVER_SECRET}")
+    assert said.final == f"{FILLER} {SERVER_SECRET[:-3]} and {SERVER_SECRET}"
+    assert "***" not in "".join(said.streamed)
