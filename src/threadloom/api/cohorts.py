@@ -48,6 +48,7 @@ from graphql.execution.values import get_argument_values
 
 from threadloom import metrics
 from threadloom.api import ids as gid
+from threadloom.api.bounds import inline
 from threadloom.api.errors import CodedErrors
 from threadloom.api.subscriptions import THREAD_SUBSCRIPTIONS, row_filter, stream_ended, thread_event_head
 from threadloom.api.validation import all_rules
@@ -160,7 +161,9 @@ class Plans:
         plain = _Plain()
         if root.selection_set is not None:
             visit(root.selection_set, plain)
-        if not plain.plain or validate(self.schema._schema, document, all_rules(self.limits)):
+        if not plain.plain or not inline(document, query):
+            return None  # the general path refuses it or validates it off the event loop
+        if validate(self.schema._schema, document, all_rules(self.limits)):
             return None
         field = root.name.value
         return Plan(query, operation_name, document, root, field, _compile(root, field))

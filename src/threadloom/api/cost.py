@@ -48,6 +48,7 @@ from strawberry.extensions import SchemaExtension
 
 DEFAULT_PAGE = 20
 CODE = "QUERY_TOO_COSTLY"
+SATURATED = 10**15  # a cost stops growing here (a fragment bomb's would take memory and time)
 
 _variables: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "cost_variables", default=MappingProxyType({})
@@ -78,34 +79,15 @@ def _int_value(node: ValueNode | None, variables: Mapping[str, Any], defaults: M
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Walker:
-    """Walks one operation's selections with the schema's types (cycles in fragments stop)."""
+    """Walks one operation's selections with the schema's types (cycles in fragments stop; each
+    fragment is walked once per parent type, so spreading one many times costs no extra walk)."""
 
     schema: GraphQLSchema
     fragments: Mapping[str, FragmentNode]
     variables: Mapping[str, Any]
     defaults: Mapping[str, Any]
     pages: Pages
-
-    def _fields(
-        self, selection_set: SelectionSetNode | None, parent: Any, seen: frozenset[str]
-    ) -> Iterator[tuple[FieldNode, Any]]:
-        """(field, parent type) of a selection set, fragments expanded in place."""
-        if selection_set is None:
-            return
-        for selection in selection_set.selections:
-            if isinstance(selection, FieldNode):
-                yield selection, parent
-            elif isinstance(selection, InlineFragmentNode):
-                cond = selection.type_condition
-                narrowed = self.schema.get_type(cond.name.value) if cond is not None else parent
-                yield from self._fields(selection.selection_set, narrowed or parent, seen)
-            elif isinstance(selection, FragmentSpreadNode):
-                name = selection.name.value
-                fragment = self.fragments.get(name)
-                if fragment is None or name in seen:
-                    continue
-                narrowed = self.schema.get_type(fragment.type_condition.name.value)
-                yield from self._fields(fragment.selection_set, narrowed or parent, seen | {name})
+    memo: dict[tuple[str, str | None], int] = dataclasses.field(default_factory=dict)
 
     def _page(self, field: FieldNode) -> int:
         """The most items one execution of this list field may return."""
@@ -122,29 +104,57 @@ class _Walker:
         return max(0, min(max(sizes), self.pages.maximum))
 
     def cost(self, selection_set: SelectionSetNode | None, parent: Any, multiplier: int, seen: frozenset[str]) -> int:
+        """The cost of a selection under `multiplier` items: linear in it, so the cost per item is
+        what is computed (and memoized per fragment and parent type)."""
+        return min(multiplier * self._unit(selection_set, parent, seen), SATURATED)
+
+    def _unit(self, selection_set: SelectionSetNode | None, parent: Any, seen: frozenset[str]) -> int:
+        """The cost of a selection for one item of its parent; each fragment is priced once per
+        parent type (a fragment spread twice costs twice, but is walked once)."""
+        if selection_set is None:
+            return 0
         total = 0
-        for field, parent_type in self._fields(selection_set, parent, seen):
-            name = field.name.value
-            if name.startswith("__"):
-                continue
-            fields = getattr(parent_type, "fields", None)
-            definition = fields.get(name) if fields else None
-            if definition is None:
-                continue  # unknown fields are other rules' business
-            out = get_nullable_type(definition.type)
-            named = get_named_type(definition.type)
-            if is_leaf_type(named):
-                continue
-            is_list = isinstance(out, GraphQLList)
-            arg_names = definition.args.keys()
-            connection = "first" in arg_names or "last" in arg_names
-            in_connection = getattr(parent_type, "name", "").endswith("Connection") and name in ("edges", "nodes")
-            factor = multiplier
-            if (connection or is_list) and not in_connection:
-                factor = multiplier * self._page(field)
-                total += factor
-            total += self.cost(field.selection_set, named, factor, seen)
+        for selection in selection_set.selections:
+            if isinstance(selection, FieldNode):
+                total += self._field(selection, parent, seen)
+            elif isinstance(selection, InlineFragmentNode):
+                cond = selection.type_condition
+                narrowed = self.schema.get_type(cond.name.value) if cond is not None else parent
+                total += self._unit(selection.selection_set, narrowed or parent, seen)
+            elif isinstance(selection, FragmentSpreadNode):
+                name = selection.name.value
+                fragment = self.fragments.get(name)
+                if fragment is None or name in seen:
+                    continue  # unknown, or a cycle (other rules report both)
+                narrowed = self.schema.get_type(fragment.type_condition.name.value) or parent
+                key = (name, getattr(narrowed, "name", None))
+                found = self.memo.get(key)
+                if found is None:
+                    found = self.memo[key] = self._unit(fragment.selection_set, narrowed, seen | {name})
+                total += found
+            total = min(total, SATURATED)
         return total
+
+    def _field(self, field: FieldNode, parent_type: Any, seen: frozenset[str]) -> int:
+        name = field.name.value
+        if name.startswith("__"):
+            return 0
+        fields = getattr(parent_type, "fields", None)
+        definition = fields.get(name) if fields else None
+        if definition is None:
+            return 0  # unknown fields are other rules' business
+        out = get_nullable_type(definition.type)
+        named = get_named_type(definition.type)
+        if is_leaf_type(named):
+            return 0
+        is_list = isinstance(out, GraphQLList)
+        arg_names = definition.args.keys()
+        connection = "first" in arg_names or "last" in arg_names
+        in_connection = getattr(parent_type, "name", "").endswith("Connection") and name in ("edges", "nodes")
+        if (connection or is_list) and not in_connection:
+            page = self._page(field)
+            return min(page + page * self._unit(field.selection_set, named, seen), SATURATED)
+        return self._unit(field.selection_set, named, seen)
 
 
 def operation_cost(

@@ -17,6 +17,7 @@ from strawberry.extensions import AddValidationRules, MaxTokensLimiter
 from strawberry.schema.config import StrawberryConfig
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
+from threadloom.api.bounds import BoundedValidation
 from threadloom.api.context import Context, fresh_context
 from threadloom.api.cost import CostVariables
 from threadloom.api.errors import CodedErrors, RecordOperation
@@ -151,6 +152,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
                 limited_rules(limits),
             ),
             CostVariables,
+            functools.partial(BoundedValidation, limits),  # after CostVariables: it may validate
             functools.partial(MaxTokensLimiter, max_token_count=limits.max_tokens),
             CodedErrors,
             RecordOperation,

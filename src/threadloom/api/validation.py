@@ -3,7 +3,9 @@
 The rule classes are made once (cached) so graphql-core's validation keeps hitting its caches:
 per-request factories would make new rule classes each time, about 25 times slower. The schema
 adds them to every request; the subscription fast path validates the documents it serves with
-the same list.
+the same list. The depth and alias rules are `api.bounds`' (strawberry's messages, but each
+fragment counted once: strawberry's walk every spread again, so a fragment bomb never ends), and
+every document passes `api.bounds`' linear pre-check before any of these rules runs.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import functools
 
 from graphql import ASTValidationRule, specified_rules
-from strawberry.extensions import max_aliases, query_depth_limiter
 
+from threadloom.api.bounds import alias_rule, depth_rule
 from threadloom.api.cost import cost_rule
+from threadloom.api.input_text import InputTextRule
 from threadloom.api.pagination import pagination_rule
 from threadloom.config import Limits
 
@@ -21,10 +24,11 @@ from threadloom.config import Limits
 @functools.cache
 def added_rules(max_depth: int, max_aliases_count: int, max_cost: int, max_page: int) -> list[type]:
     return [
-        query_depth_limiter.create_validator(max_depth, None),
-        max_aliases.create_validator(max_aliases_count),
+        depth_rule(max_depth),
+        alias_rule(max_aliases_count),
         cost_rule(max_cost, max_page=max_page),
         pagination_rule(max_page),
+        InputTextRule,  # U+0000 and lone surrogates: INVALID_INPUT naming the field
     ]
 
 

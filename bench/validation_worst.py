@@ -1,0 +1,145 @@
+"""Benchmark: the worst documents for parsing and validation, and how long each holds the event loop.
+
+Not a test. Run from anywhere with the project's virtualenv:
+
+    .venv/bin/python bench/validation_worst.py [--repeat 5] [--smoke]
+
+Each document goes through the schema as a request does (`schema.execute`: parse, the
+`api.bounds` pre-check, validation inline or on the validation pool, execution when it passes)
+while a ticker task on the same event loop wakes every millisecond; the longest gap between
+two ticks is how long the loop was held. The floor is `{ viewer { scope } }`. For each document
+it prints the verdict (the first error code, or "ok"), the gap, and the time spent by the
+pre-check (`bounds.measure`) and a full validation (`validate`) on their own.
+
+`--smoke` runs each document once, for tests/test_bench_smoke.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from graphql import parse, validate
+
+from threadloom.api import bounds
+from threadloom.api.schema import build_schema
+from threadloom.api.validation import all_rules
+from threadloom.config import Limits
+
+BODY = 256 * 1024
+
+
+def fragment_bomb(levels: int = 25) -> str:
+    fragments = " ".join(f"fragment F{i} on Query {{ ...F{i + 1} ...F{i + 1} }}" for i in range(levels - 1))
+    return f"query {{ ...F0 }} {fragments} fragment F{levels - 1} on Query {{ viewer {{ scope }} }}"
+
+
+def documents() -> dict[str, str]:
+    leaf_dups = bounds.MAX_OVERLAP  # the most leaf copies the overlap limit lets through: m²/2 ≤ MAX_OVERLAP
+    most_leaves = int((2 * leaf_dups) ** 0.5)
+    most_pairs = int((leaf_dups / 2) ** 0.5)  # viewer { scope } copies: (2m)²/2 ≤ MAX_OVERLAP
+    names = ""
+    i = 0
+    while len(names) < BODY - 64:
+        names += f" f{i}"
+        i += 1
+    return {
+        "floor { viewer { scope } }": "{ viewer { scope } }",
+        "fragment bomb (25 levels, 884 chars)": fragment_bomb(),
+        "1,240 duplicate fields": "{ viewer {" + " scope" * 1240 + " } }",
+        f"{most_leaves} duplicate fields (overlap limit)": "{ viewer {" + " scope" * most_leaves + " } }",
+        f"{most_pairs} x viewer {{ scope }} (overlap limit)": "{" + " viewer { scope }" * most_pairs + " }",
+        "500 distinct unknown fields (width limit)": "{ viewer {" + "".join(f" f{i}" for i in range(500)) + " } }",
+        "1,240 aliases": "{ viewer {" + "".join(f" a{i}: scope" for i in range(1240)) + " } }",
+        "deep: 1,200 nested inline fragments": "{" + " ... on Query {" * 1200 + " viewer { scope }" + " }" * 1201,
+        "deep: 2,000 chained fragments": "query { ...F0 } "
+        + " ".join(f"fragment F{i} on Query {{ ...F{i + 1} }}" for i in range(1999))
+        + " fragment F1999 on Query { viewer { scope } }",
+        "256 KiB of distinct fields (tokens)": "{ viewer {" + names + " } }",
+        "256 KiB comment": "#" + "x" * (BODY - 64) + "\n{ viewer { scope } }",
+        "256 KiB string argument": '{ node(id: "' + "x" * (BODY - 64) + '") { id } }',
+    }
+
+
+async def held(schema: Any, query: str) -> tuple[float, str]:
+    """(the longest gap between ticks of a 1 ms ticker while the query ran, the first error code)."""
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0.005)
+    gaps.clear()
+    result = await schema.execute(query)
+    done.set()
+    await task
+    errors = result.errors or []
+    code = str((errors[0].extensions or {}).get("code", errors[0].message[:40])) if errors else "ok"
+    # Without a request context a valid document fails in its first resolver: it passed validation.
+    return max(gaps, default=0.0), "valid" if code in ("ok", "INTERNAL_SERVER_ERROR") else code
+
+
+def timed(function: Callable[[], Any], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        with contextlib.suppress(Exception):  # a parse or recursion error is a measured outcome too
+            function()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    repeat = 1 if args.smoke else args.repeat
+    logging.disable(logging.CRITICAL)  # the resolvers' errors without a request context
+    limits = Limits()
+    schema = build_schema(limits)
+    rules = all_rules(limits)
+    print(f"{'document':48s} {'chars':>7s} {'verdict':>22s} {'loop held':>10s} {'pre-check':>10s} {'validate':>10s}")
+    floor = 0.0
+    worst = 0.0
+    for name, query in documents().items():
+        gaps = []
+        code = ""
+        for _ in range(repeat):
+            gap, code = await held(schema, query)
+            gaps.append(gap)
+        gap = statistics.median(gaps)
+        try:
+            document = parse(query, max_tokens=limits.max_tokens)
+        except Exception:
+            check = full = float("nan")
+        else:
+            check = timed(lambda: bounds.check(document), repeat)  # noqa: B023
+            full = timed(lambda: validate(schema._schema, document, rules), repeat)  # noqa: B023
+        if floor == 0.0:
+            floor = gap
+        worst = max(worst, gap)
+        print(f"{name:48s} {len(query):7d} {code:>22s} {gap * 1000:8.1f}ms {check * 1000:8.2f}ms {full * 1000:8.1f}ms")
+    print(f"floor: the loop held {floor * 1000:.1f} ms by {{ viewer {{ scope }} }} (1 ms ticker)")
+    print(f"ratio {worst / floor:.2f}x (the longest hold over the floor's)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
