@@ -97,7 +97,7 @@ class _Lru:
 
 
 # The modules whose validation rules read the request's variables (`cost.request_variables`).
-VARIABLE_RULE_MODULES = frozenset({"threadloom.api.cost", "threadloom.api.pagination"})
+VARIABLE_RULE_MODULES = frozenset({"threadloom.api.cost", "threadloom.api.pagination", "threadloom.api.input_text"})
 
 
 class DocumentCache:

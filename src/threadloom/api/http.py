@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import math
 import time
@@ -153,7 +154,17 @@ class GraphQLView(GraphQL[Context, None]):
         return orjson.dumps(data).decode()
 
     def decode_json(self, data: str | bytes) -> object:
-        return orjson.loads(data)
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as error:
+            # orjson refuses a lone surrogate escape ("\ud800"), which is valid JSON: read it with the
+            # standard library so validation (`input_text`) refuses the string with its field instead.
+            if "surrogate" not in str(error):
+                raise
+            try:
+                return json.loads(data)
+            except (ValueError, RecursionError):  # not JSON after all, or nested past what it reads
+                raise error from None
 
     async def get_context(self, request: Request | WebSocket, response: Response | WebSocket) -> Context:
         state = request.scope.setdefault("state", {})

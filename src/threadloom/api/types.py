@@ -25,10 +25,12 @@ from strawberry.scalars import JSON
 from threadloom.api import enums
 from threadloom.api import ids as gid
 from threadloom.api.context import Info
+from threadloom.api.errors import ApiError
 from threadloom.api.feed_cursor import encode_feed_cursor
 from threadloom.api.pagination import paged
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain import entities as e
+from threadloom.domain.errors import DomainError
 from threadloom.domain.records import Record
 from threadloom.domain.statuses import RunStatus
 from threadloom.domain.threads import thread_status
@@ -499,6 +501,10 @@ class Checkpoint(Node, _Entity):
 
     @strawberry.field(description="The unified diff of one path (as listed in `files`); null if not captured.")
     async def diff(self, info: Info, path: str) -> str | None:
+        try:
+            checkpoint_rules.check_file_path(path)
+        except DomainError as error:
+            raise ApiError(error) from None  # a bad path is the caller's error, typed with its field
         return await info.context.services.runs.checkpoints.file_diff(self.rec, path)
 
     @strawberry.field(

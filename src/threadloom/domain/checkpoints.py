@@ -25,6 +25,7 @@ from typing import Any
 from threadloom.domain.activities import ActivityKind, activity
 from threadloom.domain.changes import Change, NewId
 from threadloom.domain.entities import Checkpoint, CheckpointScope, ExecutionNode
+from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.statuses import CheckpointScopeKind, CheckpointStatus, NodeKind, RunStatus
 
 # Never captured unless a project asks otherwise: dependency and cache folders an agent can rebuild.
@@ -114,6 +115,30 @@ def files_of(checkpoint: Checkpoint) -> list[CheckpointFile]:
     """The typed file list stored on a checkpoint (empty for a missing or failed one)."""
     listed = checkpoint.files if isinstance(checkpoint.files, list) else []
     return [CheckpointFile.from_json(entry) for entry in listed if isinstance(entry, dict)]
+
+
+MAX_FILE_PATH = 4096  # PATH_MAX: no file a checkpoint lists has a longer workspace-relative path
+
+
+def check_file_path(path: str, field: str = "path") -> str:
+    """`path` if it can name a file a checkpoint lists; else `INVALID_INPUT` on `field`.
+
+    Workspace-relative, `/`-separated, no empty, `.` or `..` component, no `.git` in any letter case
+    (never captured), no U+0000 and at most `MAX_FILE_PATH` characters: the shadow repository would
+    refuse such a path (or git could not be given it), and that refusal must be the caller's typed
+    error, not a server error.
+    """
+    parts = path.split("/")
+    if (
+        not path
+        or len(path) > MAX_FILE_PATH
+        or "\x00" in path
+        or any(p in ("", ".", "..") or p.lower() == ".git" for p in parts)
+    ):
+        raise DomainError(
+            ErrorCode.INVALID_INPUT, f"{field} must be a workspace-relative path as `files` lists it", field
+        )
+    return path
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -75,20 +75,24 @@ def check_workspace_root(
     """Refuse a workspace root agents must not be given (`candidate`: the resolved, absolute path).
 
     Not a system folder or inside one, not a shared top-level folder itself, not the data
-    dir or a folder containing it (agents would reach the database and every project's
-    state), nor a folder holding the agents' state folder (`agents_dir`, when it lies outside the data dir:
-    every project's conversations), not inside or around the server's installation (`install_dirs`: its
-    virtualenv and package; agents would rewrite the server), and not the same as, inside or around another
-    project's root (one project's agents would reach the other's files). The filesystem (existence, symlinks) is the
-    engine's business; this only compares paths.
+    dir, a folder inside it (the forks' own workspaces, the checkpoints, the database) or a folder
+    containing it (agents would reach the database and every project's state), nor the agents' state
+    folder (`agents_dir`, when it lies outside the data dir: every project's conversations), inside it
+    or around it, not inside or around the server's installation (`install_dirs`: its virtualenv and
+    package; agents would rewrite the server), and not the same as, inside or around another project's
+    root (one project's agents would reach the other's files). The filesystem (existence, symlinks) is
+    the engine's business; this only compares paths.
     """
     path = PurePosixPath(candidate)
     field = "workspaceRoot"
     check_not_system(candidate)
-    if data_dir is not None and _within(PurePosixPath(data_dir), path):
-        raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} holds the server's data folder", field)
-    if agents_dir is not None and _within(PurePosixPath(agents_dir), path):
-        raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} holds the agents' state folder", field)
+    for folder, what in ((data_dir, "the server's data folder"), (agents_dir, "the agents' state folder")):
+        if folder is None:
+            continue
+        if _within(PurePosixPath(folder), path):
+            raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} holds {what}", field)
+        if _within(path, PurePosixPath(folder)):
+            raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} is inside {what}", field)
     for folder in install_dirs:
         if _within(path, PurePosixPath(folder)) or _within(PurePosixPath(folder), path):
             raise DomainError(ErrorCode.INVALID_WORKSPACE_ROOT, f"{path} overlaps the server's installation", field)
