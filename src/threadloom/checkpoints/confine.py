@@ -146,8 +146,9 @@ class Dirs:
 
 
 def unlink_at(dir_fd: int, name: str) -> None:
-    """Remove a file or link (never a folder) from the folder of `dir_fd`; gone already is fine."""
-    with contextlib.suppress(FileNotFoundError):
+    """Remove a file or link (never a folder) from the folder of `dir_fd`; gone already, or a folder now
+    (swapped in since it was looked at), is left as it is."""
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
         os.unlink(name, dir_fd=dir_fd)
 
 
@@ -178,6 +179,23 @@ def write_at(dir_fd: int, name: str, mode: int, content: bytes) -> None:
             out.write(content)
         return
     raise CheckpointError(CheckpointErrorCode.RESTORE_CONFLICT, f"could not write {name!r}: it kept being replaced")
+
+
+# What a file operation meets when the workspace changed under it: an entry gone, a folder where a file was
+# (or the reverse), a link, a folder no longer empty, a name taken meanwhile.
+_CHANGED = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENOTEMPTY, errno.EEXIST)
+
+
+@contextlib.contextmanager
+def changed_is_conflict(what: str) -> Iterator[None]:
+    """Turn the errors of a workspace changed mid-operation (`_CHANGED`) into RESTORE_CONFLICT: typed, and
+    finished by running the restore again once the workspace holds still."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in _CHANGED:
+            raise
+        raise CheckpointError(CheckpointErrorCode.RESTORE_CONFLICT, f"{what}: the workspace changed: {error}") from None
 
 
 def walk_below(dir_fd: int) -> Iterator[tuple[str, list[str], list[str]]]:

@@ -14,6 +14,7 @@ class CheckpointErrorCode(StrEnum):
     GIT_FAILED = "GIT_FAILED"  # git exited non-zero where nothing else explains it
     WORKSPACE_MISSING = "WORKSPACE_MISSING"  # the workspace root is not an existing directory
     UNSAFE_WORKSPACE = "UNSAFE_WORKSPACE"  # the workspace root is, or passes through, a symlink
+    WORKSPACE_CHANGING = "WORKSPACE_CHANGING"  # folders kept turning into links while a capture read them
     SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"  # no bwrap: git is never let read a workspace unconfined
     INVALID_PROJECT_ID = "INVALID_PROJECT_ID"  # would not make a safe folder name
     INVALID_REF = "INVALID_REF"  # not a well-formed ref under refs/threadloom/

@@ -26,13 +26,14 @@ import subprocess
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from threadloom.checkpoints.confine import (
     Dirs,
+    changed_is_conflict,
     lstat_at,
     open_root,
     remove_empty_folders,
@@ -49,6 +50,16 @@ from threadloom.checkpoints.refs import check_commit, check_prefix, check_ref, r
 from threadloom.checkpoints.walk import Fingerprint, is_git_name, walk_marked, walk_workspace
 
 INDEX_NAME = "threadloom-index"
+STAGE_TRIES = 3  # walks of a workspace whose folders keep turning into links before WORKSPACE_CHANGING
+T = TypeVar("T")
+# What `git update-index` says when a listed path changed kind under it (a folder swapped for a link).
+_SWAPPED = (
+    b"beyond a symbolic link",  # a listed folder became a link
+    b"is a directory - add files inside instead",  # a listed file or link became a folder
+    b'readlink("',  # a listed link became a folder or file
+    b"Not a directory",  # a listed folder became a file
+    b"No such file or directory",  # gone between git's lstat and its read (or behind a link now)
+)
 COMMITS_KEPT = 4096  # commit → tree pairs a store remembers (`ShadowRepo._known_ref`)
 _SETTINGS_WRITTEN: dict[Path, str] = {}  # git dir → the exclude file text this process last wrote there
 
@@ -154,7 +165,10 @@ class ShadowRepo:
     # -- capture -----------------------------------------------------------------------------
 
     async def _stage(self, root: int) -> None:
-        """Make the private index describe the workspace exactly."""
+        """Make the private index describe the workspace exactly (`_staged_again` on a swap)."""
+        await _staged_again(lambda: self._stage_once(root))
+
+    async def _stage_once(self, root: int) -> None:
         present, listing = await asyncio.gather(
             asyncio.to_thread(walk_workspace, root, self.excludes, self.git_dir, self.workspace),
             self._git.run("ls-files", "-z"),
@@ -164,6 +178,9 @@ class ShadowRepo:
     async def _stage_or_reuse(self, root: int) -> tuple[str | None, Fingerprint | None]:
         """The last capture's tree when the files' stat data is as it was then (no git at all); else
         stage (`_stage`) and answer None. Also the fingerprint, for `_remember`."""
+        return await _staged_again(lambda: self._stage_or_reuse_once(root))
+
+    async def _stage_or_reuse_once(self, root: int) -> tuple[str | None, Fingerprint | None]:
         present, mark = await asyncio.to_thread(walk_marked, root, self.excludes, self.git_dir, self.workspace)
         known = self._trees.get(self._key)
         if mark is not None and known is not None and known[0] == mark:
@@ -186,9 +203,23 @@ class ShadowRepo:
         if stale:  # gone from disk, now excluded, or replaced by a folder
             await self._git.run("update-index", "-z", "--index-info", stdin=b"".join(map(_unlisted, sorted(stale))))
         if present:
-            await self._git.run(
-                "update-index", "-z", "--add", "--remove", "--replace", "--stdin", stdin=_z(present), workspace_fd=root
+            added = await self._git.run(
+                "update-index",
+                "-z",
+                "--add",
+                "--remove",
+                "--replace",
+                "--stdin",
+                stdin=_z(present),
+                workspace_fd=root,
+                check=False,
             )
+            if added.returncode != 0 and any(sign in added.stderr for sign in _SWAPPED):
+                # A folder the walk listed became a link (or a link a folder) before git read it.
+                raise CheckpointError(CheckpointErrorCode.WORKSPACE_CHANGING, added.stderr.decode(errors="replace"))
+            if added.returncode != 0:
+                message = added.stderr.decode(errors="replace").strip()[:2000]
+                raise CheckpointError(CheckpointErrorCode.GIT_FAILED, f"git update-index failed: {message}")
 
     async def capture(self, ref: str, message: str, parent: str | None = None) -> Capture:
         """Commit the whole workspace as a checkpoint on `ref` (also when nothing changed)."""
@@ -486,7 +517,7 @@ class ShadowRepo:
     def _blocked_folders(self, root: int, write: list[str], removed: set[str]) -> list[str]:
         """Paths the target has as files where the disk has a folder with something we may not remove."""
         blocked = []
-        with Dirs(root) as dirs:
+        with changed_is_conflict("checking folders"), Dirs(root) as dirs:
             for path in write:
                 folder = dirs.get(path)  # None: not a real folder (a link is not entered)
                 if folder is None:
@@ -507,7 +538,7 @@ class ShadowRepo:
         path whose folder is now a link (swapped in since staging) is skipped, its file is not in the
         workspace any more."""
         folders: set[str] = set()
-        with Dirs(root) as dirs:
+        with changed_is_conflict("removing"), Dirs(root) as dirs:
             for path in remove:
                 parent, _, name = path.rpartition("/")
                 fd = dirs.get(parent)
@@ -544,7 +575,7 @@ class ShadowRepo:
             feeder = threading.Thread(target=_feed, args=(process.stdin, ids), daemon=True)
             feeder.start()
             try:
-                with Dirs(root) as dirs:
+                with changed_is_conflict("writing"), Dirs(root) as dirs:
                     for path, mode, blob in blobs:
                         header = process.stdout.readline().split()
                         if len(header) != 3 or header[0] != blob:
@@ -556,6 +587,18 @@ class ShadowRepo:
             finally:
                 process.kill()
                 feeder.join()
+
+
+async def _staged_again(stage: Callable[[], Awaitable[T]]) -> T:
+    """`stage()`, walked and staged afresh when a folder was swapped for a link between the walk and git's
+    read (WORKSPACE_CHANGING); an agent swapping on every try gets that error after `STAGE_TRIES`."""
+    for _ in range(STAGE_TRIES - 1):
+        try:
+            return await stage()
+        except CheckpointError as error:
+            if error.code != CheckpointErrorCode.WORKSPACE_CHANGING:
+                raise
+    return await stage()
 
 
 def _feed(pipe: IO[bytes], data: bytes) -> None:
