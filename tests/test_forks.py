@@ -15,6 +15,7 @@ from tests.support.runs import send
 from tests.support.scripted import ScriptedThread
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
+from threadloom.api.ids import decode
 
 PROVIDERS = """
 [instances.scripted]
@@ -48,6 +49,13 @@ class Thread(ScriptedThread):
     async def fork(self, source: dict[str, Any], **kw: Any) -> dict[str, Any]:
         data = await self.client.gql(FORK, {"source": source, **kw})
         return data["forkThread"]  # type: ignore[no-any-return]
+
+
+def gid_uuid(global_id: str) -> str:
+    """The uuid a Relay global id names (a fork's own folder is named by its project's and its own)."""
+    decoded = decode(global_id)
+    assert decoded is not None, global_id
+    return str(decoded[1])
 
 
 def _folder(path: Path) -> Path:
@@ -330,9 +338,11 @@ async def test_a_fork_with_its_own_workspace_starts_from_the_fork_points_files(a
     await source.run("@write a.txt two\n@write b.txt later")
 
     fork, _ = await forked(source, {"checkpoint": await _checkpoint(api, first["id"])}, own=True)
-    path = (await api.gql("query($t: ID!) { thread(id: $t) { workspacePath } }", {"t": fork.id}))["thread"]
-    own = root / path["workspacePath"]
-    assert own.parent == root / ".threadloom" / "forks"
+    path = (await api.gql("query($t: ID!) { thread(id: $t) { workspacePath project { id } } }", {"t": fork.id}))
+    project = gid_uuid(path["thread"]["project"]["id"])
+    assert path["thread"]["workspacePath"] == f"forks/{gid_uuid(fork.id)}"
+    own = (tmp_path / "data").resolve() / "workspaces" / project / path["thread"]["workspacePath"]  # the data dir's
+    assert not (root / ".threadloom").exists()  # nothing inside the project's workspace
     assert (own / "a.txt").read_text() == "one" and not (own / "b.txt").exists()  # made by forkThread
 
     on_fork = await fork.run("@write c.txt fork")

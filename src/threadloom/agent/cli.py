@@ -1,5 +1,5 @@
 """Command line: `python -m threadloom.agent --state-dir DIR [--workspace DIR] [--allow-network] [--hide DIR]...
-[--chunk-delay-ms N] [--capabilities JSON]`."""
+[--own-workspaces DIR] [--chunk-delay-ms N] [--capabilities JSON]`."""
 
 from __future__ import annotations
 
@@ -60,6 +60,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument(
         "--hide", type=Path, action="append", default=[], help="a folder commands must not see (repeatable)"
     )
+    parser.add_argument(
+        "--own-workspaces",
+        type=Path,
+        default=None,
+        help="a folder of forks' own workspaces: a thread whose cwd is in one of its subfolders uses that one only",
+    )
     args = parser.parse_args(argv)
     return Options(
         state_dir=args.state_dir,
@@ -68,6 +74,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         workspace=args.workspace,
         allow_network=args.allow_network,
         hidden=tuple(args.hide),
+        own_workspaces=args.own_workspaces,
     )
 
 

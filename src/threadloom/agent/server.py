@@ -63,12 +63,30 @@ class Options:
     workspace: Path | None = None  # the one folder threads may work in; None: each thread's own cwd
     allow_network: bool = False  # `full_access` threads share the network only when this is set
     hidden: tuple[Path, ...] = ()  # folders covered inside the sandbox even if the workspace contains them
+    # The folder of the project's forks' own workspaces (under the server's data dir), one subfolder each.
+    own_workspaces: Path | None = None
+
+    def own_folder(self, cwd: str) -> Path | None:
+        """The fork's own folder `cwd` lies in (a subfolder of `own_workspaces`), else None."""
+        if self.own_workspaces is None:
+            return None
+        base, path = self.own_workspaces.resolve(), Path(cwd).resolve()
+        if path == base or not path.is_relative_to(base):
+            return None
+        return base / path.relative_to(base).parts[0]
+
+    def root_of(self, cwd: str) -> Path:
+        """The one folder a thread working in `cwd` may use: its fork's own folder (never the project's
+        workspace nor another fork's), else `workspace`, else `cwd` itself."""
+        own = self.own_folder(cwd)
+        if own is not None:
+            return own
+        return self.workspace if self.workspace is not None else Path(cwd)
 
     def sandbox(self, thread: ThreadRecord) -> Sandbox:
         """How the thread's commands are confined: its workspace, writable unless read-only."""
-        root = self.workspace if self.workspace is not None else Path(thread.cwd)
         return Sandbox(
-            root,
+            self.root_of(thread.cwd),
             writable=thread.runtime_mode != "read_only",
             network=self.allow_network and thread.runtime_mode == "full_access",
             hidden=self.hidden,
@@ -210,6 +228,11 @@ class Server:
         if mode is not None and mode != record.runtime_mode:  # the app thread's mode is the truth
             record.runtime_mode = mode
             self.store.save(record)
+        # And its folder (a fork's own folder moved under the data dir; an idle thread only).
+        cwd = self._cwd_param(params, record.cwd) if params.get("cwd") is not None else record.cwd
+        if cwd != record.cwd and session.active is None:
+            record.cwd = cwd
+            self.store.save(record)
         return Answer({"thread": {"id": record.id, "cwd": record.cwd, "turns": len(record.turns)}})
 
     def _thread_read(self, params: Message) -> Answer:
@@ -318,12 +341,15 @@ class Server:
     # --- helpers ---
 
     def _cwd_param(self, params: Message, default: str) -> str:
-        """`cwd` (else `default`) as an absolute path, refused outside `--workspace`."""
+        """`cwd` (else `default`) as an absolute path, refused outside `--workspace` unless it lies in a fork's
+        own folder (`--own-workspaces`)."""
         cwd = params.get("cwd")
         if cwd is not None and not isinstance(cwd, str):
             raise RpcError(INVALID_PARAMS, "cwd must be a string")
         path = os.path.abspath(cwd or default)
         workspace = self.options.workspace
+        if self.options.own_folder(path) is not None:
+            return path
         if workspace is not None and not Path(path).resolve().is_relative_to(workspace.resolve()):
             raise RpcError(INVALID_PARAMS, f"cwd {path} is outside this agent's workspace {workspace}")
         return path

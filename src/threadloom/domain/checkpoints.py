@@ -39,9 +39,13 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
     ".ruff_cache/",
     ".tox/",
 )
-# Always excluded: the own workspaces of forks live here, each captured and restored on its own.
-FORK_WORKSPACES = ".threadloom/forks"
-ALWAYS_EXCLUDED = (f"/{FORK_WORKSPACES}/",)
+# Always excluded: where older releases put forks' own workspaces, inside the project's workspace.
+# Forks now work under the server's data dir (`threads.workspace_of`) and nothing reads these folders any
+# more, but they may still be there: excluding them keeps the project's next checkpoint from suddenly
+# listing every old fork's files as added, and a rollback of the project from deleting them.
+LEGACY_FORK_WORKSPACES = ".threadloom/forks"
+FORK_WORKSPACES = LEGACY_FORK_WORKSPACES  # its older name (domain.projects refuses it as a workspace root)
+ALWAYS_EXCLUDED = (f"/{LEGACY_FORK_WORKSPACES}/",)
 EXCLUDES_ENV = "THREADLOOM_CHECKPOINT_EXCLUDES"
 ROOT_SCOPE_NAME = "root"  # the ref component of the root scope (`checkpoint_ref(thread, "root", n)`)
 

@@ -106,7 +106,7 @@ class AppThread(Timestamps, Record):
     lineage_relationship: LineageRelationship | None = None
     root_thread_id: uuid.UUID | None = None
     forked_from_transfer_id: uuid.UUID | None = None
-    workspace_path: str | None = None  # a fork's own folder, relative to the project's workspace
+    workspace_path: str | None = None  # set: its own folder under the data dir (threads.workspace_of)
     queue_held: bool = False
     queue_hold_reason: str | None = None
     archived_at: datetime | None = None

@@ -22,7 +22,6 @@ from enum import StrEnum
 from typing import Any
 
 from threadloom.domain.changes import Change, NewId
-from threadloom.domain.checkpoints import FORK_WORKSPACES
 from threadloom.domain.entities import AppThread, Checkpoint, ContextTransfer, Run
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.statuses import (
@@ -32,7 +31,7 @@ from threadloom.domain.statuses import (
     TransferStatus,
     TransferType,
 )
-from threadloom.domain.threads import descendant_thread
+from threadloom.domain.threads import descendant_thread, own_workspace_path
 
 HANDOFF_SEPARATOR = "\n\n"  # between a portable handoff and the first message it goes with
 
@@ -148,13 +147,14 @@ def create_fork(
 ) -> tuple[AppThread, list[Change]]:
     """The fork thread and its pending `FORK` transfer (no provider state: that waits for the first run).
 
-    With `own_workspace` the fork works in a folder of its own inside the project's workspace
-    (`.threadloom/forks/<fork id>`), made from the fork point's checkpoint; otherwise it shares the project's.
+    With `own_workspace` the fork works in a folder of its own under the server's data dir
+    (`<data dir>/workspaces/<project id>/forks/<fork id>`, out of every agent's reach), made from the fork
+    point's checkpoint; otherwise it shares the project's workspace.
     """
     transfer_id = new_id()
     fork = fork_of(source, title, new_id(), transfer_id, now)
     if own_workspace:
-        fork = fork.evolve(workspace_path=f"{FORK_WORKSPACES}/{fork.id}")
+        fork = fork.evolve(workspace_path=own_workspace_path(fork.id))
     transfer = ContextTransfer(
         id=transfer_id,
         type=TransferType.FORK,

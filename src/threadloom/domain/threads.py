@@ -166,9 +166,35 @@ def clean_text(text: str) -> str:
     return text
 
 
-def workspace_of(thread: AppThread, project_root: str) -> str:
-    """The folder the thread's agent works in: the project's workspace, or a fork's own folder inside it."""
-    return posixpath.join(project_root, thread.workspace_path) if thread.workspace_path else project_root
+# A thread's own workspace (a fork's, `forkThread(ownWorkspace: true)`) lives under the server's data dir,
+# `<data dir>/workspaces/<project id>/forks/<thread id>`: never inside a tree any agent can write, so no
+# agent can swap it (or a folder on its path) for a symlink to somewhere else.
+WORKSPACES_DIR = "workspaces"  # the data dir's folder of threads' own workspaces
+OWN_WORKSPACE_PREFIX = "forks"  # `AppThread.workspace_path` of a fork with its own folder: `forks/<thread id>`
+
+
+def own_workspace_path(thread_id: uuid.UUID) -> str:
+    """What a fork with a folder of its own stores as `workspace_path` (relative to its project's folder
+    under the data dir); only whether it is set matters to where the folder is (`workspace_of`)."""
+    return f"{OWN_WORKSPACE_PREFIX}/{thread_id}"
+
+
+def own_workspaces_of(workspaces_root: str, project_id: uuid.UUID) -> str:
+    """The folder holding a project's threads' own workspaces (`workspaces_root`: `<data dir>/workspaces`)."""
+    return posixpath.join(workspaces_root, str(project_id), OWN_WORKSPACE_PREFIX)
+
+
+def workspace_of(thread: AppThread, project_root: str, workspaces_root: str) -> str:
+    """The folder the thread's agent works in: the project's workspace, or its own folder under the data dir.
+
+    The own folder is derived from the project's and the thread's ids alone, never from the stored
+    `workspace_path`: a fork made by an older release stored `.threadloom/forks/<id>`, a folder inside the
+    project's workspace that any agent of the project can replace with a symlink, so that text is not a
+    path the server follows (the fork's folder is made again under the data dir, `engine.checkpoints`).
+    """
+    if not thread.workspace_path:
+        return project_root
+    return posixpath.join(own_workspaces_of(workspaces_root, thread.project_id), str(thread.id))
 
 
 def index_key(thread: AppThread) -> str | None:

@@ -17,10 +17,15 @@ capture to `record_run_end`), a baseline or a subagent's checkpoint in a step of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import os
 import shutil
+import stat
+import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from threadloom.checkpoints import CheckpointError, CheckpointErrorCode, CheckpointStore, ShadowRepo, checkpoint_ref
@@ -30,7 +35,7 @@ from threadloom.domain.entities import AppThread, Checkpoint, CheckpointScope, E
 from threadloom.domain.ids import new_id
 from threadloom.domain.runs import is_active
 from threadloom.domain.statuses import RunStatus
-from threadloom.domain.threads import index_key, workspace_of
+from threadloom.domain.threads import WORKSPACES_DIR, index_key, workspace_of
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.store import checkpoints as stored
 from threadloom.store import entities
@@ -59,19 +64,42 @@ class _Where:
 class Checkpoints:
     """Capture and record checkpoints; `store` None keeps none (runs end with `checkpoint.skipped`)."""
 
-    def __init__(self, pipeline: Pipeline, store: CheckpointStore | None, excludes: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        store: CheckpointStore | None,
+        excludes: tuple[str, ...],
+        data_dir: Path | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.store = store
         self.excludes = excludes
+        # Threads' own workspaces (forks'): `<data dir>/workspaces/<project>/forks/<thread>`. The data dir is
+        # resolved once, here: every path below it is then made and opened without following a symlink.
+        self.data_dir = None if data_dir is None else data_dir.resolve()
+        self._making: dict[uuid.UUID, asyncio.Lock] = {}  # one materialisation of a fork's folder at a time
 
     @classmethod
     def open(cls, pipeline: Pipeline, data_dir: Path, excludes: tuple[str, ...]) -> Checkpoints:
         """Checkpoints in `<data dir>/checkpoints`; without git on PATH the server keeps none (and says so)."""
         try:
-            return cls(pipeline, CheckpointStore(data_dir), excludes)
+            return cls(pipeline, CheckpointStore(data_dir), excludes, data_dir)
         except CheckpointError as error:
             log.warning("checkpoints are off: %s", error)
-            return cls(pipeline, None, excludes)
+            return cls(pipeline, None, excludes, data_dir)
+
+    @property
+    def workspaces_root(self) -> Path | None:
+        """`<data dir>/workspaces`, the folder of threads' own workspaces (None: this engine has no data dir)."""
+        return None if self.data_dir is None else self.data_dir / WORKSPACES_DIR
+
+    def workspace_of(self, thread: AppThread, project: Project) -> Path:
+        """The folder `thread`'s agent works in (and its checkpoints capture): the project's workspace, or
+        the thread's own folder under the data dir."""
+        root = self.workspaces_root
+        if thread.workspace_path and root is None:
+            raise CheckpointError(CheckpointErrorCode.WORKSPACE_MISSING, "this server has no data dir for forks")
+        return Path(workspace_of(thread, project.workspace_root, str(root)))
 
     def repo(self, project_id: uuid.UUID, workspace: Path, index_key: str | None = None) -> ShadowRepo:
         if self.store is None:
@@ -83,8 +111,7 @@ class Checkpoints:
         project = await entities.get(db, Project, thread.project_id if thread else None)
         if thread is None or project is None:
             return None
-        workspace = Path(workspace_of(thread, project.workspace_root))
-        return _Where(thread.id, project.id, workspace, index_key(thread))
+        return _Where(thread.id, project.id, self.workspace_of(thread, project), index_key(thread))
 
     async def _capture(
         self, where: _Where, scope: str, ordinal: int, base: Checkpoint | None, message: str
@@ -106,30 +133,49 @@ class Checkpoints:
 
     # ---- a fork's own workspace ---------------------------------------------------------------
 
-    async def ensure_own_workspace(self, thread_id: uuid.UUID) -> None:
-        """A fork with a workspace of its own: its folder, made once from the fork point's checkpoint.
+    async def ensure_own_workspace(self, thread_id: uuid.UUID, before_ordinal: int | None = None) -> None:
+        """A thread with a workspace of its own (a fork's): its folder under the data dir, made once.
 
-        The files go to a `.partial` folder that is renamed when complete, so a crash midway leaves
-        nothing a run would mistake for the fork's files; the next call starts again.
+        The files are those the thread's next run starts from: its latest ready root checkpoint before
+        `before_ordinal` (None: its latest), else the fork point's checkpoint. So a fork made by an older
+        release, whose folder was `.threadloom/forks/<id>` inside the project's workspace, gets its folder
+        here again from its own checkpoints on its next run or rollback; the old folder is never read
+        (any agent of the project can rewrite it) nor deleted (see docs/lifecycles/forks.md).
+
+        Every folder is made with mode 0o700 and opened without following symlinks. The files go to a
+        `.partial` folder that is renamed when complete, so a crash midway leaves nothing a run would
+        mistake for the fork's files; the next call starts again.
         """
+        lock = self._making.setdefault(thread_id, asyncio.Lock())
+        async with lock:
+            await self._make_own_workspace(thread_id, before_ordinal)
+
+    async def _make_own_workspace(self, thread_id: uuid.UUID, before_ordinal: int | None) -> None:
         async with self.pipeline.db.read() as db:
             thread = await entities.get(db, AppThread, thread_id)
             if thread is None or not thread.workspace_path:
                 return
             project = await entities.require(db, Project, thread.project_id)
-            source = await stored.fork_point_checkpoint(db, thread)
-        folder = Path(workspace_of(thread, project.workspace_root))
-        if await asyncio.to_thread(folder.is_dir):
-            return
+            scope = await stored.root_scope(db, thread.id)
+            own = await stored.of_scope(db, scope.id) if scope is not None else []
+            source = rules.base_of(own, sys.maxsize if before_ordinal is None else before_ordinal)
+            if source is None:
+                source = await stored.fork_point_checkpoint(db, thread)
+        root = self.workspaces_root
+        if root is None:
+            raise CheckpointError(CheckpointErrorCode.WORKSPACE_MISSING, "this server has no data dir for forks")
+        folder = self.workspace_of(thread, project)
+        parts = folder.relative_to(root.parent).parts  # ("workspaces", <project>, "forks", <thread>)
         partial = folder.with_name(f"{folder.name}.partial")
-        await asyncio.to_thread(_fresh_folder, partial)
+        if not await asyncio.to_thread(_fresh_own_folder, root.parent, parts):
+            return  # made already
         if source is not None and source.ref and self.store is not None:
             repo = self.repo(project.id, partial, f"{thread.id}-partial")
             commit = await repo.resolve(source.ref)
             if commit is None:
                 raise CheckpointError(CheckpointErrorCode.UNKNOWN_COMMIT, f"checkpoint {source.id} has no commit")
             await repo.restore(commit)
-        await asyncio.to_thread(partial.rename, folder)
+        await asyncio.to_thread(_publish_own_folder, root.parent, parts)
 
     # ---- the root scope: a run's start and end ---------------------------------------------
 
@@ -181,7 +227,7 @@ class Checkpoints:
         run, thread, project, base = found
         if not is_active(run) or (attempt_id is not None and run.active_attempt_id != attempt_id):
             return None
-        where = _Where(thread.id, project.id, Path(workspace_of(thread, project.workspace_root)), index_key(thread))
+        where = _Where(thread.id, project.id, self.workspace_of(thread, project), index_key(thread))
         result = await self._capture(where, rules.ROOT_SCOPE_NAME, run.ordinal, base, f"after run {run.ordinal}")
         return RunCapture(run.id, run.ordinal, result)
 
@@ -291,7 +337,60 @@ class Checkpoints:
         await self.pipeline.execute(Command(command_type="checkpoint.node", thread_id=where.thread_id, decide=decide))
 
 
-def _fresh_folder(path: Path) -> None:
-    """An empty folder at `path` (a leftover of an interrupted attempt is removed first)."""
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a folder, never through a symlink
+
+
+def _open_folders(base: Path, parts: Sequence[str]) -> int:
+    """An fd of `base/parts...`, each folder made (mode 0o700) if missing and opened from the one before
+    with O_NOFOLLOW: a symlink or a file anywhere on the way is refused (OSError), never followed."""
+    fd = os.open(base, _DIR)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=fd)
+            inner = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _fresh_own_folder(base: Path, parts: Sequence[str]) -> bool:
+    """False if the own folder `base/parts...` is made already; else True, with an empty `<name>.partial`
+    beside it (a leftover of an interrupted attempt is removed first, a symlink unlinked, not followed)."""
+    *parents, name = parts
+    fd = _open_folders(base, parents)
+    try:
+        try:
+            found = os.lstat(name, dir_fd=fd)
+        except FileNotFoundError:
+            found = None
+        if found is not None:
+            if stat.S_ISDIR(found.st_mode):
+                return False
+            raise NotADirectoryError(f"{base.joinpath(*parts)} is not a folder; the fork's files are not put there")
+        partial = f"{name}.partial"
+        try:
+            leftover = os.lstat(partial, dir_fd=fd)
+        except FileNotFoundError:
+            leftover = None
+        if leftover is not None and stat.S_ISDIR(leftover.st_mode):
+            shutil.rmtree(partial, dir_fd=fd)  # fd-based: never leaves the folder through a symlink
+        elif leftover is not None:
+            os.unlink(partial, dir_fd=fd)
+        os.mkdir(partial, 0o700, dir_fd=fd)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _publish_own_folder(base: Path, parts: Sequence[str]) -> None:
+    """Rename the complete `<name>.partial` to the own folder's name (within the same opened folder)."""
+    *parents, name = parts
+    fd = _open_folders(base, parents)
+    try:
+        os.rename(f"{name}.partial", name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)

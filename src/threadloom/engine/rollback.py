@@ -70,7 +70,7 @@ from threadloom.domain.statuses import (
     RunStatus,
     TokenScope,
 )
-from threadloom.domain.threads import index_key, new_provider_thread, workspace_of
+from threadloom.domain.threads import index_key, new_provider_thread
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.sessions import SessionManager
 from threadloom.providers.contract import ProviderError, ProviderRuntime, ThreadSettings
@@ -167,18 +167,25 @@ def _refused(error: plan_rules.RollbackRefused) -> DomainError:
 
 class Rollbacks:
     def __init__(
-        self, pipeline: Pipeline, sessions: SessionManager, repo_of: Callable[[uuid.UUID, Path, str | None], ShadowRepo]
+        self,
+        pipeline: Pipeline,
+        sessions: SessionManager,
+        repo_of: Callable[[uuid.UUID, Path, str | None], ShadowRepo],
+        workspace_of: Callable[[AppThread, Project], Path],
+        ensure_workspace: Callable[[uuid.UUID], Awaitable[None]],
     ) -> None:
         self.pipeline = pipeline
         self.sessions = sessions
         self.repo_of = repo_of  # the project's shadow repository, with its exclude list (engine.checkpoints)
+        self.workspace_of = workspace_of  # the thread's folder (a fork's own is under the data dir)
+        self.ensure_workspace = ensure_workspace  # makes a fork's own folder if it is not there yet
 
     @property
     def now(self) -> Any:
         return self.pipeline.clock.now()
 
     def _repo(self, project: Project, thread: AppThread) -> ShadowRepo:
-        return self.repo_of(project.id, Path(workspace_of(thread, project.workspace_root)), index_key(thread))
+        return self.repo_of(project.id, self.workspace_of(thread, project), index_key(thread))
 
     # ---- rollbackToRun ------------------------------------------------------------------------------------
 
@@ -187,6 +194,7 @@ class Rollbacks:
     ) -> dict[str, Any]:
         """Carry out the rollback; its result names the thread, the rolled-back runs and the pre-rollback ref."""
         op = _Operation(new_id(), ordinal, thread_id)
+        await self._own_workspace(principal, thread_id)
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
@@ -210,6 +218,19 @@ class Rollbacks:
             if isinstance(error, _StepFailed | CheckpointError | ProviderError | OSError) or op.failure:
                 raise DomainError(ErrorCode.ROLLBACK_FAILED, _failure_message(op, failure)) from error
             raise
+
+    async def _own_workspace(self, principal: Principal, thread_id: uuid.UUID) -> None:
+        """A fork with a folder of its own that is not there yet (made by an older release inside the
+        project's workspace, never used since) gets it first: the rollback captures and restores there."""
+        async with self.pipeline.db.read() as db:
+            thread = await entities.get(db, AppThread, thread_id)
+        if thread is None or not thread.workspace_path:
+            return  # refused or carried out by the command itself
+        principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
+        try:
+            await self.ensure_workspace(thread_id)
+        except (CheckpointError, OSError) as error:
+            raise DomainError(ErrorCode.ROLLBACK_FAILED, f"the fork's workspace could not be made: {error}") from error
 
     async def _carry_out(self, db: Reader, thread: AppThread, op: _Operation, restore_files: bool) -> Outcome:
         runs = await facts.runs_of(db, thread.id)
@@ -363,7 +384,7 @@ class Rollbacks:
         planned = step.planned
         if planned is None:
             raise _StepFailed("provider", "no plan for this provider thread")
-        cwd = workspace_of(thread, project.workspace_root)
+        cwd = str(self.workspace_of(thread, project))
         settings = ThreadSettings(cwd=cwd, runtime_mode=thread.runtime_mode, model=thread.model)
         async with self.sessions.using(pt.provider_instance_id, project.id) as session:
             runtime = session.runtime

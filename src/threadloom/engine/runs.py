@@ -327,7 +327,8 @@ class RunEngine:
             return
         try:
             if prepared.thread.workspace_path:
-                await self.checkpoints.ensure_own_workspace(prepared.thread.id)  # a fork's own folder, once
+                # A fork's own folder: made once (again for a fork an older release made inside the workspace).
+                await self.checkpoints.ensure_own_workspace(prepared.thread.id, prepared.run.ordinal)
         except (CheckpointError, OSError) as error:
             reason = f"the fork's workspace could not be made: {error}"
             await self.finish(effect.run_id, RunStatus.FAILED, "workspace_error", hold_reason=reason)
@@ -454,7 +455,7 @@ class RunEngine:
                     thread,
                     provider_thread,
                     text or message.text,
-                    thread_rules.workspace_of(thread, project.workspace_root),
+                    str(self.checkpoints.workspace_of(thread, project)),
                     tuple(handoffs),
                     fork.native if fork is not None else None,
                     self.checkpoints.baseline_due(run, start.baseline),
@@ -626,7 +627,7 @@ class RunEngine:
             return Outcome(changes).carrying(
                 _Target(
                     thread.id,
-                    _settings(thread, thread_rules.workspace_of(thread, project.workspace_root)),
+                    _settings(thread, str(self.checkpoints.workspace_of(thread, project))),
                     None,
                     pt,
                     project.id,

@@ -92,12 +92,12 @@ class Services:
             name: float(config.options.get("idle_timeout_s", DEFAULT_IDLE_TIMEOUT_S))
             for name, config in instances.items()
         }
-        sessions = SessionManager(pipeline, drivers, worker.id, idle)
+        excludes = checkpoint_rules.excludes(os.environ.get(checkpoint_rules.EXCLUDES_ENV))
+        checkpoints = Checkpoints.open(pipeline, settings.data_dir, excludes)
+        sessions = SessionManager(pipeline, drivers, worker.id, idle, checkpoints.workspaces_root)
         restart_as_run = frozenset(
             name for name, config in instances.items() if config.options.get("restart_as") == "new_run"
         )
-        excludes = checkpoint_rules.excludes(os.environ.get(checkpoint_rules.EXCLUDES_ENV))
-        checkpoints = Checkpoints.open(pipeline, settings.data_dir, excludes)
         retry_policies = {
             name: RetryPolicy(
                 retries=int(config.options.get("crash_retries", 0)),
@@ -152,7 +152,9 @@ class Services:
             dict(instances),
         )
 
-        services.rollback = Rollbacks(pipeline, sessions, checkpoints.repo)
+        services.rollback = Rollbacks(
+            pipeline, sessions, checkpoints.repo, checkpoints.workspace_of, checkpoints.ensure_own_workspace
+        )
         services.forks = Forks(pipeline, checkpoints)
 
         async def wake(committed: Committed) -> None:

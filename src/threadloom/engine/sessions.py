@@ -28,6 +28,7 @@ from threadloom.domain.entities import Project, ProviderSession
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import ProviderSessionStatus
+from threadloom.domain.threads import own_workspaces_of
 from threadloom.engine.pipeline import GlobalCommand, Pipeline
 from threadloom.providers.contract import ProviderDriver, ProviderRuntime, SessionScope
 from threadloom.providers.traced import traced
@@ -131,8 +132,10 @@ class SessionManager:
         drivers: dict[str, ProviderDriver],
         worker_id: uuid.UUID,
         idle_timeouts: dict[str, float] | None = None,
+        workspaces_root: Path | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.workspaces_root = workspaces_root  # `<data dir>/workspaces`: forks' own folders, per project
         self.drivers = drivers
         self.worker_id = worker_id
         self.idle_timeouts = idle_timeouts or {}  # instance → seconds; absent or 0: never reaped
@@ -245,7 +248,8 @@ class SessionManager:
         root = getattr(driver, "state_dir", None)
         if not isinstance(root, Path):
             raise TypeError(f"driver {type(driver).__name__} has no state_dir")
-        return SessionScope(str(project.id), project.workspace_root, root / str(project.id))
+        own = None if self.workspaces_root is None else own_workspaces_of(str(self.workspaces_root), project.id)
+        return SessionScope(str(project.id), project.workspace_root, root / str(project.id), own)
 
     async def _settle(self, session: LiveSession) -> None:
         """Let a dead runtime's ingestor handle its exit (RuntimeExited → session lost), then forget it."""

@@ -66,14 +66,17 @@ class SessionScope:
     """The project a runtime serves. Every agent process belongs to exactly one project.
 
     A runtime never serves two projects, so one project's agent (its crash, its files, its
-    sandbox) cannot reach another's. `workspace_root` is the only folder the agent may write;
+    sandbox) cannot reach another's. `workspace_root` is the folder the project's threads work in;
     `state_dir` is where the driver keeps this project's native agent state (inside the data dir,
-    never visible to the agent's commands).
+    never visible to the agent's commands). `own_workspaces` is the folder (under the data dir) holding
+    the project's forks' own workspaces, one subfolder each: a thread whose `cwd` is one of them works in
+    that subfolder alone, never in the project's workspace nor a sibling.
     """
 
     project_id: str
     workspace_root: str
     state_dir: Path
+    own_workspaces: str | None = None
 
 
 # ---- normalized events -------------------------------------------------------------

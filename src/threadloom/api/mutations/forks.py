@@ -46,8 +46,10 @@ class ForkThreadInput(KeyedInput):
     title: str | None = strawberry.field(default=None, description="Absent means `Fork of <source title>`.")
     own_workspace: bool = strawberry.field(
         default=False,
-        description="Work in a folder of its own (`.threadloom/forks/<id>` in the project's workspace) holding the "
-        "fork point's files, instead of sharing the project's workspace.",
+        description="Work in a folder of its own holding the fork point's files, instead of sharing the project's "
+        "workspace. The folder is kept by the server under its data dir (`<data dir>/workspaces/<project id>/forks/"
+        "<fork id>`; `Thread.workspacePath` reads `forks/<fork id>`), outside every project's workspace, so no "
+        "other thread's agent can reach or replace it.",
     )
 
 
