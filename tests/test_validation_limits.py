@@ -7,11 +7,20 @@ the refusals over HTTP (GET and POST), as multipart subscriptions and over graph
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import inspect
+import random
+import textwrap
+import threading
 from typing import Any
 
 import httpx
-from graphql import parse, validate
+import pytest
+import strawberry
+import websockets
+from graphql import GraphQLSyntaxError, Source, parse, validate
+from strawberry.types.execution import ParseOptions
 
 from tests.support.cli import create_token
 from tests.support.graphql import make_project, make_thread
@@ -40,6 +49,11 @@ SUBSCRIPTION_BOMB = (
     + " ".join(f"fragment E{i} on ThreadEvent {{ ...E{i + 1} ...E{i + 1} }}" for i in range(24))
     + " fragment E24 on ThreadEvent { sequence }"
 )
+
+
+# Over `bounds.INLINE_QUERY_CHARS`, so parsed, pre-checked and validated on the pool: 2,000 lines of
+# comment (200 KiB) before the operation, which starts on line 2,001.
+PADDING = ("#" + "x" * 99 + "\n") * 2000
 
 
 def limit_of(error: dict[str, Any]) -> str:
@@ -104,6 +118,55 @@ def test_depth_and_alias_rules_keep_their_messages() -> None:
     assert [e.message for e in deep] == ["2 aliases found. Allowed: 1"]
     nested = "query Q { projects { nodes { threads(first: 1) { nodes { id } } } } }"
     assert [e.message for e in validate(SCHEMA, parse(nested), rules)] == ["'Q' exceeds maximum operation depth of 2"]
+
+
+def _body(function: Any) -> str:
+    """A method's statements without its docstring, as `ast.unparse` prints them."""
+    [definition] = ast.parse(textwrap.dedent(inspect.getsource(function))).body
+    assert isinstance(definition, ast.AsyncFunctionDef)
+    statements = definition.body[1:] if ast.get_docstring(definition) else definition.body
+    return "\n".join(ast.unparse(statement) for statement in statements)
+
+
+def test_the_schema_parses_as_strawberry_does_but_off_the_loop() -> None:
+    # BoundedSchema copies strawberry's `_prepare_operation_async` but for the parse call: an
+    # upgrade of strawberry that changes the method fails here rather than silently diverging.
+    theirs = _body(strawberry.Schema._prepare_operation_async)
+    ours = _body(bounds.BoundedSchema._prepare_operation_async)
+    assert theirs.count("_parse_operation_document(context)") == 1
+    assert ours == theirs.replace("_parse_operation_document(context)", "await parse_document(context)")
+    assert set(ParseOptions.__annotations__) == {"max_tokens"}  # the only option the pool's parse passes
+
+
+def test_an_indexed_source_locates_as_graphql_core_does() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        body = "".join(rng.choice("ab\r\n") for _ in range(rng.randint(0, 30)))
+        plain, indexed = Source(body), bounds.IndexedSource(body)
+        assert [indexed.get_location(i) for i in range(len(body) + 1)] == [
+            plain.get_location(i) for i in range(len(body) + 1)
+        ]
+
+
+async def test_big_documents_are_parsed_on_the_pool_and_small_ones_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[str] = []
+    real = bounds.parse
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bounds, "parse", recording)
+    schema = build_schema()
+    small = await schema.execute("{ __typename }")
+    assert small.data == {"__typename": "Query"} and threads == []  # strawberry's own parse, inline
+    answered = await schema.execute(PADDING + "{ __typename }")
+    assert answered.errors is None and answered.data == {"__typename": "Query"}
+    broken = await schema.execute(PADDING + "{ __typename")
+    [error] = broken.errors or []
+    assert isinstance(error, GraphQLSyntaxError) and error.locations is not None
+    assert [tuple(location) for location in error.locations] == [(2001, 13)]
+    assert len(threads) == 2 and all(name.startswith("threadloom-validate") for name in threads)
 
 
 # ---- a real server ------------------------------------------------------------------------------
@@ -180,3 +243,59 @@ async def test_legitimate_fragments_pass_and_the_token_limit_refuses(client: Cli
     assert response.status_code == 400
     [error] = response.json()["errors"]
     assert error["extensions"] == {"code": "QUERY_TOO_COSTLY", "limit": "tokens", "max": 5000}
+
+
+async def test_big_documents_are_answered_and_keep_their_error_codes(
+    server: ServerProcess, client: Client, database_url: str
+) -> None:
+    """Documents over the inline threshold (200 KiB of comment, a 200 KiB string argument) take the
+    pool's path on every transport and are answered as small ones are; a syntax error keeps its code."""
+    project = await make_project(client, "big")
+    thread = (await make_thread(client, project))["id"]
+    token = create_token(database_url, "read", project)[1]
+    long_name = "x" * (200 * 1024)
+
+    data = await client.gql(PADDING + "query Big { viewer { scope } }", token=token)
+    assert data == {"viewer": {"scope": "READ"}}
+    data = await client.gql(f'{{ __type(name: "{long_name}") {{ name }} viewer {{ scope }} }}', token=token)
+    assert data == {"__type": None, "viewer": {"scope": "READ"}}
+
+    broken = await client.post(PADDING + "{ viewer { scope }", token=token, headers=GRAPHQL_RESPONSE)
+    assert broken.status_code == 400
+    [error] = broken.json()["errors"]
+    assert error["extensions"] == {"code": "GRAPHQL_PARSE_FAILED"}
+    assert error["locations"] == [{"line": 2001, "column": 19}]
+
+    subscription = PADDING + "subscription($t: ID!) { threadEvents(threadId: $t, afterSequence: 0) { sequence type } }"
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        response = await http.post(
+            "/graphql",
+            json={"query": PADDING + "subscription { threadEvents(", "variables": {}},
+            headers={"accept": MULTIPART, **client.headers(token)},
+        )
+    assert "GRAPHQL_PARSE_FAILED" in response.text, response.text
+
+    ws = await WsClient.connect(server.url, token)
+    try:
+        op = await ws.subscribe(subscription, {"t": thread})
+        first = await ws.receive()
+        assert first["id"] == op and first["type"] == "next", first
+        assert first["payload"]["data"]["threadEvents"]["type"] == "thread.created"
+    finally:
+        await ws.close()
+
+    # A syntax error closes the socket (strawberry's graphql-transport-ws: 4400 and the error's message),
+    # for a big document as for a small one.
+    for query in ("subscription { threadEvents(", PADDING + "subscription { threadEvents("):
+        ws = await WsClient.connect(server.url, token)
+        try:
+            await ws.subscribe(query, {})
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                await ws.receive()
+            assert closed.value.rcvd is not None
+            assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (
+                4400,
+                "Syntax Error: Expected Name, found <EOF>.",
+            )
+        finally:
+            await ws.close()

@@ -21,22 +21,39 @@ reports it). Counts saturate at `SATURATED`, so a bomb costs neither time nor me
 `MAX_EXPANDED_FIELDS`, `MAX_SELECTION_FIELDS` or `MAX_OVERLAP` with `QUERY_TOO_COSTLY` before
 any rule runs, and validates a document bigger than `INLINE_FIELDS` / `INLINE_QUERY_CHARS` on
 a worker thread (its passes kept per query text and variables), so the event loop waits for it
-instead of running it. The token limit (`Limits.max_tokens`, graphql-core's parser) is reported
-with the same code. Small documents are validated inline as before (the document cache of
+instead of running it; for a text longer than `INLINE_QUERY_CHARS` the pre-check runs there too.
+The token limit (`Limits.max_tokens`, graphql-core's parser) is reported with the same code.
+Small documents are validated inline as before (the document cache of
 `compiled.CachedDocuments` keeps their verdicts).
+
+Parsing is bounded by the body limit (256 KiB) and the token limit, but a 256 KiB comment, string
+or run of tokens still takes graphql-core's pure-Python lexer 50-150 ms. `BoundedSchema` (the
+schema class `build_schema` makes) parses a text longer than `INLINE_QUERY_CHARS` on the same
+pool, on every path (HTTP queries and mutations, multipart and graphql-transport-ws
+subscriptions all go through strawberry's `_prepare_operation_async`; the subscription fast path
+of `api.cohorts` leaves big texts to it), into an `IndexedSource` so that a later error's
+location is found without scanning the text again. The pool shares the GIL: while it works the
+event loop gets the interpreter back every `POOL_SWITCH_INTERVAL` (1 ms), so it is slowed but
+not held (`bench/validation_worst.py` measures the longest gap).
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import bisect
 import concurrent.futures
 import contextvars
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any
+import re
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
+import strawberry
 from graphql import (
+    ASTValidationRule,
     DocumentNode,
     FieldNode,
     FragmentDefinitionNode,
@@ -46,11 +63,18 @@ from graphql import (
     InlineFragmentNode,
     OperationDefinitionNode,
     SelectionSetNode,
+    Source,
+    SourceLocation,
     ValidationContext,
     ValidationRule,
+    parse,
 )
+from strawberry.exceptions import MissingQueryError
 from strawberry.extensions import SchemaExtension
-from strawberry.schema.schema import validate_document
+from strawberry.extensions.runner import SchemaExtensionsRunner
+from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
+from strawberry.schema.schema import _parse_operation_document, _run_validation, validate_document
+from strawberry.types.execution import ExecutionContext, PreExecutionError
 
 from threadloom.api.compiled import _Lru, _variables_key
 from threadloom.api.cost import CODE
@@ -60,10 +84,11 @@ from threadloom.config import Limits
 MAX_EXPANDED_FIELDS = 20_000
 MAX_SELECTION_FIELDS = 500
 MAX_OVERLAP = 50_000
-# Documents at most this big are validated on the event loop (a few milliseconds at most).
+# Documents at most this big are parsed and validated on the event loop (a few milliseconds at most).
 INLINE_FIELDS = 64
 INLINE_QUERY_CHARS = 2048
 SATURATED = 1 << 40
+T = TypeVar("T")
 
 
 def _add(a: int, b: int) -> int:
@@ -264,13 +289,42 @@ def alias_rule(max_aliases: int) -> type[ValidationRule]:
     return AliasRule
 
 
-# --- the extension ------------------------------------------------------------------------------
+# --- the extension and the schema ---------------------------------------------------------------
 
-# Validation of big documents runs here: two threads, so one client's documents cannot take a
-# whole core from the event loop for long, nor wait behind an unrelated pool's work.
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="threadloom-validate")
+# Parsing and validation of big documents run here, in a pool of its own (they never wait behind
+# unrelated work). One thread: graphql-core is pure Python, so under the GIL a second thread adds no
+# throughput, only a second contender the event loop must beat to the interpreter (it doubled the
+# longest hold, bench/validation_worst.py). While the thread works, the interpreter is handed over
+# every POOL_SWITCH_INTERVAL seconds instead of every 5 ms, so the loop waits less for it each time.
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="threadloom-validate")
+POOL_SWITCH_INTERVAL = 0.001
 _TOKENS = "Document contains more than"
 _PASSED = _Lru(256)  # (query, rules, variables) whose validation passed on the pool
+
+
+def _briefly(function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)` on the pool's thread, the interpreter switched every POOL_SWITCH_INTERVAL meanwhile.
+
+    The switch interval is the process's; the pool's one thread is the only one that changes it,
+    and puts the previous value back as soon as it is done, so between big documents the process
+    runs with its usual interval."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(min(previous, POOL_SWITCH_INTERVAL))
+    try:
+        return function(*args)
+    finally:
+        sys.setswitchinterval(previous)
+
+
+def big(query: str | None) -> bool:
+    """Whether a text is parsed, pre-checked and validated on the pool rather than the event loop."""
+    return query is not None and len(query) > INLINE_QUERY_CHARS
+
+
+def _checked(schema: Any, document: DocumentNode, rules: Sequence[type[ASTValidationRule]]) -> list[GraphQLError]:
+    """The pre-check, then the rules when it passes: one hop to the pool for a big document."""
+    refused = check(document)
+    return [refused] if refused is not None else validate_document(schema, document, tuple(rules))
 
 
 class BoundedValidation(SchemaExtension):
@@ -292,22 +346,120 @@ class BoundedValidation(SchemaExtension):
         if document is None or context.pre_execution_errors is not None or not rules:
             yield
             return
-        shape = measure(document, MAX_SELECTION_FIELDS, MAX_EXPANDED_FIELDS)
-        refused = refusal(shape)
-        if refused is not None:
-            context.pre_execution_errors = [refused]
-        elif shape.fields > INLINE_FIELDS or len(query or "") > INLINE_QUERY_CHARS:
-            values = _variables_key(context.variables)
-            key = (query, rules, values)
-            if values is not None and self.passed.get(key):
-                context.pre_execution_errors = []
-            else:
-                schema = context.schema._schema
-                loop = asyncio.get_running_loop()
-                # The cost and page rules read the request's variables from a context variable.
-                run = contextvars.copy_context().run
-                errors = await loop.run_in_executor(_POOL, run, validate_document, schema, document, tuple(rules))
-                if not errors and values is not None:
-                    self.passed.put(key, True)
-                context.pre_execution_errors = errors
+        if not big(query):
+            shape = measure(document, MAX_SELECTION_FIELDS, MAX_EXPANDED_FIELDS)
+            refused = refusal(shape)
+            if refused is not None:
+                context.pre_execution_errors = [refused]
+                yield
+                return
+            if shape.fields <= INLINE_FIELDS:
+                yield  # strawberry (or the document cache) validates it inline
+                return
+        values = _variables_key(context.variables)
+        key = (query, rules, values)
+        if values is not None and self.passed.get(key):
+            context.pre_execution_errors = []  # it passed the pre-check and the rules with these variables
+        else:
+            schema = context.schema._schema
+            loop = asyncio.get_running_loop()
+            # The cost and page rules read the request's variables from a context variable.
+            run = contextvars.copy_context().run
+            errors = await loop.run_in_executor(_POOL, _briefly, run, _checked, schema, document, tuple(rules))
+            if not errors and values is not None:
+                self.passed.put(key, True)
+            context.pre_execution_errors = errors
         yield
+
+
+_NEWLINE = re.compile(r"\r\n|[\n\r]")  # graphql-core's line breaks (`graphql.language.source`)
+
+
+class IndexedSource(Source):
+    """A big document's source, its line breaks indexed once (on the pool, with the parse).
+
+    graphql-core finds an error's line by scanning the body up to the error's position, on every
+    error: 2-5 ms for a node after 256 KiB of padding, on the event loop when a resolver fails. This
+    finds it by bisection, with graphql-core's answer (`Source.get_location`: the line breaks
+    `\r\n`, `\n` and `\r` that start before the position)."""
+
+    def __init__(self, body: str) -> None:
+        super().__init__(body)
+        starts, ends = array.array("q"), array.array("q")
+        for match in _NEWLINE.finditer(body):
+            starts.append(match.start())
+            ends.append(match.end())
+        self.starts, self.ends = starts, ends
+
+    def get_location(self, position: int) -> SourceLocation:
+        breaks = bisect.bisect_left(self.starts, position)
+        line_start = self.ends[breaks - 1] if breaks else 0
+        return SourceLocation(breaks + 1, position + 1 - line_start)
+
+
+async def parse_document(context: ExecutionContext) -> None:
+    """strawberry's parse step (`_parse_operation_document`), on the pool for a big text.
+
+    A document already set (`compiled.CachedDocuments` found it) or a small text is parsed
+    inline, as strawberry does; a big one on `_POOL`, with the same options (the token limit),
+    so a syntax or token-limit error is the one strawberry would raise, reported the same way."""
+    query = context.query
+    if context.graphql_document is not None or query is None or not big(query):
+        _parse_operation_document(context)
+        return
+    max_tokens = context.parse_options.get("max_tokens")
+    loop = asyncio.get_running_loop()
+    parse_big = functools.partial(_parse_big, query, max_tokens)
+    context.graphql_document = await loop.run_in_executor(_POOL, _briefly, parse_big)
+
+
+def _parse_big(query: str, max_tokens: int | None) -> DocumentNode:
+    return parse(IndexedSource(query), max_tokens=max_tokens)
+
+
+class BoundedSchema(strawberry.Schema):
+    """A strawberry schema whose parse step does not run a big document on the event loop.
+
+    strawberry 0.341 parses inside `_prepare_operation_async`, which `execute` (HTTP queries and
+    mutations) and `stream` (multipart and graphql-transport-ws subscriptions) both call; no
+    extension hook can replace the parse and still have its error reported as a parse error. This
+    is that method with `_parse_operation_document(context)` replaced by `await parse_document(context)`
+    (tests/test_validation_limits.py compares the two, so an upgrade that changes it is noticed)."""
+
+    async def _prepare_operation_async(
+        self, context: ExecutionContext, extensions_runner: SchemaExtensionsRunner
+    ) -> PreExecutionError | None:
+        """Parse, check the operation type, and validate before execution."""
+        if not context.query and context.graphql_document is None:
+            raise MissingQueryError
+
+        async with extensions_runner.parsing():
+            try:
+                await parse_document(context)
+
+            except GraphQLError as error:
+                context.pre_execution_errors = [error]
+                return PreExecutionError(data=None, errors=[error])
+
+            except Exception as error:
+                error = GraphQLError(str(error), original_error=error)
+                context.pre_execution_errors = [error]
+                return PreExecutionError(data=None, errors=[error])
+
+        try:
+            operation_type = context.operation_type
+        except RuntimeError as error:
+            raise CannotGetOperationTypeError(context.operation_name) from error
+
+        if operation_type not in context.allowed_operations:
+            raise InvalidOperationTypeError(operation_type)
+
+        async with extensions_runner.validation():
+            _run_validation(context)
+            if context.pre_execution_errors:
+                return PreExecutionError(
+                    data=None,
+                    errors=context.pre_execution_errors,
+                )
+
+        return None

@@ -48,7 +48,7 @@ from graphql.execution.values import get_argument_values
 
 from threadloom import metrics
 from threadloom.api import ids as gid
-from threadloom.api.bounds import inline
+from threadloom.api.bounds import big, inline
 from threadloom.api.errors import CodedErrors
 from threadloom.api.subscriptions import THREAD_SUBSCRIPTIONS, row_filter, stream_ended, thread_event_head
 from threadloom.api.validation import all_rules
@@ -141,6 +141,8 @@ class Plans:
         return plan
 
     def _make(self, query: str, operation_name: str | None) -> Plan | None:
+        if big(query):
+            return None  # the general path parses, pre-checks and validates it off the event loop
         try:
             document = parse(query, max_tokens=self.limits.max_tokens)
         except GraphQLError:

@@ -17,7 +17,7 @@ from strawberry.extensions import AddValidationRules, MaxTokensLimiter
 from strawberry.schema.config import StrawberryConfig
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
-from threadloom.api.bounds import BoundedValidation
+from threadloom.api.bounds import BoundedSchema, BoundedValidation
 from threadloom.api.context import Context, fresh_context
 from threadloom.api.cost import CostVariables
 from threadloom.api.errors import CodedErrors, RecordOperation
@@ -140,7 +140,8 @@ def _execution_context(timeout: float, max_items: int) -> type[TimedExecutionCon
 
 def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawberry.Schema:
     limits = limits or Limits()
-    return strawberry.Schema(
+    # BoundedSchema: strawberry's, with big documents parsed off the event loop (api.bounds).
+    return BoundedSchema(
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
