@@ -67,7 +67,10 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         services = await open_services(settings, database_url, clock)
         limits = settings.limits
-        live = Live(services.db, settings.broadcast_url, StreamLimits(limits.max_replay, limits.subscriber_queue))
+        stream_limits = StreamLimits(
+            limits.max_replay, limits.subscriber_queue, limits.subscriber_queue_bytes, limits.token_queue_bytes
+        )
+        live = Live(services.db, settings.broadcast_url, stream_limits)
         await live.start()
         services.pipeline.listeners.append(live.on_commit)
         await services.start(on_worker_lost=lambda: _stop_self(app))

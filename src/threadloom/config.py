@@ -4,7 +4,9 @@
 `THREADLOOM_DATA_DIR`, `THREADLOOM_AGENT_STATE_DIR` (the agents' resumable state; default `<data dir>/agents`),
 `BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_HOST`/`PORT`,
 `THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`, `THREADLOOM_PROVIDERS` (provider instances, TOML),
-`THREADLOOM_MAX_SUBSCRIPTIONS` (per connection), `THREADLOOM_MAX_REPLAY` (events), `THREADLOOM_SUBSCRIBER_QUEUE`,
+`THREADLOOM_MAX_SUBSCRIPTIONS` (per connection), `THREADLOOM_MAX_REPLAY` (events), `THREADLOOM_SUBSCRIBER_QUEUE`
+(frames), `THREADLOOM_SUBSCRIBER_QUEUE_BYTES` and `THREADLOOM_TOKEN_QUEUE_BYTES` (queued bytes per subscriber and
+per token),
 `THREADLOOM_MAX_QUERY_COST` (objects per operation), `THREADLOOM_QUERY_TIMEOUT` (seconds per query),
 and the per-token limits (`THREADLOOM_MAX_CONNECTIONS_PER_TOKEN`, `THREADLOOM_MAX_SUBSCRIPTIONS_PER_TOKEN`,
 `THREADLOOM_MUTATIONS_PER_MINUTE`, `THREADLOOM_MUTATION_BURST`, `THREADLOOM_RUN_STARTS_PER_MINUTE`,
@@ -45,6 +47,9 @@ class Limits:
     max_subscriptions_per_connection: int = _env("THREADLOOM_MAX_SUBSCRIPTIONS", 100)
     max_replay: int = _env("THREADLOOM_MAX_REPLAY", 10_000)
     subscriber_queue: int = _env("THREADLOOM_SUBSCRIBER_QUEUE", 1_000)
+    # Bytes of frames queued for one subscriber, and for all of one token's subscribers (streams.budget).
+    subscriber_queue_bytes: int = _env("THREADLOOM_SUBSCRIBER_QUEUE_BYTES", 4 * 1024 * 1024)
+    token_queue_bytes: int = _env("THREADLOOM_TOKEN_QUEUE_BYTES", 64 * 1024 * 1024)
     # Static query cost (objects an operation may return) and execution time per query operation.
     max_query_cost: int = _env("THREADLOOM_MAX_QUERY_COST", 20_000)
     query_timeout: float = _env("THREADLOOM_QUERY_TIMEOUT", 10.0)  # seconds, may be fractional

@@ -54,6 +54,7 @@ from threadloom.api.subscriptions import THREAD_SUBSCRIPTIONS, row_filter, strea
 from threadloom.api.validation import all_rules
 from threadloom.store import events as log_reader
 from threadloom.store.events import LogEvent
+from threadloom.streams.budget import QueueAccount, utf8_size
 from threadloom.streams.hub import Feed
 from threadloom.streams.merge import PAGE, GoingAway, ReloadRequired, StreamEnded, Synchronized, TooSlow
 
@@ -209,25 +210,35 @@ class Cohort:
         payload = await self.render(self.to_item(row))
         if payload is not None:
             metrics.DELIVERED_FAST.inc(len(self.members))  # once per event, not per member
+            size = utf8_size(payload)  # once per event: every member queues the same payload
             for member in list(self.members):
-                member.offer(row.sequence, payload)
+                member.offer(row.sequence, payload, size)
 
 
 class Member:
-    """One fast subscription: its frame prefix, the rows held aside while it replays, its last sent sequence."""
+    """One fast subscription: its frame prefix, the rows held aside while it replays, its last sent sequence,
+    and the account of the bytes queued for it (the held rows and its frames in the socket's queue)."""
 
     __slots__ = (
-        *("closed", "cohort", "handler", "id", "last", "outbox"),
+        *("account", "closed", "cohort", "handler", "id", "last", "outbox"),
         *("overflowed", "pending", "prefix", "sent", "task"),
     )
 
-    def __init__(self, handler: GuardedTransportWSHandler, operation_id: str, cohort: Cohort, outbox: Outbox) -> None:
+    def __init__(
+        self,
+        handler: GuardedTransportWSHandler,
+        operation_id: str,
+        cohort: Cohort,
+        outbox: Outbox,
+        account: QueueAccount,
+    ) -> None:
         self.handler = handler
         self.id = operation_id
         self.cohort = cohort
         self.outbox = outbox
+        self.account = account
         self.prefix = '{"id":' + orjson.dumps(operation_id).decode() + ',"type":"next","payload":'
-        self.pending: list[tuple[int, str]] | None = []
+        self.pending: list[tuple[int, str, int]] | None = []
         self.overflowed = False
         self.sent = 0  # the last sequence written to the socket
         self.last = 0  # the last sequence handed to the socket's queue: the replay may run ahead of the feed
@@ -237,18 +248,28 @@ class Member:
     def frame(self, payload: str) -> str:
         return self.prefix + payload + "}"
 
-    def offer(self, sequence: int, payload: str) -> None:
+    def frame_size(self, payload_size: int) -> int:
+        """The encoded size of `frame(payload)` for a payload of `payload_size` bytes (the prefix is ASCII
+        but for the operation id, which the client chose and is counted as sent)."""
+        return utf8_size(self.prefix) + payload_size + 1
+
+    def offer(self, sequence: int, payload: str, size: int) -> None:
+        """Queue the payload (`size` bytes, encoded) of a live event for this subscription, or hold it while the
+        replay runs; past the frame or byte bound the subscription is ended with SUBSCRIBER_TOO_SLOW."""
         if self.closed or sequence <= self.last:
             return
         if self.pending is None:
             self.last = sequence
-            self.outbox.push(self, sequence, self.frame(payload))
-        elif len(self.pending) >= self.outbox.limit:
+            self.outbox.push(self, sequence, payload, self.frame_size(size))
+        elif self.overflowed:
+            return
+        elif len(self.pending) >= self.outbox.limit or not self.account.take(self.frame_size(size)):
             metrics.DROPPED_FAST.inc(len(self.pending) + 1)
             self.overflowed = True
             self.pending.clear()
-        elif not self.overflowed:
-            self.pending.append((sequence, payload))
+            self.account.clear()
+        else:
+            self.pending.append((sequence, payload, size))
 
     def close(self) -> None:
         """Leave the cohort and stop replaying (the client completed, the socket closed, or the server ended it)."""
@@ -257,6 +278,9 @@ class Member:
         self.closed = True
         self.handler.guard.cohorts.leave(self)
         self.outbox.members -= 1
+        if self.pending:  # held rows of a replay that will not finish
+            self.pending.clear()
+            self.account.clear()
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
@@ -267,8 +291,8 @@ class Member:
             del operations[self.id]
         self.close()
         for message in messages:
-            self.outbox.push(None, 0, message, control=True)
-        self.outbox.push(None, 0, '{"id":' + orjson.dumps(self.id).decode() + ',"type":"complete"}', control=True)
+            self.outbox.control(message)
+        self.outbox.control('{"id":' + orjson.dumps(self.id).decode() + ',"type":"complete"}')
 
     def end_too_slow(self, resume_from: int) -> None:
         self.end_with(TooSlow(resume_from))
@@ -282,37 +306,74 @@ class Member:
 class Outbox:
     """A socket's queue of fast-path frames and its one writer task.
 
-    Frames go out in the order pushed. When the queue holds more than `limit` frames per
-    subscription of the socket, the socket is too slow: its queued frames are dropped and each
-    subscription that lost frames ends with SUBSCRIBER_TOO_SLOW and the last sequence it was sent.
+    Frames go out in the order pushed. A subscription's frame is queued as the payload its cohort
+    rendered once (shared by every member, on every socket) and framed when it is written, but each
+    member's account counts the whole frame's encoded size (streams.budget): a member whose queued
+    bytes would pass THREADLOOM_SUBSCRIBER_QUEUE_BYTES, or its token's THREADLOOM_TOKEN_QUEUE_BYTES,
+    has its queued frames dropped and ends with SUBSCRIBER_TOO_SLOW and the last sequence it was sent.
+    When the queue holds more than `limit` frames per subscription of the socket, the whole socket is too
+    slow: its queued frames are dropped and each subscription that lost frames ends the same way.
+
+    The writer sends one frame at a time and waits while the socket's transport is over its write
+    buffer's high-water mark (uvicorn's websockets-sansio protocol pauses `send` until the peer reads:
+    asyncio's 64 KiB by default), so what a socket that does not read holds beyond this queue is at most
+    that mark plus one frame.
     """
 
     def __init__(self, handler: GuardedTransportWSHandler, limit: int) -> None:
         self.handler = handler
         self.limit = limit
         self.members = 0
-        self.queue: collections.deque[tuple[Member | None, int, str]] = collections.deque()
+        # (member or None for control frames, sequence, payload or whole frame, counted bytes)
+        self.queue: collections.deque[tuple[Member | None, int, str, int]] = collections.deque()
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
-    def push(self, member: Member | None, sequence: int, frame: str, *, control: bool = False) -> None:
-        if not control and len(self.queue) >= self.limit * max(1, self.members):
+    def push(self, member: Member, sequence: int, payload: str, size: int, *, control: bool = False) -> None:
+        """Queue a subscription's frame (`payload` framed when written, `size` its encoded bytes). A `control`
+        frame (the `synchronized` marker) is never refused."""
+        if control:
+            member.account.force(size)
+        elif len(self.queue) >= self.limit * max(1, self.members):
             self._overflow()
             return
-        self.queue.append((member, sequence, frame))
+        elif not member.account.take(size):
+            self._cut(member)
+            return
+        self.queue.append((member, sequence, payload, size))
+        self._started()
+
+    def control(self, frame: str) -> None:
+        """Queue a whole message of the protocol (an error item, `complete`): small, never refused, not counted."""
+        self.queue.append((None, 0, frame, 0))
+        self._started()
+
+    def _started(self) -> None:
         if self.task is None:
             self.task = asyncio.create_task(self._write(), name="ws-outbox")
         self.wake.set()
 
-    def _overflow(self) -> None:
-        behind = {member: None for member, _, _ in self.queue if member is not None}
-        queued = len(self.queue)
-        self.queue = collections.deque(item for item in self.queue if item[0] is None)
-        metrics.DROPPED_FAST.inc(queued - len(self.queue) + 1)  # and the frame that did not fit
+    def _too_slow(self, behind: list[Member], dropped: int) -> None:
+        metrics.DROPPED_FAST.inc(dropped + 1)  # and the frame that did not fit
         metrics.SLOW_CONSUMERS.inc(len(behind))
         metrics.error("SUBSCRIBER_TOO_SLOW", len(behind))  # as the general path's error items count
         for member in behind:
             member.end_too_slow(member.sent)
+
+    def _cut(self, member: Member) -> None:
+        """The member would pass its byte bound: its queued frames go, and it ends with SUBSCRIBER_TOO_SLOW."""
+        queued = len(self.queue)
+        self.queue = collections.deque(item for item in self.queue if item[0] is not member)
+        member.account.clear()
+        self._too_slow([member], queued - len(self.queue))
+
+    def _overflow(self) -> None:
+        behind = list({member: None for member, _, _, _ in self.queue if member is not None})
+        queued = len(self.queue)
+        self.queue = collections.deque(item for item in self.queue if item[0] is None)
+        for member in behind:
+            member.account.clear()
+        self._too_slow(behind, queued - len(self.queue))
 
     async def send(self, frame: str) -> None:
         await self.handler.websocket.ws.send_text(frame)  # type: ignore[attr-defined]
@@ -321,16 +382,23 @@ class Outbox:
         with contextlib.suppress(Exception):  # the socket closed: the handler's shutdown cleans up
             while True:
                 while self.queue:
-                    member, sequence, frame = self.queue.popleft()
+                    member, sequence, text, size = self.queue.popleft()
                     if member is not None:  # taken off the queue: it goes out even if the socket is ended
                         member.sent = sequence
-                    await self.send(frame)
+                        member.account.give(size)
+                        text = member.frame(text)
+                    await self.send(text)
                 self.wake.clear()
                 await self.wake.wait()
 
     def stop(self) -> None:
+        """The socket is gone: nothing more goes out, and what was queued no longer counts."""
         if self.task is not None:
             self.task.cancel()
+        for member, _, _, size in self.queue:
+            if member is not None:
+                member.account.give(size)
+        self.queue.clear()
 
 
 class Cohorts:
@@ -404,7 +472,7 @@ class Cohorts:
             cohort.match = row_filter(run_id, node_id, cohort.entity_type)
             feed.sinks.add(cohort)
         outbox = handler.outbox(self.limits.subscriber_queue)
-        member = Member(handler, message["id"], cohort, outbox)
+        member = Member(handler, message["id"], cohort, outbox, hub.budget.account(context.principal.token_id))
         member.last = after or 0  # what the client has: ended before its replay sends anything, it resumes here
         cohort.members[member] = None
         outbox.members += 1
@@ -465,6 +533,7 @@ class Cohorts:
         marker = await cohort.render(cohort.to_item(Synchronized(last)))
         # From here on no await: the held rows go out behind the marker, then the member is live.
         held, member.pending = member.pending or [], None
+        member.account.clear()  # the held rows are counted again as they are queued
         member.sent = member.last = last
         if member.overflowed:
             metrics.SLOW_CONSUMERS.inc()
@@ -472,9 +541,9 @@ class Cohorts:
             member.end_too_slow(last)
             return
         if marker is not None:
-            outbox.push(member, last, member.frame(marker), control=True)
-        for sequence, payload in held:
-            member.offer(sequence, payload)
+            outbox.push(member, last, marker, member.frame_size(utf8_size(marker)), control=True)
+        for sequence, payload, size in held:
+            member.offer(sequence, payload, size)
 
     async def _send_row(self, member: Member, row: LogEvent) -> None:
         cohort = member.cohort
@@ -491,4 +560,3 @@ class Cohorts:
 
 def _arg(args: dict[str, Any], name: str, python_name: str) -> Any:
     return args.get(name, args.get(python_name))
-

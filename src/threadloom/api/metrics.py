@@ -33,6 +33,12 @@ SUBSCRIPTIONS = Gauge(
     "Running subscriptions, by path (fast: served by cohorts; general: one stream each).",
     ["path"],
 )
+QUEUED_BYTES = Gauge(
+    "threadloom_subscriber_queued_bytes",
+    "Bytes of frames queued in this process for subscribers that have not taken them yet (fast-path socket "
+    "queues and general-path mailboxes), bounded per subscriber by THREADLOOM_SUBSCRIBER_QUEUE_BYTES and per "
+    "token by THREADLOOM_TOKEN_QUEUE_BYTES.",
+)
 AGENT_PROCESSES = Gauge(
     "threadloom_agent_processes", "Live provider runtimes (agent processes) of this server, by instance.", ["instance"]
 )
@@ -80,6 +86,7 @@ class Metrics:
         hub = self.view.live.hub if self.view.live is not None else None
         feeds = [*hub.threads.values(), *hub.projects.values()] if hub is not None else []
         SUBSCRIPTIONS.labels("general").set(sum(len(feed.mailboxes) for feed in feeds))
+        QUEUED_BYTES.set(hub.budget.total if hub is not None else 0)
         processes: dict[str, int] = dict.fromkeys(self.services.instances, 0)
         for session in self.services.sessions.live.values():
             if session.runtime.alive:

@@ -39,13 +39,44 @@ from threadloom.streams.merge import (
 _BY_ENTITY_TYPE = {cls._record.entity_type: cls for cls in NODE_TYPES.values()}
 Entity = Annotated[Union[tuple(NODE_TYPES.values())], strawberry.union("Entity")]  # type: ignore[valid-type]  # noqa: UP007
 
+# The longest text an entity carries in a subscription frame, in characters. Each event of an item
+# carries its whole state (a streamed message its text so far, a tool call its output so far, itself
+# kept to the last 64 KiB on the node): without a cap one frame could be megabytes, and a subscriber
+# that does not read would hold them all. A longer text (a message, a `detail` field) is cut to its first
+# STREAM_TEXT_MAX characters, so a client that takes the growth of a text as its delta keeps working
+# up to the cap, and the event says `truncated: true`; the query API (`node(id:)`) has the whole text.
+STREAM_TEXT_MAX = 64 * 1024
+_CUT_DEPTH = 4  # nested JSON (`detail`) is walked this deep; a deeper text is left as it is
+
+
+def _capped(value: Any, depth: int = 0) -> tuple[Any, bool]:
+    """`value` with every text longer than STREAM_TEXT_MAX cut to it, and whether one was cut
+    (the same object when nothing was: the common case copies nothing)."""
+    if isinstance(value, str):
+        return (value[:STREAM_TEXT_MAX], True) if len(value) > STREAM_TEXT_MAX else (value, False)
+    if depth >= _CUT_DEPTH:
+        return value, False
+    if isinstance(value, dict):
+        cut: dict[Any, Any] | None = None
+        for key, item in value.items():
+            capped, was_cut = _capped(item, depth + 1)
+            if was_cut:
+                cut = cut if cut is not None else dict(value)
+                cut[key] = capped
+        return (value, False) if cut is None else (cut, True)
+    if isinstance(value, list):
+        pairs = [_capped(item, depth + 1) for item in value]
+        return ([v for v, _ in pairs], True) if any(c for _, c in pairs) else (value, False)
+    return value, False
+
 
 def _entity(row: LogEvent) -> Any:
-    """The GraphQL object of the row's entity, built once per row for all subscribers."""
+    """The GraphQL object of the row's entity, built once per row for all subscribers, its texts capped
+    to STREAM_TEXT_MAX (`row.shared["truncated"]` says whether one was cut)."""
     found = row.shared.get("entity")
     if found is None:
         cls = _BY_ENTITY_TYPE[row.entity_type]
-        payload = dict(row.payload)
+        payload, row.shared["truncated"] = _capped(dict(row.payload))
         if row.entity_type == "thread":
             payload["last_sequence"] = row.sequence
         found = row.shared["entity"] = strawberry.cast(cls, cls.from_row(payload))
@@ -64,6 +95,11 @@ class ThreadEvent:
     node_id: strawberry.ID | None
     occurred_at: datetime | None
     entity: Entity | None  # type: ignore[valid-type]
+    truncated: bool = strawberry.field(
+        default=False,
+        description="A text of `entity` was longer than 65,536 characters and is cut to its first 65,536 in this "
+        "event (a stream frame's bound); read the whole entity by query (`node(id:)`).",
+    )
 
 
 @strawberry.type
@@ -159,8 +195,11 @@ async def _filtered(
     after = _after(after_sequence)
     match = row_filter(run_id, node_id, entity_type)
     live = _live(info)
+    token = info.context.principal.token_id
     try:
-        async for item in thread_stream(live.hub, live.db, thread, after, match, max_replay=live.limits.max_replay):
+        async for item in thread_stream(
+            live.hub, live.db, thread, after, match, max_replay=live.limits.max_replay, token=token
+        ):
             yield item
     except StreamEnded as error:
         raise stream_ended(error) from None
@@ -177,13 +216,15 @@ def thread_event_item(item: Any, *, with_entity: bool = True) -> ThreadEvent:
         return _marker(item.sequence, "synchronized")
     if isinstance(item, ReloadRequired):
         return _marker(item.latest, "reload_required")
+    entity = _entity(item) if with_entity else None
     return ThreadEvent(
         sequence=item.sequence,
         type=item.event_type,
         run_id=_gid("Run", item.run_id),
         node_id=_gid("ExecutionNode", item.node_id),
         occurred_at=item.occurred_at,
-        entity=_entity(item) if with_entity else None,
+        entity=entity,
+        truncated=with_entity and bool(item.shared.get("truncated")),
     )
 
 
@@ -290,7 +331,13 @@ class Subscription:
                 yield first
         try:
             async for item in thread_stream(
-                live.hub, live.db, thread, after, lambda row: row.entity_type == "run", max_replay=max_replay
+                live.hub,
+                live.db,
+                thread,
+                after,
+                lambda row: row.entity_type == "run",
+                max_replay=max_replay,
+                token=info.context.principal.token_id,
             ):
                 if isinstance(item, LogEvent):
                     found = update(item)
@@ -313,7 +360,14 @@ class Subscription:
         cursor = None if after is None else decode_feed_cursor(after)
         live = _live(info)
         try:
-            async for row in project_stream(live.hub, live.db, project, cursor, max_replay=live.limits.max_replay):
+            async for row in project_stream(
+                live.hub,
+                live.db,
+                project,
+                cursor,
+                max_replay=live.limits.max_replay,
+                token=info.context.principal.token_id,
+            ):
                 if isinstance(row, FeedReloadRequired):
                     head = encode_feed_cursor(row.head)
                     yield ProjectThreadUpdate(cursor=head, sequence=0, type="reload_required", thread=None)

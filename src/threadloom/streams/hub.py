@@ -22,10 +22,13 @@ import logging
 import uuid
 from typing import Any, Generic, Protocol, TypeVar
 
+import orjson
+
 from threadloom import metrics, tracing
 from threadloom.store import events as log_reader
 from threadloom.store.db import Database
 from threadloom.store.events import LogEvent
+from threadloom.streams.budget import QueueAccount, QueueBudget
 
 log = logging.getLogger("threadloom.streams")
 POLL_DEGRADED = 0.25
@@ -48,11 +51,23 @@ class ServerClosing(Exception):
     """The process is shutting down: the subscriber got what was queued and must resume elsewhere."""
 
 
-class Mailbox:
-    """A subscriber's bounded queue. On overflow it is emptied and holds only the overflow mark."""
+def row_size(row: LogEvent) -> int:
+    """The encoded size of a row's payload, once per row for every mailbox it is queued in: what the
+    subscriber's frame for it carries, about (the frame's own fields are a few hundred bytes more, its
+    texts at most `STREAM_TEXT_MAX` characters each)."""
+    size: int | None = row.shared.get("size")
+    if size is None:
+        size = row.shared["size"] = len(orjson.dumps(row.payload, default=str)) + 256
+    return size
 
-    def __init__(self, limit: int) -> None:
+
+class Mailbox:
+    """A subscriber's queue, bounded in rows (`limit`) and in bytes (`account`, see streams.budget).
+    On overflow it is emptied and holds only the overflow mark."""
+
+    def __init__(self, limit: int, account: QueueAccount) -> None:
         self.limit = limit
+        self.account = account
         self.items: collections.deque[LogEvent] = collections.deque()
         self.overflowed = False
         self.closing = False
@@ -66,14 +81,20 @@ class Mailbox:
     def put(self, event: LogEvent) -> None:
         if self.overflowed:
             return
-        if len(self.items) >= self.limit:
+        if len(self.items) >= self.limit or not self.account.take(row_size(event)):
             metrics.DROPPED_GENERAL.inc(len(self.items) + 1)
             metrics.SLOW_CONSUMERS.inc()
             self.items.clear()
+            self.account.clear()
             self.overflowed = True
         else:
             self.items.append(event)
         self._ready.set()
+
+    def release(self) -> None:
+        """The subscriber is gone: what it still held no longer counts."""
+        self.items.clear()
+        self.account.clear()
 
     async def get(self) -> LogEvent:
         while not self.items:
@@ -83,7 +104,9 @@ class Mailbox:
                 raise ServerClosing()
             self._ready.clear()
             await self._ready.wait()
-        return self.items.popleft()
+        row = self.items.popleft()
+        self.account.give(row_size(row))
+        return row
 
 
 class Feed(abc.ABC, Generic[K]):
@@ -249,10 +272,12 @@ class BatchedReads:
 
 
 class Hub:
-    def __init__(self, db: Database, mailbox_limit: int = 1000) -> None:
+    def __init__(self, db: Database, mailbox_limit: int = 1000, budget: QueueBudget | None = None) -> None:
         self.db = db
         self.reads = BatchedReads(db)
         self.mailbox_limit = mailbox_limit
+        # Queued subscriber bytes of this process, mailboxes and the fast path's socket queues alike.
+        self.budget = budget if budget is not None else QueueBudget(4 * 1024 * 1024, 64 * 1024 * 1024)
         self.degraded = False
         self.closing = False
         self.threads: dict[uuid.UUID, Feed[uuid.UUID]] = {}
@@ -292,19 +317,20 @@ class Hub:
             feed.start()
         return feed
 
-    def _mailbox(self) -> Mailbox:
-        box = Mailbox(self.mailbox_limit)
+    def _mailbox(self, token: uuid.UUID | None) -> Mailbox:
+        box = Mailbox(self.mailbox_limit, self.budget.account(token))
         if self.closing:  # subscribed while the server shuts down: the replay, then the going-away end
             box.close()
         return box
 
-    def attach_thread(self, thread_id: uuid.UUID) -> Mailbox:
-        box = self._mailbox()
+    def attach_thread(self, thread_id: uuid.UUID, token: uuid.UUID | None = None) -> Mailbox:
+        """A mailbox on the thread's feed, its bytes counted under `token` (the subscriber's)."""
+        box = self._mailbox(token)
         self.thread_feed(thread_id).mailboxes.add(box)
         return box
 
-    def attach_project(self, project_id: uuid.UUID) -> Mailbox:
-        box = self._mailbox()
+    def attach_project(self, project_id: uuid.UUID, token: uuid.UUID | None = None) -> Mailbox:
+        box = self._mailbox(token)
         self._started(self.projects, project_id, ProjectFeed).mailboxes.add(box)
         return box
 
@@ -317,6 +343,7 @@ class Hub:
                     box.close()
 
     def detach(self, box: Mailbox) -> None:
+        box.release()
         for feeds in (self.threads, self.projects):
             for key, feed in list(feeds.items()):
                 feed.mailboxes.discard(box)

@@ -6,6 +6,7 @@ import dataclasses
 
 from threadloom.engine.pipeline import Committed
 from threadloom.store.db import Database
+from threadloom.streams.budget import QueueBudget
 from threadloom.streams.hub import Hub
 from threadloom.streams.notifier import Notifier
 
@@ -13,14 +14,18 @@ from threadloom.streams.notifier import Notifier
 @dataclasses.dataclass(frozen=True, slots=True)
 class StreamLimits:
     max_replay: int = 10_000
-    subscriber_queue: int = 1_000
+    subscriber_queue: int = 1_000  # frames per subscriber
+    # Queued bytes per subscriber and over all of one token's subscribers, in this process (streams.budget).
+    subscriber_queue_bytes: int = 4 * 1024 * 1024
+    token_queue_bytes: int = 64 * 1024 * 1024
 
 
 class Live:
     def __init__(self, db: Database, broadcast_url: str, limits: StreamLimits) -> None:
         self.db = db
         self.limits = limits
-        self.hub = Hub(db, mailbox_limit=limits.subscriber_queue)
+        budget = QueueBudget(limits.subscriber_queue_bytes, limits.token_queue_bytes)
+        self.hub = Hub(db, mailbox_limit=limits.subscriber_queue, budget=budget)
         self.notifier = Notifier(broadcast_url, self.hub)
 
     async def start(self) -> None:

@@ -88,8 +88,10 @@ async def thread_stream(
     match: Callable[[LogEvent], bool],
     *,
     max_replay: int,
+    token: uuid.UUID | None = None,
 ) -> AsyncIterator[StreamItem]:
-    box = hub.attach_thread(thread_id)
+    """The thread's rows after `after`, then live; the live rows' queue counts its bytes under `token`."""
+    box = hub.attach_thread(thread_id, token)
     try:
         last = after or 0
         async with db.read() as r:
@@ -129,14 +131,20 @@ async def thread_stream(
 
 
 async def project_stream(
-    hub: Hub, db: Database, project_id: uuid.UUID, after: tuple[int, int] | None, *, max_replay: int
+    hub: Hub,
+    db: Database,
+    project_id: uuid.UUID,
+    after: tuple[int, int] | None,
+    *,
+    max_replay: int,
+    token: uuid.UUID | None = None,
 ) -> AsyncIterator[LogEvent | FeedReloadRequired]:
     """Thread changes of a project in feed order (see store.events.project_events).
 
     A cursor with more than `max_replay` events after it gets one `FeedReloadRequired`
     (carrying the feed's head to resume from after a reload) and the stream ends.
     """
-    box = hub.attach_project(project_id)
+    box = hub.attach_project(project_id, token)
     try:
         if after is None:
             async with db.read() as r:
