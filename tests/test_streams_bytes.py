@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from tests.support.pg import PgServer
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, serving
 from tests.support.waiting import until
-from tests.support.ws import PROTOCOL, WsClient
+from tests.support.ws import WsClient, slow_socket
 
 SUBSCRIBER_BYTES = 1024 * 1024
 TOKEN_BYTES = 16 * 1024 * 1024
@@ -87,19 +86,8 @@ async def _gauges(client: Client) -> dict[str, float]:
 
 
 async def _silent_socket(url: str, token: str) -> websockets.ClientConnection:
-    """A client that never reads: a tiny receive buffer and one message held by the library."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    ws = await websockets.connect(
-        url.replace("http://", "ws://") + "/graphql",
-        sock=sock,
-        subprotocols=[PROTOCOL],  # type: ignore[list-item]
-        max_queue=1,
-        max_size=None,
-        ping_interval=None,
-    )
+    """A client that never reads, past its `connection_ack`."""
+    ws = await slow_socket(url)
     await ws.send(orjson.dumps({"type": "connection_init", "payload": {"token": token}}).decode())
     assert orjson.loads(await ws.recv())["type"] == "connection_ack"
     return ws

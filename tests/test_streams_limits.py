@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import websockets
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.runs import send
 from tests.support.server import Client, ServerProcess, serving
-from tests.support.ws import PROTOCOL, WsClient
+from tests.support.ws import PROTOCOL, WsClient, slow_socket
 
 BIG = """subscription($t: ID!, $after: Int) {
   threadEvents(threadId: $t, afterSequence: $after) {
@@ -35,28 +34,11 @@ async def _thread(client: Client, tmp_path: Path) -> str:
     return str((await make_thread(client, data["createProject"]["project"]["id"], "x"))["id"])
 
 
-async def _raw_slow_socket(url: str) -> websockets.ClientConnection:
-    """A client that reads as little as the kernel allows: tiny receive buffer, one queued frame."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    ws = await websockets.connect(
-        url.replace("http://", "ws://") + "/graphql",
-        sock=sock,
-        subprotocols=[PROTOCOL],  # type: ignore[list-item]
-        max_queue=1,
-        max_size=None,
-        ping_interval=None,
-    )
-    return ws
-
-
 async def test_slow_consumer_is_completed_and_can_resume(small_queue_server: ServerProcess, tmp_path: Path) -> None:
     server = small_queue_server
     client = Client(server.url, server.admin_token)
     thread = await _thread(client, tmp_path)
-    ws = await _raw_slow_socket(server.url)
+    ws = await slow_socket(server.url)
     await ws.send(orjson.dumps({"type": "connection_init", "payload": {"token": server.admin_token}}).decode())
     assert orjson.loads(await ws.recv())["type"] == "connection_ack"
     start = (await client.gql("query($t: ID!) { thread(id: $t) { latestSequence } }", {"t": thread}))["thread"]

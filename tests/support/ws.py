@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +12,23 @@ import orjson
 import websockets
 
 PROTOCOL = "graphql-transport-ws"
+
+
+async def slow_socket(base_url: str) -> websockets.ClientConnection:
+    """A client that reads as little as the kernel allows: a tiny receive buffer and one frame held by the
+    library, so what the server sends piles up on the server's side (the slow-subscriber tests)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    return await websockets.connect(
+        base_url.replace("http://", "ws://") + "/graphql",
+        sock=sock,
+        subprotocols=[PROTOCOL],  # type: ignore[list-item]
+        max_queue=1,
+        max_size=None,
+        ping_interval=None,
+    )
 
 
 class WsClient:
