@@ -19,7 +19,6 @@ Real `threadloom serve` (one for the module), real git, real bubblewrap.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import threading
@@ -32,6 +31,7 @@ import pytest
 
 from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT
+from tests.support.hostile import Snapshot, edit_the_real_folder, exchange, snapshot
 from tests.support.pg import PgServer
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, serving
@@ -58,25 +58,6 @@ APPROVE = (
     """mutation($r: ID!) { respondToApproval(input: {requestId: $r, decision: ACCEPT}) { userErrors { code } } }"""
 )
 TYPED = {"ROLLBACK_FAILED", "ROLLBACK_NOT_UNDOABLE", "THREAD_BUSY"}
-
-Snapshot = dict[str, bytes | str]
-
-
-def snapshot(root: Path) -> Snapshot:
-    """Every entry under `root` (files by content, links by target, folders by name), never following links."""
-    found: Snapshot = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                found[rel] = f"-> {os.readlink(path)}"
-            elif path.is_dir():
-                found[rel] = "<dir>"
-            else:
-                found[rel] = path.read_bytes()
-    return found
-
 
 # ---- one server for the module; projects and tokens per test ---------------------------------------------
 
@@ -402,17 +383,9 @@ async def test_a_link_at_a_runs_end_is_read_back_as_a_link(world: World, tmp_pat
 
 # ---- 6. the RENAME_EXCHANGE race, played by the test as the agent's background loop ---------------------
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
 ROUNDS = 8
-
-
-def _exchange(a: Path, b: Path) -> int:
-    """renameat2(RENAME_EXCHANGE) of two names: 0, or the errno."""
-    if _libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return 0
-    return ctypes.get_errno()
+DIRS = ("dir", "link")
+EDITS = {"a.txt": b"changed", "b.txt": b"two"}
 
 
 @contextlib.contextmanager
@@ -429,7 +402,7 @@ def racing(workspace: Path, outside: Path) -> Iterator[dict[str, Any]]:
         for _ in range(1_000_000):
             if stop.is_set():
                 return
-            code = _exchange(folder, link)
+            code = exchange(folder, link)
             if code == 0:
                 counts["swaps"] += 1
                 continue
@@ -456,27 +429,6 @@ def racing(workspace: Path, outside: Path) -> Iterator[dict[str, Any]]:
         thread.join()
 
 
-def edit_the_real_folder(workspace: Path) -> None:
-    """The agent's edits each round: `a.txt` changed and `b.txt` written in the real folder, whichever of
-    `dir` and `link` names it now (opened with O_NOFOLLOW: the test never writes outside itself)."""
-    for _ in range(1000):
-        for name in ("dir", "link"):
-            try:
-                folder = os.open(workspace / name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            except OSError:
-                continue
-            try:
-                for file, text in (("a.txt", b"changed"), ("b.txt", b"two")):
-                    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=folder)
-                    os.write(fd, text)
-                    os.close(fd)
-                return
-            except FileNotFoundError:
-                continue  # a restore removed that folder meanwhile
-            finally:
-                os.close(folder)
-
-
 async def test_a_rename_exchange_race_during_rollbacks_never_reaches_outside(world: World, tmp_path: Path) -> None:
     """While the loop swaps `dir` and a link to the server's package, rollbackToRun(1) and undoRollback are asked
     for, each round after the agent changed `dir/a.txt` and wrote `dir/b.txt` again (so every restore has a file
@@ -486,7 +438,7 @@ async def test_a_rename_exchange_race_during_rollbacks_never_reaches_outside(wor
     thread = await twin.thread()
     await twin.run(thread, "@write dir/a.txt one")
     await twin.run(thread, "@write dir/b.txt two")
-    edit_the_real_folder(twin.workspace)
+    edit_the_real_folder(twin.workspace, DIRS, EDITS)
     assert (await twin.rollback(thread, 1))["userErrors"] == []
     assert real_dir(twin) == {"a.txt": b"one"}
 
@@ -499,7 +451,7 @@ async def test_a_rename_exchange_race_during_rollbacks_never_reaches_outside(wor
     answers: list[dict[str, Any]] = []
     with racing(p.workspace, world.outside) as counts:
         for _ in range(ROUNDS):
-            edit_the_real_folder(p.workspace)
+            edit_the_real_folder(p.workspace, DIRS, EDITS)
             answers.append(await p.rollback(thread, 1))
             answers.append(await p.undo(thread))
             assert world.untouched() == before

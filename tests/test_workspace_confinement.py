@@ -11,7 +11,6 @@ aimed inside the workspace, does what it says, so a broken probe cannot pass.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.hostile import edit_the_real_folder, exchange, snapshot
 from threadloom.agent.sandbox import SandboxUnavailable
 from threadloom.checkpoints import CheckpointError, CheckpointErrorCode, CheckpointStore, ShadowRepo, checkpoint_ref
 from threadloom.checkpoints import git as git_module
@@ -30,27 +30,9 @@ from threadloom.checkpoints.confine import open_root
 from threadloom.checkpoints.git import sandbox_argv
 from threadloom.checkpoints.walk import walk_workspace
 
-Snapshot = dict[str, bytes | str]
-
 
 def ref(ordinal: int) -> str:
     return checkpoint_ref("t1", "root", ordinal)
-
-
-def snapshot(root: Path) -> Snapshot:
-    """Every entry under `root` (files by content, links by target, folders by name), never following links."""
-    found: Snapshot = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                found[rel] = f"-> {os.readlink(path)}"
-            elif path.is_dir():
-                found[rel] = "<dir>"
-            else:
-                found[rel] = path.read_bytes()
-    return found
 
 
 def tree(repo: ShadowRepo, commit: str) -> dict[str, tuple[str, bytes]]:
@@ -231,20 +213,6 @@ async def test_a_planted_file_never_reaches_the_server_package(
     assert list(pycache.iterdir()) == []
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def exchange(a: Path, b: Path) -> bool:
-    """renameat2(RENAME_EXCHANGE): swap two names atomically, as an agent's racing loop does."""
-    if _libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    assert code == errno.ENOENT, os.strerror(code)
-    return False
-
-
 @pytest.fixture
 def racer(workspace: Path, outside: Path) -> Iterator[tuple[Callable[[], None], dict[str, int]]]:
     """A thread (started by the test) swapping `sub` (a real folder) and `link` (a link to the other project)
@@ -257,9 +225,11 @@ def racer(workspace: Path, outside: Path) -> Iterator[tuple[Callable[[], None], 
         for _ in range(2_000_000):
             if stop.is_set():
                 return
-            if exchange(workspace / "sub", workspace / "link"):
+            code = exchange(workspace / "sub", workspace / "link")
+            if code == 0:
                 counts["swaps"] += 1
                 continue
+            assert code == errno.ENOENT, os.strerror(code)
             if not os.path.lexists(workspace / "link"):
                 os.symlink(outside, workspace / "link")
             if not os.path.lexists(workspace / "sub"):
@@ -273,27 +243,6 @@ def racer(workspace: Path, outside: Path) -> Iterator[tuple[Callable[[], None], 
         stop.set()
         if thread.ident is not None:
             thread.join()
-
-
-def edit_the_real_folder(workspace: Path) -> None:
-    """The agent's edits during the race: `a.txt` changed and `c.txt` added in the real folder, whichever
-    of `sub` and `link` names it now (opened with O_NOFOLLOW, so the test itself never writes outside)."""
-    for _ in range(1000):
-        for name in ("sub", "link"):
-            try:
-                folder = os.open(workspace / name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            except OSError:
-                continue
-            try:
-                for file, text in (("a.txt", b"A2\n"), ("c.txt", b"C2\n")):
-                    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=folder)
-                    os.write(fd, text)
-                    os.close(fd)
-                return
-            except FileNotFoundError:
-                continue  # a restore removed that folder meanwhile (the racer makes a new one)
-            finally:
-                os.close(folder)
 
 
 async def test_a_rename_exchange_race_never_reaches_outside(
@@ -314,7 +263,7 @@ async def test_a_rename_exchange_race_never_reaches_outside(
     start, counts = racer
     start()
     for _ in range(30):
-        edit_the_real_folder(workspace)
+        edit_the_real_folder(workspace, ("sub", "link"), {"a.txt": b"A2\n", "c.txt": b"C2\n"})
         try:
             await repo.restore(checkpoint.commit)
         except CheckpointError as error:
