@@ -18,6 +18,11 @@ because the sandbox's pid 1 is a `bwrap` process whose `/proc/1/environ` the com
 `hidden` (the data dir, when a workspace happens to contain it) are covered with an empty tmpfs.
 
 If `bwrap` is not installed, commands are refused (`SandboxUnavailable`) rather than run unconfined.
+
+A networked command (`full_access` on an instance allowed it) shares the network of a namespace of its own,
+not the host's: the whole `bwrap` runs under `threadloom.providers.netns.isolated`, which reaches out through
+`pasta` and never reaches the host's loopback (Threadloom's metrics and main ports). Without pasta such a
+command is refused (`SandboxUnavailable`) rather than given the host's network.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import dataclasses
 import os
 import shutil
 from pathlib import Path
+
+from threadloom.providers.netns import NetworkSandboxUnavailable, isolated
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SANDBOX_HOME = "/tmp"
@@ -78,7 +85,12 @@ class Sandbox:
                 args += ["--tmpfs", str(real)]
         args += ["--chdir", str(inside), "--clearenv"]
         args += ["--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", SANDBOX_HOME, "--setenv", "LANG", "C.UTF-8"]
-        return [*args, "--", *command]
+        if not self.network:
+            return [*args, "--", *command]
+        try:
+            return isolated([*args, "--", *command])
+        except NetworkSandboxUnavailable as error:
+            raise SandboxUnavailable(str(error)) from error
 
 
 def find_bwrap() -> str:

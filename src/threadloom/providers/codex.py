@@ -75,6 +75,7 @@ from threadloom.providers.contract import (
     Warning,
 )
 from threadloom.providers.jsonlines import JsonLinesProcess
+from threadloom.providers.netns import NetworkSandboxUnavailable, isolated, loopback_ports
 
 __all__ = ["CLIENT_METHODS", "SERVER_NOTIFICATIONS", "SERVER_REQUESTS", "CodexDriver", "CodexRuntime"]
 
@@ -387,8 +388,14 @@ class CodexDriver:
         staged.write_text(self.config_toml(codex_home, native_codex_dir(argv[0])))
         staged.replace(codex_home / "config.toml")
         secret_names = (self.api_key_env, *(k for k in self.extra_env if k != "HOME"))
+        started = argv
+        if self.allow_full_access:  # its full_access threads' commands get a network, never the host's loopback
+            try:
+                started = isolated(argv, loopback_ports(self.base_url))
+            except NetworkSandboxUnavailable as error:
+                raise ProviderError("network_sandbox_unavailable", str(error)) from error
         try:
-            proc = await spawn_process(argv, env=env)
+            proc = await spawn_process(started, env=env)
         except OSError as error:
             raise ProviderError("cli_missing", f"cannot start {argv[0]}: {error.strerror}") from error
         process = CodexProcess(proc, f"codex:{self.instance_id}:{scope.project_id}", env, secret_names)

@@ -44,6 +44,7 @@ from threadloom.providers.contract import (
     TurnStatus,
     Warning,
 )
+from threadloom.providers.netns import NetworkSandboxUnavailable, isolated, loopback_ports
 
 log = logging.getLogger("threadloom.providers.claude")
 MAX_IDLE_CHILDREN = 4  # claude processes (~200 MB each) kept for threads with no running turn
@@ -192,6 +193,11 @@ class ClaudeRuntime:
             model=thread.settings.model or self._model,
             session=self._sessions.args(thread.sid, thread.record),
         )
+        if mode == "full_access":  # unsandboxed commands: a network of its own, never the host's loopback
+            try:
+                argv = isolated(argv, loopback_ports(self._env.get("ANTHROPIC_BASE_URL")))
+            except NetworkSandboxUnavailable as error:
+                raise ProviderError("network_sandbox_unavailable", str(error)) from error
 
         async def on_message(child: ClaudeProcess, message: dict[str, Any]) -> None:
             if thread.child is child:  # a process being stopped speaks for no one
