@@ -12,21 +12,26 @@ these commands create (the probe only connects to 127.0.0.1).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.support.fake_model import FakeModel
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, free_port
 from threadloom.agent.sandbox import Sandbox, SandboxUnavailable
+from threadloom.providers import contract as ev
 from threadloom.providers import netns
+from threadloom.providers.codex import CodexDriver
+from threadloom.providers.contract import SessionScope, ThreadSettings
 
 PROBE = """\
 import socket, sys
@@ -107,15 +112,17 @@ async def world(server: ServerProcess, metrics_port: int, tmp_path: Path) -> Asy
     await admin.aclose()
 
 
-def host_probe(world: World) -> str:
+async def host_probe(workspace: Path, main: int, metrics: int) -> str:
     """The same probe, run by the test on the host's network."""
-    argv = [sys.executable, str(world.workspace / "probe.py"), str(world.server.port), str(world.metrics_port)]
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    argv = [sys.executable, str(workspace / "probe.py"), str(main), str(metrics)]
+    done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
 
 
 async def test_full_access_commands_have_a_network_but_not_threadloom_s_ports(world: World) -> None:
     # The twin first: the probe reaches both ports from the host, so "shut" below is the sandbox's doing.
-    assert host_probe(world).startswith("main=open metrics=open own=open")
+    on_host = await host_probe(world.workspace, world.server.port, world.metrics_port)
+    assert on_host.startswith("main=open metrics=open own=open")
     assert await world.probe_in("full_access") == "main=shut metrics=shut own=open route=default"
 
 
@@ -157,8 +164,6 @@ def test_only_a_loopback_model_endpoint_is_forwarded(url: str | None, ports: tup
 
 def test_the_launcher_returns_the_command_s_status_and_forwards_only_what_it_is_told(tmp_path: Path) -> None:
     """Direct: a listener on the host's loopback is reached through -T and not without it."""
-    import socket
-
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -169,3 +174,48 @@ def test_the_launcher_returns_the_command_s_status_and_forwards_only_what_it_is_
     assert forwarded.returncode == 0, forwarded.stderr
     assert closed.returncode == 1 and b"ConnectionRefusedError" in closed.stderr
     assert subprocess.run(netns.isolated(["sh", "-c", "exit 7"])).returncode == 7
+
+
+async def test_codex_full_access_reaches_its_loopback_model_but_not_the_host_s_loopback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real Codex CLI of an allow_full_access instance runs whole in a pasta namespace: its turn completes
+    (the fake model on 127.0.0.1 is reached through the one forwarded port), while a command of a full_access
+    thread cannot reach a listener on the host's loopback (a stand-in for the metrics port) that the same
+    probe reaches from the host."""
+    monkeypatch.setenv("FAKE_OPENAI_API_KEY", "sk-fake-net-1")
+    fake = FakeModel().start()
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "probe.py").write_text(PROBE)
+    options = {"base_url": fake.url + "/v1", "api_key_env": "FAKE_OPENAI_API_KEY", "allow_full_access": True}
+    driver = CodexDriver("codex-net", tmp_path / "agent", options)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        on_host = await host_probe(cwd, port, port)
+        assert on_host.startswith("main=open metrics=open")  # the twin: the probe reaches the port from the host
+        runtime = await driver.open_session(SessionScope("p1", str(cwd), driver.state_dir / "p1"))
+        try:
+            thread = await runtime.start_thread(ThreadSettings(cwd=str(cwd), runtime_mode="full_access"))
+            turn = await runtime.start_turn(thread, f"RUN: python3 probe.py {port} {port}")
+            tools: list[ev.ItemCompleted] = []
+
+            async def until_done() -> ev.TurnCompleted:
+                async for event in runtime.events():
+                    if isinstance(event, ev.ItemCompleted) and event.kind == "tool_call":
+                        tools.append(event)
+                    if isinstance(event, ev.TurnCompleted) and event.native_turn == turn:
+                        return event
+                raise AssertionError("the runtime's events ended before the turn did")
+
+            done = await asyncio.wait_for(until_done(), 120)
+        finally:
+            fake.release()
+            await runtime.close()
+            fake.stop()
+    assert done.status == "completed" and done.error is None  # the model was reached: two requests
+    assert len(fake.bodies("/v1/responses")) == 2
+    assert len(tools) == 1 and tools[0].detail["exitCode"] == 0, tools
+    assert tools[0].detail["aggregatedOutput"].strip() == "main=shut metrics=shut own=open route=default"
