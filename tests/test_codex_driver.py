@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.support.fake_model import FakeModel
+from tests.support.fake_model import HOLD_SHOWN, FakeModel
 from threadloom.providers import agent_cli
 from threadloom.providers import contract as ev
 from threadloom.providers.codex import CodexDriver, CodexRuntime
@@ -363,19 +363,22 @@ async def test_the_sandbox_shows_commands_only_the_workspace(codex: Codex, tmp_p
 async def test_interrupt_ends_the_turn_and_closes_its_items(codex: Codex) -> None:
     s = codex.session
     thread = await s.runtime.start_thread(codex.settings())
-    turn = await s.runtime.start_turn(thread, "HOLD")
-    # The message has begun (its first chunk is streamed, then the model holds); the driver keeps back the
-    # end of every stream (a secret's guard: tests/test_redaction.py), so that chunk is not shown yet.
-    before = await s.until(lambda e: isinstance(e, ev.ItemStarted) and e.kind == "assistant_message")
+    prompt = "HOLD\nthe first eighty characters of this reply are streamed before the model holds"
+    turn = await s.runtime.start_turn(thread, prompt)
+    # The model streams HOLD_SHOWN characters and holds. The driver keeps back the last 64 of every stream (a
+    # secret's guard: tests/test_redaction.py), so the first shown chunk proves the rest reached the driver.
+    before = await s.until(lambda e: isinstance(e, ev.TextDelta))
+    message = next(e for e in before if isinstance(e, ev.ItemStarted) and e.kind == "assistant_message")
     await s.runtime.interrupt_turn(thread, turn)
     events = await s.until(lambda e: isinstance(e, ev.TurnCompleted))
 
     done = events[-1]
     assert isinstance(done, ev.TurnCompleted) and (done.native_turn, done.status) == (turn, "interrupted")
-    message = before[-1]
     closed = [e for e in of_type(events, ev.ItemCompleted) if e.item_id == message.item_id]
     assert [c.status for c in closed] == ["interrupted"]
-    assert texts(events).startswith("holding:")  # what was kept back is released when the item closes
+    shown = texts(before + events)
+    # What was kept back is released when the item closes: every streamed character, none twice.
+    assert shown == f"holding: {prompt}"[:HOLD_SHOWN], shown
     # the thread is usable again
     codex.fake.release()
     _, after = await s.turn(thread, "after the interrupt")

@@ -34,13 +34,13 @@ SEND = """mutation($t: ID!, $text: String!, $d: DispatchInput) {
 class World:
     """The server under test and a way to read its database synchronously."""
 
-    def __init__(self, server: ServerProcess, database_url: str) -> None:
+    def __init__(self, server: ServerProcess, database_url: str, root: Path) -> None:
         self.server = server
         self.http = httpx.Client(
             base_url=server.url, headers={"authorization": f"Bearer {server.admin_token}"}, timeout=30
         )
         self.database_url = database_url
-        data = self.gql(CREATE_PROJECT, {"name": "hypo", "root": workspace(server.data_dir)})
+        data = self.gql(CREATE_PROJECT, {"name": "hypo", "root": workspace(root)})  # beside the data dir
         self.project = data["createProject"]["project"]["id"]
         self.sends = 0
 
@@ -201,8 +201,7 @@ def decode_run(value: Any) -> str:
 @pytest.fixture
 def world(database_url: str, tmp_path: Path) -> Iterator[World]:
     server = ServerProcess(database_url, tmp_path / "d", env=providers_env(tmp_path, PROVIDERS)).wait_ready()
-    server.data_dir = tmp_path / "d"  # type: ignore[attr-defined]
-    yield World(server, database_url)
+    yield World(server, database_url, tmp_path)
     server.stop()
 
 

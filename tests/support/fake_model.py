@@ -11,8 +11,9 @@ Keywords (one per message, first match wins):
 - `WRITE: <path> <text>`  a file edit (Codex apply_patch / Claude Write).
 - `ASK: <question>`       Codex: a request_user_input tool call (plan mode); Claude: AskUserQuestion.
 - `PLAN: <text>`          Codex: a `<proposed_plan>` reply.
-- `HOLD`                  stream one chunk, then wait until the test calls `release()`
-                          (or the client goes away): a turn that is reliably still running.
+- `HOLD`                  stream one chunk (Codex: the first `HOLD_SHOWN` characters when the reply is that
+                          long), then wait until the test calls `release()` (or the client goes away): a turn
+                          that is reliably still running.
 - anything else           a streamed reply `echo: <message>`.
 """
 
@@ -64,6 +65,20 @@ class Script:
 
 def chunks(text: str, size: int = 8) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+HOLD_SHOWN = 80  # more than a driver keeps back of a stream (64), so part of a held reply is shown before it ends
+
+
+def held_after(pieces: list[str]) -> int:
+    """The chunk after which a HOLD reply waits: the first that brings it to `HOLD_SHOWN` characters, else the
+    first (a short reply)."""
+    total = 0
+    for index, piece in enumerate(pieces):
+        total += len(piece)
+        if total >= HOLD_SHOWN:
+            return index
+    return 0
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:

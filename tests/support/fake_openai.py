@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tests.support.fake_model import Script, chunks, sse
+from tests.support.fake_model import Script, chunks, held_after, sse
 
 if TYPE_CHECKING:
     from tests.support.fake_model import FakeModel
@@ -131,9 +131,10 @@ async def stream(fake: FakeModel, body: dict[str, Any]) -> AsyncIterator[bytes]:
         added = {"type": "message", "id": item_id, "role": "assistant", "status": "in_progress", "content": []}
         yield _event("response.output_item.added", output_index=0, item=added)
         pieces = chunks(text)
+        hold_at = held_after(pieces) if script.action == "hold" else -1
         for index, piece in enumerate(pieces):
             yield _event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=piece)
-            if index == 0 and script.action == "hold":
+            if index == hold_at:
                 await fake.held()
         output.append(_message(item_id, text))
     for index, item in enumerate(output):
