@@ -14,8 +14,8 @@ from tests.support.graphql import make_project, make_thread
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, free_port, serving
 from tests.support.waiting import until
-from tests.support.ws import WsClient
-from tests.test_streams_limits import BIG, _raw_slow_socket
+from tests.support.ws import WsClient, slow_socket
+from tests.test_streams_limits import BIG
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -131,7 +131,7 @@ async def test_slow_consumers_dropped_events_and_replays_are_counted(
         try:
             thread = (await make_thread(client, await make_project(client, "slow"), "slow"))["id"]
             before = await scrape(client)
-            ws = await _raw_slow_socket(server.url)  # reads as little as the kernel allows
+            ws = await slow_socket(server.url)  # reads as little as the kernel allows
             await ws.send(orjson.dumps({"type": "connection_init", "payload": {"token": client.token}}).decode())
             assert orjson.loads(await ws.recv())["type"] == "connection_ack"
             payload = {"query": BIG, "variables": {"t": thread, "after": 0}}
