@@ -33,6 +33,18 @@ def no_postgres_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterato
             os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
 
 
+@pytest.fixture(autouse=True)
+def agent_user_reaches_tmp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Agents run as an unprivileged user when the tests run as root (threadloom.unprivileged): pytest's
+    temp folders are 0700, so that user could not even reach the workspaces made in them. The session's
+    base and the test's folder (when it uses one) become traversable (0711), never listable; nothing in
+    src is loosened for tests."""
+    base = tmp_path_factory.getbasetemp()
+    base.chmod(0o711)
+    if "tmp_path" in request.fixturenames:
+        request.getfixturevalue("tmp_path").chmod(0o711)
+
+
 def _remove_in_background(folder: Path) -> None:
     """A full run leaves gigabytes of databases: removed by a process of their own, not while the run waits."""
     argv = ["rm", "-rf", str(folder)]

@@ -92,6 +92,9 @@ class Settings:
     # Where provider drivers keep what a resume needs (one folder per instance inside). Replicas with data
     # dirs of their own point it at one shared folder, so any of them resumes another's provider threads.
     agent_state_dir: Path | None = None
+    # The user agents run as when the server is root (threadloom.unprivileged): never the server's own.
+    agent_uid: int = 65534
+    agent_gid: int = 65534
 
     @property
     def agents_dir(self) -> Path:
@@ -115,6 +118,8 @@ class Settings:
             "metrics_port": int(env["THREADLOOM_METRICS_PORT"]) if env.get("THREADLOOM_METRICS_PORT") else None,
             "shutdown_seconds": float(env.get("THREADLOOM_SHUTDOWN_SECONDS", "10")),
             "agent_state_dir": env.get("THREADLOOM_AGENT_STATE_DIR") or None,
+            "agent_uid": int(env.get("THREADLOOM_AGENT_UID") or 65534),
+            "agent_gid": int(env.get("THREADLOOM_AGENT_GID") or 65534),
         }
         values["limits"] = Limits.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -26,6 +26,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from threadloom import unprivileged
 from threadloom.checkpoints.errors import CheckpointError, CheckpointErrorCode
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -140,6 +141,11 @@ class Dirs:
                 os.mkdir(name, 0o777, dir_fd=parent)
             except FileExistsError:
                 continue  # someone made it meanwhile: open it (or what replaced it) again
+            made = os.open(name, DIR_FLAGS, dir_fd=parent)
+            try:
+                unprivileged.give(made)  # the agent user's, to write in (the descriptor: never a link)
+            finally:
+                os.close(made)
         raise CheckpointError(
             CheckpointErrorCode.RESTORE_CONFLICT, f"could not make folder {folder!r}: it kept changing"
         )
@@ -175,6 +181,9 @@ def write_at(dir_fd: int, name: str, mode: int, content: bytes) -> None:
             )
         except FileExistsError:
             continue
+        # The agent user's, so it can edit a restored file: an inherited ACL's mask would follow the create
+        # mode (read-only for 0644). Through the descriptor just created, so never anything a link names.
+        unprivileged.give(fd)
         with os.fdopen(fd, "wb") as out:
             out.write(content)
         return

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from threadloom import unprivileged
 from threadloom.checkpoints import CheckpointError, CheckpointErrorCode, CheckpointStore, ShadowRepo, checkpoint_ref
 from threadloom.domain import checkpoints as rules
 from threadloom.domain.changes import Change, Outcome
@@ -176,6 +177,7 @@ class Checkpoints:
                 raise CheckpointError(CheckpointErrorCode.UNKNOWN_COMMIT, f"checkpoint {source.id} has no commit")
             await repo.restore(commit)
         await asyncio.to_thread(_publish_own_folder, root.parent, parts)
+        await asyncio.to_thread(unprivileged.grant_workspace, folder)  # the agent user's to work in
 
     # ---- the root scope: a run's start and end ---------------------------------------------
 
@@ -341,13 +343,14 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a folder, 
 
 
 def _open_folders(base: Path, parts: Sequence[str]) -> int:
-    """An fd of `base/parts...`, each folder made (mode 0o700) if missing and opened from the one before
-    with O_NOFOLLOW: a symlink or a file anywhere on the way is refused (OSError), never followed."""
+    """An fd of `base/parts...`, each folder made (mode 0o711: the agent user passes through to its forks'
+    folders, never lists or renames them) if missing and opened from the one before with O_NOFOLLOW: a
+    symlink or a file anywhere on the way is refused (OSError), never followed."""
     fd = os.open(base, _DIR)
     try:
         for part in parts:
             with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o700, dir_fd=fd)
+                os.mkdir(part, 0o711, dir_fd=fd)
             inner = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = inner

@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from threadloom import tracing
+from threadloom import tracing, unprivileged
 from threadloom.config import Settings
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain.effects import (
@@ -25,6 +25,7 @@ from threadloom.domain.handoffs import DEFAULT_POLICY, SwitchPolicy
 from threadloom.domain.interruption import UnsupportedPolicy
 from threadloom.domain.retries import RetryPolicy
 from threadloom.domain.statuses import RunStatus
+from threadloom.domain.threads import WORKSPACES_DIR
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.clock import Clock
@@ -75,6 +76,9 @@ class Services:
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
+        # Agents run as the agent user from here on (when this process is root), and may reach only their
+        # own folders of the data dir.
+        unprivileged.configure(settings.agent_uid, settings.agent_gid)
         pipeline = Pipeline(db, clock)
         catalog = Catalog(
             pipeline,
@@ -95,6 +99,10 @@ class Services:
         excludes = checkpoint_rules.excludes(os.environ.get(checkpoint_rules.EXCLUDES_ENV))
         checkpoints = Checkpoints.open(pipeline, settings.data_dir, excludes)
         sessions = SessionManager(pipeline, drivers, worker.id, idle, checkpoints.workspaces_root)
+        reachable = [WORKSPACES_DIR]
+        if agents_dir.parent == settings.data_dir:
+            reachable.append(agents_dir.name)
+        unprivileged.close_data_dir(settings.data_dir, reachable)
         restart_as_run = frozenset(
             name for name, config in instances.items() if config.options.get("restart_as") == "new_run"
         )

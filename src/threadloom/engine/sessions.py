@@ -17,12 +17,13 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 
-from threadloom import tracing
+from threadloom import tracing, unprivileged
 from threadloom.domain.changes import Change, EventVerb, Outcome
 from threadloom.domain.entities import Project, ProviderSession
 from threadloom.domain.errors import DomainError, ErrorCode
@@ -123,6 +124,24 @@ class LiveSession:
             except TimeoutError:
                 return False
         return True
+
+
+def _hand_over(instance_dir: Path, project: str, workspace: str, own: str | None) -> None:
+    """Before a project's agent starts: what it runs as (the agent user, when the server is root) must own
+    its state folder and be able to work in the project's workspace and its forks' folders -- including
+    files put there since its last start (`threadloom.unprivileged`)."""
+    unprivileged.own_state_dir(instance_dir, project)
+    unprivileged.grant_workspace(workspace)
+    if own is None or unprivileged.current() is None:
+        return
+    forks = Path(own)
+    if not forks.is_dir() or forks.is_symlink():
+        return
+    for folder in (forks.parent, forks):  # made 0700 by older releases; root's, so never an agent's link
+        os.chmod(folder, 0o711)
+    for entry in os.scandir(forks):
+        if entry.is_dir(follow_symlinks=False) and not entry.name.endswith(".partial"):
+            unprivileged.grant_workspace(entry.path)
 
 
 class SessionManager:
@@ -249,6 +268,7 @@ class SessionManager:
         if not isinstance(root, Path):
             raise TypeError(f"driver {type(driver).__name__} has no state_dir")
         own = None if self.workspaces_root is None else own_workspaces_of(str(self.workspaces_root), project.id)
+        await asyncio.to_thread(_hand_over, root, str(project.id), project.workspace_root, own)
         return SessionScope(str(project.id), project.workspace_root, root / str(project.id), own)
 
     async def _settle(self, session: LiveSession) -> None:

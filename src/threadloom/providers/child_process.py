@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -22,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from threadloom import unprivileged
 from threadloom.providers.contract import ProviderError
 
 log = logging.getLogger("threadloom.providers")
@@ -30,22 +32,34 @@ STDERR_TAIL = 5  # stderr lines kept to explain an exit
 
 
 def contained(argv: Sequence[str]) -> list[str]:
-    """`argv` in a PID namespace of its own, so every process the agent starts ends with it.
+    """`argv` in a PID namespace of its own, so every process the agent starts ends with it, and as the
+    unprivileged agent user when the server is root (`threadloom.unprivileged`).
 
     An agent may start processes in sessions of their own (Codex's sandboxed file helper is one), out of
     reach of a kill of its process group. In a PID namespace they all die when its first process does.
     `unshare` starts the agent as that process and takes it along when it dies itself (`--kill-child`);
-    `setpriv` makes `unshare` die with Threadloom, even one killed with -9. The namespace has its own
-    /proc (`--mount-proc`) and shares everything else, so the agent CLIs' own sandboxes still nest in it.
+    `setpriv --pdeathsig` makes `unshare` die with Threadloom, even one killed with -9. The namespace has its
+    own /proc (`--mount-proc`) and shares everything else, so the agent CLIs' own sandboxes still nest in it.
+
+    As root, a first `setpriv` switches to the agent user (`--reuid/--regid/--clear-groups`) before the one
+    setting the death signal: the kernel clears a death signal when the uid changes, so the order matters.
+    A process that is not root needs a user namespace for `--pid` (`--user --map-current-user`, mapping the
+    agent's uid to itself: files it makes belong to it outside too).
     Without util-linux's `unshare` and `setpriv` the agent runs as is, and `stop_child` kills the process
-    tree it finds."""
+    tree it finds -- unless it must change users: then it does not start at all (OSError), never as root."""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    user = unprivileged.current()
     if unshare is None or setpriv is None:
+        if user is not None:
+            raise FileNotFoundError(
+                errno.ENOENT, "setpriv and unshare (util-linux) are needed to run agents as the agent user"
+            )
         return list(argv)
-    user = [] if os.geteuid() == 0 else ["--user", "--map-current-user"]  # a PID namespace needs one unless root
+    drop = [] if user is None else [setpriv, *user.setpriv_args(), "--"]
+    userns = [] if os.geteuid() == 0 and user is None else ["--user", "--map-current-user"]
     return [
-        setpriv, "--pdeathsig", "KILL", "--",
-        unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--", *argv,
+        *drop, setpriv, "--pdeathsig", "KILL", "--",
+        unshare, *userns, "--pid", "--fork", "--kill-child", "--mount-proc", "--", *argv,
     ]  # fmt: skip
 
 

@@ -54,6 +54,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from threadloom import unprivileged
 from threadloom.providers.agent_cli import (
     CliOptions,
     StreamRedactor,
@@ -380,13 +381,13 @@ class CodexDriver:
             "TMPDIR": str(state / "tmp"),
         }
         env = child_env(self.api_key_env, extra)
-        for folder in (codex_home, Path(extra["HOME"]), state / "tmp"):
-            folder.mkdir(parents=True, exist_ok=True)
+        # The agent user's folders (threadloom.unprivileged), made without following a link it left there.
+        state.mkdir(parents=True, exist_ok=True)
+        unprivileged.agent_folders(state, ("codex-home", "home", "tmp"))
         # Replaced whole, never rewritten in place: a replica starting Codex on the same shared CODEX_HOME
-        # reads the old file or the new one (docs/providers.md, "Replicas").
-        staged = codex_home / f".config.toml.{os.getpid()}.tmp"
-        staged.write_text(self.config_toml(codex_home, native_codex_dir(argv[0])))
-        staged.replace(codex_home / "config.toml")
+        # reads the old file or the new one (docs/providers.md, "Replicas"); never written through a link.
+        toml = self.config_toml(codex_home, native_codex_dir(argv[0]))
+        unprivileged.put_file(codex_home, "config.toml", toml.encode())
         secret_names = (self.api_key_env, *(k for k in self.extra_env if k != "HOME"))
         started = argv
         if self.allow_full_access:  # its full_access threads' commands get a network, never the host's loopback

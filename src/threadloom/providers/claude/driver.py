@@ -11,10 +11,12 @@ its `env` option.)
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from threadloom import unprivileged
 from threadloom.providers.agent_cli import CliOptions, child_env, find_cli
 from threadloom.providers.claude.runtime import CAPABILITIES, ClaudeRuntime
 from threadloom.providers.contract import Capabilities, SessionScope
@@ -34,6 +36,11 @@ def project_tmp(state_dir: Path) -> Path:
     digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / f"threadloom-{digest}"
     folder.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)  # never someone's link
+    try:
+        unprivileged.give(fd)  # the agent user's (threadloom.unprivileged)
+    finally:
+        os.close(fd)
     return folder
 
 
@@ -69,7 +76,8 @@ class ClaudeDriver:
         env["ANTHROPIC_API_KEY"] = env.pop(cli.api_key_env)
         state = scope.state_dir
         claude_home = state / "claude-home"
-        (claude_home / ".claude").mkdir(parents=True, exist_ok=True)
+        state.mkdir(parents=True, exist_ok=True)
+        unprivileged.agent_folders(state, ("claude-home/.claude",))  # the agent user's, never through a link
         tmp = project_tmp(state)
         env.update(
             {

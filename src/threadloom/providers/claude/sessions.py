@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from threadloom import unprivileged
 from threadloom.providers.contract import ProviderError
 
 Record = dict[str, Any]  # {"cwd", "marks": {turn: last assistant uuid | None}, "fork_of"?, "resume_at"?}
@@ -90,11 +91,11 @@ class SessionStore:
         return data if isinstance(data, dict) else None
 
     def save(self, sid: str, record: Record) -> None:
+        # The folder is the agent user's (threadloom.unprivileged): made and written without following a link.
         path = self._record_path(sid)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(record))
-        tmp.replace(path)
+        self.home.mkdir(parents=True, exist_ok=True)
+        unprivileged.agent_folders(self.home, ("threads",))
+        unprivileged.put_file(path.parent, path.name, orjson.dumps(record))
 
     def transcript(self, sid: str) -> Path | None:
         """The session's transcript, wherever its project folder is (None before the first message)."""

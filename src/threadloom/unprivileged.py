@@ -1,0 +1,289 @@
+"""Agents run as an unprivileged user: the uid they get, and the files the server hands over to it.
+
+An agent process (and, for a `full_access` Codex or Claude Code thread, every command it runs without a
+sandbox) would otherwise run as the server's user -- root in many deployments -- and could write the server's
+package, read the data dir, reach the embedded PostgreSQL's socket and mint tokens. When the server runs as
+root, `child_process.contained` starts every agent as `THREADLOOM_AGENT_UID`/`THREADLOOM_AGENT_GID` (default
+65534, nobody) instead; a server that is not root cannot switch users and its agents run as itself (one
+warning at start).
+
+That user owns only what the server hands it:
+
+- its state folder `<agent state dir>/<instance>/<project>/` (0700, with everything already in it), under
+  folders that are only traversable (0711) and stay root's, so it can never rename its own folder away;
+- the project's workspace and each of the project's forks' folders: a POSIX ACL entry `user:<uid>:rwx`
+  on every file and folder, and a default ACL on folders so what anyone creates later inherits it
+  (`grant_workspace`, at every agent start). ACLs rather than a chown, so the workspace keeps its owner
+  and the files the operator put there stay theirs; on a file system without ACLs the entries are
+  chowned to the agent user instead. Files a restore writes are chowned to the agent user as they are
+  created (`give`): an inherited ACL's mask comes from the create mode, which for 0644 would leave the agent
+  read-only on a file it must edit after a rollback.
+
+Every walk here goes through O_NOFOLLOW descriptors (the trees are the agent's, so hostile input): a link
+is never followed, never chowned, never given an ACL.
+
+The setting is process-wide (`configure`, from `Services.build`): one server per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import logging
+import os
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+log = logging.getLogger("threadloom.unprivileged")
+
+DEFAULT_UID = DEFAULT_GID = 65534  # nobody / nogroup
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# The kernel's xattr form of a POSIX ACL (linux/posix_acl_xattr.h): version 2, then (tag, perm, id) entries
+# sorted by tag. No `acl` package needed.
+_ACL_VERSION = 2
+_USER_OBJ, _USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+ACCESS_ACL = "system.posix_acl_access"
+DEFAULT_ACL = "system.posix_acl_default"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentUser:
+    uid: int
+    gid: int
+
+    def setpriv_args(self) -> list[str]:
+        """`setpriv` options switching to this user with no supplementary groups (root's would stay otherwise)."""
+        return ["--reuid", str(self.uid), "--regid", str(self.gid), "--clear-groups"]
+
+
+_current: AgentUser | None = None
+
+
+def configure(uid: int, gid: int) -> AgentUser | None:
+    """Agents run as `uid`/`gid` from now on if this process is root; else they run as it (logged once)."""
+    global _current
+    if os.geteuid() != 0:
+        if _current is None:
+            log.warning(
+                "the server does not run as root, so its agents run as its own user (uid %d): an agent's "
+                "command can read and write whatever this user can (docs/deploy.md, 'The agent user')",
+                os.geteuid(),
+            )
+        _current = None
+        return None
+    _current = AgentUser(uid, gid)
+    return _current
+
+
+def current() -> AgentUser | None:
+    """The user agents run as, or None when they run as the server's own user."""
+    return _current
+
+
+def give(fd: int) -> None:
+    """Hand the open file or folder `fd` (just made by the server for a workspace) to the agent user."""
+    if _current is not None:
+        os.fchown(fd, _current.uid, _current.gid)
+
+
+# ---- the state folder -----------------------------------------------------------------------------------
+
+
+def own_state_dir(instance_dir: Path, project_dir: str) -> None:
+    """Make `instance_dir/project_dir` the agent user's own folder (0700), its parent traversable only.
+
+    `instance_dir` is made if missing and kept root's at 0711 (so the agent can reach its folder, not list
+    or rename it). What is already inside (made by an older release running agents as root, or by the driver)
+    is chowned to the agent user, walking by descriptor."""
+    instance_dir.mkdir(parents=True, exist_ok=True)
+    user = _current
+    if user is None:
+        (instance_dir / project_dir).mkdir(exist_ok=True)
+        return
+    os.chmod(instance_dir, 0o711)
+    top = os.open(instance_dir, _DIR)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(project_dir, 0o700, dir_fd=top)
+        fd = os.open(project_dir, _DIR, dir_fd=top)
+    finally:
+        os.close(top)
+    try:
+        os.fchmod(fd, 0o700)
+        _chown_tree(fd, user)
+    finally:
+        os.close(fd)
+
+
+def agent_folders(state: Path, names: Iterable[str]) -> None:
+    """Folders (relative paths) inside the project's state folder `state`, made as the agent user's.
+
+    The server makes them before the agent starts (the agent's HOME, CODEX_HOME, TMPDIR); made as root they
+    would be unwritable by it. Each component is opened with O_NOFOLLOW: the agent may have put a link there."""
+    for name in names:
+        fd = os.open(state, _DIR)
+        try:
+            for part in Path(name).parts:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                inner = os.open(part, _DIR, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+                give(fd)
+        finally:
+            os.close(fd)
+
+
+def put_file(folder: Path, name: str, content: bytes) -> None:
+    """Replace `folder/name` with `content` as a whole (a reader sees the old file or the new one).
+
+    `folder` is the agent's own: the file is staged with O_CREAT|O_EXCL|O_NOFOLLOW in a folder opened without
+    following links and renamed into place, so a link the agent planted at either name is replaced, never
+    written through."""
+    fd = os.open(folder, _DIR)
+    try:
+        staged = f".{name}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(staged, dir_fd=fd)
+        out = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        with os.fdopen(out, "wb") as file:
+            file.write(content)
+        os.rename(staged, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _chown_tree(fd: int, user: AgentUser) -> None:
+    """Chown the folder `fd` and everything below it to `user`; links and what they point at are left alone."""
+    info = os.fstat(fd)
+    if (info.st_uid, info.st_gid) != (user.uid, user.gid):
+        os.fchown(fd, user.uid, user.gid)
+    for entry in os.scandir(fd):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                inner = os.open(entry.name, _DIR, dir_fd=fd)
+                try:
+                    _chown_tree(inner, user)
+                finally:
+                    os.close(inner)
+            elif not entry.is_symlink():
+                found = entry.stat(follow_symlinks=False)
+                if (found.st_uid, found.st_gid) != (user.uid, user.gid):
+                    os.chown(entry.name, user.uid, user.gid, dir_fd=fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError, OSError) as error:
+            if error.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise
+
+
+# ---- workspaces ---------------------------------------------------------------------------------------
+
+
+def _acl(owner: int, user: AgentUser, group: int, other: int, granted: int) -> bytes:
+    entries = [
+        (_USER_OBJ, owner, _NO_ID),
+        (_USER, granted, user.uid),
+        (_GROUP_OBJ, group, _NO_ID),
+        (_MASK, granted | group, _NO_ID),
+        (_OTHER, other, _NO_ID),
+    ]
+    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
+
+
+def _access_acl(mode: int, user: AgentUser, folder: bool, found: bytes | None) -> bytes:
+    """The access ACL granting `user`, keeping the owner's, group's and others' permissions: from the ACL
+    already there if any (with an ACL the mode's group bits are its mask, not the group's), else the mode."""
+    owner, group, other = (mode >> 6) & 7, (mode >> 3) & 7, mode & 7
+    if found is not None and len(found) >= 4 and (len(found) - 4) % 8 == 0:
+        for offset in range(4, len(found), 8):
+            tag, perm, _ = struct.unpack_from("<HHI", found, offset)
+            if tag == _GROUP_OBJ:
+                group = perm
+    granted = 0o7 if folder or owner & 0o1 else 0o6
+    return _acl(owner, user, group, other, granted)
+
+
+def _xattr(fd_or_path: int | str, name: str) -> bytes | None:
+    try:
+        if isinstance(fd_or_path, int):
+            return os.getxattr(fd_or_path, name)
+        return os.getxattr(fd_or_path, name, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def grant_workspace(root: str | Path) -> None:
+    """Let the agent user read and write the workspace `root`: an ACL entry on each file and folder below it,
+    and a default ACL on folders. Entries already granted are left as they are, links are skipped.
+    A root that is missing or is a link is left alone (the agent's start reports the workspace)."""
+    user = _current
+    if user is None:
+        return
+    try:
+        fd = os.open(root, _DIR)
+    except OSError:
+        return
+    try:
+        _grant_folder(fd, user)
+    finally:
+        os.close(fd)
+
+
+def _grant_folder(fd: int, user: AgentUser) -> None:
+    info = os.fstat(fd)
+    found = _xattr(fd, ACCESS_ACL)
+    wanted, inherited = _access_acl(info.st_mode, user, True, found), _acl(0o7, user, 0o5, 0o5, 0o7)
+    if found != wanted or _xattr(fd, DEFAULT_ACL) != inherited:
+        try:
+            os.setxattr(fd, ACCESS_ACL, wanted)
+            os.setxattr(fd, DEFAULT_ACL, inherited)
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP):
+                raise
+            os.fchown(fd, user.uid, user.gid)  # no ACLs on this file system: the agent's own then
+    for entry in os.scandir(fd):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                inner = os.open(entry.name, _DIR, dir_fd=fd)
+                try:
+                    _grant_folder(inner, user)
+                finally:
+                    os.close(inner)
+            elif entry.is_file(follow_symlinks=False):
+                # The name relative to the folder's descriptor, the last component not followed.
+                path = f"/proc/self/fd/{fd}/{entry.name}"
+                found = _xattr(path, ACCESS_ACL)
+                wanted = _access_acl(entry.stat(follow_symlinks=False).st_mode, user, False, found)
+                if found == wanted:
+                    continue
+                try:
+                    os.setxattr(path, ACCESS_ACL, wanted, follow_symlinks=False)
+                except OSError as error:
+                    if error.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP):
+                        raise
+                    os.chown(entry.name, user.uid, user.gid, dir_fd=fd, follow_symlinks=False)
+        except OSError as error:
+            # Changed under the walk (removed, or swapped for a link or file): it is the agent's doing.
+            if error.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EPERM):
+                raise
+
+
+# ---- the data dir -------------------------------------------------------------------------------------
+
+
+def close_data_dir(data_dir: Path, reachable: Iterable[str]) -> None:
+    """The data dir as the agent user may see it: the data dir and the folders on the way to what agents use
+    (`reachable`: agents' state, forks' workspaces) traversable only (0711), everything else in it 0700
+    (the embedded PostgreSQL's folder and socket, checkpoints' shadow git dirs, locks)."""
+    if _current is None or not data_dir.is_dir():
+        return
+    os.chmod(data_dir, 0o711)
+    keep = set(reachable)
+    for entry in os.scandir(data_dir):
+        if entry.is_symlink():
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(entry.path, 0o711 if entry.name in keep and entry.is_dir() else 0o700)
