@@ -33,12 +33,20 @@ def no_postgres_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterato
             os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Agents run as an unprivileged user when the tests run as root (threadloom.unprivileged), and pytest's
+    own temp root (/tmp/pytest-of-root) is 0700 -- made so again by every pytest session that starts, so it
+    cannot be loosened once. A root session without --basetemp gets a base of its own in /tmp instead."""
+    if os.geteuid() == 0 and config.option.basetemp is None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="threadloom-pytest-")
+
+
 @pytest.fixture(autouse=True)
 def agent_user_reaches_tmp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Agents run as an unprivileged user when the tests run as root (threadloom.unprivileged): pytest's
-    temp folders are 0700, so that user could not even reach the workspaces made in them. The session's
-    base and the test's folder (when it uses one) become traversable (0711), never listable; nothing in
-    src is loosened for tests."""
+    """pytest's temp folders are 0700, so the agent user could not even reach the workspaces made in them.
+    The session's base and the test's folder (when it uses one) become traversable (0711), never listable;
+    nothing in src is loosened for tests."""
     base = tmp_path_factory.getbasetemp()
     base.chmod(0o711)
     if "tmp_path" in request.fixturenames:

@@ -55,7 +55,7 @@ class World:
         sent = await send(self.client, thread, text)
         assert sent["userErrors"] == [], sent
         done = await finished(self.client, sent["run"]["id"])
-        assert done["status"] == "COMPLETED", done
+        assert done["status"] == "COMPLETED", (done["statusReason"], done["rootNode"])
         return [c for c in done["rootNode"]["children"] if c["kind"] == "TOOL_CALL"]
 
 
@@ -154,8 +154,8 @@ async def test_files_a_rollback_restored_stay_writable(world: World) -> None:
 async def test_the_agent_user_cannot_reach_the_servers_files(world: World, pg: PgServer) -> None:
     thread = await world.thread()
     await world.run(thread, "@write a.txt x\n@reply done")  # the data dir now has checkpoints and agents' state
-    package = Path(threadloom.__file__).parent / "__pycache__"
-    planted = package / f"planted-{os.getpid()}.pyc"
+    package = Path(threadloom.__file__).parent
+    planted = package / f"planted_{os.getpid()}.py"
     checkpoints = world.data_dir / "checkpoints"
     assert checkpoints.is_dir()
 
@@ -178,3 +178,71 @@ async def test_the_agent_user_cannot_reach_the_servers_files(world: World, pg: P
     assert as_root(sys.executable, "-c", probe).returncode == 0
     with socket.socket(socket.AF_UNIX) as sock:  # the path is right: root's own connect works here too
         sock.connect(pg.socket_dir + "/.s.PGSQL.5432")
+
+
+THREAD_HOLD = """query($id: ID!) { thread(id: $id) { queueHeld queueHoldReason } }"""
+
+
+async def test_a_workspace_the_agent_user_cannot_reach_fails_the_start_naming_it(
+    serving: ServerProcess, tmp_path: Path
+) -> None:
+    client = Client(serving.url, serving.admin_token)
+    try:
+        for mode in (0o700, 0o711):  # closed to others, then its twin: only traversable
+            folder = tmp_path / f"mode-{mode:o}"
+            (folder / "ws").mkdir(parents=True)
+            folder.chmod(mode)
+            data = await client.gql(CREATE_PROJECT, {"name": f"p{mode:o}", "root": str(folder / "ws")})
+            assert data["createProject"]["userErrors"] == []
+            created = await client.gql(CREATE_THREAD, {"p": data["createProject"]["project"]["id"]})
+            thread = created["createThread"]["thread"]["id"]
+            sent = await send(client, thread, "@tool pwd\n@reply done")
+            done = await finished(client, sent["run"]["id"])
+            hold = (await client.gql(THREAD_HOLD, {"id": thread}))["thread"]
+            if mode == 0o700:
+                assert (done["status"], done["statusReason"]) == ("FAILED", "provider_error")
+                assert hold["queueHeld"] and f"cannot reach {folder} on the way to {folder / 'ws'}" in str(
+                    hold["queueHoldReason"]
+                ), hold
+            else:
+                assert done["status"] == "COMPLETED", done["statusReason"]
+                assert not hold["queueHeld"], hold
+    finally:
+        await client.aclose()
+
+
+def test_a_program_the_agent_user_cannot_reach_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from threadloom import unprivileged
+
+    monkeypatch.setattr(unprivileged, "_current", AGENT)
+    for mode in (0o700, 0o711):  # a virtualenv under root's 0700 home, then its twin: only traversable
+        home = tmp_path / f"home-{mode:o}"
+        (home / "bin").mkdir(parents=True)
+        program = home / "bin" / "agent"
+        program.write_text("#!/bin/sh\n")
+        program.chmod(0o755)
+        home.chmod(mode)
+        if mode == 0o700:
+            with pytest.raises(unprivileged.CannotReach) as raised:
+                unprivileged.check_reach([str(program)])
+            assert raised.value.blocked == str(home) and raised.value.path == str(program)
+            assert as_agent(str(program)).returncode != 0  # what the check spares: an exec failing as is
+        else:
+            unprivileged.check_reach([str(program)])
+            assert as_agent(str(program)).returncode == 0
+
+
+def test_the_embedded_databases_socket_in_a_runtime_folder_is_closed_to_the_agent_user(tmp_path: Path) -> None:
+    from threadloom.store.embedded import start_embedded, stop_embedded
+
+    data_dir = tmp_path / ("d" * 120)  # too long a path for a unix socket: pgserver puts it elsewhere
+    server = start_embedded(data_dir)
+    try:
+        socket_dir = server.get_postmaster_info().socket_dir
+        assert socket_dir is not None and not Path(socket_dir).is_relative_to(data_dir)
+        probe = f"import socket; socket.socket(socket.AF_UNIX).connect({str(socket_dir) + '/.s.PGSQL.5432'!r})"
+        denied = as_agent(sys.executable, "-c", probe)
+        assert denied.returncode != 0 and "PermissionError" in denied.stderr
+        assert as_root(sys.executable, "-c", probe).returncode == 0  # the twin: the server's user connects
+    finally:
+        stop_embedded(server)

@@ -33,6 +33,7 @@ import errno
 import logging
 import os
 import struct
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -88,6 +89,56 @@ def give(fd: int) -> None:
     """Hand the open file or folder `fd` (just made by the server for a workspace) to the agent user."""
     if _current is not None:
         os.fchown(fd, _current.uid, _current.gid)
+
+
+# ---- what the agent user can reach ---------------------------------------------------------------------
+
+_PROBE = 'for p; do [ -x "$p" ] || { printf %s "$p"; exit 1; }; done'
+_reached: set[str] = set()  # paths the agent user was seen to reach (kept for the process: they rarely change)
+
+
+class CannotReach(Exception):
+    """The agent user cannot reach `path` (`blocked` is the first folder or file on the way it cannot pass)."""
+
+    def __init__(self, path: str, blocked: str, user: AgentUser) -> None:
+        super().__init__(
+            f"the agent user (uid {user.uid}) cannot reach {blocked}"
+            + ("" if blocked == path else f" on the way to {path}")
+            + ": it and every folder above it must be executable (searchable) by that user"
+            " (docs/deploy.md, 'The agent user')"
+        )
+        self.path, self.blocked = path, blocked
+
+
+def check_reach(paths: Iterable[str]) -> None:
+    """Raise `CannotReach` unless the agent user can execute each of `paths` (a program, or a folder it must
+    enter) and search every folder above it. The kernel answers, not the mode bits read here: one `setpriv`
+    probe runs `test -x` as that user on what was not seen reachable yet (ACLs, links and all). Positive
+    answers are kept for the process; a refusal is asked again next time (the operator may fix it)."""
+    user = _current
+    if user is None:
+        return
+    steps: dict[str, str] = {}  # each path and folder on the way -> the path it leads to
+    for path in paths:
+        target = Path(os.path.abspath(path))
+        for step in (*reversed(target.parents[:-1]), target):
+            steps.setdefault(str(step), str(target))
+    todo = [step for step in steps if step not in _reached]
+    if not todo:
+        return
+    probe = subprocess.run(
+        ["setpriv", *user.setpriv_args(), "--", "/bin/sh", "-c", _PROBE, "sh", *todo],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode == 0:
+        _reached.update(todo)
+        return
+    if probe.stdout not in steps:  # setpriv itself failed: nothing can start as the agent user
+        raise CannotReach(todo[0], f"anything (setpriv failed: {probe.stderr.strip()})", user)
+    _reached.update(todo[: todo.index(probe.stdout)])  # the probe passed these before it stopped
+    raise CannotReach(steps[probe.stdout], probe.stdout, user)
 
 
 # ---- the state folder -----------------------------------------------------------------------------------
@@ -274,14 +325,21 @@ def _grant_folder(fd: int, user: AgentUser) -> None:
 # ---- the data dir -------------------------------------------------------------------------------------
 
 
-def close_data_dir(data_dir: Path, reachable: Iterable[str]) -> None:
+def close_data_dir(data_dir: Path, reachable: Iterable[str], private: Iterable[str] = ()) -> None:
     """The data dir as the agent user may see it: the data dir and the folders on the way to what agents use
     (`reachable`: agents' state, forks' workspaces) traversable only (0711), everything else in it 0700
-    (the embedded PostgreSQL's folder and socket, checkpoints' shadow git dirs, locks)."""
-    if _current is None or not data_dir.is_dir():
+    (the embedded PostgreSQL's folder, checkpoints' shadow git dirs, locks).
+
+    The data dir and these folders are made here when missing (most are made lazily, later, with the
+    default 0755): `private` names those made 0700 now so that what is made in them later stays closed."""
+    if _current is None:
         return
+    data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o711)
     keep = set(reachable)
+    for name in (*keep, *private):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(data_dir / name, 0o711 if name in keep else 0o700)
     for entry in os.scandir(data_dir):
         if entry.is_symlink():
             continue

@@ -13,12 +13,14 @@ from threadloom.checkpoints.locks import RepoLock
 from threadloom.checkpoints.refs import check_project_id
 from threadloom.checkpoints.repo import INDEX_NAME, ShadowRepo
 
+CHECKPOINTS_DIR = "checkpoints"  # the data dir's folder of shadow repositories
+
 
 class CheckpointStore:
     """Hands out `ShadowRepo`s; repositories of one project share one lock in this process."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.root = Path(data_dir).resolve() / "checkpoints"
+        self.root = Path(data_dir).resolve() / CHECKPOINTS_DIR
         self._git = find_git()
         self._locks: dict[str, RepoLock] = {}
         self._trees: dict[tuple[str, ...], Any] = {}  # each index's last capture (`ShadowRepo.capture_changes`)

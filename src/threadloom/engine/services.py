@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 
 from threadloom import tracing, unprivileged
+from threadloom.checkpoints.store import CHECKPOINTS_DIR
 from threadloom.config import Settings
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain.effects import (
@@ -102,7 +103,7 @@ class Services:
         reachable = [WORKSPACES_DIR]
         if agents_dir.parent == settings.data_dir:
             reachable.append(agents_dir.name)
-        unprivileged.close_data_dir(settings.data_dir, reachable)
+        unprivileged.close_data_dir(settings.data_dir, reachable, private=[CHECKPOINTS_DIR])
         restart_as_run = frozenset(
             name for name, config in instances.items() if config.options.get("restart_as") == "new_run"
         )

@@ -31,7 +31,8 @@ from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import ProviderSessionStatus
 from threadloom.domain.threads import own_workspaces_of
 from threadloom.engine.pipeline import GlobalCommand, Pipeline
-from threadloom.providers.contract import ProviderDriver, ProviderRuntime, SessionScope
+from threadloom.providers.child_process import AGENT_USER_CANNOT_RUN
+from threadloom.providers.contract import ProviderDriver, ProviderError, ProviderRuntime, SessionScope
 from threadloom.providers.traced import traced
 from threadloom.store import entities
 from threadloom.store import workers as worker_store
@@ -132,6 +133,7 @@ def _hand_over(instance_dir: Path, project: str, workspace: str, own: str | None
     files put there since its last start (`threadloom.unprivileged`)."""
     unprivileged.own_state_dir(instance_dir, project)
     unprivileged.grant_workspace(workspace)
+    unprivileged.check_reach([workspace, str(instance_dir / project)])  # the folders above them too
     if own is None or unprivileged.current() is None:
         return
     forks = Path(own)
@@ -268,7 +270,10 @@ class SessionManager:
         if not isinstance(root, Path):
             raise TypeError(f"driver {type(driver).__name__} has no state_dir")
         own = None if self.workspaces_root is None else own_workspaces_of(str(self.workspaces_root), project.id)
-        await asyncio.to_thread(_hand_over, root, str(project.id), project.workspace_root, own)
+        try:
+            await asyncio.to_thread(_hand_over, root, str(project.id), project.workspace_root, own)
+        except unprivileged.CannotReach as error:
+            raise ProviderError(AGENT_USER_CANNOT_RUN, str(error)) from error
         return SessionScope(str(project.id), project.workspace_root, root / str(project.id), own)
 
     async def _settle(self, session: LiveSession) -> None:

