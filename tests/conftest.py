@@ -31,6 +31,11 @@ def no_postgres_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterato
     for pid, pgdata in postgres_servers().items():
         if pgdata.is_relative_to(base):
             os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
+    if base.name.startswith(_OWN_BASE):  # made by pytest_configure below: no pytest session cleans it up
+        _remove_in_background(base)
+
+
+_OWN_BASE = "threadloom-pytest-"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -39,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
     own temp root (/tmp/pytest-of-root) is 0700 -- made so again by every pytest session that starts, so it
     cannot be loosened once. A root session without --basetemp gets a base of its own in /tmp instead."""
     if os.geteuid() == 0 and config.option.basetemp is None:
-        config.option.basetemp = tempfile.mkdtemp(prefix="threadloom-pytest-")
+        config.option.basetemp = tempfile.mkdtemp(prefix=_OWN_BASE)
 
 
 @pytest.fixture(autouse=True)
