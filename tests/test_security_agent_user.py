@@ -106,8 +106,12 @@ def real_uid(pid: int) -> int:
 
 
 def as_agent(*argv: str) -> subprocess.CompletedProcess[str]:
-    """`argv` as the agent user, dropped to exactly as `contained()` drops an agent."""
-    return subprocess.run(["setpriv", *AGENT.setpriv_args(), "--", *argv], capture_output=True, text=True)
+    """`argv` as the agent user, dropped to exactly as `contained()` drops an agent, then started by `env`:
+    `setpriv` keeps root's capabilities until its own exec, so a program it starts directly is found even
+    in folders that user cannot search (in `contained()` a second `setpriv` and `unshare` come between)."""
+    return subprocess.run(
+        ["setpriv", *AGENT.setpriv_args(), "--", "/usr/bin/env", *argv], capture_output=True, text=True
+    )
 
 
 def as_root(*argv: str) -> subprocess.CompletedProcess[str]:
