@@ -15,6 +15,7 @@ from tests.support.fake_model import FakeModel
 from tests.support.graphql import workspace as workspace_folder
 from tests.support.pg import PgServer, postgres_servers
 from tests.support.server import Client, ServerProcess, providers_env, serving
+from threadloom import unprivileged
 from threadloom.config import Settings
 from threadloom.engine.clock import SystemClock
 from threadloom.engine.services import Services
@@ -43,8 +44,22 @@ def pytest_configure(config: pytest.Config) -> None:
     """Agents run as an unprivileged user when the tests run as root (threadloom.unprivileged), and pytest's
     own temp root (/tmp/pytest-of-root) is 0700 -- made so again by every pytest session that starts, so it
     cannot be loosened once. A root session without --basetemp gets a base of its own in /tmp instead."""
-    if os.geteuid() == 0 and config.option.basetemp is None:
+    if os.geteuid() != 0:
+        return
+    if config.option.basetemp is None:
         config.option.basetemp = tempfile.mkdtemp(prefix=_OWN_BASE)
+    # Every temp folder a test or fixture makes (`tmp_path`, `tmp_path_factory.mktemp`) is made 0700 too:
+    # traversable (0711) instead, so a data dir or workspace made in one is within the agent user's reach.
+    mktemp = pytest.TempPathFactory.mktemp
+    if not getattr(mktemp, "reachable", False):
+
+        def reachable_mktemp(self: pytest.TempPathFactory, basename: str, numbered: bool = True) -> Path:
+            path = mktemp(self, basename, numbered)
+            path.chmod(0o711)
+            return path
+
+        reachable_mktemp.reachable = True  # type: ignore[attr-defined]
+        pytest.TempPathFactory.mktemp = reachable_mktemp  # type: ignore[method-assign]
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +71,15 @@ def agent_user_reaches_tmp(request: pytest.FixtureRequest, tmp_path_factory: pyt
     base.chmod(0o711)
     if "tmp_path" in request.fixturenames:
         request.getfixturevalue("tmp_path").chmod(0o711)
+
+
+@pytest.fixture(autouse=True)
+def agent_user_setting_per_test() -> Iterator[None]:
+    """`Services.build` sets the agent user for the whole process (`threadloom.unprivileged.configure`): kept
+    to the test that built it, so a driver test after it in the same session starts its agents as before."""
+    saved = unprivileged._current
+    yield
+    unprivileged._current = saved
 
 
 def _remove_in_background(folder: Path) -> None:

@@ -1,5 +1,6 @@
 """GraphQL documents shared by several tests."""
 
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -47,7 +48,9 @@ def workspace(parent: Path | None = None, name: str = "ws") -> str:
     Without a parent, a fresh temporary folder: workspace roots of projects may not overlap.
     """
     if parent is None:
-        return tempfile.mkdtemp(prefix="threadloom-ws-")
+        folder = tempfile.mkdtemp(prefix="threadloom-ws-")
+        os.chmod(folder, 0o711)  # made 0700: within reach of the agent user (docs/deploy.md, "The agent user")
+        return folder
     path = parent / name
     path.mkdir(parents=True, exist_ok=True)
     return str(path)
