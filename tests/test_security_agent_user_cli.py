@@ -9,20 +9,20 @@ agent user's, while a file the operator (root) put in the workspace stays root's
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.agents import full_access_turn
 from tests.support.fake_model import FakeModel
 from threadloom import unprivileged
 from threadloom.engine.sessions import _hand_over
 from threadloom.providers import contract as ev
 from threadloom.providers.claude import ClaudeDriver
 from threadloom.providers.codex import CodexDriver
-from threadloom.providers.contract import SessionScope, ThreadSettings
+from threadloom.providers.contract import SessionScope
 from threadloom.unprivileged import DEFAULT_UID, AgentUser
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only a root server switches agents to another user")
@@ -49,19 +49,7 @@ async def one_turn(driver: Any, workspace: Path) -> list[ev.ItemCompleted]:
     _hand_over(driver.state_dir, "p1", str(workspace), None)
     runtime = await driver.open_session(SessionScope("p1", str(workspace), driver.state_dir / "p1"))
     try:
-        thread = await runtime.start_thread(ThreadSettings(cwd=str(workspace), runtime_mode="full_access"))
-        turn = await runtime.start_turn(thread, COMMAND)
-        tools: list[ev.ItemCompleted] = []
-
-        async def until_done() -> ev.TurnCompleted:
-            async for event in runtime.events():
-                if isinstance(event, ev.ItemCompleted) and event.kind == "tool_call":
-                    tools.append(event)
-                if isinstance(event, ev.TurnCompleted) and event.native_turn == turn:
-                    return event
-            raise AssertionError("the runtime's events ended before the turn did")
-
-        done = await asyncio.wait_for(until_done(), 120)
+        done, tools = await full_access_turn(runtime, workspace, COMMAND)
     finally:
         await runtime.close()
     assert done.status == "completed" and done.error is None, done

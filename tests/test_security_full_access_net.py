@@ -23,15 +23,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.agents import full_access_turn
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, free_port
 from threadloom.agent.sandbox import Sandbox, SandboxUnavailable
-from threadloom.providers import contract as ev
 from threadloom.providers import netns
 from threadloom.providers.codex import CodexDriver
-from threadloom.providers.contract import SessionScope, ThreadSettings
+from threadloom.providers.contract import SessionScope
 
 PROBE = """\
 import socket, sys
@@ -198,19 +198,7 @@ async def test_codex_full_access_reaches_its_loopback_model_but_not_the_host_s_l
         assert on_host.startswith("main=open metrics=open")  # the twin: the probe reaches the port from the host
         runtime = await driver.open_session(SessionScope("p1", str(cwd), driver.state_dir / "p1"))
         try:
-            thread = await runtime.start_thread(ThreadSettings(cwd=str(cwd), runtime_mode="full_access"))
-            turn = await runtime.start_turn(thread, f"RUN: python3 probe.py {port} {port}")
-            tools: list[ev.ItemCompleted] = []
-
-            async def until_done() -> ev.TurnCompleted:
-                async for event in runtime.events():
-                    if isinstance(event, ev.ItemCompleted) and event.kind == "tool_call":
-                        tools.append(event)
-                    if isinstance(event, ev.TurnCompleted) and event.native_turn == turn:
-                        return event
-                raise AssertionError("the runtime's events ended before the turn did")
-
-            done = await asyncio.wait_for(until_done(), 120)
+            done, tools = await full_access_turn(runtime, cwd, f"RUN: python3 probe.py {port} {port}")
         finally:
             fake.release()
             await runtime.close()

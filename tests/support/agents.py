@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from tests.support.fake_model import FakeModel
 from tests.support.server import Client, ServerProcess
+from threadloom.providers import contract as ev
+from threadloom.providers.contract import ThreadSettings
 
 MODEL_PATH = {"codex": "/v1/responses", "claude": "/v1/messages"}
 
@@ -48,3 +52,20 @@ async def cli_api(database_url: str, folder: Path, fake: FakeModel) -> AsyncIter
         await client.aclose()
         proc.stop()
         print("\n".join(proc.log[-80:]))
+
+
+async def full_access_turn(runtime: Any, cwd: Path, prompt: str) -> tuple[ev.TurnCompleted, list[ev.ItemCompleted]]:
+    """One turn of a new full_access thread on a driver's open runtime: its end and the tool calls it completed."""
+    thread = await runtime.start_thread(ThreadSettings(cwd=str(cwd), runtime_mode="full_access"))
+    turn = await runtime.start_turn(thread, prompt)
+    tools: list[ev.ItemCompleted] = []
+
+    async def until_done() -> ev.TurnCompleted:
+        async for event in runtime.events():
+            if isinstance(event, ev.ItemCompleted) and event.kind == "tool_call":
+                tools.append(event)
+            if isinstance(event, ev.TurnCompleted) and event.native_turn == turn:
+                return event
+        raise AssertionError("the runtime's events ended before the turn did")
+
+    return await asyncio.wait_for(until_done(), 120), tools
