@@ -363,10 +363,11 @@ async def test_the_sandbox_shows_commands_only_the_workspace(codex: Codex, tmp_p
 async def test_interrupt_ends_the_turn_and_closes_its_items(codex: Codex) -> None:
     s = codex.session
     thread = await s.runtime.start_thread(codex.settings())
-    prompt = "HOLD\nthe first eighty characters of this reply are streamed before the model holds"
+    prompt = "HOLD\nthe first seventy-two characters of this reply are streamed before the model holds"
     turn = await s.runtime.start_turn(thread, prompt)
     # The model streams HOLD_SHOWN characters and holds. The driver keeps back the last 64 of every stream (a
-    # secret's guard: tests/test_redaction.py), so the first shown chunk proves the rest reached the driver.
+    # secret's guard: tests/test_redaction.py); only the last held chunk pushes text past that, so the first
+    # shown delta proves the whole held part reached the driver before the interrupt.
     before = await s.until(lambda e: isinstance(e, ev.TextDelta))
     message = next(e for e in before if isinstance(e, ev.ItemStarted) and e.kind == "assistant_message")
     await s.runtime.interrupt_turn(thread, turn)

@@ -67,7 +67,9 @@ def chunks(text: str, size: int = 8) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
-HOLD_SHOWN = 80  # more than a driver keeps back of a stream (64), so part of a held reply is shown before it ends
+# One chunk (8) more than a driver keeps back of a stream (64): the first shown delta of a held reply is released
+# only by its last chunk, so seeing it proves that the whole held part reached the driver.
+HOLD_SHOWN = 72
 
 
 def held_after(pieces: list[str]) -> int:
