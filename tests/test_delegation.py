@@ -83,7 +83,12 @@ async def test_delegated_task_reports_to_its_parent(client: Client, tmp_path: Pa
     ]
 
 
-async def test_stop_cascades_depth_first_through_three_levels(client: Client, tmp_path: Path) -> None:
+async def test_stop_cascades_depth_first_through_three_levels(
+    client: Client, tmp_path: Path, database_url: str
+) -> None:
+    """stopThread asks each level's run to stop, the thread itself first, then its tasks depth first (a task's
+    own task before it), as the event log orders the interrupt requests; every queue stays held until
+    resumeQueue."""
     parent = await _parent(client, tmp_path)
     top = await send(client, parent, "@delay 20000\n@reply never")
     child = await _delegate(client, parent, "@delay 20000\n@reply never")
@@ -104,8 +109,33 @@ async def test_stop_cascades_depth_first_through_three_levels(client: Client, tm
         state = (await client.gql(THREAD, {"t": thread}))["thread"]
         assert state["queueHeld"] is True and state["activeRun"] is None
     assert (await run(client, waiting["run"]["id"]))["status"] == "QUEUED"  # held: nothing restarts on its own
+    asked = await _in_log_order(database_url, "run.interrupt_requested")
+    levels = {_uuid(parent): "parent", _uuid(child["id"]): "child", _uuid(grandchild["id"]): "grandchild"}
+    assert [levels[thread] for thread in asked] == ["parent", "grandchild", "child"]
     await client.gql("mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }", {"t": parent})
     assert (await finished(client, waiting["run"]["id"]))["status"] == "COMPLETED"
+
+
+async def _in_log_order(database_url: str, kind: str) -> list[str]:
+    """The threads of every `kind` activity, in the order the event log recorded them."""
+    db = Database.from_url(database_url, pool_size=1)
+    try:
+        async with db.read() as r:
+            rows = await r.rows(
+                sa.select(t.activities.c.thread_id)
+                .join(t.events, t.events.c.entity_id == t.activities.c.id)
+                .where(t.activities.c.kind == kind)
+                .order_by(t.events.c.position)
+            )
+    finally:
+        await db.dispose()
+    return [str(row["thread_id"]) for row in rows]
+
+
+def _uuid(gid: str) -> str:
+    found = decode(gid)
+    assert found is not None, gid
+    return str(found[1])
 
 
 async def test_interrupt_by_node(client: Client, tmp_path: Path) -> None:
