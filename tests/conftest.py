@@ -14,7 +14,8 @@ import pytest
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import workspace as workspace_folder
 from tests.support.pg import PgServer, postgres_servers
-from tests.support.server import Client, ServerProcess, providers_env, serving
+from tests.support.server import Client, ServerProcess
+from tests.support.spare import ServerPool, Spare
 from threadloom import unprivileged
 from threadloom.config import Settings
 from threadloom.engine.clock import SystemClock
@@ -32,8 +33,6 @@ def no_postgres_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterato
     for pid, pgdata in postgres_servers().items():
         if pgdata.is_relative_to(base):
             os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
-    if base.name.startswith(_OWN_BASE):  # made by pytest_configure below: no pytest session cleans it up
-        _remove_in_background(base)
 
 
 _OWN_BASE = "threadloom-pytest-"
@@ -60,6 +59,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
         reachable_mktemp.reachable = True  # type: ignore[attr-defined]
         pytest.TempPathFactory.mktemp = reachable_mktemp  # type: ignore[method-assign]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under xdist each worker's base is a folder in this (the controller's) base: it must be traversable too."""
+    if os.geteuid() == 0 and not hasattr(session.config, "workerinput"):
+        session.config._tmp_path_factory.getbasetemp().chmod(0o711)  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The base made by pytest_configure: no pytest session cleans it up (a worker's is inside it)."""
+    if os.geteuid() == 0 and not hasattr(config, "workerinput") and config.option.basetemp is not None:
+        base = Path(config.option.basetemp)
+        if base.name.startswith(_OWN_BASE):
+            _remove_in_background(base)
 
 
 @pytest.fixture(autouse=True)
@@ -99,14 +112,33 @@ async def pg() -> AsyncIterator[PgServer]:
     _remove_in_background(root)
 
 
-@pytest.fixture
-async def database_url(pg: PgServer) -> str:
-    return await pg.fresh()
+@pytest.fixture(scope="session")
+def server_pool(pg: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
+    pool = ServerPool(pg, tmp_path_factory)
+    yield pool
+    pool.close()
+
+
+_OWN_SERVER = ("server", "database_url", "data_dir")
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return tmp_path / "data"
+async def spare(request: pytest.FixtureRequest, server_pool: ServerPool) -> Spare | None:
+    """The server started ahead for this test (tests/support/spare.py) when it asks for `server`."""
+    if "server" not in request.fixturenames or any(hasattr(request.module, name) for name in _OWN_SERVER):
+        return None  # a module that starts its own server (or owns its database) is left to do so
+    providers = getattr(request.module, "PROVIDERS", None)
+    return await server_pool.take(providers if isinstance(providers, str) else None)
+
+
+@pytest.fixture
+async def database_url(pg: PgServer, spare: Spare | None) -> str:
+    return spare.database_url if spare is not None else await pg.fresh()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, spare: Spare | None) -> Path:
+    return spare.data_dir if spare is not None else tmp_path / "data"
 
 
 @pytest.fixture
@@ -126,14 +158,14 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def server(
-    request: pytest.FixtureRequest, database_url: str, data_dir: Path, tmp_path: Path
-) -> Iterator[ServerProcess]:
-    """A real server; a test module's `PROVIDERS` (the text of a providers.toml) sets its provider instances."""
-    providers = getattr(request.module, "PROVIDERS", None)
-    env = providers_env(tmp_path, providers) if isinstance(providers, str) else None
-    with serving(database_url, data_dir, env) as proc:
-        yield proc
+def server(spare: Spare | None, database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
+    """A real server of its own for the test, started ahead (tests/support/spare.py); a test module's
+    `PROVIDERS` (the text of a providers.toml) sets its provider instances."""
+    assert spare is not None and spare.database_url == database_url
+    proc = spare.proc.wait_ready()
+    yield proc
+    proc.stop()
+    print("\n".join(proc.log[-60:]))  # shown when the test failed
 
 
 @pytest.fixture

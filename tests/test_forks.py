@@ -331,7 +331,9 @@ ROLLBACK = """mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, 
 FILES = """query($r: ID!) { run(id: $r) { checkpoint { files { path } } } }"""
 
 
-async def test_a_fork_with_its_own_workspace_starts_from_the_fork_points_files(api: Client, tmp_path: Path) -> None:
+async def test_a_fork_with_its_own_workspace_starts_from_the_fork_points_files(
+    api: Client, tmp_path: Path, data_dir: Path
+) -> None:
     root = _folder(tmp_path / "ws")
     source = await Thread.create(api, root)
     first = await source.run("@write a.txt one")
@@ -341,7 +343,7 @@ async def test_a_fork_with_its_own_workspace_starts_from_the_fork_points_files(a
     path = (await api.gql("query($t: ID!) { thread(id: $t) { workspacePath project { id } } }", {"t": fork.id}))
     project = gid_uuid(path["thread"]["project"]["id"])
     assert path["thread"]["workspacePath"] == f"forks/{gid_uuid(fork.id)}"
-    own = (tmp_path / "data").resolve() / "workspaces" / project / path["thread"]["workspacePath"]  # the data dir's
+    own = data_dir / "workspaces" / project / path["thread"]["workspacePath"]  # the data dir's
     assert not (root / ".threadloom").exists()  # nothing inside the project's workspace
     assert (own / "a.txt").read_text() == "one" and not (own / "b.txt").exists()  # made by forkThread
 

@@ -153,13 +153,13 @@ async def test_a_switch_while_a_run_is_active_queues_and_never_steers(api: Clien
 
 
 async def test_a_provider_thread_that_cannot_resume_is_replaced_with_the_conversation(
-    api: Client, home: Path, tmp_path: Path
+    api: Client, home: Path, data_dir: Path
 ) -> None:
     thread = await ScriptedThread.create(api, home, "a")
     first = await on(api, thread, "@reply one", None)
     crashed = await send(api, thread.id, "@crash")  # its process exits; the next run must resume
     assert (await finished(api, crashed["run"]["id"]))["status"] == "FAILED"
-    records = list((tmp_path / "data" / "agents" / "a").glob("*/threads/*.json"))
+    records = list((data_dir / "agents" / "a").glob("*/threads/*.json"))
     assert records
     for record in records:
         record.unlink()  # and the agent's stored conversation is gone
