@@ -20,6 +20,8 @@ from threadloom.agent import recall
 from threadloom.agent.directives import (
     Approval,
     Ask,
+    Await,
+    AwaitSteer,
     Crash,
     Delay,
     DirectiveError,
@@ -257,6 +259,8 @@ def test_parse_every_directive() -> None:
             "Please do things.",
             "@reply Hello  there",
             "@delay 20",
+            "@await gates/go",
+            "@await-steer",
             "@tool echo hi | tr a-z A-Z",
             "@write notes/a.txt some text here",
             "@approval rm -rf build",
@@ -271,6 +275,8 @@ def test_parse_every_directive() -> None:
     assert parse(script) == [
         Reply("Hello  there"),
         Delay(20),
+        Await("gates/go"),
+        AwaitSteer(),
         Tool("echo hi | tr a-z A-Z"),
         Write("notes/a.txt", "some text here"),
         Approval("rm -rf build"),
@@ -304,6 +310,8 @@ def test_parse_defaults() -> None:
         ("ok\n@delay soon", "line 2: @delay needs a whole number"),
         ("@delay -5", "@delay needs a whole number"),
         ("@tool", "@tool needs a command"),
+        ("@await", "@await needs a path"),
+        ("@await-steer now", "@await-steer takes no argument"),
         ("@write", "@write needs a path"),
         ("@todo ; ;", "@todo needs at least one step"),
         ("@ask | a | b", "@ask needs a question"),
@@ -536,6 +544,53 @@ async def test_steer_appends_to_the_running_turn(agent: AgentProcess, cwd: Path)
     assert turn["output"] == "Steered: also this\nplanned"
     # No turn is running any more.
     assert (await agent.error("turn/steer", steer))["code"] == -32002
+
+
+async def test_await_holds_the_turn_until_the_file_appears(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "@reply before\n@await gate/go\n@reply after")
+    await agent.next_message(is_method("item/completed", turnId=turn_id))
+    (cwd / "gate").mkdir()  # a folder first: only the file itself opens the gate
+    steer = {"threadId": thread_id, "expectedTurnId": turn_id, "input": [{"type": "text", "text": "@reply in"}]}
+    assert await agent.request("turn/steer", steer) == {}  # answered while the turn is held: the agent is not stuck
+    held = agent.messages[agent.cursor :]
+    assert "turn/completed" not in methods(held) and message_texts(held, turn_id) == []
+    (cwd / "gate" / "go").touch()
+    messages = await agent.finish_turn(turn_id)
+    assert completion(messages)["status"] == "completed"
+    assert message_texts(messages, turn_id) == ["in", "after"]  # the steer ran once the gate let the turn on
+
+
+async def test_await_is_interruptible_and_confined_to_the_cwd(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "@await never\n@reply never")
+    await agent.next_message(is_method("turn/started", threadId=thread_id))
+    assert await agent.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id}) == {}
+    assert completion(await agent.finish_turn(turn_id, within=2))["status"] == "interrupted"
+    (cwd.parent / "outside").touch()
+    refused, messages = await agent.run_turn(thread_id, "@await ../outside\n@reply never")
+    assert completion(messages)["status"] == "failed"
+    assert completion(messages)["error"]["message"].startswith("@await ../outside: ../outside is outside")
+    assert message_texts(messages, refused) == []
+
+
+async def test_await_steer_holds_the_turn_until_it_is_steered(agent: AgentProcess, cwd: Path) -> None:
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "@await-steer\n@reply planned")
+    await agent.next_message(is_method("turn/started", threadId=thread_id))
+    assert "turn/completed" not in methods(agent.messages)
+    steer = {"threadId": thread_id, "expectedTurnId": turn_id, "input": [{"type": "text", "text": "also this"}]}
+    assert await agent.request("turn/steer", steer) == {}
+    messages = await agent.finish_turn(turn_id)
+    assert completion(messages)["status"] == "completed"
+    assert message_texts(messages, turn_id) == ["Steered: also this", "planned"]
+    # Steered before it gets there (while held at a file gate), `@await-steer` goes on at once.
+    turn_id = await agent.start_turn(thread_id, "@await go\n@await-steer\n@reply planned")
+    await agent.next_message(is_method("turn/started", threadId=thread_id))
+    assert await agent.request("turn/steer", {**steer, "expectedTurnId": turn_id}) == {}
+    (cwd / "go").touch()
+    messages = await agent.finish_turn(turn_id)
+    assert message_texts(messages, turn_id) == ["Steered: also this", "planned"]
 
 
 async def test_approval_accept_runs_and_decline_does_not(agent: AgentProcess, cwd: Path) -> None:

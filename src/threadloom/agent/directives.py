@@ -21,6 +21,18 @@ class Delay:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Await:
+    """`@await PATH`: a gate a test opens by creating PATH in the cwd, instead of a timer it must outrun."""
+
+    path: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AwaitSteer:
+    """`@await-steer`: the turn stays where it is until a steering message has reached it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Tool:
     command: str
 
@@ -72,7 +84,9 @@ class Crash:
     once: bool = False  # `@crash once`: only the first time this thread gets here (a retried turn goes on)
 
 
-Directive = Reply | Delay | Tool | Write | Approval | Ask | Todo | Plan | Subagent | Recall | Fail | Crash
+Directive = (
+    Reply | Delay | Await | AwaitSteer | Tool | Write | Approval | Ask | Todo | Plan | Subagent | Recall | Fail | Crash
+)
 
 
 _LINE = re.compile(r"@(\S*)\s*(.*)", re.DOTALL)
@@ -127,6 +141,12 @@ def _directive(name: str, arg: str) -> Directive:
             if not (arg.isascii() and arg.isdigit()):
                 raise DirectiveError(f"@delay needs a whole number of milliseconds, got {arg!r}")
             return Delay(int(arg))
+        case "await":
+            return Await(_required(name, arg, "a path"))
+        case "await-steer":
+            if arg:
+                raise DirectiveError(f"@await-steer takes no argument, got {arg!r}")
+            return AwaitSteer()
         case "tool":
             return Tool(_required(name, arg, "a command"))
         case "write":

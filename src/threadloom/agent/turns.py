@@ -21,6 +21,8 @@ from threadloom.agent import shell, workspace
 from threadloom.agent.directives import (
     Approval,
     Ask,
+    Await,
+    AwaitSteer,
     Crash,
     Delay,
     Directive,
@@ -45,6 +47,10 @@ log = logging.getLogger("threadloom.agent")
 CRASH_EXIT_CODE = 17
 
 APPROVED = {"accept", "acceptForSession"}
+
+# How long `@await` and `@await-steer` hold a turn before failing it: a gate nobody opens must not hang a test.
+AWAIT_BOUND_S = 60.0
+AWAIT_POLL_S = 0.02
 
 
 class TurnFailed(Exception):
@@ -98,6 +104,7 @@ class Turn:
         self._on_finish = on_finish
         self._planned: deque[Directive] = deque()
         self._steered: deque[Directive] = deque()
+        self._was_steered = asyncio.Event()  # set by the first steering message; `@await-steer` waits on it
         self._parse_error: str | None = None
         self._messages: list[str] = []
         self._work: asyncio.Task[None] | None = None
@@ -120,6 +127,7 @@ class Turn:
         except DirectiveError as exc:
             directives = [Fail(str(exc))]
         self._steered.extend(directives)
+        self._was_steered.set()
 
     def interrupt(self) -> None:
         if self._work is not None and not self._interrupted:
@@ -181,6 +189,10 @@ class Turn:
             case Delay(ms):
                 self._delay_ms = ms
                 await asyncio.sleep(ms / 1000)
+            case Await(path):
+                await self._await_file(path)
+            case AwaitSteer():
+                await self._await_steer()
             case Tool(command) if self.mode == "approval_required":
                 await self._approval(command)  # every command asks first
             case Tool(command):
@@ -205,6 +217,30 @@ class Turn:
                 if once and not await asyncio.to_thread(_first_crash, self.thread_id):
                     return
                 os._exit(CRASH_EXIT_CODE)
+
+    async def _await_file(self, path: str) -> None:
+        """Holds the turn until `path` exists inside the cwd (a test's gate), failing it after AWAIT_BOUND_S.
+
+        Polled rather than watched: the gate is for tests, and a stat every 20 ms costs nothing there."""
+        deadline = asyncio.get_running_loop().time() + AWAIT_BOUND_S
+        while True:
+            try:
+                target = workspace.resolve(self.cwd, path)  # again each time: a symlink may appear meanwhile
+            except workspace.EscapeError as exc:
+                raise TurnFailed(f"@await {path}: {exc}") from None
+            if target.exists():
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise TurnFailed(f"@await {path}: still not there after {AWAIT_BOUND_S:g} s")
+            await asyncio.sleep(AWAIT_POLL_S)
+
+    async def _await_steer(self) -> None:
+        """Holds the turn until it has been steered (at once if it already was), failing it after AWAIT_BOUND_S;
+        the steering message's directives then run next, as after any directive."""
+        try:
+            await asyncio.wait_for(self._was_steered.wait(), AWAIT_BOUND_S)
+        except TimeoutError:
+            raise TurnFailed(f"@await-steer: no steering message after {AWAIT_BOUND_S:g} s") from None
 
     async def _pause(self) -> None:
         # Even a zero pause yields, so requests (an interrupt) are read between chunks.
