@@ -46,7 +46,9 @@ async def _running(client: Client, run_id: str) -> None:
 
 async def test_delegated_task_reports_to_its_parent(client: Client, tmp_path: Path, database_url: str) -> None:
     parent = await _parent(client, tmp_path)
-    busy = await send(client, parent, "@delay 300\n@reply parent one two three four five")
+    # The parent's run is held at a gate: it is certainly active when the task is delegated and when its
+    # result comes back, however slow the machine.
+    busy = await send(client, parent, "@await go\n@reply parent one two three")
     await _running(client, busy["run"]["id"])
     child = await _delegate(client, parent, "@reply child answer")
     assert child["lineage"] == {
@@ -65,6 +67,8 @@ async def test_delegated_task_reports_to_its_parent(client: Client, tmp_path: Pa
     state = await until(delivered)
     system = [m["node"]["text"] for m in state["messages"]["edges"] if m["node"]["role"] == "SYSTEM"]
     assert len(system) == 1 and "child answer" in system[0]
+    assert state["activeRun"] == {"id": busy["run"]["id"], "status": "RUNNING"}  # delivered to a live parent run
+    (Path(workspace(tmp_path)) / "go").touch()
     parent_run = await finished(client, busy["run"]["id"])
     assert parent_run["status"] == "COMPLETED"
     subagent = [n for n in parent_run["rootNode"]["children"] if n["kind"] == "SUBAGENT"]
