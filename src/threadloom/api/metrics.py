@@ -42,6 +42,10 @@ QUEUED_BYTES = Gauge(
 AGENT_PROCESSES = Gauge(
     "threadloom_agent_processes", "Live provider runtimes (agent processes) of this server, by instance.", ["instance"]
 )
+WAKEUPS_DEGRADED = Gauge(
+    "threadloom_wakeups_degraded",
+    "1 while this process's wake-up channel (BROADCAST_URL) is down and its feeds poll the log instead; else 0.",
+)
 POOL = Gauge(
     "threadloom_db_pool_connections",
     "Database pool connections, by state (checked_out: in use; idle: in the pool; overflow: beyond its size).",
@@ -87,6 +91,7 @@ class Metrics:
         feeds = [*hub.threads.values(), *hub.projects.values()] if hub is not None else []
         SUBSCRIPTIONS.labels("general").set(sum(len(feed.mailboxes) for feed in feeds))
         QUEUED_BYTES.set(hub.budget.total if hub is not None else 0)
+        WAKEUPS_DEGRADED.set(1 if hub is not None and hub.degraded else 0)
         processes: dict[str, int] = dict.fromkeys(self.services.instances, 0)
         for session in self.services.sessions.live.values():
             if session.runtime.alive:

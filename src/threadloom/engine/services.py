@@ -197,9 +197,13 @@ class Services:
         await self.effects.stop()
         for session in list(self.sessions.live.values()):
             for binding in list(session.bindings.values()):
-                await self.runs.finish(
-                    binding.run_id, RunStatus.FAILED, "server_stopped", attempt_id=binding.attempt_id
-                )
-        await self.sessions.close_all()
+                try:
+                    await self.runs.finish(
+                        binding.run_id, RunStatus.FAILED, "server_stopped", attempt_id=binding.attempt_id
+                    )
+                except Exception as error:  # the database is gone (the reason this worker stops, often)
+                    # Recovery fails the run once the database is back: this worker's lock went with it.
+                    log.warning("could not fail run %s on stopping (%s); recovery will", binding.run_id, error)
+        await self.sessions.close_all()  # the agents stop with this process, whether the database answers or not
         await self.worker.stop()
         self.started = False

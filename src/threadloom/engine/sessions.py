@@ -369,7 +369,8 @@ class SessionManager:
                 await session.runtime.close()
             except Exception:  # closing must go on for the others
                 log.exception("closing %s failed", session.key)
-            if not bindings:
-                await self.mark(session, ProviderSessionStatus.STOPPED)
-            else:
-                await self.mark(session, ProviderSessionStatus.STOPPED, "server shut down during a turn")
+            try:
+                error = "server shut down during a turn" if bindings else None
+                await self.mark(session, ProviderSessionStatus.STOPPED, error)
+            except Exception as failure:  # the database is gone: the next sessions' agents must stop all the same
+                log.warning("could not record %s as stopped (%s)", session.key, failure)

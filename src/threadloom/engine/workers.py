@@ -61,8 +61,11 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
             self._watch = None
-        async with self.db.transaction() as db:
-            await worker_store.mark_stopped(db, self.id, self.clock.now())
+        try:
+            async with self.db.transaction() as db:
+                await worker_store.mark_stopped(db, self.id, self.clock.now())
+        except Exception as error:  # the database is gone: the lock went with its connection already
+            log.warning("worker %s could not record its stop (%s)", self.id, error)
         if self._conn is not None:
             # Drop the database session itself (not back to the pool): that releases the lock.
             await self._conn.invalidate()

@@ -1,0 +1,241 @@
+"""PostgreSQL restarted under load: a real `threadloom serve` on a PostgreSQL of the test's own, threads with runs
+streaming (scripted agent, `@delay`) and runs queued behind them, one `threadEvents` subscriber per thread.
+
+PostgreSQL goes away in two ways: killed (`kill -9` of the postmaster; back only once the server has noticed)
+and stopped fast (`pg_ctl stop -m fast`, PostgreSQL's SIGINT; started again at once, before the server notices).
+docs/deploy.md ("A replica cut off from PostgreSQL") promises what happens then, and the test holds the server to it:
+- the server notices its worker lock's connection broke, ends every subscription with SERVER_GOING_AWAY and the
+  cursor to resume from, and exits with 75 for its supervisor; the test is that supervisor and starts it again
+  on the same port and database;
+- every subscriber, reconnecting with `afterSequence`, ends with exactly 1..latestSequence;
+- no run is left active: the runs streaming when PostgreSQL went failed with a crash reason, the queue behind
+  each is held with the reason, and resuming it runs the queued runs to completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.graphql import make_project, make_thread
+from tests.support.pg import TEMPLATE, PgServer, postgres_pids, postmaster_pid
+from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, settled
+from tests.support.runs import finished, send
+from tests.support.server import Client, ServerProcess, free_port
+from tests.support.waiting import until
+from threadloom.app import WORKER_LOST_EXIT
+
+THREADS = 3
+QUEUE = {"queueAfterActive": True}
+CRASH_REASONS = {"provider_lost", "server_stopped"}
+SLOW = "@delay 1000\n@reply " + " ".join(f"w{i}" for i in range(60))  # a minute: PostgreSQL goes first
+
+
+def _children(pid: int) -> set[int]:
+    """The processes `pid` started (a postmaster's backends and auxiliary processes), from /proc."""
+    found: set[int] = set()
+    for tasks in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found |= {int(child) for child in tasks.read_text().split()}
+        except OSError:
+            continue
+    return found
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid` (a server's agent processes and what they run)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        children = _children(todo.pop()) - found
+        todo.extend(children)
+        found |= children
+    return found
+
+
+def _running(pids: set[int]) -> set[int]:
+    """Those of `pids` that have not ended (a zombie has: it only waits to be reaped)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+class OwnPostgres:
+    """A PostgreSQL for this test alone (the session's serves every other test), restartable on its data dir."""
+
+    def __init__(self, root: Path) -> None:
+        self.pg = PgServer(root)
+        self.pgdata = root / "pg"
+
+    async def database(self) -> str:
+        await self.pg.create_template()  # a migrated database
+        return self.pg.url(TEMPLATE)
+
+    def go_away(self, how: str) -> None:
+        """`kill`: SIGKILL of the postmaster, as a crashed or OOM-killed PostgreSQL; `fast`: SIGINT, the fast
+        shutdown (`pg_ctl stop -m fast`). Returns once no process of it is left."""
+        postmaster = postmaster_pid(self.pgdata)
+        assert postmaster is not None and postgres_pids(self.pgdata) == [postmaster]
+        family = _children(postmaster) | {postmaster}
+        os.kill(postmaster, signal.SIGKILL if how == "kill" else signal.SIGINT)
+        deadline = time.monotonic() + 30
+        # Killed, its backends end once they see the postmaster gone (a new postmaster refuses to start on
+        # shared memory they still hold), and the postmaster must have been reaped: PostgreSQL takes the pid
+        # in postmaster.pid for a live server while even a zombie holds it.
+        while _running(family) or Path(f"/proc/{postmaster}").exists():
+            assert time.monotonic() < deadline, f"PostgreSQL processes left: {_running(family) or postmaster}"
+            time.sleep(0.02)
+
+    def start(self) -> None:
+        """Start PostgreSQL again on the same data dir (crash recovery after a kill), as its service would."""
+        handle = self.pg.server
+        with handle._lock:
+            handle.ensure_postgres_running()
+        assert postgres_pids(self.pgdata) == [postmaster_pid(self.pgdata)]
+
+    def stop(self) -> None:
+        self.pg.stop()
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[OwnPostgres]:
+    server = OwnPostgres(tmp_path / "pgroot")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Supervised:
+    """`threadloom serve` under a supervisor that restarts it on the same port when it exits (Restart=always)."""
+
+    def __init__(self, database_url: str, data_dir: Path) -> None:
+        self.database_url = database_url
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.server = ServerProcess(database_url, data_dir, port=self.port).wait_ready()
+        assert self.server.admin_token is not None
+        self.token: str = self.server.admin_token
+        self.exited: list[ServerProcess] = []
+
+    def url(self) -> str:
+        return self.server.url
+
+    async def exit_code(self, within: float = 30) -> int:
+        """The server's exit code once it stopped by itself."""
+        code = await asyncio.to_thread(self.server.proc.wait, within)
+        self.exited.append(self.server)
+        return code
+
+    def restart(self) -> None:
+        self.server = ServerProcess(self.database_url, self.data_dir, port=self.port).wait_ready()
+
+
+@pytest.fixture
+async def supervised(own_postgres: OwnPostgres, data_dir: Path) -> AsyncIterator[Supervised]:
+    s = Supervised(await own_postgres.database(), data_dir)
+    yield s
+    s.server.stop()
+    for proc in [*s.exited, s.server]:
+        print("\n".join(proc.log[-40:]))  # shown by pytest only when the test fails
+
+
+async def _load(client: Client, thread: str, index: int) -> dict[str, Any]:
+    """A quick run, the slow one streaming behind it, two queued behind that."""
+    quick = await send(client, thread, f"@reply t{index} quick", d=QUEUE)
+    slow = await send(client, thread, SLOW, d=QUEUE)
+    behind = [await send(client, thread, f"@reply t{index} behind {n}", d=QUEUE) for n in range(2)]
+    for sent in [quick, slow, *behind]:
+        assert sent["userErrors"] == [], sent
+    return {"quick": quick["run"]["id"], "slow": slow["run"]["id"], "behind": [b["run"]["id"] for b in behind]}
+
+
+@pytest.mark.parametrize("how", ["kill", "fast"], ids=["kill-9-then-start", "fast-stop-and-start-at-once"])
+async def test_a_postgres_restart_under_load_loses_no_event_and_leaves_no_run_active(
+    own_postgres: OwnPostgres, supervised: Supervised, tmp_path: Path, how: str
+) -> None:
+    client = Client(supervised.url(), supervised.token)
+    subscribers: list[ResumingSubscriber] = []
+    try:
+        (tmp_path / "ws").mkdir()
+        project = await make_project(client, "pg-restart", str(tmp_path / "ws"))
+        threads = [(await make_thread(client, project, f"pg {i}"))["id"] for i in range(THREADS)]
+        subscribers = [ResumingSubscriber(supervised.url, supervised.token, t).start() for t in threads]
+        plans = await asyncio.gather(*(_load(client, t, i) for i, t in enumerate(threads)))
+
+        async def mid_work() -> bool:
+            """Seen through the subscriptions: every slow run streaming (a reply under way), the rest queued."""
+            return all(
+                sub.runs.get(plan["slow"]) == "RUNNING" and all(sub.runs.get(r) == "QUEUED" for r in plan["behind"])
+                for sub, plan in zip(subscribers, plans, strict=True)
+            )
+
+        await until(mid_work, within=30)
+        seen_before = [sub.last for sub in subscribers]
+        agents = _descendants(supervised.server.proc.pid)
+        assert agents, "the server runs no agent process"
+
+        await asyncio.to_thread(own_postgres.go_away, how)
+        if how == "fast":
+            await asyncio.to_thread(own_postgres.start)  # back before the server's next look at its lock
+        assert await supervised.exit_code(within=30) == WORKER_LOST_EXIT, "\n".join(supervised.server.log[-40:])
+        stopped = supervised.exited[-1].log
+        assert any("lost its lock connection" in line for line in stopped)
+        assert not any("Application shutdown failed" in line for line in stopped), "\n".join(stopped[-20:])
+
+        async def agents_gone() -> bool:  # none goes on working for a server that is no longer a worker
+            return not _running(agents)
+
+        await until(agents_gone, within=15)
+        if how == "kill":
+            await asyncio.to_thread(own_postgres.start)
+        supervised.restart()
+        await client.aclose()
+        client = Client(supervised.url(), supervised.token)
+
+        after = [await settled(client, t) for t in threads]
+        for sub, before in zip(subscribers, seen_before, strict=True):  # 1. every subscriber holds exactly the log
+            latest = await caught_up(client, sub)
+            assert sub.sequences == list(range(1, latest + 1)), sub.thread_id
+            assert sub.connections >= 2 and sub.last > before  # it reconnected and resumed past the restart
+            # The only error a subscriber may see: the stopping server's SERVER_GOING_AWAY, with its cursor.
+            for errors in sub.errors:
+                assert [e["extensions"]["code"] for e in errors] == ["SERVER_GOING_AWAY"], sub.errors
+
+        for thread, plan in zip(after, plans, strict=True):  # 2. nothing left active; the cut-off run failed
+            runs = {e["node"]["id"]: e["node"] for e in thread["runs"]["edges"]}
+            assert not [r for r in runs.values() if r["status"] in ACTIVE], runs
+            assert runs[plan["quick"]]["status"] == "COMPLETED"
+            slow = runs[plan["slow"]]
+            assert slow["status"] == "FAILED" and slow["statusReason"] in CRASH_REASONS, slow
+            assert thread["queueHeld"] and thread["queueHoldReason"], thread
+            assert [r["id"] for r in thread["queue"]] == plan["behind"]
+
+        for thread in threads:  # 3. the server works on: resumed, each queue drains
+            resumed = await client.gql(
+                "mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }", {"t": thread}
+            )
+            assert resumed["resumeQueue"]["userErrors"] == []
+        for plan in plans:
+            for run_id in plan["behind"]:
+                assert (await finished(client, run_id))["status"] == "COMPLETED"
+        for sub in subscribers:
+            latest = await caught_up(client, sub)
+            assert sub.sequences == list(range(1, latest + 1)), sub.thread_id
+    finally:
+        for sub in subscribers:
+            await sub.stop()
+        await client.aclose()
