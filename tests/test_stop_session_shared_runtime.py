@@ -1,4 +1,4 @@
-"""Review of issue 12 item 10: the stop_session fallback ends only the interrupted run's turn.
+"""Stopping one thread's run ends only that run's turn on a runtime shared with other threads.
 
 The other thread's turn waits for an approval (an event, not a delay), so it is certainly live
 on the shared runtime when the first thread's run is interrupted; it must still be answerable
