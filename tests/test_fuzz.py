@@ -4,6 +4,9 @@ Expected failures are typed (`userErrors`, nullable results, coded errors); the 
 fails on any 5xx, any non-JSON answer, and any error without a code or with
 INTERNAL_SERVER_ERROR. The `st` CLI, run as a user would with the repository's
 `schemathesis.toml`, must report nothing either.
+
+Both draw their requests from the run's seed (tests/support/seeds.py): a fresh one every run, or
+`THREADLOOM_TEST_SEED` to replay one; a failure prints it with the command line that replays it.
 """
 
 from __future__ import annotations
@@ -16,13 +19,26 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, seed, settings
+from hypothesis import HealthCheck, settings
+from schemathesis.config import SchemathesisConfig
 
+from tests.support import seeds
 from tests.support.pg import PgServer
 from tests.support.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-schema = schemathesis.graphql.from_path(str(ROOT / "schema" / "schema.graphql"))
+SEED = seeds.chosen()  # the parametrized tests are made at import: one seed for the module
+
+
+def _config() -> SchemathesisConfig:
+    """The repository's schemathesis.toml (what `st run` reads), seeded: schemathesis derives each
+    operation's hypothesis seed from it."""
+    config = SchemathesisConfig.from_path(ROOT / "schemathesis.toml")
+    config.update(seed=SEED, max_failures=None)
+    return config
+
+
+schema = schemathesis.graphql.from_path(str(ROOT / "schema" / "schema.graphql"), config=_config())
 
 
 @pytest.fixture(scope="module")
@@ -38,25 +54,33 @@ async def fuzz_server(pg: PgServer, tmp_path_factory: pytest.TempPathFactory) ->
     proc.stop()
 
 
+@pytest.fixture
+def fuzz_seed(request: pytest.FixtureRequest) -> seeds.Seed:
+    return seeds.draw(request, SEED)
+
+
 @schema.parametrize()
-@seed(42)
 @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
-def test_no_server_errors(case: schemathesis.Case, fuzz_server: ServerProcess) -> None:
-    response = case.call(
-        base_url=fuzz_server.url + "/graphql",
-        headers={"authorization": f"Bearer {fuzz_server.admin_token}"},
-        timeout=30,
-    )
-    assert response.status_code < 500, response.text
-    body = response.json()
-    for error in body.get("errors") or []:
-        code = (error.get("extensions") or {}).get("code")
-        assert code is not None, error
-        assert code != "INTERNAL_SERVER_ERROR", (case.body, error)
+def test_no_server_errors(case: schemathesis.Case, fuzz_server: ServerProcess, fuzz_seed: seeds.Seed) -> None:
+    with fuzz_seed.shown_on_failure():
+        response = case.call(
+            base_url=fuzz_server.url + "/graphql",
+            headers={"authorization": f"Bearer {fuzz_server.admin_token}"},
+            timeout=30,
+        )
+        assert response.status_code < 500, response.text
+        body = response.json()
+        for error in body.get("errors") or []:
+            code = (error.get("extensions") or {}).get("code")
+            assert code is not None, error
+            assert code != "INTERNAL_SERVER_ERROR", (case.body, error)
 
 
-def test_schemathesis_cli_finds_no_failures(fuzz_server: ServerProcess, tmp_path: Path) -> None:
+def test_schemathesis_cli_finds_no_failures(
+    fuzz_server: ServerProcess, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """`st run` on the live endpoint with its default checks (as configured in schemathesis.toml), seeded."""
+    run = seeds.draw(request, SEED)
     result = subprocess.run(
         [
             str(Path(sys.executable).parent / "st"),
@@ -69,7 +93,7 @@ def test_schemathesis_cli_finds_no_failures(fuzz_server: ServerProcess, tmp_path
             "--max-examples",
             "50",
             "--seed",
-            "42",
+            str(run.value),
             "--workers",
             "1",
             "--generation-database",
@@ -81,5 +105,6 @@ def test_schemathesis_cli_finds_no_failures(fuzz_server: ServerProcess, tmp_path
         text=True,
         timeout=900,
     )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert re.search(r"(\d+) generated, \1 passed", result.stdout), result.stdout[-3000:]
+    with run.shown_on_failure():
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+        assert re.search(r"(\d+) generated, \1 passed", result.stdout), result.stdout[-3000:]
