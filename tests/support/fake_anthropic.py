@@ -10,7 +10,8 @@ Claude-only keywords, besides those of `Script`:
                      first step completed, then a plain reply.
 
 Only main-loop requests (those offering `tools`) follow the script: a side request
-that quotes the user's text must never run a tool or block on HOLD.
+that quotes the user's text must never run a tool or block on HOLD, nor get a fault
+(`FAIL:`, `CUT`, see `fake_model`; they apply to a turn's first request: `turn_text`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tests.support.fake_model import Script, chunks, sse
+from tests.support.fake_model import CUT_SHOWN, Script, StreamCut, chunks, sse
 
 if TYPE_CHECKING:
-    from tests.support.fake_model import FakeModel
+    from tests.support.fake_model import FakeModel, Fault
 
 
 def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -98,6 +99,35 @@ def is_main_loop(body: dict[str, Any]) -> bool:
     return bool(body.get("tools"))
 
 
+def turn_text(body: dict[str, Any]) -> str | None:
+    """The user's message when `body` is a main-loop request starting a turn (its last user message is the
+    user's words, not tool results), else None."""
+    messages = [m for m in body.get("messages") or [] if m.get("role") == "user"]
+    if not is_main_loop(body) or not messages:
+        return None
+    if any(b.get("type") == "tool_result" for b in _blocks(messages[-1])):
+        return None
+    return user_text(messages[-1]) or None
+
+
+# What the Messages API answers for each error status (its `error.type`).
+ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "api_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(status: int) -> dict[str, Any]:
+    kind = ERRORS.get(status, "api_error")
+    message = {401: "invalid x-api-key", 429: "Number of requests has exceeded your rate limit", 529: "Overloaded"}
+    return {"type": "error", "error": {"type": kind, "message": message.get(status, f"fake error {status}")}}
+
+
 def _tool_use(name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
     return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:20]}", "name": name, "input": tool_input}
 
@@ -136,8 +166,11 @@ def _usage() -> dict[str, int]:
     return {"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
 
-async def stream(fake: FakeModel, body: dict[str, Any]) -> AsyncIterator[bytes]:
+async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = None) -> AsyncIterator[bytes]:
     script, blocks = plan(body)
+    if fault is not None and fault.kind == "cut":
+        text = f"cut: {turn_text(body)} ".ljust(CUT_SHOWN + 8, "~")[:CUT_SHOWN]
+        script, blocks = Script("cut", text), [{"type": "text", "text": text}]
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     yield sse(
         "message_start",
@@ -170,6 +203,10 @@ async def stream(fake: FakeModel, body: dict[str, Any]) -> AsyncIterator[bytes]:
                 yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
                 if script.action == "hold" and n == 0:
                     await fake.held()
+            if script.action == "cut":
+                if fault is not None and fault.hold:
+                    await fake.held()
+                raise StreamCut(message_id)
         else:
             stop_reason = "tool_use"
             start = {**block, "input": {}}
@@ -190,14 +227,16 @@ async def stream(fake: FakeModel, body: dict[str, Any]) -> AsyncIterator[bytes]:
 
 
 def complete(body: dict[str, Any]) -> dict[str, Any]:
-    """A non-streaming reply for side requests: plain text, never a tool call."""
+    """A non-streaming reply: plain text for side requests (never a tool call); a main-loop request (Claude Code
+    asks again without streaming when a reply's stream broke off) gets its scripted reply, never held."""
+    content = plan(body)[1] if is_main_loop(body) else [{"type": "text", "text": "A fake title"}]
     return {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
         "role": "assistant",
         "model": body.get("model", "fake"),
-        "content": [{"type": "text", "text": "A fake title"}],
-        "stop_reason": "end_turn",
+        "content": content,
+        "stop_reason": "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn",
         "stop_sequence": None,
         "usage": _usage(),
     }

@@ -15,6 +15,23 @@ Keywords (one per message, first match wins):
                           long), then wait until the test calls `release()` (or the client goes away): a turn
                           that is reliably still running.
 - anything else           a streamed reply `echo: <message>`.
+
+Fault directives (a line of the message, like the keywords; they concern the model request itself, so
+they are checked before the keywords, and only on the first request of a turn: not on a request that
+carries a tool's result, nor on Claude Code's side requests):
+- `FAIL: <status> [retry-after=<s>] [times=<n>]`  answer with HTTP `<status>` and the API's own error
+                          body (401 bad key, 429 rate limited, 529 overloaded, 500/503 server error ...),
+                          with a `retry-after: <s>` header when given. `times=<n>`: only the first n
+                          requests of this message fail, later ones (the CLI's own retries, or the same
+                          message sent again) are answered as if the line were not there; without it
+                          every request fails.
+- `CUT [hold] [times=<n>]` stream the start of a reply (`CUT_SHOWN` characters of `cut: <message>`, in
+                          chunks), then close the connection abruptly: no completion event, no end of
+                          the chunked body, as when a network drops mid-reply. `hold`: wait for
+                          `release()` before closing, so a test can first see the part that streamed
+                          (whether a CLI shows bytes that arrive together with the cut is its own race).
+                          `times` as for FAIL.
+Faulted requests are recorded in `requests` like the others, so a test can count a CLI's retries.
 """
 
 from __future__ import annotations
@@ -63,6 +80,47 @@ class Script:
         return Script("reply", f"echo: {text}")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fault:
+    """A scripted failure of a model request: an HTTP error status, or a reply cut mid-stream."""
+
+    kind: str  # status | cut
+    status: int = 0
+    retry_after: str | None = None
+    times: int | None = None  # None: every request of the message fails
+    hold: bool = False  # CUT: wait for `release()` before cutting
+
+    @staticmethod
+    def of(text: str) -> Fault | None:
+        for line in text.strip().splitlines():
+            line = line.strip()
+            if m := re.match(r"^FAIL:\s*(\d{3})((?:\s+[a-z-]+=\S+)*)\s*$", line):
+                options = _options(m.group(2))
+                return Fault("status", int(m.group(1)), options.get("retry-after"), _times(options))
+            if m := re.match(r"^CUT((?:\s+(?:[a-z-]+=\S+|hold))*)\s*$", line):
+                options = _options(m.group(1))
+                return Fault("cut", times=_times(options), hold="hold" in options)
+        return None
+
+
+def _options(text: str) -> dict[str, str]:
+    """`key=value` pairs (a bare word is a key with an empty value)."""
+    return {word.partition("=")[0]: word.partition("=")[2] for word in text.split()}
+
+
+def _times(options: dict[str, str]) -> int | None:
+    return int(options["times"]) if "times" in options else None
+
+
+class StreamCut(Exception):
+    """Raised inside a streaming reply: the server drops the connection (the CUT directive)."""
+
+
+# Characters of a CUT reply sent before the connection drops: more than a driver keeps back (64), so a part
+# of it is shown while the stream is still open.
+CUT_SHOWN = 96
+
+
 def chunks(text: str, size: int = 8) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
@@ -83,6 +141,11 @@ def held_after(pieces: list[str]) -> int:
     return 0
 
 
+def error_response(fault: Fault, body: dict[str, Any]) -> Response:
+    headers = {"retry-after": fault.retry_after} if fault.retry_after is not None else {}
+    return Response(orjson.dumps(body), status_code=fault.status, headers=headers, media_type="application/json")
+
+
 def sse(event: str, data: dict[str, Any]) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
@@ -97,6 +160,7 @@ class FakeModel:
         self.requests: list[dict[str, Any]] = []  # {"path": ..., "body": ...} in arrival order
         self._lock = threading.Condition()
         self._released = threading.Event()
+        self._faulted: dict[tuple[str, str], int] = {}  # (path, message) -> requests failed so far
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -131,6 +195,19 @@ class FakeModel:
                 raise TimeoutError(f"{path}: {count} requests expected, {len(self.requests)} seen in all")
             return [r["body"] for r in self.requests if r["path"] == path]
 
+    def fault_for(self, path: str, text: str | None) -> Fault | None:
+        """The fault this request gets (counted), or None: `text` is the user's message when the request
+        is the first of a turn, else None (never faulted)."""
+        fault = Fault.of(text) if text is not None else None
+        if fault is None:
+            return None
+        with self._lock:
+            done = self._faulted.get((path, text or ""), 0)
+            if fault.times is not None and done >= fault.times:
+                return None
+            self._faulted[(path, text or "")] = done + 1
+        return fault
+
     # ---- the server -----------------------------------------------------------------
 
     def _record(self, path: str, body: dict[str, Any]) -> None:
@@ -144,7 +221,10 @@ class FakeModel:
 
             body = orjson.loads(await request.body())
             self._record("/v1/responses", body)
-            return StreamingResponse(fake_openai.stream(self, body), media_type="text/event-stream")
+            fault = self.fault_for("/v1/responses", fake_openai.turn_text(body))
+            if fault is not None and fault.kind == "status":
+                return error_response(fault, fake_openai.error_body(fault.status))
+            return StreamingResponse(fake_openai.stream(self, body, fault), media_type="text/event-stream")
 
         async def messages(request: Request) -> Response:
             from tests.support import fake_anthropic
@@ -153,7 +233,10 @@ class FakeModel:
             self._record("/v1/messages", body)
             if not body.get("stream"):
                 return Response(orjson.dumps(fake_anthropic.complete(body)), media_type="application/json")
-            return StreamingResponse(fake_anthropic.stream(self, body), media_type="text/event-stream")
+            fault = self.fault_for("/v1/messages", fake_anthropic.turn_text(body))
+            if fault is not None and fault.kind == "status":
+                return error_response(fault, fake_anthropic.error_body(fault.status))
+            return StreamingResponse(fake_anthropic.stream(self, body, fault), media_type="text/event-stream")
 
         async def root(request: Request) -> Response:
             return Response(b"", status_code=200)

@@ -4,6 +4,7 @@ Codex resends the whole conversation on every request. The reply is decided by
 `Script.of(last user text, tool output)`: the tool output when the last input item is a
 tool result, else the text of the last user message (its last `input_text`; Codex also
 puts environment context and instructions into user-role items, which come earlier).
+Faults (`FAIL:`, `CUT`, see `fake_model`) apply to a turn's first request: `turn_text`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tests.support.fake_model import Script, chunks, held_after, sse
+from tests.support.fake_model import CUT_SHOWN, Script, StreamCut, chunks, held_after, sse
 
 if TYPE_CHECKING:
-    from tests.support.fake_model import FakeModel
+    from tests.support.fake_model import FakeModel, Fault
 
 _ids = itertools.count(1)
 TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
@@ -57,6 +58,25 @@ def tool_output(body: dict[str, Any]) -> str | None:
     return str(output)
 
 
+def turn_text(body: dict[str, Any]) -> str | None:
+    """The user's message when `body` is the first request of a turn (no tool result to answer), else None."""
+    return last_user_text(body) if tool_output(body) is None else None
+
+
+# What the Responses API answers for each error status: (type, code, message).
+ERRORS = {
+    401: ("invalid_request_error", "invalid_api_key", "Incorrect API key provided: sk-fa***"),
+    429: ("requests", "rate_limit_exceeded", "Rate limit reached for requests. Please try again in 1s."),
+    500: ("server_error", "server_error", "The server had an error while processing your request."),
+    503: ("server_error", "service_unavailable", "The engine is currently overloaded, please try again later."),
+}
+
+
+def error_body(status: int) -> dict[str, Any]:
+    kind, code, message = ERRORS.get(status, ("server_error", None, f"fake error {status}"))
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
 def _event(kind: str, **data: Any) -> bytes:
     return sse(kind, {"type": kind, **data})
 
@@ -75,12 +95,21 @@ def _patch(path: str, text: str) -> str:
     return f"*** Begin Patch\n*** Add File: {path}\n+{text}\n*** End Patch\n"
 
 
-async def stream(fake: FakeModel, body: dict[str, Any]) -> AsyncIterator[bytes]:
+async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = None) -> AsyncIterator[bytes]:
     """One scripted response as the SSE events Codex parses."""
     n = next(_ids)
     response_id = f"resp_{n}"
     script = Script.of(last_user_text(body), tool_output(body))
     yield _event("response.created", response={"id": response_id, "status": "in_progress", "output": []})
+    if fault is not None and fault.kind == "cut":
+        item_id = f"msg_{n}"
+        added = {"type": "message", "id": item_id, "role": "assistant", "status": "in_progress", "content": []}
+        yield _event("response.output_item.added", output_index=0, item=added)
+        for piece in chunks(f"cut: {last_user_text(body)} ".ljust(CUT_SHOWN + 8, "~")[:CUT_SHOWN]):
+            yield _event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=piece)
+        if fault.hold:
+            await fake.held()
+        raise StreamCut(response_id)
     output: list[dict[str, Any]] = []
     if script.action == "run":
         item = {

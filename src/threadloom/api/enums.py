@@ -10,6 +10,7 @@ import strawberry
 
 from threadloom.domain import checkpoints as c
 from threadloom.domain import dispatch as r
+from threadloom.domain import failures as f
 from threadloom.domain import plans as p
 from threadloom.domain import requests as q
 from threadloom.domain import statuses as s
@@ -46,6 +47,19 @@ for _enum in (
 ):
     strawberry.enum(_enum)
 
+strawberry.enum(
+    f.RunFailureCode,
+    description="Why a FAILED run failed. MODEL_*: the model API refused or broke the agent's request, as the "
+    "agent's CLI reported it, after the CLI's own retries (if any): MODEL_AUTH_FAILED (401/403, the API key was "
+    "refused: fix the key), MODEL_RATE_LIMITED (429: wait, then send again), MODEL_OVERLOADED (529: the API is "
+    "over capacity: wait, then send again), MODEL_SERVER_ERROR (5xx), MODEL_STREAM_CUT (the reply broke off "
+    "mid-stream), MODEL_REQUEST_FAILED (another refusal of the request). AGENT_ERROR: the agent reported "
+    "another failure (statusReason has its words). AGENT_EXITED: the agent process exited during the turn. "
+    "PROVIDER_REFUSED: the agent refused to start the turn. SERVER_LOST: the server holding the turn stopped or "
+    "went away. WORKSPACE_ERROR: the thread's workspace could not be prepared. The thread stays usable: the next "
+    "message runs normally, with the conversation so far.",
+)
+
 RunStatus = s.RunStatus
 ThreadStatus = s.ThreadStatus
 AttemptReason = s.AttemptReason
@@ -74,3 +88,4 @@ TokenScope = s.TokenScope
 AppliedDispatch = r.AppliedDispatch
 Decision = q.Decision
 PlanTarget = p.PlanTarget
+RunFailureCode = f.RunFailureCode

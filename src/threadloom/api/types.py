@@ -327,7 +327,16 @@ class ExecutionGraph:
     edges: list[ExecutionEdge]
 
 
-@_entity(e.Run)
+@strawberry.type(description="Why a FAILED run failed: a stable code, and what the agent said.")
+class RunFailure:
+    code: enums.RunFailureCode
+    http_status: int | None = strawberry.field(
+        description="The model API's HTTP status when the agent's CLI reported one (MODEL_* codes only)."
+    )
+    message: str | None = strawberry.field(description="The run's statusReason: the agent's or engine's words.")
+
+
+@_entity(e.Run, hide=("failure_code", "failure_http_status"))
 class Run(Node, _Entity):
     rec: strawberry.Private[e.Run]
     thread: Thread = _one("Thread", "thread_id", required=True)
@@ -352,6 +361,17 @@ class Run(Node, _Entity):
         if self.rec.status != RunStatus.QUEUED:
             return None
         return _queue_position(info, self.rec)  # type: ignore[return-value]  # graphql-core awaits it
+
+    @strawberry.field(
+        description="Set on a FAILED run (null otherwise, and on runs that failed before failure codes were "
+        "recorded): why it failed, as a stable code a client can act on. Recorded when the run ended."
+    )
+    def failure(self) -> RunFailure | None:
+        if self.rec.failure_code is None:
+            return None
+        return RunFailure(
+            code=self.rec.failure_code, http_status=self.rec.failure_http_status, message=self.rec.status_reason
+        )
 
     @strawberry.field(description="Every node of every attempt of this run, and the parent→child edges.")
     async def execution_graph(self, info: Info) -> ExecutionGraph:

@@ -11,6 +11,7 @@ import uuid
 from datetime import datetime
 from typing import Any, ClassVar
 
+from threadloom.domain.failures import RunFailureCode
 from threadloom.domain.records import Record
 from threadloom.domain.statuses import (
     AttemptReason,
@@ -124,6 +125,8 @@ class Run(ThreadOwned):
     active_attempt_id: uuid.UUID | None = None
     status: RunStatus
     status_reason: str | None = None
+    failure_code: RunFailureCode | None = None  # a FAILED run's code (domain.failures)
+    failure_http_status: int | None = None  # the model API's HTTP status, when its CLI reported one
     queue_position: int | None = None
     supersedes_run_id: uuid.UUID | None = None
     context_handoff_id: uuid.UUID | None = None

@@ -18,6 +18,7 @@ from threadloom.domain.checkpoints import Recorded
 from threadloom.domain.effects import DeliverToParent
 from threadloom.domain.entities import ProviderTurn
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.failures import ModelFailure, failure_code
 from threadloom.domain.queue import drain_queue
 from threadloom.domain.statuses import (
     ACTIVE_RUN_STATUSES,
@@ -61,7 +62,6 @@ def completes_run(node: ExecutionNode, run: Run) -> bool:
 def turn_requested(
     run: Run, attempt: RunAttempt, provider_thread: ProviderThread, turn_ordinal: int, now: datetime, new_id: NewId
 ) -> tuple[Outcome, ProviderTurn]:
-
     """Before the turn is sent: record a pending ProviderTurn, so recovery knows it may have started."""
     if run.status != RunStatus.PREPARING or attempt.status != AttemptStatus.PENDING:
         raise DomainError(ErrorCode.RUN_NOT_STARTABLE, f"run is {run.status}, attempt {attempt.status}")
@@ -159,6 +159,7 @@ def finish_run(
     *,
     hold_reason: str | None = None,
     checkpoint: Recorded | None = None,
+    model_failure: ModelFailure | None = None,
 ) -> Outcome:
     """The completion barrier, in its documented order, as one set of changes.
 
@@ -166,6 +167,8 @@ def finish_run(
     close open child nodes → checkpoint step → root node, attempt, turn terminal → run
     terminal → drain or hold the queue. `checkpoint` is the run's root checkpoint, captured
     by the caller before this transaction (git work never runs inside it); None: none kept.
+    A FAILED run gets its failure code (`domain.failures`): the driver's `model_failure` when
+    it read one, else its `reason`'s.
     """
     run, thread = graph.run, graph.thread
     out = Outcome()
@@ -225,11 +228,20 @@ def finish_run(
                 ),
             )
         )
-    out.changes.append(Change.updated(run.evolve(status=status, status_reason=reason, completed_at=now)))
-    summary = f"run {run.ordinal} {status}" + (f": {reason}" if reason else "")
+    failed = status == RunStatus.FAILED
     out.changes.append(
-        run_activity(run, run_ended(status), summary, now, new_id, node_id=graph.root.id)
+        Change.updated(
+            run.evolve(
+                status=status,
+                status_reason=reason,
+                failure_code=failure_code(reason, model_failure) if failed else None,
+                failure_http_status=model_failure.http_status if failed and model_failure else None,
+                completed_at=now,
+            )
+        )
     )
+    summary = f"run {run.ordinal} {status}" + (f": {reason}" if reason else "")
+    out.changes.append(run_activity(run, run_ended(status), summary, now, new_id, node_id=graph.root.id))
     after = thread.evolve(active_run_id=None, updated_at=now)
     if status == RunStatus.FAILED and hold_reason is None:
         # Every failure holds the queue, a crash too: a person decides what runs next.

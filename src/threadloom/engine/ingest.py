@@ -318,6 +318,7 @@ class Ingestor:
                 attempt_id=binding.attempt_id,
                 before=(self._decision(binding, events),) if events else (),
                 thread_id=binding.thread_id,
+                model_failure=event.failure if status == RunStatus.FAILED else None,
             )
             return
         pending.add(event)

@@ -33,6 +33,7 @@ from threadloom.domain.entities import (
     RunAttempt,
 )
 from threadloom.domain.errors import not_found
+from threadloom.domain.failures import ModelFailure
 from threadloom.domain.forks import with_handoff
 from threadloom.domain.handoffs import DEFAULT_POLICY, SwitchPolicy
 from threadloom.domain.ids import new_id
@@ -232,11 +233,13 @@ class RunEngine:
         guard: Callable[[Reader, Run], Awaitable[bool]] | None = None,
         before: tuple[Callable[[Reader, AppThread], Awaitable[Outcome]], ...] = (),
         thread_id: uuid.UUID | None = None,
+        model_failure: ModelFailure | None = None,
     ) -> bool:
         """End a run through the completion barrier. A no-op (False) if it already ended,
         or if `guard`, checked under the thread lock, says no. `before` (the turn's last events)
         is written first, in the same transaction. `thread_id`, the run's thread when the caller
-        knows it, saves a read on the turn's critical path.
+        knows it, saves a read on the turn's critical path. `model_failure`: the driver's reading of
+        a failed turn (the run's failure code, `domain.failures`).
 
         The workspace's capture (git work, no lock) runs alongside the transaction's first part (the
         thread lock, `before`, the barrier's read); the checkpoint is recorded once it is done, so its
@@ -244,7 +247,7 @@ class RunEngine:
         capturing = asyncio.ensure_future(self.checkpoints.capture_run_end(run_id, attempt_id))
         try:
             return await self._finish(
-                run_id, status, reason, capturing, hold_reason, attempt_id, guard, before, thread_id
+                run_id, status, reason, capturing, hold_reason, attempt_id, guard, before, thread_id, model_failure
             )
         finally:
             if not capturing.done():  # not needed after all (the run had ended): let it finish, as before
@@ -261,6 +264,7 @@ class RunEngine:
         guard: Callable[[Reader, Run], Awaitable[bool]] | None,
         before: tuple[Callable[[Reader, AppThread], Awaitable[Outcome]], ...],
         thread_id: uuid.UUID | None,
+        model_failure: ModelFailure | None = None,
     ) -> bool:
         if thread_id is None:
             thread_id = await self._thread_of_run(run_id)
@@ -280,7 +284,14 @@ class RunEngine:
             capture = await capturing
             checkpoint = self.checkpoints.record_run_end(thread, run, graph.root.id, capture, status, slot)
             outcome = rules.finish_run(
-                graph, status, reason, now, new_id, hold_reason=hold_reason, checkpoint=checkpoint
+                graph,
+                status,
+                reason,
+                now,
+                new_id,
+                hold_reason=hold_reason,
+                checkpoint=checkpoint,
+                model_failure=model_failure,
             )
             await self.route(db, thread, outcome)
             return outcome.carrying(True)

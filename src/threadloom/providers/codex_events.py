@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
+from threadloom.domain.failures import ModelFailure, RunFailureCode, model_failure, of_http_status
 from threadloom.providers.contract import (
     ItemCompleted,
     ItemKind,
@@ -82,6 +83,49 @@ ITEM_STATUSES: dict[str, ItemStatus] = {
 }
 TURN_STATUSES: dict[str, TurnStatus] = {"completed": "completed", "failed": "failed", "interrupted": "interrupted"}
 DECISIONS = ("accept", "acceptForSession", "decline", "cancel")
+
+
+# Codex's `codexErrorInfo` names → failure codes (domain.failures); the object forms carry an HTTP status.
+ERROR_CODES = {
+    "unauthorized": RunFailureCode.MODEL_AUTH_FAILED,
+    "usageLimitExceeded": RunFailureCode.MODEL_RATE_LIMITED,
+    "rateLimitExceeded": RunFailureCode.MODEL_RATE_LIMITED,
+    "serverOverloaded": RunFailureCode.MODEL_OVERLOADED,
+    "internalServerError": RunFailureCode.MODEL_SERVER_ERROR,
+    "badRequest": RunFailureCode.MODEL_REQUEST_FAILED,
+    "modelNotFound": RunFailureCode.MODEL_REQUEST_FAILED,
+}
+STATUS_ERRORS = ("httpConnectionFailed", "responseStreamConnectionFailed", "responseTooManyFailedAttempts")
+# Codex 0.171 reports a reply stream that broke off as `other` with this message (and, with its stream retries
+# on, as `responseStreamDisconnected` once they are used up).
+STREAM_CUT_MESSAGE = "stream disconnected before completion"
+
+
+def turn_failure(error: Any) -> ModelFailure | None:
+    """A failed turn's `error` (Codex's TurnError) → the model failure it reports, if it is one.
+
+    Observed with Codex 0.171 against the fake model: 401/503/529 → `httpConnectionFailed` with the status;
+    429 → `responseTooManyFailedAttempts` with 429 (a 429 counts as retried even with retries off); 500 →
+    `internalServerError` without a status; a cut stream → `other` and STREAM_CUT_MESSAGE."""
+    if not isinstance(error, dict):
+        return None
+    info = error.get("codexErrorInfo")
+    if isinstance(info, str):
+        if info in ERROR_CODES:
+            return ModelFailure(ERROR_CODES[info])
+        if STREAM_CUT_MESSAGE in str(error.get("message") or ""):
+            return ModelFailure(RunFailureCode.MODEL_STREAM_CUT)
+        return None
+    if not isinstance(info, dict) or len(info) != 1:
+        return None
+    ((kind, detail),) = info.items()
+    status = detail.get("httpStatusCode") if isinstance(detail, dict) else None
+    status = status if isinstance(status, int) else None
+    if kind == "responseStreamDisconnected":
+        return ModelFailure(RunFailureCode.MODEL_STREAM_CUT, status)
+    if kind in STATUS_ERRORS and of_http_status(status) is not None:
+        return model_failure(status)
+    return None
 
 
 def display_command(command: str) -> str:
@@ -187,7 +231,8 @@ class Translator:
         failure = turn.get("error")
         message = failure.get("message") if isinstance(failure, dict) else failure
         error = self.redact(str(message)) if message else None
-        events.append(TurnCompleted(thread, turn_id, status, error, turn.get("parentTurnId")))
+        model = turn_failure(failure) if status == "failed" else None
+        events.append(TurnCompleted(thread, turn_id, status, error, turn.get("parentTurnId"), model))
         return events
 
     def _close_items(self, thread: str, turn: str, status: ItemStatus) -> list[ProviderEvent]:

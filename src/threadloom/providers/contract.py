@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from threadloom.domain.failures import ModelFailure
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Capabilities:
@@ -149,9 +151,13 @@ class RequestOpened(_InTurn):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TurnCompleted(_InTurn):
+    """The end of a turn. A failed turn's `error` is the agent's own words; `failure` is the driver's reading
+    of them when the model API refused or broke the turn (`domain.failures`), None otherwise."""
+
     status: TurnStatus
     error: str | None = None
     parent_turn: str | None = None
+    failure: ModelFailure | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from threadloom.providers.contract import (
     TodoUpdated,
     TurnCompleted,
     TurnStarted,
+    Warning,
 )
 
 FILE_TOOLS = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
@@ -144,7 +145,7 @@ class ThreadTranslator:
         elif parent is not None:
             self._spoke.add(turn)
         msg_id = str(body.get("id"))
-        out: list[ProviderEvent] = []
+        out: list[ProviderEvent] = self._abandoned(msg_id, turn)
         for block in body.get("content") or []:
             kind = block.get("type")
             if kind == "text":
@@ -163,6 +164,19 @@ class ThreadTranslator:
                 out.append(ItemCompleted(self.thread, turn, item_id, "reasoning", "completed", str(block["thinking"])))
             elif kind == "tool_use":
                 out += self._tool_use(block, turn)
+        return out
+
+    def _abandoned(self, msg_id: str, turn: str) -> list[ProviderEvent]:
+        """Text that streamed for another message of this turn and was never confirmed by its `assistant` line:
+        the stream broke off and the CLI asked again (the new message is this one). The partial text stays,
+        its item failed, and a warning says why."""
+        gone = [item for item, t in self._texts.items() if t == turn and not item.startswith(f"{msg_id}:")]
+        out: list[ProviderEvent] = []
+        for item in gone:
+            del self._texts[item]
+            out.append(ItemCompleted(self.thread, turn, item, "assistant_message", "failed"))
+        if gone:
+            out.append(Warning(self.thread, "the model's reply broke off mid-stream; Claude Code asked again"))
         return out
 
     def _tool_use(self, block: dict[str, Any], turn: str) -> list[ProviderEvent]:

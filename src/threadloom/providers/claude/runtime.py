@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from threadloom.domain.failures import ModelFailure
 from threadloom.providers.agent_cli import StreamRedactor, driver_secrets, permitted
 from threadloom.providers.claude import sessions
 from threadloom.providers.claude.events import ItemStatus, ThreadTranslator
@@ -47,6 +48,18 @@ from threadloom.providers.contract import (
 from threadloom.providers.netns import NetworkSandboxUnavailable, isolated, loopback_ports
 
 log = logging.getLogger("threadloom.providers.claude")
+
+
+def retry_warning(message: dict[str, Any]) -> str:
+    """What the user sees of the CLI retrying a failed model request (an `api_retry` line)."""
+    status = message.get("error_status")
+    what = f"answered {status}" if status is not None else "could not be reached"
+    kind = f" ({message['error']})" if message.get("error") else ""
+    delay = float(message.get("retry_delay_ms") or 0) / 1000
+    attempt, most = message.get("attempt"), message.get("max_retries")
+    return f"the model API {what}{kind}; Claude Code retries in {delay:.1f} s (retry {attempt} of {most})"
+
+
 MAX_IDLE_CHILDREN = 4  # claude processes (~200 MB each) kept for threads with no running turn
 CAPABILITIES = Capabilities.every(
     supports_steering_by_interrupt_restart=False,
@@ -318,7 +331,9 @@ class ClaudeRuntime:
         except ProviderError:
             log.warning("claude session %s: transcript not written within 3 s of a completed turn", thread.sid)
 
-    def _finish(self, thread: _Thread, status: TurnStatus, error: str | None) -> None:
+    def _finish(
+        self, thread: _Thread, status: TurnStatus, error: str | None, failure: ModelFailure | None = None
+    ) -> None:
         turn = thread.turn
         if turn is None:
             return
@@ -332,7 +347,7 @@ class ClaudeRuntime:
         for ref in [r for r, req in self._requests.items() if req.thread is thread]:
             del self._requests[ref]
         thread.used = next(self._clock)
-        self._emit(*events, TurnCompleted(thread.sid, turn.id, status, error))
+        self._emit(*events, TurnCompleted(thread.sid, turn.id, status, error, None, failure))
         self._trim_idle()
 
     # ---- output ----------------------------------------------------------------------
@@ -352,10 +367,14 @@ class ClaudeRuntime:
         elif kind == "result":
             outcome = thread.turn.outcome(message) if thread.turn is not None else None
             if outcome is not None:
-                status, error = outcome
+                status, error, failure = outcome
                 if status == "completed":
                     await self._settle(thread)
-                self._finish(thread, status, self._redact(error) if error is not None else None)
+                self._finish(thread, status, self._redact(error) if error is not None else None, failure)
+        elif kind == "system" and message.get("subtype") == "api_retry":
+            if thread.turn is not None:
+                thread.turn.retrying(message)
+            self._emit(Warning(thread.sid, retry_warning(message)))
         elif kind == "system" and message.get("subtype") == "init":
             if thread.turn is not None and thread.turn.interrupted:
                 await child.send_interrupt()  # a queued message of an interrupted turn

@@ -1,0 +1,290 @@
+"""When the model API fails, through the whole service: the real Codex and Claude Code CLIs against the fake model.
+
+The fake model answers a message's request with an HTTP error (`FAIL: <status>`, optionally `retry-after=` and
+`times=`) or cuts its reply mid-stream (`CUT`). What a user of the API must see, for each fault and both CLIs:
+- the run FAILED with a stable `failure.code` (and the HTTP status when the CLI reported it), or, where the
+  CLI retries by itself, the retry shown as a `runtime.warning` activity and the run COMPLETED;
+- the thread stays usable: the next message on it runs normally, and the agent still has the conversation;
+- nothing is lost: the messages, and the text streamed before a cut, stay in the thread.
+
+Claude Code retries 401/429/5xx/529 itself (10 times by default, backoff from 0.5 s doubling); the instance
+here sets `CLAUDE_CODE_MAX_RETRIES = "1"` in its `env` so a failing request costs about a second. Codex's own
+retries are off (the codex driver writes `request_max_retries = 0`), so its failures reach the run at once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import fake_anthropic
+from tests.support.agents import MODEL_PATH
+from tests.support.fake_model import CUT_SHOWN, FakeModel
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import finished, send
+from tests.support.server import Client, ServerProcess
+from tests.support.waiting import until
+from threadloom.domain.failures import ModelFailure, RunFailureCode, failure_code
+from threadloom.providers.claude.turns import Turn
+from threadloom.providers.codex_events import turn_failure
+
+THREAD = """mutation($p: ID!, $i: String!) {
+  createThread(input: {projectId: $p, providerInstanceId: $i, title: "faults"}) {
+    thread { id } userErrors { code message } } }"""
+RUN = """query($id: ID!) { run(id: $id) {
+  id status statusReason failure { code httpStatus message }
+  rootNode { children { kind status } } } }"""
+THREAD_STATE = """query($t: ID!) { thread(id: $t) {
+  queueHeld
+  messages(first: 100) { edges { node { role text streaming run { id } } } }
+  activities(last: 100) { nodes { kind summary runId } } } }"""
+
+# (fault line, code, HTTP status the CLI reports) per provider, as each CLI reports them.
+CODEX_FAULTS = [
+    ("FAIL: 401", "MODEL_AUTH_FAILED", 401),
+    ("FAIL: 429 retry-after=1", "MODEL_RATE_LIMITED", 429),
+    ("FAIL: 529 retry-after=0", "MODEL_OVERLOADED", 529),
+    ("FAIL: 500", "MODEL_SERVER_ERROR", None),  # Codex says `internalServerError`, without the status
+    ("FAIL: 503", "MODEL_SERVER_ERROR", 503),
+    ("CUT", "MODEL_STREAM_CUT", None),
+]
+CLAUDE_FAULTS = [
+    ("FAIL: 401", "MODEL_AUTH_FAILED", 401),
+    ("FAIL: 429 retry-after=1", "MODEL_RATE_LIMITED", 429),
+    ("FAIL: 529 retry-after=0", "MODEL_OVERLOADED", 529),
+    ("FAIL: 500", "MODEL_SERVER_ERROR", 500),
+    ("FAIL: 503", "MODEL_SERVER_ERROR", 503),
+]
+FAULTS = {"codex": CODEX_FAULTS, "claude": CLAUDE_FAULTS}
+
+
+@pytest.fixture
+def faults_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterator[ServerProcess]:
+    config = tmp_path / "providers.toml"
+    config.write_text(
+        f"""
+[instances.codex]
+driver = "codex"
+base_url = "{fake.url}/v1"
+api_key_env = "FAKE_OPENAI_API_KEY"
+
+[instances.claude]
+driver = "claude"
+base_url = "{fake.url}"
+api_key_env = "FAKE_ANTHROPIC_API_KEY"
+env = {{ CLAUDE_CODE_MAX_RETRIES = "1" }}
+"""
+    )
+    env = {
+        "THREADLOOM_PROVIDERS": str(config),
+        "FAKE_OPENAI_API_KEY": "sk-fake-openai-faults",
+        "FAKE_ANTHROPIC_API_KEY": "sk-fake-anthropic-faults",
+    }
+    proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    yield proc
+    proc.stop()
+    print("\n".join(proc.log[-60:]))
+
+
+@pytest.fixture
+async def api(faults_server: ServerProcess) -> AsyncIterator[Client]:
+    client = Client(faults_server.url, faults_server.admin_token)
+    yield client
+    await client.aclose()
+
+
+async def _thread(client: Client, tmp_path: Path, provider: str) -> str:
+    workspace = tmp_path / f"ws-{provider}"
+    workspace.mkdir()
+    project = (await client.gql(CREATE_PROJECT, {"name": provider, "root": str(workspace)}))["createProject"]
+    made = (await client.gql(THREAD, {"p": project["project"]["id"], "i": provider}))["createThread"]
+    assert made["userErrors"] == []
+    return str(made["thread"]["id"])
+
+
+async def _run_to_end(client: Client, thread: str, text: str) -> dict[str, Any]:
+    """Send `text` and wait for its run to end; the run as the API shows it."""
+    sent = await send(client, thread, text)
+    assert sent["userErrors"] == [], sent
+    await finished(client, sent["run"]["id"], within=60)
+    return (await client.gql(RUN, {"id": sent["run"]["id"]}))["run"]  # type: ignore[no-any-return]
+
+
+async def _state(client: Client, thread: str) -> dict[str, Any]:
+    return (await client.gql(THREAD_STATE, {"t": thread}))["thread"]  # type: ignore[no-any-return]
+
+
+def _texts(state: dict[str, Any], role: str) -> list[str]:
+    return [e["node"]["text"] for e in state["messages"]["edges"] if e["node"]["role"] == role]
+
+
+def _cut_part(text: str) -> str:
+    """What the fake streams of a reply to `text` before it cuts the connection."""
+    return f"cut: {text} ".ljust(CUT_SHOWN + 8, "~")[:CUT_SHOWN]
+
+
+async def _cut_after_seeing_the_start(api: Client, fake: FakeModel, thread: str, text: str) -> str:
+    """Send `text` (a `CUT hold` message), wait until the start of the reply shows in the thread, let the fake
+    cut the connection, and wait for the run to end; its id."""
+    sent = await send(api, thread, text)
+    run_id = str(sent["run"]["id"])
+
+    async def shown() -> bool:
+        edges = (await _state(api, thread))["messages"]["edges"]
+        return any(e["node"]["role"] == "ASSISTANT" and e["node"]["text"].startswith("cut: ") for e in edges)
+
+    await until(shown, within=60)
+    fake.release()
+    await finished(api, run_id, within=60)
+    return run_id
+
+
+def _last_request_carries(fake: FakeModel, provider: str, *texts: str) -> bool:
+    """Did the model's last request of `provider` carry every one of `texts` (the conversation it was sent)?"""
+    body = str(fake.bodies(MODEL_PATH[provider])[-1])
+    return all(text in body for text in texts)
+
+
+@pytest.mark.parametrize("provider", ["codex", "claude"])
+async def test_each_model_api_fault_fails_its_run_with_a_code_and_the_next_message_continues_the_conversation(
+    api: Client, fake: FakeModel, tmp_path: Path, provider: str
+) -> None:
+    thread = await _thread(api, tmp_path, provider)
+    token = uuid.uuid4().hex[:8]
+    first = await _run_to_end(api, thread, f"remember {token}")
+    assert first["status"] == "COMPLETED" and first["failure"] is None
+    for line, code, status in FAULTS[provider]:
+        failed = await _run_to_end(api, thread, f"fault {token} {line}\n{line}")
+        assert failed["status"] == "FAILED", (line, failed)
+        assert failed["failure"]["code"] == code, (line, failed)
+        assert failed["failure"]["httpStatus"] == status, (line, failed)
+        assert failed["failure"]["message"] == failed["statusReason"] and failed["statusReason"], (line, failed)
+        after = await _run_to_end(api, thread, f"after {line} {token}")
+        assert after["status"] == "COMPLETED", (line, after)  # a held queue with nothing in it does not block it
+        assert after["failure"] is None
+        assert _last_request_carries(fake, provider, f"remember {token}", f"after {line} {token}"), line
+    state = await _state(api, thread)
+    users = _texts(state, "USER")
+    assert users[0] == f"remember {token}" and len(users) == 1 + 2 * len(FAULTS[provider])
+    assert f"echo: after {FAULTS[provider][-1][0]} {token}" in _texts(state, "ASSISTANT")
+    assert not state["queueHeld"]
+    failures = [a for a in state["activities"]["nodes"] if a["kind"] == "run.failed"]
+    assert len(failures) == len(FAULTS[provider])
+    if provider == "claude":  # its own retry (one, as the instance sets) is shown before the failure
+        retries = [a["summary"] for a in state["activities"]["nodes"] if a["kind"] == "runtime.warning"]
+        assert any("answered 429 (rate_limit); Claude Code retries" in r for r in retries), retries
+        assert any("answered 529 (overloaded)" in r for r in retries), retries
+
+
+async def test_a_codex_reply_cut_mid_stream_fails_the_run_and_keeps_the_text_streamed_before_the_cut(
+    api: Client, fake: FakeModel, tmp_path: Path
+) -> None:
+    thread = await _thread(api, tmp_path, "codex")
+    run_id = await _cut_after_seeing_the_start(api, fake, thread, "tell me a long story\nCUT hold")
+    failed = (await api.gql(RUN, {"id": run_id}))["run"]
+    assert failed["status"] == "FAILED" and failed["failure"]["code"] == "MODEL_STREAM_CUT"
+    assert "stream disconnected" in failed["statusReason"]
+    state = await _state(api, thread)
+    partial = [e["node"] for e in state["messages"]["edges"] if e["node"]["role"] == "ASSISTANT"]
+    assert len(partial) == 1 and partial[0]["run"]["id"] == failed["id"]
+    assert partial[0]["text"] == _cut_part("tell me a long story\nCUT hold") and not partial[0]["streaming"]
+    assert [c["status"] for c in failed["rootNode"]["children"] if c["kind"] == "ASSISTANT_MESSAGE"] == ["FAILED"]
+    after = await _run_to_end(api, thread, "go on")
+    assert after["status"] == "COMPLETED"
+    assert _last_request_carries(fake, "codex", "tell me a long story", "go on")
+
+
+async def test_claude_asks_again_when_a_reply_is_cut_and_the_run_completes_keeping_the_partial_text(
+    api: Client, fake: FakeModel, tmp_path: Path
+) -> None:
+    thread = await _thread(api, tmp_path, "claude")
+    text = "tell me a long story\nCUT hold"
+    run_id = await _cut_after_seeing_the_start(api, fake, thread, text)
+    done = (await api.gql(RUN, {"id": run_id}))["run"]
+    assert done["status"] == "COMPLETED" and done["failure"] is None
+    state = await _state(api, thread)
+    replies = _texts(state, "ASSISTANT")
+    assert replies[0] == _cut_part(text)  # what streamed before the cut, kept whole
+    assert replies[-1] == f"echo: {text}"  # the answer to Claude Code's second request
+    statuses = [c["status"] for c in done["rootNode"]["children"] if c["kind"] == "ASSISTANT_MESSAGE"]
+    assert statuses == ["FAILED", "COMPLETED"]
+    warnings = [a["summary"] for a in state["activities"]["nodes"] if a["kind"] == "runtime.warning"]
+    assert any("broke off mid-stream; Claude Code asked again" in w for w in warnings), warnings
+    assert len(fake.bodies(MODEL_PATH["claude"])) >= 2
+
+
+async def test_claude_retries_a_rate_limited_request_itself_and_the_run_completes_showing_the_retry(
+    api: Client, fake: FakeModel, tmp_path: Path
+) -> None:
+    thread = await _thread(api, tmp_path, "claude")
+    text = "busy api\nFAIL: 429 retry-after=1 times=1"
+    done = await _run_to_end(api, thread, text)
+    assert done["status"] == "COMPLETED" and done["failure"] is None
+    asked = [b for b in fake.bodies(MODEL_PATH["claude"]) if fake_anthropic.turn_text(b) == text]
+    assert len(asked) == 2  # the refused request, and Claude Code's own retry
+    state = await _state(api, thread)
+    assert _texts(state, "ASSISTANT") == [f"echo: {text}"]
+    warnings = [a for a in state["activities"]["nodes"] if a["kind"] == "runtime.warning"]
+    assert [w["runId"] for w in warnings] == [done["id"]]
+    assert (
+        "the model API answered 429 (rate_limit); Claude Code retries in 1.0 s (retry 1 of 1)" in warnings[0]["summary"]
+    )
+
+
+async def test_codex_does_not_retry_so_a_request_failing_once_fails_the_run_and_sending_again_succeeds(
+    api: Client, fake: FakeModel, tmp_path: Path
+) -> None:
+    thread = await _thread(api, tmp_path, "codex")
+    text = "flaky api\nFAIL: 500 times=1"
+    failed = await _run_to_end(api, thread, text)
+    assert failed["status"] == "FAILED" and failed["failure"]["code"] == "MODEL_SERVER_ERROR"
+    again = await _run_to_end(api, thread, text)
+    assert again["status"] == "COMPLETED"
+    assert _texts(await _state(api, thread), "ASSISTANT") == [f"echo: {text}"]
+
+
+# ---- the mapping rules alone (forms of the CLIs' reports the fake does not produce) -------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "status"),
+    [
+        ({"message": "x", "codexErrorInfo": {"responseStreamDisconnected": {"httpStatusCode": None}}}, "CUT", None),
+        ({"message": "x", "codexErrorInfo": {"responseTooManyFailedAttempts": {"httpStatusCode": 502}}}, "5XX", 502),
+        ({"message": "x", "codexErrorInfo": "usageLimitExceeded"}, "RATE", None),
+        ({"message": "x", "codexErrorInfo": "unauthorized"}, "AUTH", None),
+        ({"message": "x", "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 404}}}, "REQUEST", 404),
+        ({"message": "x", "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": None}}}, None, None),
+        ({"message": "sandbox denied", "codexErrorInfo": "sandboxError"}, None, None),
+        ({"message": "no info"}, None, None),
+    ],
+)
+def test_codex_error_reports_map_to_failure_codes(error: dict[str, Any], code: str | None, status: int | None) -> None:
+    short = {"CUT": "MODEL_STREAM_CUT", "5XX": "MODEL_SERVER_ERROR", "RATE": "MODEL_RATE_LIMITED"}
+    short |= {"AUTH": "MODEL_AUTH_FAILED", "REQUEST": "MODEL_REQUEST_FAILED"}
+    found = turn_failure(error)
+    assert (found.code if found else None) == (short[code] if code else None)
+    assert (found.http_status if found else None) == status
+
+
+def test_a_claude_failure_that_is_not_the_model_apis_is_an_agent_error() -> None:
+    turn = Turn("t1", unechoed=0)
+    outcome = turn.outcome({"type": "result", "subtype": "error_max_turns", "is_error": True, "errors": ["too long"]})
+    assert outcome == ("failed", "too long", None)
+    assert failure_code("too long", None) == RunFailureCode.AGENT_ERROR
+    assert failure_code("provider_crashed", None) == RunFailureCode.AGENT_EXITED
+
+
+def test_claude_repeated_529s_without_a_status_are_read_as_overloaded() -> None:
+    turn = Turn("t1", unechoed=0)
+    turn.retrying({"type": "system", "subtype": "api_retry", "error_status": 529, "error": "overloaded"})
+    result = {"subtype": "success", "is_error": True, "api_error_status": None, "result": "API Error: Repeated 529"}
+    assert turn.outcome(result) == (
+        "failed",
+        "API Error: Repeated 529",
+        ModelFailure(RunFailureCode.MODEL_OVERLOADED, 529),
+    )
