@@ -112,6 +112,12 @@ async def run_running(client: Client, session_id: str) -> None:
     await until(running)
 
 
+async def run_ended(client: Client, session_id: str) -> bool:
+    """Whether the session's (first) run has completed."""
+    runs = (await thread(client, session_id))["runs"]["nodes"]
+    return bool(runs) and runs[0]["status"] == "COMPLETED"
+
+
 async def thread(client: Client, session_id: str) -> dict[str, Any]:
     return (await client.gql(THREAD, {"t": session_id}))["thread"]  # type: ignore[no-any-return]
 
@@ -379,6 +385,8 @@ class Cable:
 async def test_a_prompt_follows_on_after_the_connection_drops(
     server: ServerProcess, client: Client, tmp_path: Path
 ) -> None:
+    """The connection drops between the two parts and stays down while the second is made (the turn is held at
+    a gate until then); back, the bridge replays what it missed from the last sequence it saw."""
     home = await project_home(client, tmp_path, "Blip")
     editor = Editor()
 
@@ -387,10 +395,14 @@ async def test_a_prompt_follows_on_after_the_connection_drops(
 
     async with Cable(server.port) as cable, agent(cable.url, str(client.token), editor) as conn:
         session = await conn.new_session(cwd=home)
-        script = "@reply before the blip\n@delay 1500\n@reply after the blip"
+        script = "@reply before the blip\n@await go\n@reply after the blip"
         prompt = asyncio.create_task(conn.prompt(session_id=session.session_id, prompt=[text_block(script)]))
         await until(first_part_shown)
-        cable.cut()
+        await cable.unplug()
+        (Path(home) / "go").touch()
+        await until(functools.partial(run_ended, client, session.session_id))  # all of it while the bridge was away
+        assert editor.text() == "before the blip"  # the second part is yet to be shown: the gap is real
+        await cable.plug()
         done = await asyncio.wait_for(prompt, 60)
 
     assert done.stop_reason == "end_turn"
@@ -458,16 +470,14 @@ async def test_a_prompt_too_far_behind_to_replay_reads_the_run_and_misses_nothin
             home = await project_home(api, tmp_path, "Behind")
             async with Cable(server.port) as cable, agent(cable.url, str(server.admin_token), editor) as conn:
                 session = await conn.new_session(cwd=home)
-                script = "@reply first part\n@delay 1000\n@reply the rest of it\n@tool echo tool-output"
+                # Held at a gate until the bridge is away: the rest certainly happens while it cannot see it.
+                script = "@reply first part\n@await go\n@reply the rest of it\n@tool echo tool-output"
                 prompt = asyncio.create_task(conn.prompt(session_id=session.session_id, prompt=[text_block(script)]))
                 await until(functools.partial(shown, "first part"))
                 await cable.unplug()
-
-                async def run_ended() -> bool:
-                    runs = (await thread(api, session.session_id))["runs"]["nodes"]
-                    return runs[0]["status"] == "COMPLETED"
-
-                await until(run_ended)  # all of it happened while the bridge was away
+                (Path(home) / "go").touch()
+                await until(functools.partial(run_ended, api, session.session_id))  # all of it while away
+                assert editor.text() == "first part" and editor.of_kind("tool_call") == []  # nothing of it seen yet
                 await cable.plug()
                 done = await asyncio.wait_for(prompt, 60)
         finally:

@@ -15,6 +15,12 @@ from tests.support.runs import finished, run, send
 from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
 
+# An agent that pauses 60 s between steps: a todo list it shows stays as shown for longer than any test waits.
+PROVIDERS = """
+[instances.paced]
+driver = "scripted"
+chunk_delay_ms = 60000
+"""
 PENDING = """query($t: ID!) { thread(id: $t) { status pendingRequests {
   id kind status responseCapability notResumableReason payload node { id kind status } run { id status } } } }"""
 APPROVE = """mutation($r: ID!, $d: Decision!) { respondToApproval(input: {requestId: $r, decision: $d}) {
@@ -164,24 +170,35 @@ async def test_question_answer_and_bad_answers(client: Client, thread_id: str) -
 
 
 @pytest.mark.usefixtures("activity_ids")
-async def test_todo_progress_is_finalized_at_the_barrier(client: Client, thread_id: str) -> None:
+async def test_todo_progress_is_finalized_at_the_barrier(client: Client, thread_id: str, workspace: Path) -> None:
     done = await finished(client, (await send(client, thread_id, "@todo write; test; ship"))["run"]["id"])
     todo = next(p for p in done["plans"] if p["kind"] == "TODO_LIST")
     assert todo["status"] == "FINALIZED"
     assert [i["status"] for i in todo["items"]] == ["completed", "completed", "completed"]
-    stopped = await send(client, thread_id, "@delay 300\n@todo one; two; three")
+    # On the paced agent the list is shown at once and its first step would start 60 s later: interrupted
+    # while every step is open, however slow the machine.
+    paced = await client.gql(CREATE_PROJECT, {"name": "paced", "root": workspace_dir(workspace.parent, "paced")})
+    on_paced = await client.gql(
+        """mutation($p: ID!) { createThread(input: {projectId: $p, providerInstanceId: "paced"}) {
+             thread { id } userErrors { code } } }""",
+        {"p": paced["createProject"]["project"]["id"]},
+    )
+    stopped = await send(client, on_paced["createThread"]["thread"]["id"], "@todo one; two; three")
 
-    async def has_todo() -> bool:
-        return any(p["kind"] == "TODO_LIST" for p in (await run(client, stopped["run"]["id"]))["plans"])
+    async def shown() -> list[str] | None:
+        plans = (await run(client, stopped["run"]["id"]))["plans"]
+        return next(([i["status"] for i in p["items"]] for p in plans if p["kind"] == "TODO_LIST"), None)
 
-    await until(has_todo)
-    await client.gql(
+    assert await until(shown) == ["pending", "pending", "pending"]  # open when the interrupt is asked for
+    interrupted = await client.gql(
         "mutation($r: ID!) { interruptRun(input: {runId: $r}) { userErrors { code } } }", {"r": stopped["run"]["id"]}
     )
+    assert interrupted["interruptRun"]["userErrors"] == []
     ended = await finished(client, stopped["run"]["id"])
+    assert ended["status"] == "INTERRUPTED"
     todo = next(p for p in ended["plans"] if p["kind"] == "TODO_LIST")
     assert todo["status"] == "FINALIZED"
-    assert "interrupted" in [i["status"] for i in todo["items"]]  # open items end as the run ended
+    assert [i["status"] for i in todo["items"]] == ["interrupted"] * 3  # open items end as the run ended
 
 
 IMPLEMENT = """mutation($p: ID!, $t: PlanTarget!) { implementPlan(input: {planId: $p, target: $t}) {

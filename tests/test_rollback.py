@@ -151,9 +151,10 @@ async def test_refusals_change_nothing(api: Client, home: Path) -> None:
         answer = await thread.rollback(ordinal, files=False)
         assert [e["code"] for e in answer["userErrors"]] == [code]
     # Refused while a run is active.
-    sent = await send(api, thread.id, "@delay 200\n@reply slow and steady wins")
+    sent = await send(api, thread.id, "@await go\n@reply slow and steady wins")  # active until the gate opens
     busy = await thread.rollback(0, files=False)
     assert [e["code"] for e in busy["userErrors"]] == ["THREAD_BUSY"]
+    (home / "go").touch()
     await finished(api, sent["run"]["id"])
     assert (await thread.statuses()) == {1: "COMPLETED", 2: "COMPLETED"}
 

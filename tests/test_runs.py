@@ -117,8 +117,8 @@ async def test_multi_turn_reuses_the_provider_thread(client: Client, thread_id: 
     await _assert_gapless(database_url)
 
 
-async def test_queued_turn(client: Client, thread_id: str) -> None:
-    first = await send(client, thread_id, "@delay 150\n@reply one two three four")
+async def test_queued_turn(client: Client, thread_id: str, workspace: Path) -> None:
+    first = await send(client, thread_id, "@await go\n@reply one two three four")  # active until the gate opens
     second = await send(client, thread_id, "next", d={"queueAfterActive": True})
     assert first["appliedDispatch"] == "START_IMMEDIATELY"
     assert second["appliedDispatch"] == "QUEUE_AFTER_ACTIVE"
@@ -128,6 +128,7 @@ async def test_queued_turn(client: Client, thread_id: str) -> None:
     )
     assert queue["thread"]["queue"] == [{"id": second["run"]["id"], "queuePosition": 1}]
     assert queue["thread"]["activeRun"] == {"id": first["run"]["id"]}
+    (workspace / "go").touch()
     one = await finished(client, first["run"]["id"])
     two = await finished(client, second["run"]["id"])
     assert one["status"] == two["status"] == "COMPLETED"
@@ -161,10 +162,11 @@ async def test_tool_and_write(client: Client, thread_id: str, workspace: Path) -
     assert all(a["node"]["runId"] == done["id"] and a["node"]["nodeId"] == tools[0]["id"] for a in acts["edges"])
 
 
-async def test_failure_holds_the_queue(client: Client, thread_id: str) -> None:
-    failing = await send(client, thread_id, "@delay 100\n@reply trying\n@fail boom")
+async def test_failure_holds_the_queue(client: Client, thread_id: str, workspace: Path) -> None:
+    failing = await send(client, thread_id, "@await go\n@reply trying\n@fail boom")  # fails once the gate opens
     queued = await send(client, thread_id, "after the failure", d={"queueAfterActive": True})
     assert queued["appliedDispatch"] == "QUEUE_AFTER_ACTIVE"
+    (workspace / "go").touch()
     done = await finished(client, failing["run"]["id"])
     assert done["status"] == "FAILED" and done["statusReason"] == "boom"
     assert done["rootNode"]["status"] == "FAILED" and done["attempts"][0]["status"] == "FAILED"
@@ -203,8 +205,18 @@ async def test_agent_crash_then_resume(client: Client, thread_id: str, database_
     assert [s["status"] for s in sessions] == ["error", "ready"]
 
 
-async def test_subagent_completion_never_completes_the_run(client: Client, thread_id: str) -> None:
-    sent = await send(client, thread_id, "@subagent look around\n@delay 50\n@reply after the child")
+async def test_subagent_completion_never_completes_the_run(client: Client, thread_id: str, workspace: Path) -> None:
+    # After its child turn the run is held at a gate: the child's completion is recorded while the run is live.
+    sent = await send(client, thread_id, "@subagent look around\n@await go\n@reply after the child")
+
+    async def child_done() -> dict[str, Any] | None:
+        found = await run(client, sent["run"]["id"])
+        subagents = [c for c in found["rootNode"]["children"] if c["kind"] == "SUBAGENT"]
+        return found if subagents and subagents[0]["status"] == "COMPLETED" else None
+
+    held = await until(child_done)
+    assert held["status"] == "RUNNING" and held["rootNode"]["status"] == "RUNNING"  # the child did not end it
+    (workspace / "go").touch()
     done = await finished(client, sent["run"]["id"])
     assert done["status"] == "COMPLETED"
     subagents = [c for c in done["rootNode"]["children"] if c["kind"] == "SUBAGENT"]

@@ -165,19 +165,27 @@ async def test_filters_match_the_log_in_replay_and_live(
     assert got[nothing] == []
 
 
-async def test_live_filter_by_run(client: Client, server: ServerProcess, thread_id: str, database_url: str) -> None:
+async def test_live_filter_by_run(
+    client: Client, server: ServerProcess, thread_id: str, database_url: str, tmp_path: Path
+) -> None:
     ws = await WsClient.connect(server.url, client.token)
     try:
-        sent = await send(client, thread_id, "@delay 30\n@reply a b c d e")
+        # Held at a gate until the subscription has replayed and gone live: the reply is certainly filtered live.
+        sent = await send(client, thread_id, "@await go\n@reply a b c d e")
         op = await ws.subscribe(EVENTS, {"t": thread_id, "run": sent["run"]["id"]})
+        replayed = await until_synchronized(ws, op)
+        (Path(workspace(tmp_path)) / "go").touch()
         done = await finished(client, sent["run"]["id"])
         assert done["status"] == "COMPLETED"
         rows = [r for r in await log_rows(database_url, thread_id) if r["run_id"] == decode(sent["run"]["id"])[1]]  # type: ignore[index]
-        items = await collect(ws, op, rows[-1]["sequence"])
+        live = await collect(ws, op, rows[-1]["sequence"])
     finally:
         await ws.close()
-    assert [i["sequence"] for i in items if i["type"] != "synchronized"] == [r["sequence"] for r in rows]
-    assert all(i["runId"] == sent["run"]["id"] for i in items if i["type"] != "synchronized")
+    items = [i for i in replayed + live if i["type"] != "synchronized"]
+    assert [i["sequence"] for i in items] == [r["sequence"] for r in rows]
+    assert all(i["runId"] == sent["run"]["id"] for i in items)
+    replayed_rows = len([i for i in replayed if i["type"] != "synchronized"])
+    assert 0 < replayed_rows < len(rows)  # the run's start replayed, its reply and end came through the live filter
 
 
 async def test_fanout_to_many_subscribers(client: Client, server: ServerProcess, thread_id: str) -> None:
