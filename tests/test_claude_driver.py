@@ -216,6 +216,8 @@ async def test_a_file_write_asks_for_a_file_change(runtime: ClaudeRuntime, event
 
 
 async def test_read_only_threads_refuse_changes(runtime: ClaudeRuntime, events: Events, workspace: Path) -> None:
+    """Its twins, a command writing the workspace in a workspace_write and in a full_access thread, are
+    test_the_sandbox_shows_commands_only_the_workspace and test_a_tool_call_really_runs."""
     thread = await runtime.start_thread(settings(workspace, "read_only"))
     turn = await runtime.start_turn(thread, "RUN: echo x > refused.txt")
     assert (await events.end_of(turn)).status == "completed"
@@ -227,7 +229,8 @@ async def test_read_only_threads_refuse_changes(runtime: ClaudeRuntime, events: 
 async def test_the_sandbox_shows_commands_only_the_workspace(
     driver: ClaudeDriver, runtime: ClaudeRuntime, events: Events, workspace: Path, tmp_path: Path
 ) -> None:
-    """workspace_write (the default): a file beside the workspace and the agent's own state do not exist."""
+    """workspace_write (the default): a file beside the workspace and the agent's own state do not exist.
+    The twins in the same command: a file of the workspace is read and one is made there."""
     (tmp_path / "other-project").mkdir()
     (tmp_path / "other-project" / "secret.txt").write_text("OTHER-PROJECT-SECRET")
     (workspace / "mine.txt").write_text("MY-WORKSPACE-FILE")
@@ -240,6 +243,7 @@ async def test_the_sandbox_shows_commands_only_the_workspace(
     output = tool.detail["output"]
     assert "MY-WORKSPACE-FILE" in output and (workspace / "made.txt").exists()
     assert "OTHER-PROJECT-SECRET" not in output and "claude-home" not in output
+    assert (state / "claude-home").is_dir()  # though the folder listed is there, and holds it
     assert not (tmp_path / "escaped.txt").exists()
     assert not [e for e in events.seen if isinstance(e, RequestOpened)]  # and nothing was asked
 

@@ -329,6 +329,8 @@ async def test_a_structured_question_is_answered(codex: Codex) -> None:
 
 
 async def test_read_only_mode_cannot_write(codex: Codex) -> None:
+    """Its twin, the same `touch` in a workspace_write thread making the file, is in
+    test_the_sandbox_shows_commands_only_the_workspace."""
     s = codex.session
     thread = await s.runtime.start_thread(codex.settings("read_only"))
     _, events = await s.turn(thread, "RUN: touch nope.txt")
@@ -342,7 +344,8 @@ async def test_read_only_mode_cannot_write(codex: Codex) -> None:
 
 
 async def test_the_sandbox_shows_commands_only_the_workspace(codex: Codex, tmp_path: Path) -> None:
-    """workspace_write (the default): a file beside the workspace and the agent's own state do not exist."""
+    """workspace_write (the default): a file beside the workspace and the agent's own state do not exist.
+    The twins in the same command: a file of the workspace is read and one is made there."""
     (tmp_path / "other-project").mkdir()
     (tmp_path / "other-project" / "secret.txt").write_text("OTHER-PROJECT-SECRET")
     (codex.cwd / "mine.txt").write_text("MY-WORKSPACE-FILE")
@@ -356,6 +359,7 @@ async def test_the_sandbox_shows_commands_only_the_workspace(codex: Codex, tmp_p
     assert "MY-WORKSPACE-FILE" in output and (codex.cwd / "made.txt").exists()
     assert "OTHER-PROJECT-SECRET" not in output and "No such file or directory" in output
     assert "model_provider" not in output  # the agent's own config.toml is not visible either
+    assert "model_provider" in config.read_text()  # though it is there, and holds what was looked for
     assert not (tmp_path / "escaped.txt").exists()
     assert not of_type(events, ev.RequestOpened)  # and nothing was asked
 

@@ -713,9 +713,13 @@ async def test_resume_after_crash_marks_the_turn_interrupted(tmp_path: Path, cwd
 
 
 async def test_write_outside_cwd_is_refused(agent: AgentProcess, cwd: Path, tmp_path: Path) -> None:
+    """`..`, an absolute path and a link out of the cwd are refused; the twins: an absolute path and a link
+    that stay inside it are written."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (cwd / "link").symlink_to(outside)
+    (cwd / "sub").mkdir()
+    (cwd / "inlink").symlink_to("sub")
     thread_id = await agent.new_thread(cwd)
     script = "\n".join(
         [
@@ -723,16 +727,20 @@ async def test_write_outside_cwd_is_refused(agent: AgentProcess, cwd: Path, tmp_
             f"@write {tmp_path / 'absolute.txt'} nope",
             "@write link/through.txt nope",
             f"@write {cwd / 'inside.txt'} yes",
+            "@write inlink/through.txt yes",
             "@reply still here",
         ]
     )
     turn_id, messages = await agent.run_turn(thread_id, script)
     statuses = [item["status"] for item in completed_items(messages, "fileChange")]
-    assert statuses == ["failed", "failed", "failed", "completed"]
+    assert statuses == ["failed", "failed", "failed", "completed", "completed"]
+    for item in completed_items(messages, "fileChange")[:3]:
+        assert "outside" in _output(messages, item["id"])
     assert not (tmp_path / "escape.txt").exists()
     assert not (tmp_path / "absolute.txt").exists()
     assert not (outside / "through.txt").exists()
     assert (cwd / "inside.txt").read_text() == "yes"
+    assert (cwd / "sub" / "through.txt").read_text() == "yes"
     assert message_texts(messages, turn_id) == ["still here"]
     assert completion(messages)["status"] == "completed"
 
@@ -821,6 +829,9 @@ async def test_the_workspace_bounds_threads_and_commands(tmp_path: Path, cwd: Pa
     hidden = cwd / "data"
     hidden.mkdir()
     (hidden / "secret").write_text("hidden")
+    (cwd / "shown").mkdir()
+    (cwd / "shown" / "file").write_text("shown")
+    (cwd / "inside.txt").write_text("yours")
     agent = await AgentProcess.start(tmp_path / "state", "--workspace", str(cwd), "--hide", str(hidden))
     try:
         refused = await agent.error("thread/start", {"cwd": str(tmp_path)})
@@ -828,12 +839,18 @@ async def test_the_workspace_bounds_threads_and_commands(tmp_path: Path, cwd: Pa
         unknown = await agent.error("thread/start", {"cwd": str(cwd), "runtimeMode": "root"})
         assert unknown["code"] == -32602
         thread_id = await agent.new_thread(cwd)
-        script = f"@tool cat {tmp_path / 'outside.txt'}\n@tool ls -A data; env\n@tool echo made > made.txt"
+        script = (
+            f"@tool cat {tmp_path / 'outside.txt'}\n@tool cat {cwd / 'inside.txt'}\n"
+            "@tool ls -A data shown\n@tool env\n@tool echo made > made.txt"
+        )
         _, messages = await agent.run_turn(thread_id, script)
-        outside, listing, made = completed_items(messages, "commandExecution")
+        outside, inside, listing, env, made = completed_items(messages, "commandExecution")
         assert outside["status"] == "failed" and "not yours" not in outside["aggregatedOutput"]
-        assert listing["status"] == "completed" and "secret" not in listing["aggregatedOutput"]
-        assert sorted(line.split("=")[0] for line in listing["aggregatedOutput"].split()) == [
+        assert "No such file" in outside["aggregatedOutput"]
+        assert inside["status"] == "completed" and inside["aggregatedOutput"] == "yours"  # the twin, inside
+        # The hidden folder is empty; the twin beside it, not hidden, shows its file to the same `ls`.
+        assert listing["status"] == "completed" and listing["aggregatedOutput"] == "data:\n\nshown:\nfile\n"
+        assert sorted(line.split("=")[0] for line in env["aggregatedOutput"].split()) == [
             "HOME",
             "LANG",
             "PATH",
@@ -846,9 +863,12 @@ async def test_the_workspace_bounds_threads_and_commands(tmp_path: Path, cwd: Pa
         await agent.stop()
 
 
-async def test_read_only_threads_write_nothing(agent: AgentProcess, cwd: Path) -> None:
+async def test_read_only_threads_write_nothing_that_workspace_write_threads_write(
+    agent: AgentProcess, cwd: Path
+) -> None:
+    script = "@write a.txt x\n@tool touch b.txt\n@tool echo reading\n@reply ok"
     thread_id = await _thread_in_mode(agent, cwd, "read_only")
-    _, messages = await agent.run_turn(thread_id, "@write a.txt x\n@tool touch b.txt\n@tool echo reading\n@reply ok")
+    _, messages = await agent.run_turn(thread_id, script)
     [write] = completed_items(messages, "fileChange")
     assert write["status"] == "failed" and "read-only" in _output(messages, write["id"])
     touch, reading = completed_items(messages, "commandExecution")
@@ -856,6 +876,12 @@ async def test_read_only_threads_write_nothing(agent: AgentProcess, cwd: Path) -
     assert reading["status"] == "completed"
     assert os.listdir(cwd) == []
     assert completion(messages)["status"] == "completed"
+    # The twin: the same script in a workspace_write thread of the same agent writes both files.
+    writer = await _thread_in_mode(agent, cwd, "workspace_write")
+    _, messages = await agent.run_turn(writer, script)
+    items = completed_items(messages, "fileChange") + completed_items(messages, "commandExecution")
+    assert [item["status"] for item in items] == ["completed"] * 3
+    assert sorted(os.listdir(cwd)) == ["a.txt", "b.txt"]
 
 
 async def test_approval_required_asks_before_commands_and_writes(agent: AgentProcess, cwd: Path) -> None:
@@ -880,6 +906,8 @@ def test_no_bwrap_means_no_commands(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setattr(sandbox.os, "access", lambda path, mode: False)
     with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
         sandbox.Sandbox(tmp_path).argv(["true"], str(tmp_path))
+    monkeypatch.undo()  # the twin: with bwrap found, the same sandbox builds its command line
+    assert Path(sandbox.Sandbox(tmp_path).argv(["true"], str(tmp_path))[0]).name == "bwrap"
 
 
 # --- recall, native fork and rollback, through the `scripted` driver ---

@@ -164,7 +164,8 @@ async def test_the_agent_user_cannot_reach_the_servers_files(world: World, pg: P
     assert checkpoints.is_dir()
 
     # The package: the agent user cannot plant a file; root can (the twin), removed again.
-    assert as_agent("touch", str(planted)).returncode != 0 and not planted.exists()
+    denied = as_agent("touch", str(planted))
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr and not planted.exists()
     assert as_root("touch", str(planted)).returncode == 0
     planted.unlink()
     # The data dir: not listable, its checkpoints not even enterable; root lists both.

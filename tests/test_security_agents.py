@@ -123,6 +123,11 @@ def output(node: dict[str, Any]) -> str:
     return str((node.get("detail") or {}).get("output") or "")
 
 
+def environ_of(pid: int) -> str:
+    """A process's environment as the test (root, on the host) reads it."""
+    return Path(f"/proc/{pid}/environ").read_bytes().decode()
+
+
 async def test_the_server_environment_is_out_of_reach(world: World) -> None:
     thread = await world.thread(world.attacker, world.project_b)
     done, tools = await run_tools(
@@ -131,29 +136,43 @@ async def test_the_server_environment_is_out_of_reach(world: World) -> None:
     assert done["status"] == "COMPLETED"
     env, pid1, echoed = (output(node) for node in tools)
     assert "PATH=" in env and "HOME=/tmp" in env  # the command did run, with its own small environment
+    assert "PATH=" in pid1  # and pid 1's environment (bwrap's, handed down by the agent) was read
     for seen in (env, pid1):
         assert SERVER_SECRET not in seen
         assert "DATABASE_URL" not in seen and world.database_url not in seen
         assert "THREADLOOM" not in seen
+    # The twin: the server's own environment, read by the test, does hold what the commands never see.
+    server_env = environ_of(world.server.proc.pid)
+    assert SERVER_SECRET in server_env and "DATABASE_URL=" in server_env and "THREADLOOM_" in server_env
     # The server's secret typed into the output by the attacker is shown as typed: the agent cannot know it,
     # and redacting it would confirm the attacker's guesses of it (tests/test_redaction.py).
     assert SERVER_SECRET in echoed and "***" not in echoed
 
 
-async def test_another_projects_workspace_is_invisible(world: World) -> None:
-    thread = await world.thread(world.attacker, world.project_b)
-    _, tools = await run_tools(
-        world,
-        thread,
+async def test_another_projects_workspace_is_invisible_to_b_and_open_to_a(world: World) -> None:
+    """B's agent cannot read, list or write A's workspace; the twin: A's own agent runs the very same
+    commands and they succeed, so the paths and the commands are right."""
+    probe = (
         f"@tool cat {world.ws_a}/secret.txt\n@tool ls -a {world.ws_a.parent}\n"
-        f"@write {world.ws_a}/planted.txt gotcha\n@reply done",
+        f"@write {world.ws_a}/planted.txt gotcha\n@reply done"
     )
+    thread = await world.thread(world.attacker, world.project_b)
+    _, tools = await run_tools(world, thread, probe)
     cat, ls, write = tools
     assert cat["status"] == "FAILED" and A_SECRET not in output(cat)
     assert "No such file" in output(cat)
-    assert "ws-a" not in output(ls)  # only B's own workspace exists in that folder
+    assert output(ls).split() == [".", "..", "ws-b"]  # only B's own workspace exists in that folder
     assert write["status"] == "FAILED" and "outside" in output(write)
     assert not (world.ws_a / "planted.txt").exists()
+
+    own = await world.thread(world.admin, world.project_a)
+    sent = await send(world.admin, own, probe)
+    assert sent["userErrors"] == [], sent
+    done = await finished(world.admin, sent["run"]["id"])
+    cat, ls, write = [c for c in done["rootNode"]["children"] if c["kind"] == "TOOL_CALL"]
+    assert cat["status"] == "COMPLETED" and output(cat) == A_SECRET
+    assert output(ls).split() == [".", "..", "ws-a"]
+    assert write["status"] == "COMPLETED" and (world.ws_a / "planted.txt").read_text() == "gotcha"
 
 
 async def test_no_admin_token_can_be_minted_and_the_data_dir_is_invisible(world: World) -> None:
@@ -166,28 +185,39 @@ async def test_no_admin_token_can_be_minted_and_the_data_dir_is_invisible(world:
             thread,
             f"@tool threadloom --data-dir {world.data_dir} token create --scope admin\n"
             f"@tool python3 -m threadloom --data-dir {world.data_dir} token create --scope admin\n"
-            f"@tool ls -a {world.data_dir}\n@tool ls /\n@reply done",
+            "@tool python3 -m json.tool --help\n"
+            f"@tool ls -a {world.data_dir}\n@tool ls -a {world.ws_b}\n@tool ls /\n@reply done",
         )
         assert await count(db, t.api_tokens) == before  # nothing was minted
     finally:
         await db.dispose()
-    cli, module, data, root = tools
+    cli, module, stdlib, data, own, root = tools
     assert cli["status"] == module["status"] == data["status"] == "FAILED"
     assert "tl_" not in output(cli) + output(module)
+    # Each for its specific reason: neither the server's scripts nor its package exist in the sandbox ...
+    assert "threadloom: not found" in output(cli) or "command not found" in output(cli), output(cli)
+    assert "No module named threadloom" in output(module), output(module)
     assert "No such file" in output(data)
+    # ... while the same interpreter runs a module it can see, and the same listing of B's folder works.
+    assert stdlib["status"] == "COMPLETED" and "usage:" in output(stdlib)
+    assert own["status"] == "COMPLETED" and output(own).split() == [".", ".."]
     assert set(output(root).split()) <= {"bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr"}
 
 
-async def test_read_only_threads_write_nothing(world: World) -> None:
+async def test_read_only_threads_write_nothing_that_workspace_write_threads_write(world: World) -> None:
+    probe = "@write notes.txt hello\n@tool echo x > tool.txt\n@tool cat /dev/null\n@reply done"
     thread = await world.thread(world.attacker, world.project_b, "read_only")
-    _, tools = await run_tools(
-        world, thread, "@write notes.txt hello\n@tool echo x > tool.txt\n@tool cat /dev/null\n@reply done"
-    )
+    _, tools = await run_tools(world, thread, probe)
     write, tool, reading = tools
     assert write["status"] == "FAILED" and "read-only" in output(write)
     assert tool["status"] == "FAILED" and "Read-only file system" in output(tool)
     assert reading["status"] == "COMPLETED"  # reading still works
     assert not (world.ws_b / "notes.txt").exists() and not (world.ws_b / "tool.txt").exists()
+    # The twin: the same writes from a workspace_write thread of the same project land.
+    writer = await world.thread(world.attacker, world.project_b, "workspace_write")
+    _, tools = await run_tools(world, writer, probe)
+    assert [tool["status"] for tool in tools] == ["COMPLETED"] * 3, [output(tool) for tool in tools]
+    assert (world.ws_b / "notes.txt").read_text() == "hello" and (world.ws_b / "tool.txt").read_text() == "x\n"
 
 
 async def test_approval_required_asks_before_every_command_and_write(world: World) -> None:
@@ -227,8 +257,12 @@ async def test_the_default_mode_is_sandboxed_and_full_access_needs_the_instance(
     assert after == before  # refused input changed nothing
     # An instance whose admin allowed it accepts full_access, still confined to the workspace.
     allowed = await world.thread(world.attacker, world.project_b, "full_access", "open")
-    _, tools = await run_tools(world, allowed, f"@tool cat {world.ws_a}/secret.txt\n@reply done")
-    assert tools[0]["status"] == "FAILED" and A_SECRET not in output(tools[0])
+    _, tools = await run_tools(
+        world, allowed, f"@tool cat {world.ws_a}/secret.txt\n@tool cat {world.ws_b}/mine.txt\n@reply done"
+    )
+    theirs, mine = tools
+    assert theirs["status"] == "FAILED" and A_SECRET not in output(theirs) and "No such file" in output(theirs)
+    assert mine["status"] == "COMPLETED" and output(mine) == "mine\n"  # the twin: the same read of B's own file
 
 
 async def test_a_crash_in_project_b_leaves_project_a_running(world: World) -> None:

@@ -30,6 +30,7 @@ from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, free_port
 from threadloom.agent.sandbox import Sandbox, SandboxUnavailable
 from threadloom.providers import netns
+from threadloom.providers.claude import ClaudeDriver
 from threadloom.providers.codex import CodexDriver
 from threadloom.providers.contract import SessionScope
 
@@ -127,7 +128,11 @@ async def test_full_access_commands_have_a_network_but_not_threadloom_s_ports(wo
 
 
 async def test_other_modes_have_no_network_at_all(world: World) -> None:
-    """The instance's other threads keep bwrap's empty network namespace: a loopback of their own, no route."""
+    """The instance's other threads keep bwrap's empty network namespace: a loopback of their own, no route.
+    The twin: the same probe on the host reaches both ports and sees a route."""
+    assert await host_probe(world.workspace, world.server.port, world.metrics_port) == (
+        "main=open metrics=open own=open route=default"
+    )
     assert await world.probe_in("workspace_write") == "main=shut metrics=shut own=open route=none"
 
 
@@ -207,3 +212,32 @@ async def test_codex_full_access_reaches_its_loopback_model_but_not_the_host_s_l
     assert len(fake.bodies("/v1/responses")) == 2
     assert len(tools) == 1 and tools[0].detail["exitCode"] == 0, tools
     assert tools[0].detail["aggregatedOutput"].strip() == "main=shut metrics=shut own=open route=default"
+
+
+async def test_claude_full_access_reaches_its_loopback_model_but_not_the_host_s_loopback(
+    tmp_path: Path, fake: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Claude twin of the Codex test above: a full_access thread's real Claude Code process runs in a pasta
+    namespace; its turn completes (the fake model on 127.0.0.1 reached through the one forwarded port), while
+    its command cannot reach a listener on the host's loopback that the same probe reaches from the host."""
+    monkeypatch.setenv("FAKE_ANTHROPIC_API_KEY", "sk-fake-net-claude")
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "probe.py").write_text(PROBE)
+    options = {"base_url": fake.url, "api_key_env": "FAKE_ANTHROPIC_API_KEY", "allow_full_access": True}
+    driver = ClaudeDriver("claude-net", tmp_path / "agents" / "claude-net", options)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        on_host = await host_probe(cwd, port, port)
+        assert on_host.startswith("main=open metrics=open")  # the twin: the probe reaches the port from the host
+        runtime = await driver.open_session(SessionScope("p1", str(cwd), driver.state_dir / "p1"))
+        try:
+            done, tools = await full_access_turn(runtime, cwd, f"RUN: python3 probe.py {port} {port}")
+        finally:
+            await runtime.close()
+    assert done.status == "completed" and done.error is None  # the model was reached
+    assert [body for body in fake.bodies("/v1/messages") if body.get("tools")], "no main-loop request"
+    assert len(tools) == 1 and tools[0].detail["exitCode"] == 0, tools
+    assert tools[0].detail["output"].strip() == "main=shut metrics=shut own=open route=default"

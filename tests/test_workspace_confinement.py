@@ -287,7 +287,8 @@ async def test_the_unlink_path_deletes_inside_the_workspace(store: CheckpointSto
 
 def test_the_git_sandbox_holds_only_the_workspace(store: CheckpointStore, workspace: Path, outside: Path) -> None:
     """What git sees when it reads the workspace: the workspace (at /workspace) and /usr, not the other
-    project. Twin: the same read of a workspace file succeeds."""
+    project. Twins: the same read of a workspace file succeeds, and so does a read through a link that stays
+    inside the workspace, where the one that escapes finds nothing."""
     fd = open_root(workspace)
     try:
 
@@ -298,9 +299,12 @@ def test_the_git_sandbox_holds_only_the_workspace(store: CheckpointStore, worksp
         store.root.mkdir(parents=True, exist_ok=True)
         assert cat("/workspace/top.txt").stdout == b"top\n"
         denied = cat(str(outside / "a.txt"))
-        assert denied.returncode != 0 and denied.stdout == b""
+        assert denied.returncode != 0 and denied.stdout == b"" and b"No such file" in denied.stderr
         (workspace / "peek").symlink_to(outside / "a.txt")
-        assert cat("/workspace/peek").stdout == b""
+        escaping = cat("/workspace/peek")
+        assert escaping.returncode != 0 and escaping.stdout == b"" and b"No such file" in escaping.stderr
+        (workspace / "inside").symlink_to("sub/a.txt")
+        assert cat("/workspace/inside").stdout == b"A1\n"
     finally:
         os.close(fd)
 
