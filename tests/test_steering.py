@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +15,10 @@ from tests.support.graphql import CREATE_PROJECT, workspace
 from tests.support.inproc import ADMIN, new_thread
 from tests.support.inproc import send as send_inproc
 from tests.support.runs import finished, run, send
-from tests.support.server import Client
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from threadloom.engine.services import Services
+from threadloom.providers.child_process import descendants
 from threadloom.store import tables as t
 
 PROVIDERS = """
@@ -58,6 +63,26 @@ async def _running(client: Client, run_id: str) -> dict[str, Any]:
         return found if found["status"] == "RUNNING" else None
 
     return await until(check)
+
+
+@contextlib.contextmanager
+def _agents_held(server: ServerProcess) -> Iterator[None]:
+    """The server's scripted agent processes stopped (SIGSTOP) inside the block: a provider that has not yet
+    answered anything, however fast the machine. They go on (SIGCONT) on the way out."""
+    agents = []
+    for pid, _ in descendants(server.proc.pid):
+        with contextlib.suppress(OSError):
+            if b"threadloom.agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                agents.append(pid)
+    assert agents, "no scripted agent process under the server"
+    for pid in agents:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in agents:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def _open_gate(tmp_path: Path) -> None:
@@ -179,13 +204,17 @@ async def test_expected_attempt_mismatch(client: Client, tmp_path: Path, databas
     assert await _assistant_texts(client, thread, busy["run"]["id"]) == ["Steered: steer", "a b c"]
 
 
-async def test_turn_interrupt_ack_is_not_terminal(client: Client, tmp_path: Path) -> None:
+async def test_turn_interrupt_ack_is_not_terminal(client: Client, server: ServerProcess, tmp_path: Path) -> None:
     thread = await _thread(client, tmp_path)
-    sent = await send(client, thread, "@delay 10000\n@reply never")
+    sent = await send(client, thread, "@delay 60000\n@reply never")
     await _running(client, sent["run"]["id"])
-    ack = (await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False}))["interruptRun"]
-    assert ack["userErrors"] == []
-    assert ack["run"]["status"] == "RUNNING" and ack["run"]["interruptRequestedAt"] is not None
+    # The agent is held while the interrupt is asked for: the answer is not the turn's end, which cannot have
+    # happened yet (a fast agent could otherwise end the turn before the answer is read).
+    with _agents_held(server):
+        ack = (await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False}))["interruptRun"]
+        assert ack["userErrors"] == []
+        assert ack["run"]["status"] == "RUNNING" and ack["run"]["interruptRequestedAt"] is not None
+        assert (await run(client, sent["run"]["id"]))["status"] == "RUNNING"  # until the provider says so
     done = await finished(client, sent["run"]["id"])
     assert done["status"] == "INTERRUPTED"
     assert done["attempts"][0]["status"] == "INTERRUPTED"
