@@ -62,8 +62,9 @@ WATCH_RUNS = """() => {
 }"""
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Browser]:
+    """One Chromium for the module (a launch costs about a second); each `new_page` is a context of its own."""
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is needed: apt-get install -y chromium (scripts/test installs it)"
     expect.set_options(timeout=20_000)  # a wait for what the page shows, not a sleep: room for a busy CI machine

@@ -351,7 +351,7 @@ async def test_workspace_root_rules(client: Client, data_dir: Path, tmp_path: Pa
         "/proc/self": "INVALID_WORKSPACE_ROOT",
         "/tmp": "INVALID_WORKSPACE_ROOT",
         str(data_dir): "INVALID_WORKSPACE_ROOT",
-        str(tmp_path): "INVALID_WORKSPACE_ROOT",  # holds the data dir
+        str(data_dir.parent): "INVALID_WORKSPACE_ROOT",  # holds the data dir
         str(base / "missing"): "INVALID_WORKSPACE_ROOT",
         str(a_file): "INVALID_WORKSPACE_ROOT",
         first: "WORKSPACE_OVERLAPS",
