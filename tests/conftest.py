@@ -15,7 +15,7 @@ from tests.support.fake_model import FakeModel
 from tests.support.graphql import workspace as workspace_folder
 from tests.support.pg import PgServer, postgres_servers
 from tests.support.server import Client, ServerProcess
-from tests.support.spare import ServerPool, Spare
+from tests.support.spare import ServerPool, Spare, Wanted
 from threadloom import unprivileged
 from threadloom.config import Settings
 from threadloom.engine.clock import SystemClock
@@ -120,15 +120,37 @@ def server_pool(pg: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 _OWN_SERVER = ("server", "database_url", "data_dir")
+_NEXT = pytest.StashKey["pytest.Item | None"]()
 
 
-@pytest.fixture
-async def spare(request: pytest.FixtureRequest, server_pool: ServerPool) -> Spare | None:
-    """The server started ahead for this test (tests/support/spare.py) when it asks for `server`."""
-    if "server" not in request.fixturenames or any(hasattr(request.module, name) for name in _OWN_SERVER):
-        return None  # a module that starts its own server (or owns its database) is left to do so
-    providers = getattr(request.module, "PROVIDERS", None)
-    return await server_pool.take(providers if isinstance(providers, str) else None)
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Each test learns the one after it, so a server is started ahead only for a test that will use it."""
+    item.stash[_NEXT] = nextitem
+
+
+def _server_wanted(item: pytest.Item | None) -> Wanted | None:
+    """Whether `item` takes conftest's `server` fixture (a module that starts its own server, or owns its
+    database, is left to do so), and with which provider instances."""
+    if item is None or "server" not in getattr(item, "fixturenames", ()):
+        return None
+    module = getattr(item, "module", None)
+    if any(hasattr(module, name) for name in _OWN_SERVER):
+        return None
+    providers = getattr(module, "PROVIDERS", None)
+    return Wanted(providers if isinstance(providers, str) else None)
+
+
+@pytest.fixture(autouse=True)
+def spare(request: pytest.FixtureRequest) -> Spare | None:
+    """The server started ahead for this test when it takes `server` (tests/support/spare.py); and the next
+    test's, started now, when that one will."""
+    now = _server_wanted(request.node)  # type: ignore[arg-type]
+    ahead = _server_wanted(request.node.stash.get(_NEXT, None))
+    if now is None and ahead is None:
+        return None
+    pool: ServerPool = request.getfixturevalue("server_pool")
+    return pool.take(now, ahead)
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ def test_export_schema_command(tmp_path: Path) -> None:
 
 async def test_serve_refuses_unmigrated_database(pg: PgServer, tmp_path: Path) -> None:
     url = await pg.fresh(migrated=False)
-    proc = ServerProcess(url, tmp_path / "d")
+    proc = ServerProcess(url, tmp_path / "d", fork=False)  # the command itself refuses
     proc.proc.wait(60)
     assert proc.proc.returncode == 2
     stderr = proc.proc.stderr.read() if proc.proc.stderr else ""

@@ -84,7 +84,8 @@ def server_env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def secure_server(database_url: str, data_dir: Path, server_env: dict[str, str]) -> Iterator[ServerProcess]:
-    proc = ServerProcess(database_url, data_dir, env=server_env).wait_ready()
+    # A real exec (not a fork): the test reads the server's own /proc/<pid>/environ.
+    proc = ServerProcess(database_url, data_dir, env=server_env, fork=False).wait_ready()
     yield proc
     proc.stop()
     print("\n".join(proc.log[-60:]))  # shown by pytest only when the test fails

@@ -73,7 +73,8 @@ def review_server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator
     config = tmp_path / "providers.toml"
     config.write_text('[instances.open]\ndriver = "scripted"\nallow_full_access = true\n')
     env = {"THREADLOOM_REVIEW_SECRET": SERVER_SECRET, "THREADLOOM_PROVIDERS": str(config)}
-    proc = ServerProcess(database_url, data_dir, env=env).wait_ready()
+    # A real exec (not a fork): the test reads the server's own /proc/<pid>/environ.
+    proc = ServerProcess(database_url, data_dir, env=env, fork=False).wait_ready()
     yield proc
     proc.stop()
     print("\n".join(proc.log[-60:]))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 
-def stop(proc: subprocess.Popen[str], grace: float = 10) -> None:
+def stop(proc: Any, grace: float = 10) -> None:
     """SIGTERM, then SIGKILL if it has not exited after `grace` seconds."""
     if proc.poll() is None:
         proc.terminate()
@@ -15,7 +16,7 @@ def stop(proc: subprocess.Popen[str], grace: float = 10) -> None:
             kill(proc)
 
 
-def kill(proc: subprocess.Popen[str]) -> None:
+def kill(proc: Any) -> None:
     """SIGKILL (kill -9) and reap."""
     if proc.poll() is None:
         proc.kill()

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import processes
+from tests.support import processes, zygote
 
 
 def free_port() -> int:
@@ -27,8 +27,16 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(
-        self, database_url: str | None, data_dir: Path, env: dict[str, str] | None = None, port: int | None = None
+        self,
+        database_url: str | None,
+        data_dir: Path,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        *,
+        fork: bool | None = None,
     ) -> None:
+        """`fork`: forked from a process that imported the server already (tests/support/zygote.py); by
+        default for a server on a given database. False: the real `python -m threadloom serve`."""
         self.port = port or free_port()  # a given port: a restart clients reconnect to at the same address
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_token: str | None = None
@@ -38,13 +46,17 @@ class ServerProcess:
         full_env.update({"THREADLOOM_DATA_DIR": str(data_dir), **(env or {})})
         if database_url is not None:
             full_env["DATABASE_URL"] = database_url
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "threadloom", "serve", "--port", str(self.port)],
-            env=full_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        argv = ["serve", "--port", str(self.port)]
+        if fork if fork is not None else database_url is not None and zygote.enabled():
+            self.proc: subprocess.Popen[str] | zygote.Forked = zygote.Forked(argv, full_env)
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "threadloom", *argv],
+                env=full_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
         threading.Thread(target=self._pump_err, args=(self.proc.stderr,), daemon=True).start()
 

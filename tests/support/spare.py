@@ -1,10 +1,10 @@
 """A server started ahead of the test that will use it.
 
-A `threadloom serve` takes 1-2 s to become ready, and about 180 tests each want a fresh one: most of a
-serial run's waiting. The pool keeps one spare per worker — its own fresh database and data dir, the same
-command and environment a test's own start would use — started while the test before it runs. A test that
-asks for the `server` fixture takes the spare (the fixtures `database_url` and `data_dir` then name the
-spare's), and the next spare starts at once.
+A `threadloom serve` takes about a second of CPU to become ready, and about 180 tests each want a fresh
+one. The pool keeps one spare per worker: its own fresh database and data dir, the same command and
+environment a test's own start would use, started while the test before it runs, and only when that next
+test takes the `server` fixture (pytest tells each test which one follows it). A test that takes `server`
+gets the spare (the fixtures `database_url` and `data_dir` then name the spare's).
 
 A spare is only handed out if nothing it was started with has changed since: the process environment and
 the module's provider instances (`PROVIDERS`). Otherwise it is stopped and a server is started for the test,
@@ -13,6 +13,8 @@ as before. Each test still gets a server no other test has used.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import os
 from pathlib import Path
@@ -32,30 +34,45 @@ class Spare:
     proc: ServerProcess
 
 
+@dataclasses.dataclass(frozen=True)
+class Wanted:
+    """A test that takes the `server` fixture, and the provider instances its module configures."""
+
+    providers: str | None
+
+
 class ServerPool:
     def __init__(self, pg: PgServer, folders: pytest.TempPathFactory) -> None:
         self.pg = pg
         self.folders = folders
         self.spare: Spare | None = None
 
-    async def _start(self, providers: str | None) -> Spare:
+    def _start(self, providers: str | None) -> Spare:
         folder = self.folders.mktemp("server")
         env = providers_env(folder, providers) if providers is not None else None
-        url = await self.pg.fresh()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a fixture may run while the test's loop does
+            url = pool.submit(asyncio.run, self.pg.fresh()).result(60)
         data_dir = folder / "data"
         return Spare(url, data_dir, providers, dict(os.environ), ServerProcess(url, data_dir, env=env))
 
-    async def take(self, providers: str | None) -> Spare:
-        """The spare when it was started as this test would start its server, else a new start; either way a
-        new spare (for the same providers) is started before returning."""
-        spare, self.spare = self.spare, None
-        if spare is not None and (spare.providers != providers or spare.environ != dict(os.environ)):
-            spare.proc.kill()
-            spare = None
-        if spare is None:
-            spare = await self._start(providers)
-        self.spare = await self._start(providers)
-        return spare
+    def _fits(self, providers: str | None) -> bool:
+        spare = self.spare
+        return spare is not None and spare.providers == providers and spare.environ == dict(os.environ)
+
+    def take(self, now: Wanted | None, ahead: Wanted | None) -> Spare | None:
+        """The server for this test (`now`: it wants one, with these providers): the spare when it was
+        started as this test would start its server, else a new start. Then a spare for the next test when it
+        wants a server (`ahead`), so none is started for a test that will not use it."""
+        taken = None
+        if now is not None:
+            if self._fits(now.providers):
+                taken, self.spare = self.spare, None
+            else:
+                taken = self._start(now.providers)
+        if ahead is not None and not self._fits(ahead.providers):
+            self.close()
+            self.spare = self._start(ahead.providers)
+        return taken
 
     def close(self) -> None:
         if self.spare is not None:
