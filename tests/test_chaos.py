@@ -11,18 +11,15 @@ two runs queued behind it; each thread has one `threadEvents` subscriber that re
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.graphql import make_project, make_thread
-from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, settled
+from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, settled, threads_under_load
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
-from tests.support.waiting import until
 
 THREADS = 4
 QUEUE = {"queueAfterActive": True}
@@ -79,20 +76,11 @@ async def test_kill_9_under_load(cluster: Cluster, tmp_path: Path) -> None:
     client = Client(cluster.url(), cluster.token)
     subscribers: list[ResumingSubscriber] = []
     try:
-        (tmp_path / "ws").mkdir()
-        project = await make_project(client, "chaos", str(tmp_path / "ws"))
-        threads = [(await make_thread(client, project, f"chaos {i}"))["id"] for i in range(THREADS)]
-        subscribers = [ResumingSubscriber(cluster.url, cluster.token, t).start() for t in threads]
-        plans = await asyncio.gather(*(_load(client, t, i) for i, t in enumerate(threads)))
-
-        async def mid_work() -> bool:
-            """Seen through the subscriptions: every slow run streaming, the runs behind it still queued."""
-            return all(
-                sub.runs.get(plan["slow"]) == "RUNNING" and all(sub.runs.get(r) == "QUEUED" for r in plan["behind"])
-                for sub, plan in zip(subscribers, plans, strict=True)
-            )
-
-        await until(mid_work, within=30)
+        (tmp_path / "chaos").mkdir()
+        plans = await threads_under_load(
+            client, cluster.url, cluster.token, tmp_path / "chaos", THREADS, _load, subscribers
+        )
+        threads = [sub.thread_id for sub in subscribers]
         seen_before = [sub.last for sub in subscribers]
         cluster.crash_and_restart()
         await client.aclose()

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.graphql import make_project, make_thread
+from tests.support import processes
 from tests.support.pg import TEMPLATE, PgServer, postgres_pids, postmaster_pid
-from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, settled
+from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, settled, threads_under_load
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, free_port
 from tests.support.waiting import until
@@ -36,41 +36,6 @@ THREADS = 3
 QUEUE = {"queueAfterActive": True}
 CRASH_REASONS = {"provider_lost", "server_stopped"}
 SLOW = "@delay 1000\n@reply " + " ".join(f"w{i}" for i in range(60))  # a minute: PostgreSQL goes first
-
-
-def _children(pid: int) -> set[int]:
-    """The processes `pid` started (a postmaster's backends and auxiliary processes), from /proc."""
-    found: set[int] = set()
-    for tasks in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            found |= {int(child) for child in tasks.read_text().split()}
-        except OSError:
-            continue
-    return found
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process below `pid` (a server's agent processes and what they run)."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        children = _children(todo.pop()) - found
-        todo.extend(children)
-        found |= children
-    return found
-
-
-def _running(pids: set[int]) -> set[int]:
-    """Those of `pids` that have not ended (a zombie has: it only waits to be reaped)."""
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
 
 
 class OwnPostgres:
@@ -89,14 +54,14 @@ class OwnPostgres:
         shutdown (`pg_ctl stop -m fast`). Returns once no process of it is left."""
         postmaster = postmaster_pid(self.pgdata)
         assert postmaster is not None and postgres_pids(self.pgdata) == [postmaster]
-        family = _children(postmaster) | {postmaster}
+        family = processes.children(postmaster) | {postmaster}
         os.kill(postmaster, signal.SIGKILL if how == "kill" else signal.SIGINT)
         deadline = time.monotonic() + 30
         # Killed, its backends end once they see the postmaster gone (a new postmaster refuses to start on
         # shared memory they still hold), and the postmaster must have been reaped: PostgreSQL takes the pid
         # in postmaster.pid for a live server while even a zombie holds it.
-        while _running(family) or Path(f"/proc/{postmaster}").exists():
-            assert time.monotonic() < deadline, f"PostgreSQL processes left: {_running(family) or postmaster}"
+        while processes.running(family) or Path(f"/proc/{postmaster}").exists():
+            assert time.monotonic() < deadline, f"PostgreSQL processes left: {processes.running(family) or postmaster}"
             time.sleep(0.02)
 
     def start(self) -> None:
@@ -170,22 +135,13 @@ async def test_a_postgres_restart_under_load_loses_no_event_and_leaves_no_run_ac
     client = Client(supervised.url(), supervised.token)
     subscribers: list[ResumingSubscriber] = []
     try:
-        (tmp_path / "ws").mkdir()
-        project = await make_project(client, "pg-restart", str(tmp_path / "ws"))
-        threads = [(await make_thread(client, project, f"pg {i}"))["id"] for i in range(THREADS)]
-        subscribers = [ResumingSubscriber(supervised.url, supervised.token, t).start() for t in threads]
-        plans = await asyncio.gather(*(_load(client, t, i) for i, t in enumerate(threads)))
-
-        async def mid_work() -> bool:
-            """Seen through the subscriptions: every slow run streaming (a reply under way), the rest queued."""
-            return all(
-                sub.runs.get(plan["slow"]) == "RUNNING" and all(sub.runs.get(r) == "QUEUED" for r in plan["behind"])
-                for sub, plan in zip(subscribers, plans, strict=True)
-            )
-
-        await until(mid_work, within=30)
+        (tmp_path / "pg-restart").mkdir()
+        plans = await threads_under_load(
+            client, supervised.url, supervised.token, tmp_path / "pg-restart", THREADS, _load, subscribers
+        )
+        threads = [sub.thread_id for sub in subscribers]
         seen_before = [sub.last for sub in subscribers]
-        agents = _descendants(supervised.server.proc.pid)
+        agents = processes.descendants(supervised.server.proc.pid)
         assert agents, "the server runs no agent process"
 
         await asyncio.to_thread(own_postgres.go_away, how)
@@ -197,7 +153,7 @@ async def test_a_postgres_restart_under_load_loses_no_event_and_leaves_no_run_ac
         assert not any("Application shutdown failed" in line for line in stopped), "\n".join(stopped[-20:])
 
         async def agents_gone() -> bool:  # none goes on working for a server that is no longer a worker
-            return not _running(agents)
+            return not processes.running(agents)
 
         await until(agents_gone, within=15)
         if how == "kill":

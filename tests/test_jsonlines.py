@@ -151,9 +151,10 @@ async def test_a_killed_child_is_not_alive_before_the_event_loop_reaps_it() -> N
     child = child_process.ChildProcess(proc, "sleeper")
     child.start()
     assert child.alive
-    os.kill(proc.pid, signal.SIGKILL)
-    # Blocking on purpose: the event loop must not run (and hand over the exit) before the checks below.
+    # Opened before the kill: asyncio's watcher thread may reap the child at once, and its pid with it.
     exited = os.pidfd_open(proc.pid)
+    signal.pidfd_send_signal(exited, signal.SIGKILL)
+    # Blocking on purpose: the event loop must not run (and hand over the exit) before the checks below.
     try:
         assert select.select([exited], [], [], 10)[0], "the killed child did not exit"
     finally:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.support import fake_anthropic
-from tests.support.agents import MODEL_PATH
+from tests.support.agents import MODEL_PATH, cli_providers_env
 from tests.support.fake_model import CUT_SHOWN, FakeModel
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished, send
@@ -64,26 +64,13 @@ FAULTS = {"codex": CODEX_FAULTS, "claude": CLAUDE_FAULTS}
 
 @pytest.fixture
 def faults_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterator[ServerProcess]:
-    config = tmp_path / "providers.toml"
-    config.write_text(
-        f"""
-[instances.codex]
-driver = "codex"
-base_url = "{fake.url}/v1"
-api_key_env = "FAKE_OPENAI_API_KEY"
-
-[instances.claude]
-driver = "claude"
-base_url = "{fake.url}"
-api_key_env = "FAKE_ANTHROPIC_API_KEY"
-env = {{ CLAUDE_CODE_MAX_RETRIES = "1" }}
-"""
+    env = cli_providers_env(
+        tmp_path,
+        fake,
+        openai_key="sk-fake-openai-faults",
+        anthropic_key="sk-fake-anthropic-faults",
+        claude_extra='env = { CLAUDE_CODE_MAX_RETRIES = "1" }',  # its own retries: one, not ten
     )
-    env = {
-        "THREADLOOM_PROVIDERS": str(config),
-        "FAKE_OPENAI_API_KEY": "sk-fake-openai-faults",
-        "FAKE_ANTHROPIC_API_KEY": "sk-fake-anthropic-faults",
-    }
     proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
     yield proc
     proc.stop()

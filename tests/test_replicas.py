@@ -31,6 +31,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from tests.support import processes
 from tests.support.graphql import make_project, make_thread
 from tests.support.redis import RedisServer, running_redis
 from tests.support.resuming import ResumingSubscriber, caught_up
@@ -162,34 +163,6 @@ async def _native_threads(db: Database) -> dict[str, tuple[str, str | None]]:
     return {str(row["thread_id"]): (str(row["native_thread_ref"]), row["owner"]) for row in rows}
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every process below `pid` (the replica's agent processes and what they run), from /proc."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for tasks in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
-            try:
-                children = {int(child) for child in tasks.read_text().split()}
-            except OSError:
-                continue  # it exited meanwhile
-            todo.extend(children - found)
-            found |= children
-    return found
-
-
-def _running(pids: set[int]) -> set[int]:
-    """Those of `pids` still running (a zombie has ended: it only waits to be reaped)."""
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
-
-
 async def _recall(cluster: Replicas, preferred: int, thread: str, subscriber: ResumingSubscriber) -> tuple[str, Any]:
     """Send `@recall` through a live replica; the reply's text and the run (its provider thread)."""
     run_id = await _send(cluster, preferred, thread, "@recall", f"{thread}-recall")
@@ -243,12 +216,12 @@ async def test_replicas_take_over_a_killed_replica(replicas: Replicas, database_
         orphans = {thread: ref for thread, (ref, owner) in before.items() if owners.get(owner or "") == victim}
         on_victim = [sub for i, sub in enumerate(subscribers) if i % REPLICAS == victim]
         seen_before = [sub.last for sub in on_victim]
-        agents = _descendants(cluster.servers[victim].proc.pid)
+        agents = processes.descendants(cluster.servers[victim].proc.pid)
         cluster.kill(victim)
         killed_at = ended
 
         async def agents_gone() -> bool:  # no agent of the dead replica goes on working beside its successor
-            return not _running(agents)
+            return not processes.running(agents)
 
         await until(agents_gone, within=30)
         await asyncio.wait_for(driving, 300)
@@ -342,9 +315,7 @@ async def test_a_redis_wake_up_published_right_after_subscribing_arrives(redis: 
         await broadcast.disconnect()
 
 
-def test_the_agent_state_dir_setting_holds_every_driver_state(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_the_agent_state_dir_setting_holds_every_driver_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("THREADLOOM_AGENT_STATE_DIR", str(tmp_path / "shared"))
     settings = Settings.from_env(data_dir=str(tmp_path / "data"))
     assert settings.agents_dir == tmp_path / "shared"

@@ -18,11 +18,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from tests.support import seeds
-from tests.support.db import snapshot
+from tests.support.db import assert_log_replays
 from tests.support.graphql import CREATE_PROJECT, workspace
 from tests.support.server import ServerProcess, providers_env
 from threadloom.api.ids import decode, encode
-from threadloom.store import log
 from threadloom.store import tables as t
 from threadloom.store.db import Database
 
@@ -230,15 +229,5 @@ def test_random_histories_keep_the_run_invariants(world: World, request: pytest.
     print(f"{world.steps} steps, {world.sends} messages sent, {runs[0]['count_1']} runs")
     world.server.stop()  # quiet: nothing writes while the log is replayed
 
-    async def replay() -> None:
-        db = Database.from_url(world.database_url)
-        try:
-            live = await snapshot(db)
-            async with db.transaction() as tx:
-                await log.rebuild_projections(tx)
-            assert await snapshot(db) == live
-        finally:
-            await db.dispose()
-
     with run.shown_on_failure():
-        asyncio.run(replay())
+        asyncio.run(assert_log_replays(world.database_url))

@@ -11,7 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tests.support.graphql import CREATE_PROJECT, workspace
+from tests.support.graphql import CREATE_PROJECT, threads_sharing_a_runtime, workspace
 from tests.support.inproc import ADMIN, new_thread
 from tests.support.inproc import send as send_inproc
 from tests.support.runs import finished, run, send
@@ -397,17 +397,7 @@ async def test_stop_session_ends_only_the_interrupted_turn(client: Client, tmp_p
     """Two threads share the project's runtime; interrupting one by stopping its work leaves the other's turn be."""
     root = tmp_path / "shared"
     root.mkdir()
-    data = await client.gql(CREATE_PROJECT, {"name": "shared", "root": str(root)})
-    threads = []
-    for title in ("a", "b"):
-        made = await client.gql(
-            """mutation($p: ID!, $title: String!) {
-                 createThread(input: {projectId: $p, providerInstanceId: "stopper", title: $title}) {
-                   thread { id } userErrors { code message } } }""",
-            {"p": data["createProject"]["project"]["id"], "title": title},
-        )
-        assert made["createThread"]["userErrors"] == []
-        threads.append(made["createThread"]["thread"]["id"])
+    threads = await threads_sharing_a_runtime(client, root, "stopper")
     interrupted = await send(client, threads[0], "@delay 10000\n@reply never")
     # Held at a gate: its turn is certainly live on the shared runtime when the other one is stopped.
     going_on = await send(client, threads[1], "@await go\n@reply b1 b2 b3")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.support.graphql import CREATE_PROJECT
+from tests.support.graphql import threads_sharing_a_runtime
 from tests.support.runs import finished, run, send
 from tests.support.server import Client
 from tests.support.waiting import until
@@ -34,16 +34,7 @@ async def test_stop_session_leaves_a_waiting_turn_on_the_same_runtime_answerable
 ) -> None:
     root = tmp_path / "shared"
     root.mkdir()
-    data = await client.gql(CREATE_PROJECT, {"name": "shared", "root": str(root)})
-    threads = []
-    for title in ("a", "b"):
-        made = await client.gql(
-            """mutation($p: ID!, $title: String!) {
-                 createThread(input: {projectId: $p, providerInstanceId: "stopper", title: $title}) {
-                   thread { id } userErrors { code } } }""",
-            {"p": data["createProject"]["project"]["id"], "title": title},
-        )
-        threads.append(made["createThread"]["thread"]["id"])
+    threads = await threads_sharing_a_runtime(client, root, "stopper")
     waiting = await send(client, threads[1], "@approval echo b\n@reply b done")
 
     async def asked() -> list[dict[str, Any]]:

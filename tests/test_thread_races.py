@@ -30,14 +30,12 @@ from typing import Any
 import pytest
 
 from tests.support import seeds
-from tests.support.db import snapshot
+from tests.support.db import assert_log_replays
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished
 from tests.support.server import Client, providers_env, serving
 from tests.support.waiting import until
 from threadloom.api.ids import decode
-from threadloom.store import log
-from threadloom.store.db import Database
 
 # Three scripted instances: one that can do everything, one that rolls back by forking (no native rollback),
 # one that steers by restarting the turn (no active steering).
@@ -280,14 +278,7 @@ async def test_raced_structural_operations_leave_one_consistent_thread(
             await api.aclose()
         server.stop()  # quiet: nothing writes while the log is replayed
     with seed.shown_on_failure():
-        db = Database.from_url(database_url)
-        try:
-            live = await snapshot(db)
-            async with db.transaction() as tx:
-                await log.rebuild_projections(tx)
-            assert await snapshot(db) == live
-        finally:
-            await db.dispose()
+        await assert_log_replays(database_url)
 
 
 async def _race_and_check(api: Client, rng: random.Random, home: Path, data_dir: Path) -> None:

@@ -17,9 +17,15 @@ MODEL_PATH = {"codex": "/v1/responses", "claude": "/v1/messages"}
 
 
 def cli_providers_env(
-    folder: Path, fake: FakeModel, *, openai_key: str = "sk-fake-openai", anthropic_key: str = "sk-fake-anthropic"
+    folder: Path,
+    fake: FakeModel,
+    *,
+    openai_key: str = "sk-fake-openai",
+    anthropic_key: str = "sk-fake-anthropic",
+    claude_extra: str = "",
 ) -> dict[str, str]:
-    """The server env with instances `codex` and `claude` pointed at `fake` (keys passed through env vars)."""
+    """The server env with instances `codex` and `claude` pointed at `fake` (keys passed through env vars);
+    `claude_extra`: more lines of the `claude` instance."""
     config = folder / "providers.toml"
     config.write_text(
         f"""
@@ -32,6 +38,7 @@ api_key_env = "FAKE_OPENAI_API_KEY"
 driver = "claude"
 base_url = "{fake.url}"
 api_key_env = "FAKE_ANTHROPIC_API_KEY"
+{claude_extra}
 """
     )
     return {

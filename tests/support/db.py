@@ -6,6 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from threadloom.store import log
 from threadloom.store import tables as t
 from threadloom.store.db import Database
 
@@ -18,6 +19,18 @@ async def snapshot(db: Database) -> dict[str, list[dict[str, Any]]]:
             rows = await r.rows(sa.select(table).order_by(table.c.id))
             out[table.name] = [dict(row) for row in rows]
     return out
+
+
+async def assert_log_replays(database_url: str) -> None:
+    """The event log, replayed, makes the projections as they are (the server writing to it is stopped)."""
+    db = Database.from_url(database_url)
+    try:
+        live = await snapshot(db)
+        async with db.transaction() as tx:
+            await log.rebuild_projections(tx)
+        assert await snapshot(db) == live
+    finally:
+        await db.dispose()
 
 
 async def count(db: Database, table: sa.Table) -> int:

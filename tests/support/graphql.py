@@ -73,3 +73,19 @@ def statements(headers: Any) -> int:
     match = re.search(r'desc="(\d+) statements"', headers["server-timing"])
     assert match, headers
     return int(match.group(1))
+
+
+async def threads_sharing_a_runtime(client, root: Path, instance: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Ids of two new threads ("a", "b") of one project in `root` on `instance`: they share its runtime."""
+    data = await client.gql(CREATE_PROJECT, {"name": "shared", "root": str(root)})
+    threads = []
+    for title in ("a", "b"):
+        made = await client.gql(
+            """mutation($p: ID!, $i: String!, $title: String!) {
+                 createThread(input: {projectId: $p, providerInstanceId: $i, title: $title}) {
+                   thread { id } userErrors { code message } } }""",
+            {"p": data["createProject"]["project"]["id"], "i": instance, "title": title},
+        )
+        assert made["createThread"]["userErrors"] == []
+        threads.append(made["createThread"]["thread"]["id"])
+    return threads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
 
@@ -21,3 +22,38 @@ def kill(proc: Any) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+
+
+def children(pid: int) -> set[int]:
+    """The processes `pid` started, from /proc."""
+    found: set[int] = set()
+    for tasks in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found |= {int(child) for child in tasks.read_text().split()}
+        except OSError:
+            continue  # it exited meanwhile
+    return found
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (a server's agent processes and what they run)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        below = children(todo.pop()) - found
+        todo.extend(below)
+        found |= below
+    return found
+
+
+def running(pids: set[int]) -> set[int]:
+    """Those of `pids` that have not ended (a zombie has: it only waits to be reaped)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive

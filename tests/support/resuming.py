@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import websockets
 
+from tests.support.graphql import make_project, make_thread
 from tests.support.server import Client
 from tests.support.waiting import until
 from tests.support.ws import WsClient
@@ -126,3 +128,34 @@ async def caught_up(client: Client, subscriber: ResumingSubscriber, within: floa
         return latest if again == latest else None
 
     return await until(check, within=within)
+
+
+Load = Callable[[Client, str, int], Awaitable[dict[str, Any]]]
+
+
+async def threads_under_load(
+    client: Client,
+    url: Callable[[], str],
+    token: str,
+    folder: Path,
+    count: int,
+    load: Load,
+    subscribers: list[ResumingSubscriber],
+) -> list[dict[str, Any]]:
+    """`count` threads of a new project in `folder` (an existing folder), each followed by a subscriber
+    (appended to `subscribers`, which the caller closes) and given the runs `load` sends (its plan: the `slow`
+    run and the runs `behind` it); returns once the subscriptions show every slow run streaming and the runs
+    behind it still queued."""
+    project = await make_project(client, folder.name, str(folder))
+    threads = [(await make_thread(client, project, f"{folder.name} {i}"))["id"] for i in range(count)]
+    subscribers.extend(ResumingSubscriber(url, token, t).start() for t in threads)
+    plans = await asyncio.gather(*(load(client, t, i) for i, t in enumerate(threads)))
+
+    async def mid_work() -> bool:
+        return all(
+            sub.runs.get(plan["slow"]) == "RUNNING" and all(sub.runs.get(r) == "QUEUED" for r in plan["behind"])
+            for sub, plan in zip(subscribers, plans, strict=True)
+        )
+
+    await until(mid_work, within=30)
+    return list(plans)
