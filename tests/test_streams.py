@@ -272,3 +272,96 @@ async def test_run_status_and_activity_streams(client: Client, server: ServerPro
     assert all(k["runId"] == sent["run"]["id"] and k["nodeId"] for k in kinds)
     sequences = [k["sequence"] for k in kinds]
     assert sequences == sorted(sequences)
+
+
+async def _spoil_event(database_url: str, thread_id: str, sequence: int) -> None:
+    """The event's payload loses everything its entity needs (as an upgrade that forgot to rewrite it would)."""
+    found = decode(thread_id)
+    assert found is not None
+    db = Database.from_url(database_url, pool_size=1)
+    try:
+        async with db.transaction() as tx:
+            await tx.execute(
+                sa.update(t.events)
+                .where(t.events.c.thread_id == found[1], t.events.c.sequence == sequence)
+                .values(payload={"unexpected": True})
+            )
+    finally:
+        await db.dispose()
+
+
+async def _until_the_end(ws: WsClient, op: str) -> tuple[list[int], dict[str, Any]]:
+    """Sequences delivered to one operation, and its last payload's error (it must end with one)."""
+    delivered: list[int] = []
+    while True:
+        message = await ws.receive()
+        if message.get("id") != op:
+            continue
+        assert message["type"] == "next", f"ended without saying why: {message}"
+        if message["payload"].get("errors"):
+            return delivered, message["payload"]["errors"][0]
+        delivered.append(message["payload"]["data"]["threadEvents"]["sequence"])
+
+
+async def test_an_event_that_cannot_be_read_ends_a_replay_with_its_code_not_a_quiet_complete(
+    client: Client, server: ServerProcess, thread_id: str, database_url: str
+) -> None:
+    """A log row the server cannot turn into its entity must not end a replay as if the stream were done: the
+    subscriber is told (EVENT_UNREADABLE) and where it got to. Before, the replay sent `complete`."""
+    await client.gql(RENAME, {"t": thread_id, "n": "second"})
+    await client.gql(RENAME, {"t": thread_id, "n": "third"})
+    await _spoil_event(database_url, thread_id, 2)
+    ws = await WsClient.connect(server.url, client.token)
+    try:
+        delivered, error = await _until_the_end(ws, await ws.subscribe(EVENTS, {"t": thread_id}))
+    finally:
+        await ws.close()
+    assert delivered == [1]
+    assert (error["extensions"]["code"], error["extensions"]["resumeFrom"]) == ("EVENT_UNREADABLE", 1)
+    # the twin: a thread whose log reads replays to its end and stays open
+    other = str((await make_thread(client, (await _project_of(client, thread_id)), "fine"))["id"])
+    ws = await WsClient.connect(server.url, client.token)
+    try:
+        items = await until_synchronized(ws, await ws.subscribe(EVENTS, {"t": other}))
+        assert [item["sequence"] for item in items] == [1]
+    finally:
+        await ws.close()
+
+
+async def test_a_live_event_that_cannot_be_read_ends_the_stream_with_its_code(
+    client: Client, server: ServerProcess, thread_id: str, database_url: str
+) -> None:
+    """Live, the same: the subscriber learns the next event could not be read instead of silently missing it
+    (before, the feed skipped it and the subscription went on with a gap). The server writes only readable
+    events, so the test appends an unreadable copy of the thread's first event itself, then wakes the feeds
+    with a rename of another thread."""
+    other = str((await make_thread(client, await _project_of(client, thread_id), "other"))["id"])
+    ws = await WsClient.connect(server.url, client.token)
+    try:
+        op = await ws.subscribe(EVENTS, {"t": thread_id})
+        watching_other = await ws.subscribe(EVENTS, {"t": other})  # the twin: its stream goes on
+        assert [item["sequence"] for item in await until_synchronized(ws, op)] == [1]
+        found = decode(thread_id)
+        assert found is not None
+        db = Database.from_url(database_url, pool_size=1)
+        try:
+            async with db.transaction() as tx:
+                first = (await tx.rows(sa.select(t.events).where(t.events.c.thread_id == found[1])))[0]
+                copy = {k: v for k, v in dict(first).items() if k not in ("position", "xid")}
+                await tx.execute(sa.insert(t.events).values({**copy, "sequence": 2, "payload": {"unexpected": True}}))
+        finally:
+            await db.dispose()
+        await client.gql(RENAME, {"t": other, "n": "renamed"})
+        delivered, error = await _until_the_end(ws, op)
+        assert delivered == []
+        assert (error["extensions"]["code"], error["extensions"]["resumeFrom"]) == ("EVENT_UNREADABLE", 1)
+        await client.gql(RENAME, {"t": other, "n": "again"})  # (its first rename went by while `op` ended)
+        renamed = await collect(ws, watching_other, 3)
+        assert renamed[-1]["type"] == "thread.renamed"
+    finally:
+        await ws.close()
+
+
+async def _project_of(client: Client, thread_id: str) -> str:
+    data = await client.gql("query($t: ID!) { thread(id: $t) { project { id } } }", {"t": thread_id})
+    return str(data["thread"]["project"]["id"])

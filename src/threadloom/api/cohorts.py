@@ -56,7 +56,15 @@ from threadloom.store import events as log_reader
 from threadloom.store.events import LogEvent
 from threadloom.streams.budget import QueueAccount, utf8_size
 from threadloom.streams.hub import Feed
-from threadloom.streams.merge import PAGE, GoingAway, ReloadRequired, StreamEnded, Synchronized, TooSlow
+from threadloom.streams.merge import (
+    PAGE,
+    EventUnreadable,
+    GoingAway,
+    ReloadRequired,
+    StreamEnded,
+    Synchronized,
+    TooSlow,
+)
 
 if TYPE_CHECKING:
     from threadloom.api.token_guard import GuardedTransportWSHandler
@@ -207,7 +215,13 @@ class Cohort:
     async def deliver(self, row: LogEvent) -> None:
         if not self.members or not self.match(row):
             return
-        payload = await self.render(self.to_item(row))
+        try:
+            payload = await self.render(self.to_item(row))
+        except Exception:
+            log.exception("event %s of thread %s could not be rendered", row.sequence, row.thread_id)
+            for member in list(self.members):
+                member.end_with(EventUnreadable(member.last))
+            return
         if payload is not None:
             metrics.DELIVERED_FAST.inc(len(self.members))  # once per event, not per member
             size = utf8_size(payload)  # once per event: every member queues the same payload
@@ -495,8 +509,8 @@ class Cohorts:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("fast-path replay failed")
-            member.end()
+            log.exception("fast-path replay failed after sequence %s", member.last)
+            member.end_with(EventUnreadable(member.last))
         finally:
             member.task = None
 

@@ -53,6 +53,14 @@ class StreamEnded(Exception):
         self.resume_from = resume_from
 
 
+class EventUnreadable(StreamEnded):
+    """The next event of the log could not be turned into its item (a payload of a shape this release does not
+    read: an upgrade that did not rewrite it). Said, not skipped: a quiet end or a gap would look complete."""
+
+    code = "EVENT_UNREADABLE"
+    reason = "the next event of the thread's log could not be read (the server's log says why)"
+
+
 class TooSlow(StreamEnded):
     """The client fell behind its queue's bound."""
 
