@@ -27,6 +27,9 @@ STATE = "query($t: ID!) { thread(id: $t) { status latestSequence } }"
 LOCK_BACKEND = sa.text(
     "SELECT l.pid FROM pg_locks l JOIN workers w ON l.objid = w.lock_no::oid "
     "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :space AND l.objsubid = 2 "
+    # Advisory locks are per database, and every test database numbers its workers from 1: without this the
+    # lock of another test's server (a spare started ahead) could be the one cut.
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
     "AND w.pid = :server AND w.stopped_at IS NULL"
 )
 
