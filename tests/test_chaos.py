@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, settled, threads_under_load
-from tests.support.runs import finished, send
+from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, resume_and_drain, settled, threads_under_load
+from tests.support.runs import send
 from tests.support.server import Client, ServerProcess
 
 THREADS = 4
@@ -112,17 +112,9 @@ async def test_kill_9_under_load(cluster: Cluster, tmp_path: Path) -> None:
             assert [a["runId"] for a in held][-1:] == [plan["slow"]], held  # held because that run failed
             assert held[-1]["summary"] == thread["queueHoldReason"]
 
-        for thread in threads:  # a person resumes: the queue drains and the subscribers follow, gapless
-            resumed = await client.gql(
-                "mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }", {"t": thread}
-            )
-            assert resumed["resumeQueue"]["userErrors"] == []
-        for plan in plans:
-            for run_id in plan["behind"]:
-                assert (await finished(client, run_id))["status"] == "COMPLETED"
-        for sub in subscribers:
-            latest = await caught_up(client, sub)
-            assert sub.sequences == list(range(1, latest + 1)), sub.thread_id
+        await resume_and_drain(
+            client, threads, plans, subscribers
+        )  # a person resumes: the queue drains and the subscribers follow, gapless
     finally:
         for sub in subscribers:
             await sub.stop()

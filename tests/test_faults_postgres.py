@@ -26,8 +26,8 @@ import pytest
 
 from tests.support import processes
 from tests.support.pg import TEMPLATE, PgServer, postgres_pids, postmaster_pid
-from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, settled, threads_under_load
-from tests.support.runs import finished, send
+from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, resume_and_drain, settled, threads_under_load
+from tests.support.runs import send
 from tests.support.server import Client, ServerProcess, free_port
 from tests.support.waiting import until
 from threadloom.app import WORKER_LOST_EXIT
@@ -180,17 +180,9 @@ async def test_a_postgres_restart_under_load_loses_no_event_and_leaves_no_run_ac
             assert thread["queueHeld"] and thread["queueHoldReason"], thread
             assert [r["id"] for r in thread["queue"]] == plan["behind"]
 
-        for thread in threads:  # 3. the server works on: resumed, each queue drains
-            resumed = await client.gql(
-                "mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }", {"t": thread}
-            )
-            assert resumed["resumeQueue"]["userErrors"] == []
-        for plan in plans:
-            for run_id in plan["behind"]:
-                assert (await finished(client, run_id))["status"] == "COMPLETED"
-        for sub in subscribers:
-            latest = await caught_up(client, sub)
-            assert sub.sequences == list(range(1, latest + 1)), sub.thread_id
+        await resume_and_drain(
+            client, threads, plans, subscribers
+        )  # 3. the server works on: resumed, each queue drains
     finally:
         for sub in subscribers:
             await sub.stop()

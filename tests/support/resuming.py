@@ -17,6 +17,7 @@ from typing import Any
 import websockets
 
 from tests.support.graphql import make_project, make_thread
+from tests.support.runs import finished
 from tests.support.server import Client
 from tests.support.waiting import until
 from tests.support.ws import WsClient
@@ -159,3 +160,20 @@ async def threads_under_load(
 
     await until(mid_work, within=30)
     return list(plans)
+
+
+async def resume_and_drain(
+    client: Client, threads: list[str], plans: list[dict[str, Any]], subscribers: list[ResumingSubscriber]
+) -> None:
+    """A person resumes each held queue: the runs behind complete, and every subscriber follows, gapless."""
+    for thread in threads:
+        resumed = await client.gql(
+            "mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }", {"t": thread}
+        )
+        assert resumed["resumeQueue"]["userErrors"] == []
+    for plan in plans:
+        for run_id in plan["behind"]:
+            assert (await finished(client, run_id))["status"] == "COMPLETED"
+    for sub in subscribers:
+        latest = await caught_up(client, sub)
+        assert sub.sequences == list(range(1, latest + 1)), sub.thread_id
