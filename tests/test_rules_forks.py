@@ -10,7 +10,7 @@ import pytest
 
 from tests.support import builders as b
 from threadloom.domain import forks
-from threadloom.domain.entities import AppThread, Checkpoint, ContextTransfer
+from threadloom.domain.entities import Activity, AppThread, Checkpoint, ContextTransfer
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.statuses import CheckpointStatus, LineageRelationship, RunStatus, TransferStatus, TransferType
 
@@ -111,9 +111,10 @@ def test_a_fork_records_lineage_and_a_pending_transfer_only() -> None:
     root_id = uuid.uuid4()
     source = dataclasses.replace(OWNER, root_thread_id=root_id, title="Main")
     fork, changes = forks.create_fork(source, POINT, None, NOW, uuid.uuid4)
-    assert [type(c.entity) for c in changes] == [AppThread, ContextTransfer]
-    transfer = changes[1].entity
-    assert isinstance(transfer, ContextTransfer)
+    assert [type(c.entity) for c in changes] == [AppThread, ContextTransfer, Activity]
+    transfer, said = changes[1].entity, changes[2].entity
+    assert isinstance(transfer, ContextTransfer) and isinstance(said, Activity)
+    assert (said.thread_id, said.kind, said.run_id) == (fork.id, "lineage.forked", POINT.run_id)
     assert fork.title == "Fork of Main" and fork.project_id == source.project_id
     assert (fork.parent_thread_id, fork.root_thread_id) == (source.id, root_id)
     assert fork.lineage_relationship == LineageRelationship.FORK and fork.forked_from_transfer_id == transfer.id

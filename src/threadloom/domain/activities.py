@@ -40,6 +40,11 @@ class ActivityKind(StrEnum):
     ROLLBACK_COMPLETED = "rollback.completed"
     ROLLBACK_FAILED = "rollback.failed"
     ROLLBACK_UNDONE = "rollback.undone"
+    # lineage (domain/lineage.py): where a thread's conversation came from and went
+    LINEAGE_FORKED = "lineage.forked"
+    LINEAGE_MERGED_BACK = "lineage.merged_back"
+    LINEAGE_PROVIDER_SWITCHED = "lineage.provider_switched"
+    LINEAGE_HANDOFF_DELIVERED = "lineage.handoff_delivered"
     # the queue
     QUEUE_HELD = "queue.held"
     QUEUE_RESUMED = "queue.resumed"

@@ -21,6 +21,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from threadloom.domain import lineage
 from threadloom.domain.changes import Change, NewId
 from threadloom.domain.entities import AppThread, Checkpoint, ContextTransfer, Run
 from threadloom.domain.errors import DomainError, ErrorCode
@@ -165,7 +166,8 @@ def create_fork(
         created_at=now,
         updated_at=now,
     )
-    return fork, [Change.created(fork), Change.created(transfer)]
+    said = lineage.forked(fork, source, transfer, point.run_ordinal, point.run_id, now, new_id)
+    return fork, [Change.created(fork), Change.created(transfer), said]
 
 
 # --- resolving at the first run --------------------------------------------------------------------------
@@ -252,6 +254,21 @@ def merge_back(
         created_at=now,
         updated_at=now,
     )
+
+
+def record_merge_back(
+    fork: AppThread,
+    fork_transfer: ContextTransfer | None,
+    latest: Run | None,
+    earlier: Sequence[ContextTransfer],
+    now: datetime,
+    new_id: NewId,
+) -> tuple[ContextTransfer, list[Change]]:
+    """The merge-back (`merge_back`) and the `lineage.merged_back` activity on the source that reports it."""
+    merge = merge_back(fork, fork_transfer, latest, earlier, now, new_id)  # refused without a stable run
+    _, since, upto = merge_range(merge)
+    run_id = _uuid(merge.source_point.get("runId")) if isinstance(merge.source_point, dict) else None
+    return merge, [Change.created(merge), lineage.merged_back(fork, merge, since, upto, run_id, now, new_id)]
 
 
 def merge_range(transfer: ContextTransfer) -> tuple[uuid.UUID, int, int]:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from threadloom.domain import lineage
 from threadloom.domain.changes import Change, NewId
 from threadloom.domain.dispatch import AppliedDispatch, Dispatch, DispatchMode
 from threadloom.domain.entities import AppThread, ContextHandoff, ContextTransfer, ProviderThread, Run
@@ -44,6 +45,15 @@ def switched(thread: AppThread, instance: str, model: str | None, known: Iterabl
     if instance not in set(known):
         raise DomainError(ErrorCode.UNKNOWN_PROVIDER_INSTANCE, "no such provider instance", "providerInstanceId")
     return thread.evolve(provider_instance_id=instance, model=model, updated_at=now)
+
+
+def switch(
+    thread: AppThread, instance: str, model: str | None, known: Iterable[str], now: datetime, new_id: NewId
+) -> tuple[AppThread, list[Change]]:
+    """`switched`, with the `lineage.provider_switched` activity saying from what to what (none if unchanged)."""
+    after = switched(thread, instance, model, known, now)
+    said = lineage.provider_switched(thread, after, now, new_id)
+    return after, [Change.updated(after), *([said] if said is not None else [])]
 
 
 def dispatch_across(applied: AppliedDispatch, dispatch: Dispatch) -> AppliedDispatch:

@@ -160,13 +160,14 @@ class Catalog:
         thread_id: uuid.UUID,
         key: str | None,
         data: dict[str, str],
-        rule: Callable[[AppThread, datetime], Change],
+        rule: Callable[[AppThread, datetime], Change | list[Change]],
     ) -> uuid.UUID:
         now = self.pipeline.clock.now()
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
-            return Outcome([rule(thread, now)], result={"threadId": str(thread.id)})
+            made = rule(thread, now)
+            return Outcome(made if isinstance(made, list) else [made], result={"threadId": str(thread.id)})
 
         data = {"threadId": str(thread_id), **data}
         cmd = Command(
@@ -196,7 +197,7 @@ class Catalog:
             thread_id,
             key,
             {"providerInstanceId": instance, "model": model or ""},
-            lambda th, now: Change.updated(switching.switched(th, instance, clean_model(model), known, now)),
+            lambda th, now: switching.switch(th, instance, clean_model(model), known, now, new_id)[1],
         )
 
     async def archive_thread(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:

@@ -75,14 +75,13 @@ class Dispatcher:
                     ErrorCode.IDEMPOTENCY_KEY_REUSED, "this clientMessageId is used on this thread", "clientMessageId"
                 )
             state, session = await runs.routed_thread_state(db, thread)
-            chosen: Change | None = None
+            chosen: list[Change] = []
             active_on = state.active.provider_instance_id if state.active else thread.provider_instance_id
             applied = rules.choose(dispatch, state, self.runs.ability(active_on))
             if provider_instance_id is not None and provider_instance_id != thread.provider_instance_id:
                 known = self.runs.sessions.drivers
-                thread = switching.switched(thread, provider_instance_id, clean_model(model), known, now)
+                thread, chosen = switching.switch(thread, provider_instance_id, clean_model(model), known, now, new_id)
                 state = dataclasses.replace(state, thread=thread)
-                chosen = Change.updated(thread)
                 applied = switching.dispatch_across(applied, dispatch)
             if applied == rules.AppliedDispatch.STEER_ACTIVE:
                 assert state.active is not None
@@ -106,8 +105,7 @@ class Dispatcher:
                     client_message_id=client_message_id,
                     fresh_context=fresh_context,
                 )
-            if chosen is not None:
-                outcome.changes.insert(0, chosen)
+            outcome.changes[:0] = chosen
             await self.runs.route(db, thread, outcome, session)
             return outcome
 

@@ -100,8 +100,8 @@ class Forks:
             transfer = await entities.get(db, ContextTransfer, fork.forked_from_transfer_id)
             latest = forks.latest_stable(await fork_store.runs_with_checkpoints(db, fork.id))
             earlier = await fork_store.merges(db, of_fork=fork.id)
-            merge = forks.merge_back(fork, transfer, latest, earlier, now, new_id)
-            return Outcome([Change.created(merge)], result={"transferId": str(merge.id)})
+            merge, changes = forks.record_merge_back(fork, transfer, latest, earlier, now, new_id)
+            return Outcome(changes, result={"transferId": str(merge.id)})
 
         asked = {"command_type": "mergeBack", "principal": principal, "key": key, "decide": decide}
         command = Command.naming("forkThreadId", fork_id, {}, thread_id=fork.parent_thread_id, **asked)

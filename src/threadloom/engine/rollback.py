@@ -44,6 +44,7 @@ from typing import Any
 from threadloom.checkpoints.errors import CheckpointError
 from threadloom.checkpoints.refs import REF_PREFIX, check_ref
 from threadloom.checkpoints.repo import ShadowRepo
+from threadloom.domain import lineage
 from threadloom.domain import rollback as plan_rules
 from threadloom.domain.access import Principal
 from threadloom.domain.activities import ActivityKind, activity
@@ -53,6 +54,7 @@ from threadloom.domain.entities import (
     Checkpoint,
     CheckpointScope,
     ContextHandoff,
+    ContextTransfer,
     ExecutionNode,
     Project,
     ProviderThread,
@@ -122,7 +124,13 @@ async def handoff_delivered(pipeline: Pipeline, handoff: ContextHandoff, run_id:
         current = await entities.get(db, ContextHandoff, handoff.id)
         if current is None or current.status != HandoffStatus.PENDING:
             return Outcome()
-        return Outcome([Change.updated(current.evolve(status=HandoffStatus.DELIVERED, target_run_id=run_id))])
+        delivered = Change.updated(current.evolve(status=HandoffStatus.DELIVERED, target_run_id=run_id))
+        run = await entities.get(db, Run, run_id)
+        if run is None:
+            return Outcome([delivered])
+        transfer = await entities.get(db, ContextTransfer, current.transfer_id) if current.transfer_id else None
+        kind = transfer.type if transfer is not None else None
+        return Outcome([delivered, lineage.handoff_delivered(current, run, kind, pipeline.clock.now(), new_id)])
 
     await pipeline.execute(Command(command_type="handoff.delivered", decide=decide, thread_id=handoff.thread_id))
 
@@ -444,9 +452,11 @@ class Rollbacks:
             active = step.replacement.id
         if active != thread.active_provider_thread_id:
             changes.append(Change.updated(thread.evolve(active_provider_thread_id=active, updated_at=now)))
+        target = next((r for r in runs if r.ordinal == op.target), None)
         record = {
             "operationId": str(op.id),
             "targetOrdinal": op.target,
+            "targetRunId": str(target.id) if target else None,
             "steps": op.step_list(),
             "preRollback": {"ref": op.pre_ref, "commit": op.pre_commit},
             "previousActiveProviderThreadId": str(thread.active_provider_thread_id)
@@ -468,7 +478,18 @@ class Rollbacks:
         summary = f"rolled back to run {op.target}" + (
             f" ({len(rolled)} run{'s' if len(rolled) != 1 else ''} undone)" if rolled else ""
         )
-        changes.append(activity(thread.id, ActivityKind.ROLLBACK_COMPLETED, summary, now, new_id, payload=record))
+        changes.append(
+            activity(
+                thread.id,
+                ActivityKind.ROLLBACK_COMPLETED,
+                summary,
+                now,
+                new_id,
+                run_id=target.id if target else None,
+                node_id=target.root_node_id if target else None,
+                payload=record,
+            )
+        )
         return Outcome(
             changes,
             result={
@@ -610,7 +631,19 @@ class Rollbacks:
                 changes.append(Change.updated(checkpoint.evolve(status=CheckpointStatus(entry["status"]))))
         summary = f"undid the rollback to run {record.get('targetOrdinal')}"
         payload = {"operationId": record.get("operationId")}
-        changes.append(activity(thread.id, ActivityKind.ROLLBACK_UNDONE, summary, now, new_id, payload=payload))
+        target = await entities.get(db, Run, uuid.UUID(record["targetRunId"])) if record.get("targetRunId") else None
+        changes.append(
+            activity(
+                thread.id,
+                ActivityKind.ROLLBACK_UNDONE,
+                summary,
+                now,
+                new_id,
+                run_id=target.id if target else None,
+                node_id=target.root_node_id if target else None,
+                payload=payload,
+            )
+        )
         return Outcome(changes, result={"threadId": str(thread.id)})
 
     # ---- rollbackNode -------------------------------------------------------------------------------------
