@@ -72,6 +72,13 @@ class Mailbox:
         self.overflowed = False
         self.closing = False
         self._ready = asyncio.Event()
+        self._feed_started: asyncio.Event | None = None  # set once the feed's cursor is fixed
+
+    async def attached(self) -> None:
+        """Wait until the feed this box is on knows its head. A replay read after this covers every row the
+        feed will not deliver; read before it, a row committed in between is in neither."""
+        if self._feed_started is not None:
+            await self._feed_started.wait()
 
     def close(self) -> None:
         """No more rows: `get` hands out what is queued, then raises ServerClosing."""
@@ -325,13 +332,15 @@ class Hub:
 
     def attach_thread(self, thread_id: uuid.UUID, token: uuid.UUID | None = None) -> Mailbox:
         """A mailbox on the thread's feed, its bytes counted under `token` (the subscriber's)."""
-        box = self._mailbox(token)
-        self.thread_feed(thread_id).mailboxes.add(box)
-        return box
+        return self._attach(self.thread_feed(thread_id), token)
 
     def attach_project(self, project_id: uuid.UUID, token: uuid.UUID | None = None) -> Mailbox:
+        return self._attach(self._started(self.projects, project_id, ProjectFeed), token)
+
+    def _attach(self, feed: Feed[uuid.UUID], token: uuid.UUID | None) -> Mailbox:
         box = self._mailbox(token)
-        self._started(self.projects, project_id, ProjectFeed).mailboxes.add(box)
+        box._feed_started = feed._ready
+        feed.mailboxes.add(box)
         return box
 
     def going_away(self) -> None:

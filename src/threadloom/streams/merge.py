@@ -1,8 +1,8 @@
 """Replay-then-live, gapless and exactly once (docs/architecture.md, "Live streams").
 
-Attach to the hub first, then replay the log after the client's cursor in pages, then
-deliver live rows in sequence order: rows at or below the last delivered sequence are
-dropped, and a jump in sequence is filled from the log before going on.
+Attach to the hub first and wait until the feed has fixed its head, then replay the log after the
+client's cursor in pages, then deliver live rows in sequence order: rows at or below the last
+delivered sequence are dropped, and a jump in sequence is filled from the log before going on.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ async def thread_stream(
     """The thread's rows after `after`, then live; the live rows' queue counts its bytes under `token`."""
     box = hub.attach_thread(thread_id, token)
     try:
+        await box.attached()
         last = after or 0
         async with db.read() as r:
             latest = await log_reader.latest_sequence(r, thread_id)
@@ -154,6 +155,7 @@ async def project_stream(
     """
     box = hub.attach_project(project_id, token)
     try:
+        await box.attached()
         if after is None:
             async with db.read() as r:
                 after = await log_reader.project_head(r, project_id)
