@@ -19,11 +19,14 @@ import pytest
 
 from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, resume_and_drain, settled, threads_under_load
 from tests.support.runs import send
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, providers_env
 
 THREADS = 4
 QUEUE = {"queueAfterActive": True}
 CRASH_REASONS = {"provider_lost", "server_stopped"}
+# This test is about the fail path under load: the lost runs fail (`provider_lost`) and hold their queues. By default a
+# lost run that ran nothing is recovered on a new attempt instead (tests/test_restart_recovery.py); turned off here.
+NO_RECOVERY = '[instances.scripted]\ndriver = "scripted"\nrecovery_retries = 0\n'
 SLOW = "@delay 1000\n@reply " + " ".join(f"w{i}" for i in range(60))  # a minute: the crash comes first
 
 
@@ -33,7 +36,8 @@ class Cluster:
     def __init__(self, database_url: str, data_dir: Path) -> None:
         self.database_url = database_url
         self.data_dir = data_dir
-        self.server = ServerProcess(database_url, data_dir).wait_ready()
+        self.env = providers_env(data_dir.parent, NO_RECOVERY)
+        self.server = ServerProcess(database_url, data_dir, env=self.env).wait_ready()
         assert self.server.admin_token is not None
         self.token: str = self.server.admin_token
         self.dead: list[ServerProcess] = []
@@ -44,7 +48,7 @@ class Cluster:
     def crash_and_restart(self) -> None:
         self.server.kill()  # SIGKILL: no shutdown code runs
         self.dead.append(self.server)
-        self.server = ServerProcess(self.database_url, self.data_dir).wait_ready()
+        self.server = ServerProcess(self.database_url, self.data_dir, env=self.env).wait_ready()
 
 
 @pytest.fixture

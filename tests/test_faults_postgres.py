@@ -28,13 +28,16 @@ from tests.support import processes
 from tests.support.pg import TEMPLATE, PgServer, postgres_pids, postmaster_pid
 from tests.support.resuming import ACTIVE, ResumingSubscriber, caught_up, resume_and_drain, settled, threads_under_load
 from tests.support.runs import send
-from tests.support.server import Client, ServerProcess, free_port
+from tests.support.server import Client, ServerProcess, free_port, providers_env
 from tests.support.waiting import until
 from threadloom.app import WORKER_LOST_EXIT
 
 THREADS = 3
 QUEUE = {"queueAfterActive": True}
 CRASH_REASONS = {"provider_lost", "server_stopped"}
+# This test is about the fail path under load: the lost runs fail (`provider_lost`) and hold their queues. By default a
+# lost run that ran nothing is recovered on a new attempt instead (tests/test_restart_recovery.py); turned off here.
+NO_RECOVERY = '[instances.scripted]\ndriver = "scripted"\nrecovery_retries = 0\n'
 SLOW = "@delay 1000\n@reply " + " ".join(f"w{i}" for i in range(60))  # a minute: PostgreSQL goes first
 
 
@@ -91,7 +94,8 @@ class Supervised:
         self.database_url = database_url
         self.data_dir = data_dir
         self.port = free_port()
-        self.server = ServerProcess(database_url, data_dir, port=self.port).wait_ready()
+        self.env = providers_env(data_dir.parent, NO_RECOVERY)
+        self.server = ServerProcess(database_url, data_dir, env=self.env, port=self.port).wait_ready()
         assert self.server.admin_token is not None
         self.token: str = self.server.admin_token
         self.exited: list[ServerProcess] = []
@@ -106,7 +110,7 @@ class Supervised:
         return code
 
     def restart(self) -> None:
-        self.server = ServerProcess(self.database_url, self.data_dir, port=self.port).wait_ready()
+        self.server = ServerProcess(self.database_url, self.data_dir, env=self.env, port=self.port).wait_ready()
 
 
 @pytest.fixture

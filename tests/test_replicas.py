@@ -36,7 +36,7 @@ from tests.support.graphql import make_project, make_thread
 from tests.support.redis import RedisServer, running_redis
 from tests.support.resuming import ResumingSubscriber, caught_up
 from tests.support.runs import RUN, SEND, TERMINAL
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
 from threadloom.config import Settings
 from threadloom.domain.errors import DomainError
@@ -52,6 +52,10 @@ THREADS = 30
 MESSAGES = 10  # per thread: 300 runs
 KILL_AFTER = THREADS * MESSAGES // 3  # runs ended when the replica dies
 CRASH_REASONS = {"provider_lost", "server_stopped", "provider_crashed"}
+# The crash's lost runs fail here (`provider_lost`), so that each message reaches its agent at most once. By default a
+# lost run that ran nothing is recovered on a new attempt, which sends its message again on the resumed provider
+# thread (tests/test_restart_recovery.py covers that for a lost replica); turned off here.
+NO_RECOVERY = '[instances.scripted]\ndriver = "scripted"\nrecovery_retries = 0\n'
 # The per-token limits are counted per process (docs/security.md); this test is about replicas, not limits.
 UNLIMITED = {
     "THREADLOOM_RUN_STARTS_PER_MINUTE": "100000",
@@ -75,7 +79,7 @@ class Replicas:
     """Three servers on one database, Redis and agent-state folder, each on its own port."""
 
     def __init__(self, database_url: str, redis_url: str, root: Path) -> None:
-        env = {"BROADCAST_URL": redis_url, **UNLIMITED}
+        env = {"BROADCAST_URL": redis_url, **UNLIMITED, **providers_env(root, NO_RECOVERY)}
         shared = root / "shared-data"  # r0 and r1; r2 keeps its own data dir but the agents' state is shared
         own = {**env, "THREADLOOM_AGENT_STATE_DIR": str(shared / "agents")}
         first = ServerProcess(database_url, shared, env=env).wait_ready()  # makes the admin token

@@ -128,17 +128,31 @@ def _is_agent(pid: str, data_dir: Path) -> bool:
 async def test_approval_after_server_restart_is_reconciled(
     client: Client, server: ServerProcess, thread_id: str, database_url: str, data_dir: Path
 ) -> None:
+    """Nothing ran yet (the command waits for the approval), so the run is recovered on a new attempt
+    (docs/lifecycles/resumption-and-recovery.md): the old request expires, not resumable, and the new attempt
+    asks again."""
     sent = await send(client, thread_id, "@approval echo x\n@reply done")
     request = (await _pending(client, thread_id))["pendingRequests"][0]
     server.kill()
     again = ServerProcess(database_url, data_dir).wait_ready()
     try:
         other = Client(again.url, client.token)
-        assert (await finished(other, sent["run"]["id"]))["statusReason"] == "provider_lost"
+
+        async def asked_again() -> dict[str, Any] | None:
+            found = (await other.gql(PENDING, {"t": thread_id}))["thread"]["pendingRequests"]
+            return found[0] if found and found[0]["id"] != request["id"] else None
+
+        second = await until(asked_again, within=45)
         expired = (await other.gql(REQUEST, {"r": request["id"]}))["node"]
         assert expired["status"] == "EXPIRED" and expired["responseCapability"] == "NOT_RESUMABLE"
+        assert "server that held the turn is gone" in expired["notResumableReason"]
         refused = (await other.gql(APPROVE, {"r": request["id"], "d": "ACCEPT"}))["respondToApproval"]
         assert refused["userErrors"] == [{"code": "NOT_RESUMABLE", "field": "requestId"}]
+        accepted = (await other.gql(APPROVE, {"r": second["id"], "d": "ACCEPT"}))["respondToApproval"]
+        assert accepted["userErrors"] == []
+        done = await finished(other, sent["run"]["id"])
+        assert done["status"] == "COMPLETED"
+        assert [a["reason"] for a in done["attempts"]] == ["INITIAL", "PROVIDER_RECOVERY"]
         await other.aclose()
     finally:
         again.stop()

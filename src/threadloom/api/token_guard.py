@@ -64,7 +64,7 @@ RECHECK_SECONDS = 1.0
 STATE_KEY = "token_guard"
 
 # Mutations that start agent work: each also takes one token from the run-start bucket.
-RUN_STARTING_FIELDS = frozenset({"sendMessage", "delegateTask", "implementPlan", "resumeQueue"})
+RUN_STARTING_FIELDS = frozenset({"sendMessage", "delegateTask", "implementPlan", "resumeQueue", "retryRun"})
 
 
 class TooManyConnections(Exception):

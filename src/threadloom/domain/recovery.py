@@ -1,13 +1,18 @@
 """What to do with an active run after its worker is gone (docs/lifecycles/resumption-and-recovery.md).
 
 A turn start is never blindly resent: a ProviderTurn row is written before the start
-request goes out, so its absence proves the provider never saw the turn.
+request goes out, so its absence proves the provider never saw the turn. A run whose turn
+may have been seen and is lost (`RecoveryAction.FAIL`) is then given a new attempt on its
+resumed provider thread or failed (`after_loss`, with the rules of `domain.retries`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 
+from threadloom.domain.entities import ExecutionNode, RunAttempt
+from threadloom.domain.retries import RetryPolicy, may_retry
 from threadloom.domain.statuses import RunStatus
 
 
@@ -15,6 +20,7 @@ class RecoveryAction(StrEnum):
     NONE = "none"
     REQUEUE_START = "requeue_start"
     FAIL = "fail"
+    RETRY = "retry"  # a lost turn that did nothing irreversible: a PROVIDER_RECOVERY attempt
 
 
 def recover_run(
@@ -46,3 +52,11 @@ def recover_run(
             return RecoveryAction.NONE
         return RecoveryAction.FAIL
     return RecoveryAction.NONE
+
+
+def after_loss(policy: RetryPolicy, attempts: Sequence[RunAttempt], nodes: Sequence[ExecutionNode]) -> RecoveryAction:
+    """A lost run (`recover_run` said FAIL): RETRY while its instance's recovery policy allows another attempt
+    in a row and the lost attempt (`nodes`: its execution nodes) recorded no command, file change or subagent;
+    else FAIL (`provider_lost`). What the server never recorded it cannot know: a command the agent started in
+    the last moment before the loss, whose item never reached the server, is not seen."""
+    return RecoveryAction.RETRY if may_retry(policy, attempts, nodes) else RecoveryAction.FAIL

@@ -2,9 +2,12 @@
 
 Orphaned effects (running, owner dead) are requeued when replay-safe and cancelled
 otherwise; then every active run is checked with `domain.recovery.recover_run`: it
-goes on, gets its turn start requeued (the provider never saw it), or fails with
-`provider_lost` (it may have run: nothing is executed twice). The periodic pass also
-reaps idle provider runtimes (`SessionManager.reap_idle`).
+goes on, gets its turn start requeued (the provider never saw it), or is lost. A lost run
+whose attempt recorded nothing irreversible gets a `PROVIDER_RECOVERY` attempt on its
+resumed provider thread while its instance's recovery policy allows (`after_loss`, by
+default twice in a row); others fail with `provider_lost` (they may have run: nothing is
+executed twice). The periodic pass also reaps idle provider runtimes
+(`SessionManager.reap_idle`).
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import contextlib
 import logging
 import uuid
 
-from threadloom.domain.changes import Outcome
+from threadloom.domain import retries as retry_rules
+from threadloom.domain.changes import Outcome, Valued
 from threadloom.domain.effects import StartTurn
 from threadloom.domain.entities import AppThread, ProviderSession, ProviderThread, Run, RunAttempt
-from threadloom.domain.recovery import RecoveryAction, recover_run
+from threadloom.domain.ids import new_id
+from threadloom.domain.recovery import RecoveryAction, after_loss, recover_run
+from threadloom.domain.retries import DEFAULT_RECOVERY, RetryPolicy
 from threadloom.domain.statuses import RunStatus
-from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.engine.pipeline import Command, Pipeline, Step
 from threadloom.engine.runs import RunEngine
 from threadloom.store import entities, outbox, runs
 from threadloom.store import workers as worker_store
@@ -30,10 +36,17 @@ INTERVAL = 1.0
 
 
 class Recovery:
-    def __init__(self, pipeline: Pipeline, run_engine: RunEngine, worker_id: uuid.UUID) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        run_engine: RunEngine,
+        worker_id: uuid.UUID,
+        policies: dict[str, RetryPolicy] | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.runs = run_engine
         self.worker_id = worker_id
+        self.policies = policies or {}  # per instance: new attempts for a lost run (else DEFAULT_RECOVERY)
         self.interval = INTERVAL  # seconds between periodic passes
         self._task: asyncio.Task[None] | None = None
 
@@ -105,6 +118,9 @@ class Recovery:
             current = await entities.get(db, Run, run.id)
             action = RecoveryAction.NONE if current is None else await self._decide(db, current)
         if action == RecoveryAction.FAIL:
+            if await self._retry_lost(run):
+                log.warning("run %s lost its provider runtime; a new attempt resumes it", run.id)
+                return
 
             async def still_lost(db: Reader, locked: Run) -> bool:
                 return await self._decide(db, locked) == RecoveryAction.FAIL
@@ -113,6 +129,32 @@ class Recovery:
                 log.warning("run %s lost its provider runtime; failed it", run.id)
         elif action == RecoveryAction.REQUEUE_START:
             await self._requeue_start(run)
+
+    async def _retry_lost(self, run: Run) -> bool:
+        """A `PROVIDER_RECOVERY` attempt for a lost run, decided again under the lock (`after_loss`)."""
+        policy = self.policies.get(run.provider_instance_id, DEFAULT_RECOVERY)
+        if policy.retries <= 0:
+            return False
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, thread: AppThread) -> Valued[bool]:
+            current = await entities.get(db, Run, run.id)
+            if current is None or current.active_attempt_id is None:
+                return Outcome().carrying(False)
+            if await self._decide(db, current) != RecoveryAction.FAIL:
+                return Outcome().carrying(False)
+            attempts = await runs.attempts_of(db, current.id)
+            nodes = await runs.nodes_of_attempt(db, current.active_attempt_id)
+            if after_loss(policy, attempts, nodes) != RecoveryAction.RETRY:
+                return Outcome().carrying(False)
+            graph = await runs.run_graph(db, thread, current)
+            text = await runs.run_input(db, current)
+            why = "the server that held the turn is gone"
+            outcome = retry_rules.retry(graph, attempts, text, why, policy, now, new_id, lost="provider_lost")
+            await self.runs.route(db, thread, outcome)
+            return outcome.carrying(True)
+
+        return await self.pipeline.execute(Step(command_type="run.recover", thread_id=run.thread_id, decide=decide))
 
     async def _requeue_start(self, run: Run) -> None:
         async def decide(db: Reader, thread: AppThread) -> Outcome:

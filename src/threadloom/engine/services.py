@@ -24,7 +24,7 @@ from threadloom.domain.effects import (
 )
 from threadloom.domain.handoffs import DEFAULT_POLICY, SwitchPolicy
 from threadloom.domain.interruption import UnsupportedPolicy
-from threadloom.domain.retries import RetryPolicy
+from threadloom.domain.retries import DEFAULT_RECOVERY, RetryPolicy
 from threadloom.domain.statuses import RunStatus
 from threadloom.domain.threads import WORKSPACES_DIR
 from threadloom.engine.catalog import Catalog
@@ -41,6 +41,7 @@ from threadloom.engine.plans import Plans
 from threadloom.engine.queue import QueueCommands
 from threadloom.engine.recovery import Recovery
 from threadloom.engine.requests import Requests
+from threadloom.engine.retry import RunRetries
 from threadloom.engine.rollback import Rollbacks
 from threadloom.engine.runs import RunEngine
 from threadloom.engine.sessions import LiveSession, SessionManager
@@ -74,6 +75,7 @@ class Services:
     started: bool = False
     rollback: Rollbacks = dataclasses.field(init=False)  # set by build(): it needs the checkpoints
     forks: Forks = dataclasses.field(init=False)
+    retries: RunRetries = dataclasses.field(init=False)  # retryRun
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
@@ -127,7 +129,14 @@ class Services:
         effects = EffectWorker(db, clock, worker.id)
         effects.register(StartTurn, run_engine.start_turn)
         effects.register(EnsureThread, run_engine.ensure_thread)
-        recovery = Recovery(pipeline, run_engine, worker.id)
+        recovery_policies = {
+            name: RetryPolicy(
+                retries=int(config.options.get("recovery_retries", DEFAULT_RECOVERY.retries)),
+                backoff_s=float(config.options.get("recovery_backoff_s", DEFAULT_RECOVERY.backoff_s)),
+            )
+            for name, config in instances.items()
+        }
+        recovery = Recovery(pipeline, run_engine, worker.id, recovery_policies)
         policies = {
             name: UnsupportedPolicy(str(config.options.get("interrupt_unsupported", "reject")))
             for name, config in instances.items()
@@ -165,6 +174,7 @@ class Services:
             pipeline, sessions, checkpoints.repo, checkpoints.workspace_of, checkpoints.ensure_own_workspace
         )
         services.forks = Forks(pipeline, checkpoints)
+        services.retries = RunRetries(pipeline, run_engine)
 
         async def wake(committed: Committed) -> None:
             if committed.effects:

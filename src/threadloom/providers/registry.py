@@ -47,6 +47,8 @@ ENGINE_OPTIONS = frozenset(
         "allow_full_access",
         "crash_retries",
         "crash_retry_backoff_s",
+        "recovery_retries",
+        "recovery_backoff_s",
         "handoff_max_runs_behind",
         "handoff_max_deltas",
     }
@@ -109,6 +111,12 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
         backoff = options.get("crash_retry_backoff_s", 0.5)
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff <= 60:
             raise ConfigError(f"provider instance {name!r}: `crash_retry_backoff_s` must be 0 to 60 seconds")
+        retries = options.get("recovery_retries", 0)
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
+            raise ConfigError(f"provider instance {name!r}: `recovery_retries` must be a whole number from 0 to 10")
+        backoff = options.get("recovery_backoff_s", 0)
+        if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff <= 60:
+            raise ConfigError(f"provider instance {name!r}: `recovery_backoff_s` must be 0 to 60 seconds")
         for limit in ("handoff_max_runs_behind", "handoff_max_deltas"):
             value = options.get(limit, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

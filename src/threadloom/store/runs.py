@@ -331,3 +331,12 @@ async def attempts_of(db: Reader, run_id: uuid.UUID) -> list[RunAttempt]:
 
 async def nodes_of_attempt(db: Reader, attempt_id: uuid.UUID) -> list[ExecutionNode]:
     return await entities.in_order(db, ExecutionNode, t.execution_nodes.c.attempt_id == attempt_id)
+
+
+async def started_after(db: Reader, run: Run) -> list[Run]:
+    """The other runs of `run`'s thread that started a turn after it did (all that started, when it never did),
+    in creation order (retryRun's check, `domain.retries.newer_ran`)."""
+    later = [t.runs.c.started_at > run.started_at] if run.started_at is not None else []
+    return await entities.in_order(
+        db, Run, t.runs.c.thread_id == run.thread_id, t.runs.c.id != run.id, t.runs.c.started_at.is_not(None), *later
+    )

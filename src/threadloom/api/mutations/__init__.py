@@ -13,6 +13,7 @@ from threadloom.api.mutations.interruption import InterruptionMutation
 from threadloom.api.mutations.plans import PlanMutation
 from threadloom.api.mutations.queue import QueueMutation
 from threadloom.api.mutations.requests import RequestMutation
+from threadloom.api.mutations.retry import RetryMutation
 from threadloom.api.mutations.rollback import RollbackMutation
 from threadloom.api.mutations.runs import RunMutation
 from threadloom.api.mutations.threads import ThreadMutation
@@ -29,6 +30,7 @@ Mutation = strawberry.tools.merge_types(
         DelegationMutation,
         RollbackMutation,
         ForkMutation,
+        RetryMutation,
     ),
 )
 
