@@ -440,6 +440,13 @@ class _InRun:
 @_entity(e.ProviderThread)
 class ProviderThread(Node, _Entity):
     rec: strawberry.Private[e.ProviderThread]
+    model: str | None = strawberry.field(
+        description="The model it last ran a turn with; null: the instance's default model, or no turn yet."
+    )
+    runtime_mode: str | None = strawberry.field(
+        description="The runtime mode it last ran a turn with; null: no turn yet. A run asking for a model or "
+        "runtime mode its driver cannot change on a live provider thread starts a new one (docs/providers.md)."
+    )
     thread: Thread = _one("Thread", "thread_id", required=True)
     forked_from: ProviderThread | None = _one("ProviderThread", "forked_from_provider_thread_id", visible=True)
     session: ProviderSession | None = _one("ProviderSession", "session_id", visible=True)

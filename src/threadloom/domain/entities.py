@@ -203,6 +203,9 @@ class ProviderThread(Timestamps, ThreadOwned):
     session_id: uuid.UUID | None = None
     first_run_ordinal: int | None = None
     last_run_ordinal: int | None = None
+    # What it last ran a turn with (domain.settings_compat): None until its first turn is prepared.
+    model: str | None = None  # None: the provider instance's default model
+    runtime_mode: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -38,6 +38,7 @@ from threadloom.domain.forks import with_handoff
 from threadloom.domain.handoffs import DEFAULT_POLICY, SwitchPolicy
 from threadloom.domain.ids import new_id
 from threadloom.domain.retries import RetryPolicy
+from threadloom.domain.settings_compat import InPlace
 from threadloom.domain.statuses import (
     AttemptStatus,
     ProviderSessionStatus,
@@ -444,7 +445,10 @@ class RunEngine:
             message = _required(start.message, ConversationMessage, run.user_message_id)
             current = start.provider_thread
             policy = self.switch_policies.get(run.provider_instance_id, DEFAULT_POLICY)
-            provider_thread, changes, switched = await provider_for_run(db, thread, current, run, now, new_id, policy)
+            in_place = self._settings_in_place(run.provider_instance_id)
+            provider_thread, changes, switched = await provider_for_run(
+                db, thread, current, run, now, new_id, policy, in_place
+            )
             outcome = Outcome(changes)
             # `start` read the pending handoffs and the last turn of the thread's active provider thread.
             same = current is not None and provider_thread.id == current.id
@@ -559,6 +563,11 @@ class RunEngine:
         session.loaded.add(str(pt.native_thread_ref))
         pt = pt.evolve(session_id=session.session_id, status=ProviderThreadStatus.ACTIVE)
         return pt, self._provider_thread_ready(p, pt, warning)
+
+    def _settings_in_place(self, instance_id: str) -> InPlace:
+        """What the instance's driver changes on a live provider thread (`domain.settings_compat`)."""
+        driver = self.sessions.drivers.get(instance_id)
+        return driver.settings_in_place() if driver is not None else InPlace()
 
     def _fork_ability(self, run: Run) -> tuple[bool, bool]:
         """Whether the run's provider can fork a thread natively, and at a given turn."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from threadloom.domain import switching
+from threadloom.domain import settings_compat, switching
 from threadloom.domain.changes import Change, NewId
 from threadloom.domain.entities import AppThread, ContextHandoff, ProviderThread, Run
 from threadloom.domain.handoffs import DEFAULT_POLICY, ChoiceReason, SwitchPolicy, build_handoff
@@ -22,14 +22,24 @@ async def provider_for_run(
     now: datetime,
     new_id: NewId,
     policy: SwitchPolicy = DEFAULT_POLICY,
+    in_place: settings_compat.InPlace = settings_compat.NOTHING_IN_PLACE,
 ) -> tuple[ProviderThread, list[Change], list[ContextHandoff]]:
-    """The run's provider thread, the changes that make it active, and the handoff it must get (if any)."""
-    if current is not None and switching.continues(current, run):
-        return current, [], []
+    """The run's provider thread, the changes that make it active, and the handoff it must get (if any).
+    `in_place`: what the run's driver changes on a live provider thread; a model or runtime mode it cannot
+    change there gets a new provider thread with a full summary (`domain.settings_compat`)."""
+    want = settings_compat.wanted(thread, run)
+    continuing = current is not None and switching.continues(current, run)
+    if current is not None and continuing and settings_compat.keeps(current, want, in_place):
+        kept, recorded_now = settings_compat.recording(current, [], want, now)
+        return kept, recorded_now, []
     candidates = await facts.provider_threads_of(db, thread.id, run.provider_instance_id)
     delivered = await facts.delivered_to(db, candidates[0].id) if candidates else []
     earlier = await facts.conversation_before(db, thread.id, run.ordinal)
-    plan = switching.plan_provider(thread, run, candidates, delivered, earlier, now, new_id, policy)
+    target = current if continuing else (candidates[0] if candidates else None)
+    plan = settings_compat.replacing(thread, run, target, want, in_place, earlier, now, new_id) or (
+        switching.plan_provider(thread, run, candidates, delivered, earlier, now, new_id, policy)
+    )
+    plan = settings_compat.with_recorded(plan, want, now)
     choice = plan.choice
     if choice is None or choice.strategy is None:
         return plan.provider_thread, plan.changes, []

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from threadloom import unprivileged
+from threadloom.domain.settings_compat import InPlace
 from threadloom.providers.agent_cli import (
     CliOptions,
     StreamRedactor,
@@ -322,6 +323,12 @@ class CodexDriver:
 
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
+
+    def settings_in_place(self) -> InPlace:
+        """The model, not the runtime mode: `turn/start` takes a model for that turn and the later ones; the
+        mode's permission profile is chosen by `thread/start`/`thread/resume`'s `config` alone (`turn/start` has
+        only the legacy `sandboxPolicy`, which would read the whole disk, so it is never sent)."""
+        return InPlace(model=True, runtime_mode=False)
 
     def config_toml(self, codex_home: Path | None = None, native: Path | None = None) -> str:
         """The generated config.toml: model, provider (by env var name, never the key), sandbox profiles."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from threadloom.domain.failures import ModelFailure
+from threadloom.domain.settings_compat import InPlace
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -239,6 +240,11 @@ class ProviderDriver(Protocol):
     instance_id: str
 
     def capabilities(self) -> Capabilities: ...
+
+    def settings_in_place(self) -> InPlace:
+        """Which of a thread's settings (model, runtime mode) its runtimes change on a live native thread;
+        a change of another one starts a new provider thread with a summary (`domain.settings_compat`)."""
+        ...
 
     async def open_session(self, scope: SessionScope) -> ProviderRuntime:
         """A new runtime serving the one project of `scope`."""

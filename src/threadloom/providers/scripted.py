@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from threadloom.domain.settings_compat import InPlace
 from threadloom.providers.agent_cli import StreamRedactor, child_env
 from threadloom.providers.codex_events import Translator
 from threadloom.providers.contract import Capabilities, ProviderError, RuntimeExited
@@ -138,6 +139,11 @@ class ScriptedDriver:
     def capabilities(self) -> Capabilities:
         flags = {cap: bool(getattr(self, option)) for option, caps in _OPTIONAL.items() for cap in caps}
         return Capabilities.every(pending_requests_survive_restart=False, **flags)
+
+    def settings_in_place(self) -> InPlace:
+        """Nothing: the agent takes its runtime mode with `thread/start`/`thread/resume` only, and has no model
+        (a model change stands for one the provider cannot make: the next run gets a new thread and a summary)."""
+        return InPlace(model=False, runtime_mode=False)
 
     async def open_session(self, scope: SessionScope) -> ScriptedRuntime:
         scope.state_dir.mkdir(parents=True, exist_ok=True)

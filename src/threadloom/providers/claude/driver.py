@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from threadloom import unprivileged
+from threadloom.domain.settings_compat import InPlace
 from threadloom.providers.agent_cli import CliOptions, child_env, find_cli
 from threadloom.providers.claude.runtime import CAPABILITIES, ClaudeRuntime
 from threadloom.providers.contract import Capabilities, SessionScope
@@ -59,6 +60,12 @@ class ClaudeDriver:
 
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
+
+    def settings_in_place(self) -> InPlace:
+        """The model, not the runtime mode: another model restarts the thread's `claude` process with
+        `--resume` on the same session and the new `--model` (`ClaudeRuntime.start_turn`); the mode's sandbox and
+        permission mode are flags of a process the driver starts for a thread's whole life."""
+        return InPlace(model=True, runtime_mode=False)
 
     @property
     def state_dir(self) -> Path:
