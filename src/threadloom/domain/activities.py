@@ -25,6 +25,7 @@ class ActivityKind(StrEnum):
     RUN_STEERED = "run.steered"
     RUN_RESTARTED = "run.restarted"
     RUN_RETRIED = "run.retried"
+    RUN_WOKEN = "run.woken"
     RUN_INTERRUPT_REQUESTED = "run.interrupt_requested"
     RUN_INTERRUPT_UNSUPPORTED = "run.interrupt_unsupported"
     RUN_COMPLETED = "run.completed"
@@ -45,7 +46,6 @@ class ActivityKind(StrEnum):
     LINEAGE_MERGED_BACK = "lineage.merged_back"
     LINEAGE_PROVIDER_SWITCHED = "lineage.provider_switched"
     LINEAGE_HANDOFF_DELIVERED = "lineage.handoff_delivered"
-    LINEAGE_PROVIDER_THREAD_REPLACED = "lineage.provider_thread_replaced"  # settings it cannot change live
     # the queue
     QUEUE_HELD = "queue.held"
     QUEUE_RESUMED = "queue.resumed"

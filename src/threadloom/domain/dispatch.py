@@ -23,6 +23,7 @@ from enum import StrEnum
 
 from threadloom.domain.activities import ActivityKind, activity, run_activity
 from threadloom.domain.changes import Change, NewId, Outcome
+from threadloom.domain.delegation import closable
 from threadloom.domain.effects import InterruptTurn, StartTurn, SteerTurn
 from threadloom.domain.entities import (
     AppThread,
@@ -292,7 +293,7 @@ def restart(
     changes = [Change.created(message)]
     for request in pending_requests:
         changes += expire(request, None, "the turn was restarted by a steering message", now)
-    for child in open_children:
+    for child in closable(open_children):  # a delegated task goes on: its node ends when its child does
         changes.append(Change.updated(child.evolve(status=NodeStatus.INTERRUPTED, updated_at=now, completed_at=now)))
     changes += [
         Change.updated(root.evolve(status=NodeStatus.INTERRUPTED, updated_at=now, completed_at=now)),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from threadloom.domain.activities import ActivityKind, run_activity, run_ended
 from threadloom.domain.changes import Change, NewId, Outcome
 from threadloom.domain.checkpoints import Recorded
+from threadloom.domain.delegation import closable
 from threadloom.domain.effects import DeliverToParent
 from threadloom.domain.entities import ProviderTurn
 from threadloom.domain.errors import DomainError, ErrorCode
@@ -164,9 +165,10 @@ def finish_run(
     """The completion barrier, in its documented order, as one set of changes.
 
     flush (done by the caller) → close streaming messages → finalize todo/plan artifacts →
-    close open child nodes → checkpoint step → root node, attempt, turn terminal → run
-    terminal → drain or hold the queue. `checkpoint` is the run's root checkpoint, captured
-    by the caller before this transaction (git work never runs inside it); None: none kept.
+    close open child nodes, but not a delegated task's (`delegation.outlives_run`: its child thread
+    still runs) → checkpoint step → root node, attempt, turn terminal → run terminal → drain or hold
+    the queue. `checkpoint` is the run's root checkpoint, captured by the caller before this
+    transaction (git work never runs inside it); None: none kept.
     A FAILED run gets its failure code (`domain.failures`): the driver's `model_failure` when
     it read one, else its `reason`'s.
     """
@@ -195,7 +197,7 @@ def finish_run(
         out.changes.append(Change.updated(finalize_plan(plan, status, now), node_id=plan.node_id))
     ended = _ENDED[status]
     child_status = ended.open_child
-    for child in graph.open_children:
+    for child in closable(graph.open_children):  # a delegated task's node stays open: its child still runs
         out.changes.append(Change.updated(child.evolve(status=child_status, updated_at=now, completed_at=now)))
     root = graph.root
     if checkpoint is not None:

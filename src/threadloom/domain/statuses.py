@@ -14,7 +14,7 @@ RunStatus = StrEnum(
 )
 # Derived: `idle`, or the status of the thread's active run.
 ThreadStatus = StrEnum("ThreadStatus", "IDLE PREPARING STARTING RUNNING WAITING")
-AttemptReason = StrEnum("AttemptReason", "INITIAL STEERING_RESTART RETRY PROVIDER_RECOVERY")
+AttemptReason = StrEnum("AttemptReason", "INITIAL STEERING_RESTART RETRY PROVIDER_RECOVERY WAKE")
 AttemptStatus = StrEnum("AttemptStatus", "PENDING RUNNING COMPLETED INTERRUPTED FAILED CANCELLED SUPERSEDED")
 NodeStatus = StrEnum("NodeStatus", "PENDING RUNNING WAITING COMPLETED INTERRUPTED FAILED CANCELLED")
 MessageRole = StrEnum("MessageRole", "USER ASSISTANT SYSTEM")

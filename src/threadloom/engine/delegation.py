@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from threadloom.domain import delegation
+from threadloom.domain import delegation, wakes
 from threadloom.domain import dispatch as rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change, Outcome
@@ -12,11 +12,11 @@ from threadloom.domain.effects import DeliverToParent
 from threadloom.domain.entities import AppThread, ContextTransfer, ConversationMessage, ExecutionNode, Run
 from threadloom.domain.errors import not_found
 from threadloom.domain.ids import new_id
-from threadloom.domain.statuses import TokenScope
+from threadloom.domain.statuses import TokenScope, TransferStatus, TransferType
 from threadloom.domain.threads import ThreadState
 from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
 from threadloom.engine.runs import RunEngine
-from threadloom.store import entities
+from threadloom.store import entities, runs
 from threadloom.store import tables as t
 from threadloom.store import threads as thread_store
 from threadloom.store.db import Reader
@@ -66,7 +66,9 @@ class Delegation:
             async def on_parent(db: Reader, parent: AppThread) -> Outcome:
                 child = await entities.require(db, AppThread, created)
                 active = await entities.get(db, Run, parent.active_run_id)
-                return delegation.parent_node(parent, active, child, now, new_id)
+                delivered = await _results(db, parent.id, child.id)  # a very quick task reported already
+                first = delivered[0] if delivered else None
+                return delegation.parent_node(parent, active, child, now, new_id, delivered=first)
 
             await self.pipeline.execute(
                 Command(command_type="delegateTask.parent", decide=on_parent, thread_id=parent_id)
@@ -74,19 +76,14 @@ class Delegation:
         return created
 
     async def deliver_effect(self, effect: DeliverToParent) -> None:
-        """The completion delivery: the child's result reaches the parent thread."""
+        """The completion delivery: the child's result reaches the parent thread, its subagent node ends as
+        the child's run did, the agent gets the result with its next turn, and an idle parent is woken."""
         parent_id, child_id, run_id = effect.parent_thread_id, effect.child_thread_id, effect.run_id
         now = self.pipeline.clock.now()
 
         async def decide(db: Reader, parent: AppThread) -> Outcome:
-            done = await entities.where(
-                db,
-                ContextTransfer,
-                t.context_transfers.c.thread_id == parent.id,
-                t.context_transfers.c.type == "subagent_result",
-                t.context_transfers.c.source_point["runId"].astext == str(run_id),
-            )
-            if done:
+            results = await _results(db, parent.id, child_id)
+            if any((r.source_point or {}).get("runId") == str(run_id) for r in results):
                 return Outcome()  # delivered already (the effect may be replayed)
             child = await entities.require(db, AppThread, child_id)
             run = await entities.require(db, Run, run_id)
@@ -102,7 +99,50 @@ class Delegation:
                 t.execution_nodes.c.thread_id == parent.id,
                 t.execution_nodes.c.child_thread_id == child_id,
             )
-            answer = "\n".join(m.text for m in answers).strip()
-            return delegation.deliver(parent, child, run, answer, nodes[0] if nodes else None, now, new_id)
+            state = await runs.thread_state(db, parent)
+            owed = [r for r in results if r.status == TransferStatus.PENDING]
+            delivery = delegation.Delivery(
+                parent=parent,
+                child=child,
+                run=run,
+                answer="\n".join(m.text for m in answers).strip(),
+                node=nodes[0] if nodes else None,
+                owed=owed[0] if owed else None,
+                queued=len(state.queue),
+            )
+            delivered = delegation.deliver(delivery, now, new_id)
+            outcome = delivered.outcome
+            if delivered.wake == delegation.Wake.WOKE:
+                woken = wakes.wake_run(
+                    parent, state.last_ordinal, delivered.transfer, child.title, run.status, now, new_id
+                )
+                outcome.changes += woken.changes
+                outcome.effects += woken.effects
+                await self.runs.route(db, parent, outcome)
+            return outcome
 
         await self.pipeline.execute(Command(command_type="subagent.deliver", decide=decide, thread_id=parent_id))
+
+
+async def _results(db: Reader, parent_id: uuid.UUID, child_id: uuid.UUID) -> list[ContextTransfer]:
+    """The child's results on the parent (pending: the task's, owed), oldest first."""
+    c = t.context_transfers.c
+    return await entities.in_order(
+        db,
+        ContextTransfer,
+        c.thread_id == parent_id,
+        c.source_thread_id == child_id,
+        c.type == TransferType.SUBAGENT_RESULT.value,
+    )
+
+
+async def owed_results(db: Reader, parent_id: uuid.UUID) -> list[ContextTransfer]:
+    """The results the parent's tasks still owe it (a Stop drops their wakes, `delegation.drop_wakes`)."""
+    c = t.context_transfers.c
+    return await entities.where(
+        db,
+        ContextTransfer,
+        c.thread_id == parent_id,
+        c.type == TransferType.SUBAGENT_RESULT.value,
+        c.status == TransferStatus.PENDING.value,
+    )

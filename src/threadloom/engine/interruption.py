@@ -8,7 +8,7 @@ import logging
 import uuid
 from typing import Any
 
-from threadloom.domain import interruption
+from threadloom.domain import delegation, interruption
 from threadloom.domain import queue as queue_rules
 from threadloom.domain import runs as rules
 from threadloom.domain.access import Principal
@@ -18,6 +18,7 @@ from threadloom.domain.entities import AppThread, ExecutionNode, Run, RunAttempt
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import ProviderSessionStatus, RunStatus, TokenScope
+from threadloom.engine.delegation import owed_results
 from threadloom.engine.pipeline import Pipeline
 from threadloom.engine.runs import RunEngine
 from threadloom.engine.sessions import SessionManager
@@ -64,14 +65,16 @@ class Interruption:
 
     async def _stop(self, db: Reader, thread: AppThread, run: Run | None, *, now: Any, cascade: bool) -> Outcome:
         """Stop, the one path of stopThread, interruptRun(holdQueue) and the cascade: hold the queue,
-        interrupt `run` (the active one for stopThread), and with `cascade` stop the thread's delegated
-        tasks after commit, deepest first. A provider that cannot interrupt leaves the run going, on record."""
+        interrupt `run` (the active one for stopThread), drop the wakes its delegated tasks still owe, and
+        with `cascade` stop those tasks after commit, deepest first. A provider that cannot interrupt leaves
+        the run going, on record."""
         if run is not None:
             outcome = await self._interrupt(db, thread, run, hold_queue=True, now=now)
         else:
             outcome = Outcome(interruption.hold(thread, now, new_id))
         if cascade:
             outcome.effects.append(StopTasks(thread_id=thread.id).envelope())
+        outcome.changes += delegation.drop_wakes(await owed_results(db, thread.id), now)  # nothing restarts it
         return outcome
 
     async def _interrupt(self, db: Reader, thread: AppThread, run: Run, *, hold_queue: bool, now: Any) -> Outcome:
