@@ -46,6 +46,7 @@ class ActivityKind(StrEnum):
     LINEAGE_MERGED_BACK = "lineage.merged_back"
     LINEAGE_PROVIDER_SWITCHED = "lineage.provider_switched"
     LINEAGE_HANDOFF_DELIVERED = "lineage.handoff_delivered"
+    LINEAGE_PROVIDER_THREAD_REPLACED = "lineage.provider_thread_replaced"  # settings it cannot change live
     # the queue
     QUEUE_HELD = "queue.held"
     QUEUE_RESUMED = "queue.resumed"
