@@ -88,7 +88,8 @@ N, P = forks.Resolution.NATIVE, forks.Resolution.PORTABLE
         (POINT, "claude", True, True, P),  # another provider: the log is the only common ground
         (POINT, "codex", False, False, P),
         (POINT, "codex", True, False, P),  # can fork, but only a whole thread: the point is a turn
-        (dataclasses.replace(POINT, native_turn_ref=None), "codex", True, False, N),
+        # no turn: a whole-thread fork would copy what the source did after the point (not frozen)
+        (dataclasses.replace(POINT, native_turn_ref=None), "codex", True, False, P),
         (dataclasses.replace(POINT, native_thread_ref=None), "codex", True, True, P),  # never reached the provider
     ],
 )

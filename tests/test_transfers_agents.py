@@ -24,7 +24,7 @@ from tests.support.server import Client
 THREAD = """mutation($p: ID!, $i: String!) {
   createThread(input: {projectId: $p, providerInstanceId: $i, runtimeMode: "workspace_write", title: "t"}) {
     thread { id } userErrors { code message } } }"""
-FORK = """mutation($r: ID!) { forkThread(input: {source: {run: $r}}) {
+FORK = """mutation($r: ID!) { forkThread(input: {source: {run: $r}, workspace: SHARED}) {
   thread { id } transfer { id } userErrors { code message } } }"""
 SEND_ON = """mutation($t: ID!, $text: String!, $i: String) {
   sendMessage(input: {threadId: $t, text: $text, providerInstanceId: $i}) {

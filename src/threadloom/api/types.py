@@ -460,7 +460,7 @@ class ProviderTurn(Node, _Entity):
     provider_thread: ProviderThread | None = _one("ProviderThread", "provider_thread_id")
 
 
-@_entity(e.ContextTransfer)
+@_entity(e.ContextTransfer, hide=("fork_context",))  # the fork's frozen context: `handoff` shows what went
 class ContextTransfer(Node, _Entity):
     rec: strawberry.Private[e.ContextTransfer]
     source_thread: Thread | None = _one("Thread", "source_thread_id", visible=True)

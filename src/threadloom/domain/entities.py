@@ -234,6 +234,9 @@ class ContextTransfer(Timestamps, ThreadOwned):
     resolution_strategy: str | None = None
     resolution_fidelity: str | None = None
     target_run_id: uuid.UUID | None = None
+    # A FORK transfer's portable context, built when the fork was made (`domain.forks.FrozenContext`): what the
+    # fork receives cannot change when its source is later rolled back, switched or forked again.
+    fork_context: Json = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

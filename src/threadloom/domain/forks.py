@@ -25,6 +25,7 @@ from threadloom.domain import lineage
 from threadloom.domain.changes import Change, NewId
 from threadloom.domain.entities import AppThread, Checkpoint, ContextTransfer, Run
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.handoffs import Handoff, HandoffKind, RunFacts, Selection, build_handoff, estimate_tokens
 from threadloom.domain.statuses import (
     CheckpointStatus,
     LineageRelationship,
@@ -132,7 +133,92 @@ def require_ready_checkpoint(checkpoint: Checkpoint, field: str) -> None:
         )
 
 
+# --- what the fork receives, frozen when it is made ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrozenContext:
+    """A fork's portable context as its source's log held it when the fork was made (the transfer's
+    `fork_context`). Built at `forkThread`, never again: a later rollback of the source (which marks runs
+    `ROLLED_BACK` and their checkpoints stale, so a handoff built then would leave them out), a provider switch
+    or another fork cannot change what the fork's first run receives.
+
+    `parts` are the non-empty sections, oldest ancestor first (a fork of this fork starts from them);
+    `covered` the source's runs the text covers; `came_from` the source's provider thread at the point."""
+
+    parts: tuple[str, ...]
+    covered: tuple[int, ...]
+    came_from: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.parts) or build_handoff(HandoffKind.FORK_CONTEXT, [], Selection.up_to(0)).text
+
+    def handoff(self) -> Handoff:
+        text = self.text
+        return Handoff(text, HandoffKind.FORK_CONTEXT, self.covered, (), estimate_tokens(text))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"parts": list(self.parts), "coveredRunOrdinals": list(self.covered), "cameFrom": list(self.came_from)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> FrozenContext | None:
+        """None for a transfer made before contexts were frozen (its context is built from the log then)."""
+        if not isinstance(data, dict) or not isinstance(data.get("parts"), list):
+            return None
+        covered = tuple(int(o) for o in data.get("coveredRunOrdinals") or ())
+        return cls(tuple(str(p) for p in data["parts"]), covered, tuple(str(i) for i in data.get("cameFrom") or ()))
+
+
+def freeze_context(
+    point: ForkPoint, above: FrozenContext | None, ancestors: Sequence[tuple[int, Sequence[RunFacts]]]
+) -> FrozenContext:
+    """The fork's context: `above` (the source's own frozen context, when the source is a fork), then each
+    ancestor's runs up to where its child forked, oldest first (`ancestors`: the source's older ancestors whose
+    context was never frozen, then the source itself last, each with the facts of its runs 1..upto)."""
+    parts = list(above.parts) if above is not None else []
+    covered: tuple[int, ...] = ()
+    for index, (upto, facts) in enumerate(ancestors):
+        if upto <= 0:
+            continue
+        built = build_handoff(HandoffKind.FORK_CONTEXT, facts, Selection.up_to(upto))
+        parts.append(built.text)
+        if index == len(ancestors) - 1:  # the source's own runs
+            covered = built.covered_run_ordinals
+    came_from = (str(point.provider_thread_id),) if point.provider_thread_id else ()
+    return FrozenContext(tuple(parts), covered, came_from)
+
+
 # --- creating the fork -----------------------------------------------------------------------------------
+
+
+class Workspace(StrEnum):
+    """Where a fork's agent works (`forkThread(input: {workspace})`)."""
+
+    OWN = "own"  # a folder of its own, made from the fork point's checkpoint (the default)
+    SHARED = "shared"  # the source's folder, as it is now: later changes of either side reach the other
+
+
+def require_workspace(source: AppThread, workspace: Workspace, checkpoint: Checkpoint | None, field: str) -> None:
+    """Refuse what the fork's workspace cannot be.
+
+    OWN needs the fork point's files: a ready checkpoint (a run whose capture failed, or a server that keeps no
+    checkpoints, has none; then only SHARED is possible, and saying so beats an empty folder). SHARED shares the
+    project's workspace; a source with a folder of its own cannot share it (a folder belongs to one thread).
+    """
+    if workspace == Workspace.OWN and (checkpoint is None or checkpoint.status != CheckpointStatus.READY):
+        raise DomainError(
+            ErrorCode.CHECKPOINT_MISSING,
+            "the fork point has no ready checkpoint, so its files cannot be given to the fork; "
+            "fork with workspace: SHARED to work on the source's current files",
+            field,
+        )
+    if workspace == Workspace.SHARED and source.workspace_path:
+        raise DomainError(
+            ErrorCode.INVALID_INPUT,
+            "the source works in a folder of its own, which a fork cannot share; fork with workspace: OWN",
+            field,
+        )
 
 
 def fork_of(
@@ -144,13 +230,21 @@ def fork_of(
 
 
 def create_fork(
-    source: AppThread, point: ForkPoint, title: str | None, now: datetime, new_id: NewId, *, own_workspace: bool = False
+    source: AppThread,
+    point: ForkPoint,
+    title: str | None,
+    now: datetime,
+    new_id: NewId,
+    *,
+    own_workspace: bool = False,
+    context: FrozenContext | None = None,
 ) -> tuple[AppThread, list[Change]]:
     """The fork thread and its pending `FORK` transfer (no provider state: that waits for the first run).
 
     With `own_workspace` the fork works in a folder of its own under the server's data dir
     (`<data dir>/workspaces/<project id>/forks/<fork id>`, out of every agent's reach), made from the fork
-    point's checkpoint; otherwise it shares the project's workspace.
+    point's checkpoint; otherwise it shares the project's workspace. `context` is the portable context frozen
+    now (`freeze_context`), kept on the transfer for the first run.
     """
     transfer_id = new_id()
     fork = fork_of(source, title, new_id(), transfer_id, now)
@@ -163,6 +257,7 @@ def create_fork(
         thread_id=fork.id,
         source_point=point.to_json(),
         status=TransferStatus.PENDING,
+        fork_context=context.to_json() if context is not None else None,
         created_at=now,
         updated_at=now,
     )
@@ -184,13 +279,16 @@ FIDELITY = {Resolution.NATIVE: "exact", Resolution.PORTABLE: "summary"}
 def resolve(
     point: ForkPoint, fork: AppThread, instance: str, can_fork_thread: bool, can_fork_from_turn: bool
 ) -> Resolution:
-    """Native only when the run's provider instance is the source's and it can fork there, in the same folder
-    (a provider's thread keeps its working directory); else portable."""
+    """Native only when the run's provider instance is the source's and it can fork there, at the point's turn,
+    in the same folder (a provider's thread keeps its working directory); else portable.
+
+    Without the point's turn a native fork would copy the source's provider thread as it is at the fork's first
+    run, with whatever the source did after the point: not frozen, so portable (`FrozenContext`)."""
     if point.native_thread_ref is None or point.provider_instance_id != instance or not can_fork_thread:
         return Resolution.PORTABLE
     if point.workspace_path != fork.workspace_path:
         return Resolution.PORTABLE
-    if point.native_turn_ref is not None and not can_fork_from_turn:
+    if point.native_turn_ref is None or not can_fork_from_turn:
         return Resolution.PORTABLE
     return Resolution.NATIVE
 

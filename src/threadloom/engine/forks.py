@@ -1,7 +1,10 @@
 """forkThread: find the stable point a source names, then record the fork (rules in `domain.forks`).
 
-The fork's first run resolves the pending transfer in `engine.runs` (`fork_resolution`): the
-provider forks its own thread, or a handoff built from the log goes with the first message.
+What the fork receives is frozen there: the portable context is built from the source's log at
+`forkThread` and kept on the transfer (`domain.forks.FrozenContext`), and a fork with its own workspace
+(the default) gets the fork point's files before the mutation answers. The fork's first run resolves the
+pending transfer in `engine.runs` (`fork_resolution`): the provider forks its own thread at the point's
+turn, or the kept context goes with the first message.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from threadloom.domain.entities import (
     Run,
 )
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
-from threadloom.domain.handoffs import Handoff, HandoffKind, Selection, build_handoff, estimate_tokens, pending_handoff
+from threadloom.domain.handoffs import HandoffKind, Selection, build_handoff, pending_handoff
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import NodeKind, NodeStatus, TokenScope, TransferStatus
 from threadloom.engine.checkpoints import Checkpoints
@@ -64,19 +67,31 @@ class Forks:
         self.checkpoints = checkpoints
 
     async def fork(
-        self, principal: Principal, source: Source, *, title: str | None, own_workspace: bool, key: str | None
+        self,
+        principal: Principal,
+        source: Source,
+        *,
+        title: str | None,
+        workspace: forks.Workspace = forks.Workspace.OWN,
+        key: str | None,
+        workspace_field: str = "workspace",
     ) -> uuid.UUID:
-        """Record the fork and its pending transfer (then make its own workspace, if asked); the fork's id."""
+        """Record the fork, its pending transfer and the context it will receive, frozen now; then make its own
+        workspace from the fork point's checkpoint (unless it shares the source's). The fork's id."""
         now = self.pipeline.clock.now()
+        own = workspace == forks.Workspace.OWN
 
         async def decide(db: Reader) -> Outcome:
             thread, point = await _point(db, principal, source)
             principal.require(TokenScope.OPERATE)
-            fork, changes = forks.create_fork(thread, point, title, now, new_id, own_workspace=own_workspace)
+            checkpoint = await entities.get(db, Checkpoint, point.checkpoint_id)
+            forks.require_workspace(thread, workspace, checkpoint, workspace_field)
+            context = await frozen_context(db, point, None)
+            fork, changes = forks.create_fork(thread, point, title, now, new_id, own_workspace=own, context=context)
             return Outcome(changes, result={"threadId": str(fork.id)}, project_id=thread.project_id)
 
         point = {"kind": source.kind, "id": str(source.id), "turnId": _str(source.turn_id)}
-        data = {"source": point, "title": title, "ownWorkspace": own_workspace}
+        data = {"source": point, "title": title, "workspace": workspace.name}
         command = GlobalCommand(command_type="forkThread", principal=principal, key=key, input=data, decide=decide)
         result = await self.pipeline.execute(command)
         fork_id = uuid.UUID(result["threadId"])
@@ -291,34 +306,43 @@ async def portable_handoff(
     now: datetime,
     new_id: NewId,
 ) -> ContextHandoff:
-    """The fork's context from the log: each ancestor up to where its child forked, oldest first."""
-    point = forks.ForkPoint.from_json(transfer.source_point)
+    """The fork's context: the one frozen when the fork was made (`forks.FrozenContext`), exactly. A fork made
+    before contexts were frozen gets it built from the log now, as it was then."""
+    frozen = forks.FrozenContext.from_json(transfer.fork_context)
+    if frozen is None:
+        frozen = await frozen_context(db, forks.ForkPoint.from_json(transfer.source_point), fork.id)
+    # The stored handoff covers the source's runs; what each ancestor's part left out is said in its text.
+    came_from = [uuid.UUID(i) for i in frozen.came_from]
+    return pending_handoff(
+        frozen.handoff(), fork.id, came_from, to_provider_thread, now, new_id, transfer_id=transfer.id
+    )
+
+
+async def frozen_context(db: Reader, point: forks.ForkPoint, below: uuid.UUID | None) -> forks.FrozenContext:
+    """The context a fork at `point` receives, from the log as it is now: the source's runs up to the point,
+    after its own frozen context when the source is itself a fork (or, for a fork made before contexts were
+    frozen, each ancestor up to where its child forked, oldest first). `below`: the thread the context is for
+    (a cycle stops there), None while it is being made."""
     chain: list[tuple[uuid.UUID, int]] = [(point.source_thread_id, point.run_ordinal)]
-    seen = {fork.id}
+    above: forks.FrozenContext | None = None
+    seen = {below} if below is not None else set()
     source = await thread_store.get_thread(db, point.source_thread_id)
     while source is not None and source.id not in seen and source.forked_from_transfer_id is not None:
         seen.add(source.id)
         parent = await entities.get(db, ContextTransfer, source.forked_from_transfer_id)
         if parent is None:
             break
-        above = forks.ForkPoint.from_json(parent.source_point)
-        chain.append((above.source_thread_id, above.run_ordinal))
-        source = await thread_store.get_thread(db, above.source_thread_id)
-    parts: list[str] = []
-    covered: list[int] = []
+        above = forks.FrozenContext.from_json(parent.fork_context)
+        if above is not None:
+            break
+        upper = forks.ForkPoint.from_json(parent.source_point)
+        chain.append((upper.source_thread_id, upper.run_ordinal))
+        source = await thread_store.get_thread(db, upper.source_thread_id)
+    ancestors = []
     for thread_id, upto in reversed(chain):
-        if upto <= 0:
-            continue
-        facts = await handoff_facts.read_run_facts(db, thread_id, range(1, upto + 1))
-        built = build_handoff(HandoffKind.FORK_CONTEXT, facts, Selection.up_to(upto))
-        parts.append(built.text)
-        if thread_id == point.source_thread_id:
-            covered = list(built.covered_run_ordinals)
-    text = "\n".join(parts) or build_handoff(HandoffKind.FORK_CONTEXT, [], Selection.up_to(0)).text
-    # The stored handoff covers the source's runs; what each ancestor's part left out is said in its text.
-    context = Handoff(text, HandoffKind.FORK_CONTEXT, tuple(covered), (), estimate_tokens(text))
-    came_from = [point.provider_thread_id] if point.provider_thread_id else []
-    return pending_handoff(context, fork.id, came_from, to_provider_thread, now, new_id, transfer_id=transfer.id)
+        facts = await handoff_facts.read_run_facts(db, thread_id, range(1, upto + 1)) if upto > 0 else []
+        ancestors.append((upto, facts))
+    return forks.freeze_context(point, above, ancestors)
 
 
 # --- merge-backs consumed by the source's next run -----------------------------------------------------------

@@ -13,7 +13,17 @@ from threadloom.api.errors import UserError
 from threadloom.api.mutations.payloads import KeyedInput, Shape, load, mutation
 from threadloom.api.types import ContextTransfer, Thread
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.forks import Workspace
 from threadloom.engine.forks import Source
+
+strawberry.enum(
+    Workspace,
+    name="ForkWorkspace",
+    description="Where a fork's agent works. OWN: a folder of its own, holding the fork point's files (made from "
+    "the fork point's checkpoint before forkThread answers); nothing the source or any other thread does later "
+    "reaches it, and nothing the fork does reaches them. SHARED: the source's folder (the project's workspace), "
+    "as it is now: the fork sees what the source wrote after the fork point, and the two write the same files.",
+)
 
 
 @strawberry.input
@@ -44,12 +54,20 @@ class ForkSourceInput:
 class ForkThreadInput(KeyedInput):
     source: ForkSourceInput
     title: str | None = strawberry.field(default=None, description="Absent means `Fork of <source title>`.")
-    own_workspace: bool = strawberry.field(
-        default=False,
-        description="Work in a folder of its own holding the fork point's files, instead of sharing the project's "
-        "workspace. The folder is kept by the server under its data dir (`<data dir>/workspaces/<project id>/forks/"
-        "<fork id>`; `Thread.workspacePath` reads `forks/<fork id>`), outside every project's workspace, so no "
-        "other thread's agent can reach or replace it.",
+    workspace: Workspace = strawberry.field(
+        default=Workspace.OWN,
+        description="OWN (the default): the fork works in a folder of its own holding the fork point's files, kept "
+        "by the server under its data dir (`<data dir>/workspaces/<project id>/forks/<fork id>`; "
+        "`Thread.workspacePath` reads `forks/<fork id>`), outside every project's workspace, so no other thread's "
+        "agent can reach or replace it; refused with CHECKPOINT_MISSING when the fork point has no ready checkpoint. "
+        "SHARED, an explicit choice: the fork works in the source's folder, the project's workspace, with the files "
+        "as they are now (refused with INVALID_INPUT when the source has a folder of its own).",
+    )
+    own_workspace: bool | None = strawberry.field(
+        default=None,
+        description="Older form of `workspace`: true is OWN, false is SHARED; absent, `workspace` decides. "
+        "true with `workspace: SHARED` is INVALID_INPUT.",
+        deprecation_reason="Use `workspace: OWN | SHARED`.",
     )
 
 
@@ -119,17 +137,32 @@ def source_of(source: ForkSourceInput) -> Source:
     raise DomainError(ErrorCode.INVALID_INPUT, "name one source: run, node, providerThread or checkpoint", "source")
 
 
+def workspace_of(input: ForkThreadInput) -> tuple[Workspace, str]:
+    """The workspace asked for, and the input field that asked (a refusal names it)."""
+    asked = Workspace(input.workspace)  # Strawberry may hand over the enum's value
+    if input.own_workspace is None:
+        return asked, "workspace"
+    if input.own_workspace and asked == Workspace.SHARED:
+        raise DomainError(ErrorCode.INVALID_INPUT, "ownWorkspace: true contradicts workspace: SHARED", "ownWorkspace")
+    return (Workspace.OWN if input.own_workspace else Workspace.SHARED), "ownWorkspace"
+
+
 @strawberry.type
 class ForkMutation:
     @mutation(FORK)
     async def fork_thread(ctx: Context, input: ForkThreadInput) -> uuid.UUID:
         """Fork a thread from a stable point into a new thread (lineage `FORK`). Nothing starts and no provider
         state is made: the fork's first message resolves its transfer, natively when that run's provider is the
-        source's and can fork there, otherwise with a handoff from the log (lower fidelity)."""
+        source's and can fork there, otherwise with a handoff from the log (lower fidelity). What the fork
+        receives is fixed now — that handoff is built from the log as it is now, and by default the fork gets a
+        folder of its own with the fork point's files — so later rollbacks, switches or forks of the source
+        change nothing the fork sees."""
         source = source_of(input.source)
-        title = input.title
+        workspace, field = workspace_of(input)
         forks = ctx.services.forks
-        return await forks.fork(ctx.principal, source, title=title, own_workspace=input.own_workspace, key=input.key())
+        return await forks.fork(
+            ctx.principal, source, title=input.title, workspace=workspace, key=input.key(), workspace_field=field
+        )
 
     @mutation(MERGE)
     async def merge_back(ctx: Context, input: MergeBackInput) -> uuid.UUID:
