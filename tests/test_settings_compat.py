@@ -148,3 +148,44 @@ async def test_a_per_run_model_moves_the_thread_to_a_provider_thread_for_that_mo
     assert memory == [shown(back["handoff"]["text"])]
     pts = {p["id"]: p["status"] for p in (await api.gql(THREAD, {"t": thread.id}))["thread"]["providerThreads"]}
     assert (pts[ids[0]], pts[ids[1]], pts[ids[3]]) == ("CLOSED", "CLOSED", "IDLE")
+
+
+SET_MODE = """mutation($t: ID!, $mode: String!) { setRuntimeMode(input: {threadId: $t, runtimeMode: $mode}) {
+  thread { id runtimeMode } userErrors { code field } } }"""
+
+
+async def test_a_runtime_mode_change_starts_a_new_provider_thread_that_runs_in_the_new_mode(
+    api: Client, home: Path
+) -> None:
+    thread = await ScriptedThread.create(api, home)
+    first = await on(api, thread, "@write one.txt first")
+    assert (home / "one.txt").read_text() == "first"  # workspace_write: the write happens
+
+    changed = (await api.gql(SET_MODE, {"t": thread.id, "mode": "read_only"}))["setRuntimeMode"]
+    assert changed["userErrors"] == [] and changed["thread"]["runtimeMode"] == "read_only"
+    memory, second = await recall(api, thread)
+    new = second["providerThread"]
+    assert new["id"] != first["providerThread"]["id"]
+    assert (new["model"], new["runtimeMode"]) == (None, "read_only")
+    [transfer] = second["contextTransfers"]
+    assert transfer["sourcePoint"]["reason"] == "settings_changed"
+    assert transfer["handoff"]["coveredRunOrdinals"] == [1] and "@write one.txt first" in transfer["handoff"]["text"]
+    assert memory == [shown(transfer["handoff"]["text"])]
+    said = [a for a in await activities(api, thread, second["id"]) if a["kind"] == REPLACED]
+    assert [a["summary"].split(":")[0] for a in said] == ["runtime mode workspace_write → read_only"]
+
+    # The twin of run 1's write, on the new provider thread: refused, as read_only says.
+    third = await on(api, thread, "@write two.txt second")
+    assert third["providerThread"]["id"] == new["id"] and third["contextTransfers"] == []
+    assert not (home / "two.txt").exists()
+
+
+@pytest.mark.parametrize(("mode", "code"), [("full_access", "RUNTIME_MODE_NOT_ALLOWED"), ("yolo", "INVALID_INPUT")])
+async def test_setruntimemode_refuses_what_createthread_refuses_and_changes_nothing(
+    api: Client, home: Path, mode: str, code: str
+) -> None:
+    thread = await ScriptedThread.create(api, home)  # the default scripted instance does not allow full_access
+    refused = (await api.gql(SET_MODE, {"t": thread.id, "mode": mode}))["setRuntimeMode"]
+    assert [(e["code"], e["field"]) for e in refused["userErrors"]] == [(code, "runtimeMode")]
+    after = await api.gql("query($t: ID!) { thread(id: $t) { runtimeMode } }", {"t": thread.id})
+    assert after["thread"]["runtimeMode"] == "workspace_write"

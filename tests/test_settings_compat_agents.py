@@ -1,9 +1,11 @@
-"""A model change with the real Codex and Claude Code CLIs against the fake model server.
+"""Model and runtime mode changes with the real Codex and Claude Code CLIs against the fake model server.
 
 Both drivers change the model on a live provider thread (Codex: `turn/start`'s `model`; Claude Code: its
 process restarted with `--resume` on the same session and the new `--model`), so after `switchProvider` to the
 same instance with another model the next run stays on the same provider thread: the model endpoint sees the
 new model name in that run's request together with the earlier run's history, and no handoff is made.
+Neither changes the runtime mode in place: after `setRuntimeMode` the next run is on a new provider thread whose
+first model request carries the full summary that the run's transfer records.
 """
 
 from __future__ import annotations
@@ -123,3 +125,31 @@ async def test_a_per_run_model_on_codex_reaches_the_model_and_the_next_run_retur
     assert "zulu-marker" in str(back["input"])
     ids = {r["providerThread"]["id"] for r in (first, second, third)}
     assert len(ids) == 1 and second["contextTransfers"] == [] and third["contextTransfers"] == []
+
+
+SET_MODE = """mutation($t: ID!, $mode: String!) { setRuntimeMode(input: {threadId: $t, runtimeMode: $mode}) {
+  userErrors { code } } }"""
+TRANSFERS = (
+    """query($r: ID!) { run(id: $r) { contextTransfers { sourcePoint handoff { text coveredRunOrdinals } } } }"""
+)
+
+
+@pytest.mark.parametrize("provider", ["codex", "claude"])
+async def test_a_runtime_mode_change_starts_a_new_provider_thread_given_the_conversation(
+    api: Client, fake: FakeModel, tmp_path: Path, provider: str
+) -> None:
+    """Neither CLI changes the sandbox of a live thread: the next run is on a new provider thread, and its first
+    model request carries the summary of run 1 (which that native thread never ran)."""
+    thread = await _thread(api, folder(tmp_path / f"ws-{provider}"), provider)
+    first = await _done(api, thread, "alpha-words for run one")
+    assert (await api.gql(SET_MODE, {"t": thread, "mode": "read_only"}))["setRuntimeMode"]["userErrors"] == []
+    seen = len(fake.bodies(MODEL_PATH[provider]))
+    second = await _done(api, thread, "zulu-marker for run two")
+
+    assert second["providerThread"]["id"] != first["providerThread"]["id"]
+    assert second["providerThread"]["runtimeMode"] == "read_only"
+    [transfer] = (await api.gql(TRANSFERS, {"r": second["id"]}))["run"]["contextTransfers"]
+    assert transfer["sourcePoint"]["reason"] == "settings_changed" and transfer["handoff"]["coveredRunOrdinals"] == [1]
+    [request] = turn_requests(fake, provider, seen, "zulu-marker")[:1]
+    assert "full_thread_summary" in str(request) and "alpha-words" in str(request)
+    assert transfer["handoff"]["text"].splitlines()[0] in str(request)  # what was recorded is what was sent

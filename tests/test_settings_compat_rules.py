@@ -13,6 +13,7 @@ from threadloom.domain import settings_compat as sc
 from threadloom.domain.activities import ActivityKind
 from threadloom.domain.changes import Change
 from threadloom.domain.entities import Activity, AppThread, ProviderThread
+from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.handoffs import ChoiceReason, HandoffKind
 from threadloom.domain.statuses import ProviderThreadStatus
 from threadloom.providers.registry import build_driver, load_instances
@@ -183,3 +184,25 @@ def test_describe_names_every_blocking_change_and_the_default_model() -> None:
     assert text.startswith(
         "model the default → m2 and runtime mode workspace_write → read_only: codex cannot change these"
     )
+
+
+@pytest.mark.parametrize(
+    ("mode", "allowed", "error"),
+    [
+        ("read_only", (), None),
+        ("full_access", ("a",), None),
+        ("full_access", ("other",), ErrorCode.RUNTIME_MODE_NOT_ALLOWED),
+        ("yolo", ("a",), ErrorCode.INVALID_INPUT),
+    ],
+)
+def test_set_runtime_mode_checks_the_mode_for_the_threads_instance(
+    mode: str, allowed: tuple[str, ...], error: ErrorCode | None
+) -> None:
+    thread = owner()
+    if error is not None:
+        with pytest.raises(DomainError) as refused:
+            sc.set_runtime_mode(thread, mode, allowed, b.NOW)
+        assert (refused.value.code, refused.value.field) == (error, "runtimeMode")
+        return
+    change = sc.set_runtime_mode(thread, mode, allowed, b.NOW)
+    assert change.event_type == "thread.updated" and change.entity == thread.evolve(runtime_mode=mode, updated_at=b.NOW)

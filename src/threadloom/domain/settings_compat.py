@@ -22,7 +22,7 @@ from threadloom.domain.entities import AppThread, ProviderThread, Run
 from threadloom.domain.handoffs import ChoiceReason
 from threadloom.domain.statuses import ProviderThreadStatus
 from threadloom.domain.switching import ProviderPlan, fresh_choice
-from threadloom.domain.threads import attach_provider_thread
+from threadloom.domain.threads import attach_provider_thread, check_runtime_mode
 
 MODEL = "model"
 RUNTIME_MODE = "runtime_mode"
@@ -182,3 +182,11 @@ def with_recorded(plan: ProviderPlan, want: Settings, now: datetime) -> Provider
     """`plan`, its provider thread recording the settings the run starts it with."""
     pt, changes = recording(plan.provider_thread, plan.changes, want, now)
     return dataclasses.replace(plan, provider_thread=pt, changes=changes)
+
+
+def set_runtime_mode(thread: AppThread, runtime_mode: str, full_access: Iterable[str], now: datetime) -> Change:
+    """`setRuntimeMode`: the thread's later runs use `runtime_mode` (checked as `createThread` checks it, for the
+    thread's provider instance). The run in progress keeps its own; the next one keeps its provider thread only
+    where the driver changes the mode in place (`compare`), else it starts a new one with a summary."""
+    check_runtime_mode(runtime_mode, thread.provider_instance_id, frozenset(full_access))
+    return Change.updated(thread.evolve(runtime_mode=runtime_mode, updated_at=now))

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from threadloom.domain import projects as project_rules
-from threadloom.domain import switching
+from threadloom.domain import settings_compat, switching
 from threadloom.domain import threads as thread_rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change, Outcome
@@ -198,6 +198,20 @@ class Catalog:
             key,
             {"providerInstanceId": instance, "model": model or ""},
             lambda th, now: switching.switch(th, instance, clean_model(model), known, now, new_id)[1],
+        )
+
+    async def set_runtime_mode(
+        self, principal: Principal, thread_id: uuid.UUID, runtime_mode: str, key: str | None
+    ) -> uuid.UUID:
+        """The thread's later runs use `runtime_mode` (`domain.settings_compat.set_runtime_mode`)."""
+        allowed = self.full_access_instances
+        return await self._update_thread(
+            principal,
+            "setRuntimeMode",
+            thread_id,
+            key,
+            {"runtimeMode": runtime_mode},
+            lambda th, now: settings_compat.set_runtime_mode(th, runtime_mode, allowed, now),
         )
 
     async def archive_thread(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:

@@ -56,6 +56,14 @@ class SwitchProviderInput(KeyedInput):
 
 
 @strawberry.input
+class SetRuntimeModeInput(KeyedInput):
+    thread_id: strawberry.ID
+    runtime_mode: str = strawberry.field(
+        description="workspace_write | approval_required | read_only | full_access (as in createThread)."
+    )
+
+
+@strawberry.input
 class RenameThreadInput(KeyedInput):
     thread_id: strawberry.ID
     title: str
@@ -100,6 +108,13 @@ class ThreadMutation:
         thread = thread_id(input.thread_id)
         instance, model = input.provider_instance_id, input.model
         return await ctx.services.catalog.switch_provider(ctx.principal, thread, instance, model, input.key())
+
+    @mutation(THREAD)
+    async def set_runtime_mode(ctx: Context, input: SetRuntimeModeInput) -> uuid.UUID:
+        """Change what the thread's agent may do, from its next run on. A driver that cannot change the mode on
+        a live provider thread (docs/providers.md) starts the next run on a new one, given a full summary."""
+        thread = thread_id(input.thread_id)
+        return await ctx.services.catalog.set_runtime_mode(ctx.principal, thread, input.runtime_mode, input.key())
 
     @mutation(THREAD)
     async def archive_thread(ctx: Context, input: ThreadInput) -> uuid.UUID:
