@@ -260,8 +260,10 @@ def test_ranges(ordinals: list[int], text: str) -> None:
 # --- choose_strategy -------------------------------------------------------------------------------------
 
 
-def codex(last_seen: int, **kw: object) -> TargetThread:
-    return TargetThread(CODEX_THREAD, last_seen, **kw)  # type: ignore[arg-type]
+def codex(last_seen: int | list[int], **kw: object) -> TargetThread:
+    """Codex's provider thread, holding runs 1..`last_seen` (or exactly the runs listed)."""
+    seen = frozenset(range(1, last_seen + 1) if isinstance(last_seen, int) else last_seen)
+    return TargetThread(CODEX_THREAD, seen, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -285,6 +287,9 @@ def codex(last_seen: int, **kw: object) -> TargetThread:
         (range(1, 10), codex(5), False, R.TOO_STALE, True, FULL, range(1, 10)),
         (range(1, 8), codex(5, handoffs_received=2), False, R.TOO_STALE, True, FULL, range(1, 8)),
         (range(1, 9), codex(5, handoffs_received=1), False, R.RETURNING, False, DELTA, [6, 7, 8]),
+        # runs out of ordinal order: Codex ran 1 and 4, run 3 ran elsewhere after 4 -> it still gets run 3
+        (range(1, 5), codex([1, 2, 4]), False, R.RETURNING, False, DELTA, [3]),
+        (range(1, 6), codex([1, 2, 4]), False, R.RETURNING, False, DELTA, [3, 5]),
     ],
 )  # fmt: skip
 def test_choose_strategy(

@@ -20,7 +20,9 @@ from threadloom.domain.rollback import (
     RollbackRefused,
     RunFact,
     TurnFact,
+    lost_runs,
     plan_rollback,
+    stale_provider_threads,
 )
 from threadloom.domain.statuses import ACTIVE_RUN_STATUSES, CheckpointStatus, RunStatus
 
@@ -247,3 +249,36 @@ def test_files_need_a_ready_root_checkpoint_of_the_target(present: list[Checkpoi
 
 def test_refusal_codes_are_error_codes_or_documented_new_ones() -> None:
     assert [c.value for c in RollbackCode] == ["THREAD_BUSY", "INVALID_INPUT", "NOT_FOUND", "CHECKPOINT_MISSING"]
+
+
+A_PT, B_PT, C_PT = (uuid.UUID(int=n) for n in (1, 2, 3))
+
+
+@pytest.mark.parametrize(
+    ("seen", "undone", "handled", "stale"),
+    [
+        # runs 1-2 on a, 3-4 on b (told of 1-2), rollback to 1 on b: a saw run 2, so a is retired too
+        ({A_PT: {1, 2}, B_PT: {1, 2, 3, 4}}, [2, 3, 4], [B_PT], [A_PT]),
+        # a saw only run 1, which is kept: a stays
+        ({A_PT: {1}, B_PT: {1, 2, 3}}, [2, 3], [B_PT], []),
+        # c was told of undone run 3 in a handoff: retired like one that ran it
+        ({A_PT: {1, 2, 3}, B_PT: {1, 2}, C_PT: {1, 2, 3}}, [3], [A_PT], [C_PT]),
+        # nothing undone: nothing retired
+        ({A_PT: {1, 2}, B_PT: {1, 2}}, [], [A_PT], []),
+    ],
+)  # fmt: skip
+def test_provider_threads_that_saw_an_undone_run_are_retired(
+    seen: dict[uuid.UUID, set[int]], undone: list[int], handled: list[uuid.UUID], stale: list[uuid.UUID]
+) -> None:
+    found = stale_provider_threads({pt: frozenset(runs) for pt, runs in seen.items()}, undone, handled)
+    assert list(found) == stale
+
+
+@pytest.mark.parametrize(
+    ("kept", "seen", "lost"),
+    [([1, 2, 3, 4], {1, 2, 5}, [3, 4]), ([1, 2], {1, 2, 3}, []), ([], set(), [])],
+)
+def test_kept_runs_the_staying_provider_thread_lost_are_handed_again(
+    kept: list[int], seen: set[int], lost: list[int]
+) -> None:
+    assert lost_runs(kept, frozenset(seen)) == lost

@@ -247,6 +247,7 @@ class ContextHandoff(Created, ThreadOwned):
     from_provider_thread_ids: Json = None
     to_provider_thread_id: uuid.UUID | None = None
     covered_run_ordinals: Json = None
+    omitted_run_ordinals: Json = None  # selected but left out for length: accounted for, never sent again
     strategy: HandoffStrategy
     status: HandoffStatus
     text: str

@@ -358,6 +358,7 @@ def pending_handoff(
         from_provider_thread_ids=[str(i) for i in came_from],
         to_provider_thread_id=to_provider_thread_id,
         covered_run_ordinals=list(built.covered_run_ordinals),
+        omitted_run_ordinals=list(built.omitted_run_ordinals),
         strategy=built.strategy.stored_strategy,
         status=HandoffStatus.PENDING,
         text=built.text,
@@ -384,7 +385,10 @@ class TargetThread:
     """The target provider's existing provider thread for this app thread, as the engine knows it."""
 
     provider_thread_id: uuid.UUID
-    last_seen_run_ordinal: int  # the last app run it holds: its own last run, or the last one a handoff covered
+    # The app runs it holds or was told of: its own, those its handoffs covered (or left out for length),
+    # and for a native fork those its source held before the fork point. A set, not a last ordinal: runs
+    # can run out of ordinal order (a queued run moved ahead), so "after the last one it saw" misses some.
+    seen_run_ordinals: frozenset[int]
     resumable: bool = True
     settings_compatible: bool = True
     handoffs_received: int = 0  # delta handoffs it was given since its last full context
@@ -422,7 +426,7 @@ def choose_strategy(
     `conversation_run_ordinals`: the app thread's earlier runs that are part of its conversation (they ran and
     were not rolled back), not the run being started. A new provider thread gets a full summary of all of them
     (nothing when there are none); a returning provider thread is resumed and given exactly the runs after the
-    last one it saw (nothing when it saw them all).
+    ones it has not seen, whatever their order (nothing when it saw them all).
     """
     earlier = sorted(set(conversation_run_ordinals))
     fresh_reason: ChoiceReason | None = None
@@ -436,7 +440,7 @@ def choose_strategy(
         fresh_reason = ChoiceReason.SETTINGS_CHANGED
     if target is None or fresh_reason is not None:
         return _fresh(fresh_reason or ChoiceReason.FIRST_TIME, earlier)
-    missed = [o for o in earlier if o > target.last_seen_run_ordinal]
+    missed = [o for o in earlier if o not in target.seen_run_ordinals]
     if not missed:
         return StrategyChoice(ChoiceReason.UP_TO_DATE, False, target.provider_thread_id, None, Selection.of(()))
     if len(missed) > policy.max_runs_behind or target.handoffs_received >= policy.max_handoffs:

@@ -172,6 +172,23 @@ def plan_rollback(
     return RollbackPlan(target_ordinal, tuple(run.ordinal for run in undone), plans, stale, restore)
 
 
+def stale_provider_threads(
+    seen: Mapping[uuid.UUID, frozenset[int]], undone: Iterable[int], handled: Iterable[uuid.UUID]
+) -> tuple[uuid.UUID, ...]:
+    """The provider threads, other than the `handled` ones (the active one and those the plan's steps roll
+    back), that hold or were told of an undone run (`seen`: `switching.seen_runs` of each open provider
+    thread). They are retired: a provider returned to later gets a new provider thread and a summary of the
+    conversation as it is then, never a resumed one that remembers what was undone."""
+    gone, skip = set(undone), set(handled)
+    return tuple(sorted((pt for pt, runs in seen.items() if pt not in skip and runs & gone), key=str))
+
+
+def lost_runs(kept: Iterable[int], seen: frozenset[int]) -> list[int]:
+    """The kept runs (in the conversation, at or before the target) that the provider thread staying active
+    does not hold once the undone turns are gone: it is handed them with its next turn."""
+    return sorted(set(kept) - seen)
+
+
 def _check_target(runs: list[RunFact], target: int) -> None:
     if target < 0:
         raise RollbackRefused(RollbackCode.INVALID_INPUT, "runOrdinal must be 0 or more", "runOrdinal")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from threadloom.domain import lineage
@@ -31,6 +31,7 @@ from threadloom.domain.handoffs import (
     pending_handoff,
 )
 from threadloom.domain.statuses import (
+    HandoffStatus,
     HandoffStrategy,
     ProviderThreadStatus,
     TransferStatus,
@@ -84,23 +85,82 @@ def continues(current: ProviderThread | None, run: Run) -> bool:
     return current is not None and current.provider_instance_id == run.provider_instance_id and not run.fresh_context
 
 
-def target_facts(pt: ProviderThread, delivered: Sequence[ContextHandoff]) -> TargetThread:
-    """What a provider thread holds: its own runs and the runs handed to it, and delta handoffs since a full one."""
-    covered = [int(o) for h in delivered for o in (h.covered_run_ordinals or [])]
-    first = pt.first_run_ordinal
-    last_seen = max([pt.last_run_ordinal or 0, *covered, (first - 1) if first else 0])
+@dataclasses.dataclass(frozen=True, slots=True)
+class History:
+    """What one provider thread was given: the app runs it ran a turn of, and the handoffs to it (delivered,
+    or pending: those go with its next turn). `carried_by`: for a delivered handoff, the ordinal of the run
+    whose first turn carried it (the handoff is part of the conversation from that turn on)."""
+
+    provider_thread: ProviderThread
+    ran: frozenset[int] = frozenset()
+    handoffs: tuple[ContextHandoff, ...] = ()
+    carried_by: Mapping[uuid.UUID, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Histories:
+    """The thread's provider threads' `History`s, and its rolled-back runs: a turn of an undone run is gone
+    from every provider thread still open (rolled back natively, or the thread was retired or replaced), and
+    so is a handoff that such a turn carried, with the kept runs it told of."""
+
+    threads: Mapping[uuid.UUID, History]
+    rolled_back: frozenset[int] = frozenset()
+
+    def undoing(self, runs: Iterable[int]) -> Histories:
+        """As they will be once `runs` are rolled back too."""
+        return dataclasses.replace(self, rolled_back=self.rolled_back | frozenset(runs))
+
+    def with_thread(self, history: History) -> Histories:
+        return dataclasses.replace(self, threads={**self.threads, history.provider_thread.id: history})
+
+
+def told(handoff: ContextHandoff) -> set[int]:
+    """The runs a handoff accounts for: the ones in its text and the ones it listed as left out for length."""
+    return {int(o) for field in (handoff.covered_run_ordinals, handoff.omitted_run_ordinals) for o in (field or [])}
+
+
+def seen_runs(provider_thread_id: uuid.UUID, histories: Histories) -> frozenset[int]:
+    """The app runs a provider thread holds or was told of.
+
+    Its own runs and those its handoffs told of, less what an undone run's turn carried. A native fork (a
+    rollback's, at the last kept turn) holds what its source held before the fork's first run: the source's
+    runs before it, and the handoffs carried by those runs; the chain is followed through `histories`."""
+    seen: set[int] = set()
+    current: uuid.UUID | None = provider_thread_id
+    before: int | None = None  # a fork holds only what its source held before the fork's first run
+    visited: set[uuid.UUID] = set()
+    gone = histories.rolled_back
+    while current is not None and current not in visited and (history := histories.threads.get(current)) is not None:
+        visited.add(current)
+        pt = history.provider_thread
+        for handoff in history.handoffs:
+            carrier = history.carried_by.get(handoff.id)
+            if carrier in gone or (before is not None and (carrier is None or carrier >= before)):
+                continue  # dropped with its turn, or not in the fork's part of the conversation
+            seen |= told(handoff)
+        seen |= {o for o in history.ran if before is None or o < before}
+        if pt.first_run_ordinal is not None:
+            before = pt.first_run_ordinal if before is None else min(before, pt.first_run_ordinal)
+        current = pt.forked_from_provider_thread_id
+    return frozenset(seen)
+
+
+def target_facts(pt: ProviderThread, histories: Histories) -> TargetThread:
+    """What a provider thread holds (`seen_runs`), and how many delta handoffs it got since its last full one."""
+    history = histories.threads.get(pt.id, History(pt))
+    delivered = [h for h in history.handoffs if h.status == HandoffStatus.DELIVERED]
     received = 0
     for handoff in sorted(delivered, key=lambda h: (h.created_at, str(h.id))):
         received = 0 if handoff.strategy == HandoffStrategy.FULL_THREAD_SUMMARY else received + 1
     resumable = pt.status not in (ProviderThreadStatus.ERROR, ProviderThreadStatus.CLOSED)
-    return TargetThread(pt.id, last_seen, resumable=resumable, handoffs_received=received)
+    return TargetThread(pt.id, seen_runs(pt.id, histories), resumable=resumable, handoffs_received=received)
 
 
 def plan_provider(
     thread: AppThread,
     run: Run,
     candidates: Sequence[ProviderThread],
-    delivered: Sequence[ContextHandoff],
+    histories: Histories,
     earlier: Iterable[int],
     now: datetime,
     new_id: NewId,
@@ -109,11 +169,11 @@ def plan_provider(
     """Where `run` goes when it does not simply continue (see `continues`).
 
     `candidates`: the thread's provider threads of the run's instance, newest first (the newest is the one a
-    return resumes); `delivered`: the handoffs delivered to that newest one; `earlier`: the ordinals of the
-    thread's earlier runs that are part of its conversation.
+    return resumes); `histories`: what the thread's provider threads were given (`History`, for `seen_runs`);
+    `earlier`: the ordinals of the thread's earlier runs that are part of its conversation.
     """
     target = candidates[0] if candidates else None
-    facts = None if target is None else target_facts(target, delivered)
+    facts = None if target is None else target_facts(target, histories)
     choice = choose_strategy(
         conversation_run_ordinals=earlier, target=facts, fresh_context=run.fresh_context, policy=policy
     )

@@ -44,7 +44,7 @@ from typing import Any
 from threadloom.checkpoints.errors import CheckpointError
 from threadloom.checkpoints.refs import REF_PREFIX, check_ref
 from threadloom.checkpoints.repo import ShadowRepo
-from threadloom.domain import lineage
+from threadloom.domain import lineage, switching
 from threadloom.domain import rollback as plan_rules
 from threadloom.domain.access import Principal
 from threadloom.domain.activities import ActivityKind, activity
@@ -61,7 +61,13 @@ from threadloom.domain.entities import (
     Run,
 )
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
-from threadloom.domain.handoffs import HandoffKind, Selection, build_handoff, pending_handoff
+from threadloom.domain.handoffs import (
+    NOT_IN_CONVERSATION,
+    HandoffKind,
+    Selection,
+    build_handoff,
+    pending_handoff,
+)
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import (
     ACTIVE_RUN_STATUSES,
@@ -78,6 +84,7 @@ from threadloom.engine.sessions import SessionManager
 from threadloom.providers.contract import ProviderError, ProviderRuntime, ThreadSettings
 from threadloom.store import entities, handoff_facts
 from threadloom.store import rollback_facts as facts
+from threadloom.store import switching as switch_facts
 from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.rollback")
@@ -162,6 +169,8 @@ class _Operation:
     pre_commit: str | None = None
     files_restored: bool = False
     providers: list[_ProviderStep] = dataclasses.field(default_factory=list)
+    stale: tuple[ProviderThread, ...] = ()  # other provider threads that saw an undone run: retired
+    rebridge: ContextHandoff | None = None  # kept runs the active provider thread lost with an undone turn
     failure: _StepFailed | None = None
     undo_errors: list[str] = dataclasses.field(default_factory=list)
 
@@ -270,6 +279,7 @@ class Rollbacks:
         project = await entities.require(db, Project, thread.project_id)
         steps = self._provider_steps(plan, thread, pts)
         await self._check_handoffs(thread, project, steps, op.target)
+        op.stale = await _stale_provider_threads(db, thread, plan, steps)
 
         # capture
         if plan.restore_checkpoint_id is not None:
@@ -301,7 +311,37 @@ class Rollbacks:
         # record
         with _step(op, "record"):
             pass  # only the test hook: the caller commits what `_recorded` returns
+        op.rebridge = await self._rebridge(db, thread, op, plan, runs)
         return self._recorded(thread, op, plan, runs, [c for c, _ in checkpoints])
+
+    async def _rebridge(
+        self, db: Reader, thread: AppThread, op: _Operation, plan: plan_rules.RollbackPlan, runs: list[Run]
+    ) -> ContextHandoff | None:
+        """A handoff for kept runs the provider thread that stays active no longer holds: an undone run's
+        first turn may have carried a handoff telling of earlier runs (a return after a switch), and rolling
+        that turn back, natively or by forking before it, drops them too. None when it lost nothing."""
+        replaced = next((s for s in op.providers if s.replacement is not None), None)
+        if replaced is not None and replaced.strategy != plan_rules.Strategy.NATIVE_FORK:
+            return None  # a replacement is given the whole context up to the target (or starts empty)
+        assert replaced is None or replaced.replacement is not None
+        pt_id = (
+            replaced.replacement.id
+            if replaced is not None and replaced.replacement
+            else thread.active_provider_thread_id
+        )
+        if pt_id is None:
+            return None
+        histories = (await switch_facts.histories(db, thread.id)).undoing(plan.rolled_back_run_ordinals)
+        if replaced is not None and replaced.replacement is not None:
+            histories = histories.with_thread(switching.History(replaced.replacement))
+        kept = [r.ordinal for r in runs if r.status not in NOT_IN_CONVERSATION and r.ordinal <= op.target]
+        missed = plan_rules.lost_runs(kept, switching.seen_runs(pt_id, histories))
+        if not missed:
+            return None
+        facts_of = await handoff_facts.read_run_facts(db, thread.id, missed)
+        built = build_handoff(HandoffKind.DELTA_SINCE_TARGET_LAST_SEEN, facts_of, Selection.of(missed))
+        came_from = sorted({r.provider_thread_id for r in facts_of if r.provider_thread_id is not None}, key=str)
+        return pending_handoff(built, thread.id, came_from, pt_id, self.now, new_id)
 
     def _provider_fact(self, pt: ProviderThread) -> plan_rules.ProviderThreadFact:
         caps = self._caps(pt.provider_instance_id)
@@ -452,6 +492,9 @@ class Rollbacks:
             active = step.replacement.id
         if active != thread.active_provider_thread_id:
             changes.append(Change.updated(thread.evolve(active_provider_thread_id=active, updated_at=now)))
+        changes += [Change.updated(pt.evolve(status=ProviderThreadStatus.CLOSED, updated_at=now)) for pt in op.stale]
+        if op.rebridge is not None:
+            changes.append(Change.created(op.rebridge))
         target = next((r for r in runs if r.ordinal == op.target), None)
         record = {
             "operationId": str(op.id),
@@ -471,6 +514,10 @@ class Rollbacks:
                     "handoffId": str(s.handoff.id) if s.handoff else None,
                 }
                 for s in op.providers
+            ],
+            "rebridgeHandoffId": str(op.rebridge.id) if op.rebridge else None,
+            "staleProviderThreads": [
+                {"id": str(pt.id), "providerInstanceId": pt.provider_instance_id} for pt in op.stale
             ],
             "runs": [{"id": str(r.id), "ordinal": r.ordinal, "status": r.status.value} for r in rolled],
             "staleCheckpoints": [{"id": str(c.id), "status": c.status.value} for c in stale],
@@ -806,6 +853,27 @@ def _step(op: _Operation, name: str, *caught: type[BaseException]) -> Iterator[N
             raise
         raise op.failure from error
     op.steps[name] = "done"
+
+
+async def _stale_provider_threads(
+    db: Reader, thread: AppThread, plan: plan_rules.RollbackPlan, steps: list[_ProviderStep]
+) -> tuple[ProviderThread, ...]:
+    """The open provider threads besides the active one that saw a run this rollback undoes
+    (`domain.rollback.stale_provider_threads`)."""
+    if not plan.rolled_back_run_ordinals:
+        return ()
+    histories = await switch_facts.histories(db, thread.id)
+    done = (ProviderThreadStatus.CLOSED, ProviderThreadStatus.ERROR)
+    seen = {
+        pt: switching.seen_runs(pt, histories)
+        for pt, h in histories.threads.items()
+        if h.provider_thread.status not in done
+    }
+    handled = [s.provider_thread.id for s in steps]
+    if thread.active_provider_thread_id is not None:
+        handled.append(thread.active_provider_thread_id)
+    stale = plan_rules.stale_provider_threads(seen, plan.rolled_back_run_ordinals, handled)
+    return tuple(histories.threads[pt].provider_thread for pt in stale)
 
 
 def _to_undo_fork(

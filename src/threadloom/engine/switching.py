@@ -33,11 +33,11 @@ async def provider_for_run(
         kept, recorded_now = settings_compat.recording(current, [], want, now)
         return kept, recorded_now, []
     candidates = await facts.provider_threads_of(db, thread.id, run.provider_instance_id)
-    delivered = await facts.delivered_to(db, candidates[0].id) if candidates else []
+    histories = await facts.histories(db, thread.id) if candidates else switching.Histories({})
     earlier = await facts.conversation_before(db, thread.id, run.ordinal)
     target = current if continuing else (candidates[0] if candidates else None)
     plan = settings_compat.replacing(thread, run, target, want, in_place, earlier, now, new_id) or (
-        switching.plan_provider(thread, run, candidates, delivered, earlier, now, new_id, policy)
+        switching.plan_provider(thread, run, candidates, histories, earlier, now, new_id, policy)
     )
     plan = settings_compat.with_recorded(plan, want, now)
     choice = plan.choice
