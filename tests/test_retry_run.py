@@ -76,7 +76,9 @@ async def test_retry_run_completes_a_failed_run_on_a_retry_attempt(api: Client, 
 async def test_another_projects_run_is_not_found_and_its_owner_retries_it(
     api: Client, workspace: Path, database_url: str
 ) -> None:
-    _, run_id = await _failed_by_a_crash(api, workspace, "@crash once\n@reply done")
+    thread, run_id = await _failed_by_a_crash(api, workspace, "@crash once\n@reply done")
+    own = (await api.gql("query($t: ID!) { thread(id: $t) { project { id } } }", {"t": thread.id}))["thread"]
+    _, owner_token = create_token(database_url, "operate", own["project"]["id"])
     other = await make_project(api, "other")
     _, stranger = create_token(database_url, "operate", other)
 
@@ -88,7 +90,7 @@ async def test_another_projects_run_is_not_found_and_its_owner_retries_it(
     ]
     assert (await run(api, run_id))["status"] == "FAILED"  # the stranger changed nothing
 
-    owner = await _retry(api, run_id)  # the twin: the same call with a token of the run's project
+    owner = await _retry(api, run_id, token=owner_token)  # the twin: the same call, a token of the run's project
     assert owner["userErrors"] == [] and owner["run"]["status"] in ("PREPARING", "STARTING", "RUNNING", "COMPLETED")
     assert (await finished(api, run_id))["status"] == "COMPLETED"
 
