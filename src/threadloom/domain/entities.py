@@ -111,6 +111,7 @@ class AppThread(Timestamps, Record):
     queue_held: bool = False
     queue_hold_reason: str | None = None
     archived_at: datetime | None = None
+    rollback_operation_id: uuid.UUID | None = None  # set: a rollback is being carried out (ROLLING_BACK)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
