@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from strawberry.dataloader import DataLoader
 
 from threadloom.domain.statuses import RunStatus, RuntimeRequestStatus
+from threadloom.store import links as link_reads
 from threadloom.store import reads
 from threadloom.store import runs as run_reads
 from threadloom.store import tables as t
@@ -34,7 +35,7 @@ def _no_filters(_: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Relation:
-    table: sa.Table
+    table: reads.Source
     parent: str | None
     key: str  # ordering (and cursor) column
     key_type: type = uuid.UUID
@@ -67,6 +68,15 @@ def _fork_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
     return [t.threads.c.lineage_relationship == "fork", *_thread_filters(f)]
 
 
+def _delegated_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
+    return [t.threads.c.lineage_relationship == "subagent", *_thread_filters(f)]
+
+
+def _transfer_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
+    kind = f.get("type")
+    return [] if kind is None else [link_reads.THREAD_TRANSFERS.c.type == str(kind)]
+
+
 PAGED: dict[str, Relation] = {
     "projects": Relation(t.projects, None, "id", filters=_project_filters),
     "project.threads": Relation(t.threads, "project_id", "id", filters=_thread_filters),
@@ -75,6 +85,12 @@ PAGED: dict[str, Relation] = {
     "thread.activities": Relation(t.activities, "thread_id", "sequence", key_type=int, filters=_activity_filters),
     "thread.checkpoints": Relation(t.checkpoints, "thread_id", "id"),
     "thread.forks": Relation(t.threads, "parent_thread_id", "id", filters=_fork_filters),
+    "thread.delegated": Relation(t.threads, "parent_thread_id", "id", filters=_delegated_filters),
+    # A transfer into or out of the thread (or both: a provider handoff's source is its target).
+    "thread.transfers": Relation(link_reads.THREAD_TRANSFERS, "owner_thread_id", "id", filters=_transfer_filters),
+    "providerThread.turns": Relation(t.provider_turns, "provider_thread_id", "ordinal", key_type=int),
+    "providerThread.runs": Relation(t.runs, "provider_thread_id", "ordinal", key_type=int),
+    "scope.checkpoints": Relation(t.checkpoints, "scope_id", "id"),
 }
 
 _queued = [t.runs.c.status == RunStatus.QUEUED.value]
@@ -97,6 +113,9 @@ LISTS: dict[str, tuple[sa.Table, str, str, list[sa.ColumnElement[bool]]]] = {
     "thread.transfersOut": (t.context_transfers, "source_thread_id", "created_at", []),
     "run.contextTransfers": (t.context_transfers, "target_run_id", "created_at", []),
     "transfer.handoffs": (t.context_handoffs, "transfer_id", "created_at", []),
+    # The handoffs a run received (set when one went out with its first turn): switch, fork, merge-back,
+    # rollback or a replaced provider thread alike.
+    "run.handoffs": (t.context_handoffs, "target_run_id", "created_at", []),
 }
 
 PageKey = tuple[Hashable, reads.PageArgs, Filters]
@@ -200,6 +219,16 @@ class Loaders:
 
         return self._get(("children", relation), lambda: DataLoader(load_fn=load))
 
+    def forks_of_runs(self) -> DataLoader[uuid.UUID, list[dict[str, Any]]]:
+        """By run: the threads forked from it, oldest first (one statement for all the runs asked)."""
+
+        async def load(run_ids: list[uuid.UUID]) -> list[list[dict[str, Any]]]:
+            async with self.reader() as db:
+                found = await link_reads.forks_of_runs(db, run_ids)
+            return [found[i] for i in run_ids]
+
+        return self._get("forks_of_runs", lambda: DataLoader(load_fn=load))
+
     def queue_positions(self) -> DataLoader[uuid.UUID, dict[uuid.UUID, int]]:
         """By thread: each queued run's place in the queue (one statement for all the threads asked)."""
 
@@ -209,4 +238,3 @@ class Loaders:
             return [found[i] for i in thread_ids]
 
         return self._get("queue_positions", lambda: DataLoader(load_fn=load))
-

@@ -192,6 +192,8 @@ _CONNECTION_KEYS: dict[str, type] = {
         ("Run", "thread.runs"),
         ("ConversationMessage", "thread.messages"),
         ("Activity", "thread.activities"),
+        ("ProviderTurn", "providerThread.turns"),
+        ("ContextTransfer", "thread.transfers"),
     )
 }
 

@@ -16,20 +16,22 @@ import typing
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from types import CoroutineType
-from typing import Any, ClassVar, Self, TypeVar, dataclass_transform
+from typing import Annotated, Any, ClassVar, Self, TypeVar, dataclass_transform
 
 import sqlalchemy as sa
 import strawberry
 from strawberry.scalars import JSON
 
-from threadloom.api import enums
+from threadloom.api import enums, vocab
 from threadloom.api import ids as gid
 from threadloom.api.context import Info
 from threadloom.api.errors import ApiError
 from threadloom.api.feed_cursor import encode_feed_cursor
 from threadloom.api.pagination import paged
+from threadloom.api.providers import ProviderInstance, provider_instances
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain import entities as e
+from threadloom.domain.activities import ActivityKind
 from threadloom.domain.errors import DomainError
 from threadloom.domain.records import Record
 from threadloom.domain.statuses import RunStatus
@@ -147,6 +149,12 @@ def _load_now(info: Info, cls: type[E], entity_id: uuid.UUID | None) -> E | Awai
     return _built(pending, cls)
 
 
+def link(info: Info, type_name: str, entity_id: uuid.UUID | None) -> Any:
+    """The object of `type_name` with this id through the request's loaders (batched; no visibility check:
+    for objects of the parent's own thread). A value, or an awaitable graphql-core awaits."""
+    return _load_now(info, NODE_TYPES[type_name], entity_id)
+
+
 async def _built(pending: Awaitable[Any], cls: type[E]) -> E | None:
     row = await pending
     return None if row is None else cls.from_row(row)
@@ -206,6 +214,55 @@ def _many(type_name: str, relation: str, *, description: str | None = None) -> A
     return strawberry.field(resolver=resolve, description=description)
 
 
+def _many_ids(info: Info, cls: type[E], ids: object) -> Awaitable[list[E | None]] | list[E | None]:
+    """The objects named by a JSON list of ids, in its order (one batched load for every parent)."""
+    found = [_load_now(info, cls, _uuid_or_none(i)) for i in ids] if isinstance(ids, list) else []
+    if not any(_pending(f) for f in found):
+        return typing.cast("list[E | None]", found)
+    return _gathered(found)
+
+
+async def _gathered(found: list[Any]) -> list[Any]:
+    return [await f if _pending(f) else f for f in found]
+
+
+def _uuid_or_none(value: object) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _provider_instance(
+    description: str = "The configured provider instance of `providerInstanceId`; null when this server no longer "
+    "configures it.",
+) -> Any:
+    """`providerInstance` beside a `providerInstanceId`: read from the server's configuration (no statement)."""
+
+    def resolve(self: Any, info: Info) -> ProviderInstance | None:
+        built = info.context.loaders.built
+        found = built.get((ProviderInstance, None))
+        if found is None:
+            found = built[(ProviderInstance, None)] = (None, {p.id: p for p in provider_instances(info)})
+        return typing.cast("dict[str, ProviderInstance]", found[1]).get(self.rec.provider_instance_id)
+
+    resolve.__name__ = "provider_instance"
+    return strawberry.field(resolver=resolve, description=description)
+
+
+def _mode(attr: str = "runtime_mode", description: str | None = None) -> Any:
+    """The typed `RuntimeMode` of a stored runtime mode string."""
+
+    def resolve(self: Any) -> vocab.RuntimeMode | None:
+        return vocab.runtime_mode(getattr(self.rec, attr))
+
+    resolve.__name__ = "mode"
+    return strawberry.field(resolver=resolve, description=description)
+
+
+_MODE_STRING = "Use `mode` (the RuntimeMode enum)."
+
+
 @_entity(e.Project)
 class Project(Node, _Entity):
     rec: strawberry.Private[e.Project]
@@ -238,12 +295,34 @@ class Lineage:
     def forks(self, info: Info, include_archived: bool = False) -> dict[str, Any]:
         return {"include_archived": include_archived}
 
+    @paged(
+        "thread.delegated",
+        "Thread",
+        description="The threads this one delegated tasks to (`delegateTask`, or its agent's subagents), oldest first.",
+    )
+    def delegated_children(self, info: Info, include_archived: bool = False) -> dict[str, Any]:
+        return {"include_archived": include_archived}
+
+    @paged(
+        "thread.transfers",
+        "ContextTransfer",
+        description="The merge-backs this thread made (a fork merging into its source) or received (a source a "
+        "fork merged into), oldest first.",
+    )
+    def merge_backs(self, info: Info) -> dict[str, Any]:
+        return {"type": enums.TransferType.MERGE_BACK.value}
+
 
 @_entity(e.AppThread, hide=("lineage_relationship",))  # shown in `lineage`
 class Thread(Node, _Entity):
     _row_extras = ("last_sequence",)
     rec: strawberry.Private[e.AppThread]
     last_sequence: strawberry.Private[int] = 0
+    runtime_mode: str = strawberry.field(
+        description="The runtime mode of the thread's next runs, as a string.", deprecation_reason=_MODE_STRING
+    )
+    mode: vocab.RuntimeMode = _mode(description="The runtime mode of the thread's next runs (`setRuntimeMode`).")
+    provider_instance: ProviderInstance | None = _provider_instance()
     project: Project = _one("Project", "project_id", required=True)
     active_run: Run | None = _one("Run", "active_run_id")
     queue: list[Run] = _many("Run", "thread.queue", description="Queued runs in the order they will start.")
@@ -297,7 +376,19 @@ class Thread(Node, _Entity):
     def lineage(self) -> Lineage:
         return Lineage(relationship=self.rec.lineage_relationship, rec=self.rec)
 
-    @strawberry.field(description="Context transfers into and out of this thread, oldest first; `type` filters.")
+    @paged(
+        "thread.transfers",
+        "ContextTransfer",
+        description="Context transfers into and out of this thread (forks, provider handoffs, merge-backs, delegated "
+        "tasks and their results), oldest first; `type` filters.",
+    )
+    def context_transfers(self, info: Info, type: enums.TransferType | None = None) -> dict[str, Any]:
+        return {"type": None if type is None else type.value}
+
+    @strawberry.field(
+        description="Context transfers into and out of this thread, oldest first; `type` filters. Unpaged.",
+        deprecation_reason="Use `contextTransfers`, a connection with the same items and `type` filter.",
+    )
     async def transfers(self, info: Info, type: enums.TransferType | None = None) -> list[ContextTransfer]:
         both = [
             *await _children(info, ContextTransfer, "thread.transfersIn", self.rec.id),
@@ -347,12 +438,31 @@ class Run(Node, _Entity):
     supersedes_run: Run | None = _one("Run", "supersedes_run_id")
     provider_thread: ProviderThread | None = _one("ProviderThread", "provider_thread_id")
     checkpoint: Checkpoint | None = _one("Checkpoint", "checkpoint_id")
-    context_handoff: ContextHandoff | None = _one("ContextHandoff", "context_handoff_id")
+    provider_instance: ProviderInstance | None = _provider_instance()
     plans: list[PlanArtifact] = _many("PlanArtifact", "run.plans")
     runtime_requests: list[RuntimeRequest] = _many("RuntimeRequest", "run.requests")
     context_transfers: list[ContextTransfer] = _many(
         "ContextTransfer", "run.contextTransfers", description="The transfers this run resolved or consumed."
     )
+
+    @strawberry.field(
+        description="The context handoff this run received with its first turn, whatever made it: a provider switch, "
+        "a fork, a merge-back, a rollback or a provider thread replaced for new settings. Null: the run's provider "
+        "thread already held the conversation."
+    )
+    async def context_handoff(self, info: Info) -> ContextHandoff | None:
+        if self.rec.context_handoff_id is not None:
+            return await _load(info, ContextHandoff, self.rec.context_handoff_id)
+        found = await _children(info, ContextHandoff, "run.handoffs", self.rec.id)
+        return found[-1] if found else None
+
+    @strawberry.field(
+        description="The threads forked at this run (`forkThread` with this run as the point), oldest "
+        "first, archived ones included."
+    )
+    async def forks(self, info: Info) -> list[Thread]:
+        rows = await info.context.loaders.forks_of_runs().load(self.rec.id)
+        return [Thread.from_row(r) for r in rows]
 
     @strawberry.field
     def queue_position(self, info: Info) -> int | None:
@@ -391,8 +501,15 @@ async def _queue_position(info: Info, run: e.Run) -> int | None:
 class RunAttempt(Node, _Entity):
     rec: strawberry.Private[e.RunAttempt]
     run: Run = _one("Run", "run_id", required=True)
+    thread: Thread = _one("Thread", "thread_id", required=True)
     root_node: ExecutionNode | None = _one("ExecutionNode", "root_node_id")
     provider_turns: list[ProviderTurn] = _many("ProviderTurn", "attempt.turns")
+    provider_thread: ProviderThread | None = _one(
+        "ProviderThread", "provider_thread_id", description="The provider thread the attempt ran its turn on."
+    )
+    provider_turn: ProviderTurn | None = _one(
+        "ProviderTurn", "provider_turn_id", description="The attempt's own provider turn (its root turn)."
+    )
 
 
 @_entity(e.ExecutionNode)
@@ -401,7 +518,11 @@ class ExecutionNode(Node, _Entity):
     parent: ExecutionNode | None = _one("ExecutionNode", "parent_node_id")
     children: list[ExecutionNode] = _many("ExecutionNode", "node.children")
     run: Run = _one("Run", "run_id", required=True)
+    thread: Thread = _one("Thread", "thread_id", required=True)
     attempt: RunAttempt | None = _one("RunAttempt", "attempt_id")
+    provider_turn: ProviderTurn | None = _one(
+        "ProviderTurn", "provider_turn_id", description="The provider turn this node is (turn and subagent nodes)."
+    )
     runtime_request: RuntimeRequest | None = _one("RuntimeRequest", "runtime_request_id")
     checkpoint_scope: CheckpointScope | None = _one(
         "CheckpointScope",
@@ -423,6 +544,7 @@ class ConversationMessage(Node, _Entity):
 @_entity(e.ProviderSession, hide=("lease_expires_at",))  # ownership has no expiry: see `owner`
 class ProviderSession(Node, _Entity):
     rec: strawberry.Private[e.ProviderSession]
+    provider_instance: ProviderInstance | None = _provider_instance()
     owner: str | None = strawberry.field(
         description="The server process holding the live runtime. Ownership lasts as long as that process holds "
         "its advisory lock in PostgreSQL, so it has no expiry time."
@@ -435,6 +557,7 @@ class _InRun:
 
     run: Run | None = _one("Run", "run_id")
     node: ExecutionNode | None = _one("ExecutionNode", "node_id")
+    thread: Thread = _one("Thread", "thread_id", required=True)
 
 
 @_entity(e.ProviderThread)
@@ -444,12 +567,29 @@ class ProviderThread(Node, _Entity):
         description="The model it last ran a turn with; null: the instance's default model, or no turn yet."
     )
     runtime_mode: str | None = strawberry.field(
+        description="The runtime mode it last ran a turn with; null: no turn yet.", deprecation_reason=_MODE_STRING
+    )
+    mode: vocab.RuntimeMode | None = _mode(
         description="The runtime mode it last ran a turn with; null: no turn yet. A run asking for a model or "
         "runtime mode its driver cannot change on a live provider thread starts a new one (docs/providers.md)."
     )
+    provider_instance: ProviderInstance | None = _provider_instance()
     thread: Thread = _one("Thread", "thread_id", required=True)
+    owner_node: ExecutionNode | None = _one(
+        "ExecutionNode",
+        "owner_node_id",
+        description="The subagent node whose provider thread this is; null for the thread's own.",
+    )
     forked_from: ProviderThread | None = _one("ProviderThread", "forked_from_provider_thread_id", visible=True)
     session: ProviderSession | None = _one("ProviderSession", "session_id", visible=True)
+
+    @paged("providerThread.turns", "ProviderTurn", description="Its provider turns, in order.")
+    def turns(self, info: Info) -> dict[str, Any]:
+        return {}
+
+    @paged("providerThread.runs", "Run", description="The runs that ran on it (`Run.providerThread`), in order.")
+    def runs(self, info: Info) -> dict[str, Any]:
+        return {}
 
 
 @_entity(e.ProviderTurn)
@@ -458,14 +598,104 @@ class ProviderTurn(Node, _Entity):
     attempt: RunAttempt | None = _one("RunAttempt", "run_attempt_id")
     node: ExecutionNode | None = _one("ExecutionNode", "node_id")
     provider_thread: ProviderThread | None = _one("ProviderThread", "provider_thread_id")
+    thread: Thread = _one("Thread", "thread_id", required=True)
+
+
+@strawberry.type(description="A point at a run: the run, and the checkpoint of its files the point names (a fork's).")
+class RunPoint:
+    run: Run
+    checkpoint: Checkpoint | None = strawberry.field(
+        description="The checkpoint the point names (a fork point's files); null when it names none."
+    )
+
+
+@strawberry.type(description="A point at one node of a run's execution graph.")
+class NodePoint:
+    node: ExecutionNode
+
+
+@strawberry.type(description="A point inside a provider thread's conversation, after the turn `turnIndex`.")
+class ProviderTurnPoint:
+    provider_thread: ProviderThread
+    turn_index: int | None = strawberry.field(
+        description="The ordinal of the provider turn the point is after (`ProviderTurn.ordinal`); null: its latest."
+    )
+
+
+@strawberry.type(description="A point at a checkpoint of a thread's files.")
+class CheckpointPoint:
+    checkpoint: Checkpoint
+
+
+TransferPoint = Annotated[
+    RunPoint | NodePoint | ProviderTurnPoint | CheckpointPoint,
+    strawberry.union(
+        "TransferPoint",
+        description="Where a context transfer starts or is based: a run, a node, a provider turn or a checkpoint.",
+    ),
+]
+
+
+async def _point(info: Info, stored: object) -> RunPoint | NodePoint | ProviderTurnPoint | CheckpointPoint | None:
+    """The typed point of a transfer's stored `sourcePoint`/`basePoint` JSON (ids as UUID strings): the most
+    specific place it names, a run, else a node, a checkpoint, a provider thread; null when it names none of
+    them (a provider switch records a reason, not a place) or the object is not visible. Each point is
+    `strawberry.cast`: the union's type resolver then needs no structural match (as for `ActivityItem`)."""
+    point = stored if isinstance(stored, Mapping) else {}
+    run_id, checkpoint_id = _uuid_or_none(point.get("runId")), _uuid_or_none(point.get("checkpointId"))
+    node_id, provider_thread_id = _uuid_or_none(point.get("nodeId")), _uuid_or_none(point.get("providerThreadId"))
+    if run_id is not None:
+        run, checkpoint = await asyncio.gather(
+            _load_visible(info, Run, run_id), _load_visible(info, Checkpoint, checkpoint_id)
+        )
+        return None if run is None else strawberry.cast(RunPoint, RunPoint(run=run, checkpoint=checkpoint))
+    if node_id is not None:
+        node = await _load_visible(info, ExecutionNode, node_id)
+        return None if node is None else strawberry.cast(NodePoint, NodePoint(node=node))
+    if checkpoint_id is not None:
+        checkpoint = await _load_visible(info, Checkpoint, checkpoint_id)
+        return None if checkpoint is None else strawberry.cast(CheckpointPoint, CheckpointPoint(checkpoint=checkpoint))
+    if provider_thread_id is not None:
+        pt = await _load_visible(info, ProviderThread, provider_thread_id)
+        index = point.get("turnIndex")
+        turn_index = index if isinstance(index, int) and not isinstance(index, bool) else None
+        if pt is None:
+            return None
+        return strawberry.cast(ProviderTurnPoint, ProviderTurnPoint(provider_thread=pt, turn_index=turn_index))
+    return None
+
+
+_POINT_JSON = "Use `{}` (a typed TransferPoint whose objects resolve without ids)."
 
 
 @_entity(e.ContextTransfer, hide=("fork_context",))  # the fork's frozen context: `handoff` shows what went
 class ContextTransfer(Node, _Entity):
     rec: strawberry.Private[e.ContextTransfer]
+    source_point: JSON | None = strawberry.field(
+        description="Where the transfer starts, as stored JSON (raw UUIDs).",
+        deprecation_reason=_POINT_JSON.format("source"),
+    )
+    base_point: JSON | None = strawberry.field(
+        description="What the transfer is based on, as stored JSON (raw UUIDs).",
+        deprecation_reason=_POINT_JSON.format("base"),
+    )
     source_thread: Thread | None = _one("Thread", "source_thread_id", visible=True)
     target_thread: Thread | None = _one("Thread", "thread_id", visible=True)
     target_run: Run | None = _one("Run", "target_run_id", visible=True)
+
+    @strawberry.field(
+        description="Where the transfer starts: a fork's point (a run and its checkpoint), a merge-back's latest "
+        "run of the fork, a delegated task's finished run; null when it names no place (a provider switch)."
+    )
+    async def source(self, info: Info) -> TransferPoint | None:
+        return await _point(info, self.rec.source_point)
+
+    @strawberry.field(
+        description="What the transfer is based on: a merge-back's fork point in the thread merged into; null "
+        "for the other types."
+    )
+    async def base(self, info: Info) -> TransferPoint | None:
+        return await _point(info, self.rec.base_point)
 
     @strawberry.field(description="The run of the source thread the transfer starts from (a fork point), if any.")
     async def source_run(self, info: Info) -> Run | None:
@@ -482,18 +712,51 @@ class ContextTransfer(Node, _Entity):
         return found[-1] if found else None
 
 
-@_entity(e.ContextHandoff, hide=("from_provider_thread_ids",))
+@_entity(e.ContextHandoff, hide=("from_provider_thread_ids", "covered_run_ordinals", "omitted_run_ordinals"))
 class ContextHandoff(Node, _Entity):
     rec: strawberry.Private[e.ContextHandoff]
     text: str = strawberry.field(description="Exactly the context the provider received.")
     transfer: ContextTransfer | None = _one("ContextTransfer", "transfer_id", visible=True)
     target_run: Run | None = _one("Run", "target_run_id")
+    thread: Thread = _one("Thread", "thread_id", required=True)
+    to_provider_thread: ProviderThread | None = _one(
+        "ProviderThread", "to_provider_thread_id", description="The provider thread the handoff went (or goes) to."
+    )
+
+    @strawberry.field(description="The provider threads the covered runs ran on, as the handoff recorded them.")
+    def from_provider_threads(self, info: Info) -> list[ProviderThread]:
+        found = _many_ids(info, ProviderThread, self.rec.from_provider_thread_ids)
+        if _pending(found):
+            return _present(found)  # type: ignore[return-value]  # graphql-core awaits it
+        return [f for f in typing.cast("list[ProviderThread | None]", found) if f is not None]
+
+    @strawberry.field(description="The ordinals of the runs whose conversation the handoff carries, in order.")
+    def covered_run_ordinals(self) -> list[int]:
+        return _ints(self.rec.covered_run_ordinals)
+
+    @strawberry.field(
+        description="The ordinals of runs selected but left out for length: accounted for, never sent again."
+    )
+    def omitted_run_ordinals(self) -> list[int]:
+        return _ints(self.rec.omitted_run_ordinals)
+
+
+def _ints(value: object) -> list[int]:
+    return [int(v) for v in value] if isinstance(value, list | tuple) else []
+
+
+async def _present(found: Awaitable[list[Any]]) -> list[Any]:
+    return [f for f in await found if f is not None]
 
 
 @_entity(e.CheckpointScope)
 class CheckpointScope(_InRun, Node, _Entity):
     rec: strawberry.Private[e.CheckpointScope]
     parent_scope: CheckpointScope | None = _one("CheckpointScope", "parent_scope_id")
+
+    @paged("scope.checkpoints", "Checkpoint", description="The checkpoints taken in this scope, oldest first.")
+    def checkpoints(self, info: Info) -> dict[str, Any]:
+        return {}
 
 
 @strawberry.type(description="One path a checkpoint changed against the checkpoint before it in its scope.")
@@ -511,6 +774,7 @@ class Checkpoint(Node, _Entity):
     rec: strawberry.Private[e.Checkpoint]
     scope: CheckpointScope | None = _one("CheckpointScope", "scope_id")
     run: Run | None = _one("Run", "run_id")
+    thread: Thread = _one("Thread", "thread_id", required=True)
 
     @strawberry.field(description="What changed against the previous checkpoint of its scope, by path.")
     def files(self) -> list[CheckpointFile]:
@@ -592,6 +856,17 @@ def _global_ids(payload: object) -> JSON | None:
 @_entity(e.Activity)
 class Activity(Node, _Entity):
     rec: strawberry.Private[e.Activity]
+    kind: str = strawberry.field(
+        description="What the activity records, as a string (`run.started`).",
+        deprecation_reason="Use `activityKind` (the ActivityKind enum).",
+    )
+    run: Run | None = _one("Run", "run_id", description="The run the activity belongs to; null for a thread's own.")
+    node: ExecutionNode | None = _one("ExecutionNode", "node_id", description="The node of the run it came from.")
+    thread: Thread = _one("Thread", "thread_id", required=True)
+
+    @strawberry.field(description="What the activity records; null only for a kind this server no longer names.")
+    def activity_kind(self) -> ActivityKind | None:
+        return vocab.activity_kind(self.rec.kind)
 
     @strawberry.field(
         description="Details of the activity. Ids of objects in it (`runId`, `childThreadId`, `transferId`, "

@@ -17,6 +17,9 @@ from sqlalchemy.dialects import postgresql
 
 from threadloom.store.db import Reader
 
+# What a page reads from: a table, or a subquery shaped like one (`store.links.THREAD_TRANSFERS`).
+Source = sa.Table | sa.Subquery
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PageArgs:
@@ -70,7 +73,7 @@ _PAGE_STATEMENTS: dict[Hashable, sa.Select[Any]] = {}
 
 
 def _page_statement(
-    table: sa.Table, key: str, parent: str | None, args: PageArgs, where: Sequence[sa.ColumnElement[bool]]
+    table: Source, key: str, parent: str | None, args: PageArgs, where: Sequence[sa.ColumnElement[bool]]
 ) -> sa.Select[Any]:
     key_col = table.c[key]
     conds: list[sa.ColumnElement[bool]] = list(where)
@@ -104,7 +107,7 @@ def _shape(where: Sequence[sa.ColumnElement[bool]]) -> Hashable | None:
 
 async def pages(
     db: Reader,
-    table: sa.Table,
+    table: Source,
     *,
     key: str,
     args: PageArgs,
@@ -150,7 +153,7 @@ async def pages(
 
 async def counts(
     db: Reader,
-    table: sa.Table,
+    table: Source,
     *,
     parent: str | None,
     parents: Sequence[Hashable] = (),
