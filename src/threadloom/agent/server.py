@@ -29,7 +29,7 @@ from threadloom.agent.state import (
     ThreadRecord,
     TurnRecord,
 )
-from threadloom.agent.turns import Io, Turn, TurnResult
+from threadloom.agent.turns import ChildTurn, Io, Turn, TurnResult
 from threadloom.agent.wire import (
     CAPABILITY_OFF,
     INTERNAL_ERROR,
@@ -106,7 +106,33 @@ class Session:
     """A thread this process has started or resumed."""
 
     record: ThreadRecord
-    active: Turn | None = None
+    active: Turn | ChildTurn | None = None  # ChildTurn: a subagent's thread, its one turn running
+
+
+@dataclasses.dataclass(slots=True)
+class SpawnedThread:
+    """A `@subagent`'s own thread: saved with its turn running when the subagent starts, and again when it
+    ends, so `thread/read`, `thread/revert` and `thread/fork` see it like any thread."""
+
+    session: Session
+    store: StateStore
+
+    @property
+    def thread_id(self) -> str:
+        return self.session.record.id
+
+    def running(self, turn: ChildTurn) -> None:
+        self.session.active = turn
+
+    def finish(self, status: str, output: str) -> None:
+        record = self.session.record
+        record.turns[-1].status = status
+        record.turns[-1].output = output
+        self.session.active = None
+        try:
+            self.store.save(record)
+        except (OSError, StateError):
+            log.exception("cannot save subagent thread %s", record.id)
 
 
 class Server:
@@ -309,6 +335,7 @@ class Server:
             sandbox=self.options.sandbox(thread),
             on_finish=finish,
             recall=lambda: recall.render(thread.turns),
+            spawn=lambda prompt, turn_id: self._spawn(thread, prompt, turn_id),
         )
         session.active = turn
         return Answer({"turn": {"id": turn.id, "status": "inProgress"}}, turn.begin)
@@ -318,6 +345,8 @@ class Server:
             raise RpcError(CAPABILITY_OFF, "steering is not supported")
         session = self._session(params)
         turn = self._running(session, _str_param(params, "expectedTurnId"))
+        if not isinstance(turn, Turn):
+            raise RpcError(CAPABILITY_OFF, "a subagent's turn cannot be steered")
         text, handoffs = _input(params)
         turn.steer(text)
         record = session.record.turns[-1]  # the running turn is always the latest
@@ -339,6 +368,14 @@ class Server:
         return Answer({}, interrupt)
 
     # --- helpers ---
+
+    def _spawn(self, parent: ThreadRecord, prompt: str, turn_id: str) -> SpawnedThread:
+        """The thread of a `@subagent` of `parent`: same folder and mode, its one turn the prompt."""
+        turn = TurnRecord(turn_id, prompt, context=[ContextEntry(USER, prompt)])
+        record = ThreadRecord(str(uuid.uuid4()), parent.cwd, [turn], parent.runtime_mode)
+        self.store.save(record)
+        session = self.sessions[record.id] = Session(record)
+        return SpawnedThread(session, self.store)
 
     def _cwd_param(self, params: Message, default: str) -> str:
         """`cwd` (else `default`) as an absolute path, refused outside `--workspace` unless it lies in a fork's
@@ -412,7 +449,7 @@ class Server:
         return session
 
     @staticmethod
-    def _running(session: Session, turn_id: str) -> Turn:
+    def _running(session: Session, turn_id: str) -> Turn | ChildTurn:
         turn = session.active
         if turn is None or turn.closed or turn.id != turn_id:
             raise RpcError(NOT_RUNNING_TURN, f"turn {turn_id} is not running")

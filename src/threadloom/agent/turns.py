@@ -15,7 +15,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from threadloom.agent import shell, workspace
 from threadloom.agent.directives import (
@@ -89,8 +89,10 @@ class Turn:
         mode: str = "workspace_write",
         sandbox: Sandbox | None = None,
         recall: Callable[[], str] = lambda: "",
+        spawn: Callable[[str, str], Spawned] | None = None,
     ) -> None:
         self.io = io
+        self._spawn = spawn  # `@subagent`: a native thread of its own for the subagent (server.py)
         self._recall = recall  # the thread's conversation as `@recall` shows it, read when the directive runs
         self.mode = mode  # the thread's runtime mode: read_only writes nothing, approval_required asks first
         self.sandbox = sandbox or Sandbox(Path(cwd), writable=mode != "read_only")
@@ -286,7 +288,8 @@ class Turn:
         done = {**item, "status": status, "exitCode": exit_code, "aggregatedOutput": "".join(output)}
         await self._notify("item/completed", self.id, item=done)
 
-    async def _write(self, path: str, text: str) -> None:
+    async def _write(self, path: str, text: str, turn_id: str | None = None) -> None:
+        turn_id = turn_id or self.id
         item_id = self.io.new_item_id()
         refusal: str | None = None
         try:
@@ -303,9 +306,9 @@ class Turn:
             "changes": [{"path": workspace.display_path(self.cwd, path), "kind": kind}],
             "status": "inProgress",
         }
-        await self._notify("item/started", self.id, item=item)
+        await self._notify("item/started", turn_id, item=item)
         if refusal is None and self.mode == "approval_required" and not await self._approved_change(item_id):
-            await self._notify("item/completed", self.id, item={**item, "status": "declined"})
+            await self._notify("item/completed", turn_id, item={**item, "status": "declined"})
             return
         status = "failed"
         if target is not None and refusal is None:
@@ -317,8 +320,8 @@ class Turn:
                 refusal = f"cannot write {path}: {exc}"
         if refusal is not None:
             log.warning("@write %s refused: %s", path, refusal)
-            await self._notify("item/fileChange/outputDelta", self.id, itemId=item_id, delta=refusal + "\n")
-        await self._notify("item/completed", self.id, item={**item, "status": status})
+            await self._notify("item/fileChange/outputDelta", turn_id, itemId=item_id, delta=refusal + "\n")
+        await self._notify("item/completed", turn_id, item={**item, "status": status})
 
     async def _approved_change(self, item_id: str) -> bool:
         """Asks `item/fileChange/requestApproval` for the started fileChange item; True if accepted."""
@@ -397,27 +400,64 @@ class Turn:
         await self._notify("item/completed", self.id, item={**item, "text": text})
 
     async def _subagent(self, prompt: str) -> None:
+        """A subagent with a native thread of its own (as a Codex `spawnAgent`): the item names it in
+        `receiverThreadIds`; its one turn runs the prompt (its events carry the parent's `threadId` and the
+        child turn's `parentTurnId`) and is kept in the subagent's thread, which can then be read, reverted,
+        forked or resumed like any other. `turn/interrupt` of that thread's turn ends the subagent alone
+        (`interrupted`) and the parent turn goes on; an interrupt of the parent ends both, the child first."""
         item_id = self.io.new_item_id()
         child_id = str(uuid.uuid4())
-        item = {"type": "collabAgentToolCall", "id": item_id, "prompt": prompt, "childTurnId": child_id}
+        spawned = self._spawn(prompt, child_id) if self._spawn is not None else None
+        item: Message = {"type": "collabAgentToolCall", "id": item_id, "prompt": prompt, "childTurnId": child_id}
+        item |= {"tool": "spawnAgent", "senderThreadId": self.thread_id}
+        item["receiverThreadIds"] = [spawned.thread_id] if spawned is not None else []
         await self._notify("item/started", self.id, item={**item, "status": "inProgress"})
         child = {"id": child_id, "parentTurnId": self.id}
         await self._send("turn/started", {"threadId": self.thread_id, "turn": child})
+        replies: list[str] = []
+        work = asyncio.create_task(self._child_work(prompt, child_id, replies), name=f"turn-{child_id}-child")
+        if spawned is not None:
+            spawned.running(ChildTurn(child_id, work))
         try:
-            if prompt.startswith("@approval "):  # the child turn asks for approval itself
-                await self._approval(prompt.removeprefix("@approval ").strip(), child_id)
-            elif prompt.startswith("@todo "):  # the child turn keeps its own todo list
-                steps = prompt.removeprefix("@todo ").split(";")
-                await self._todo(tuple(step.strip() for step in steps if step.strip()), child_id)
-            await self._reply(child_id, f"Subagent: {prompt}")
-        except asyncio.CancelledError:
-            # An interrupt ends the child turn too, before the parent's.
-            interrupted = {**child, "status": "interrupted", "error": None}
-            await self._send("turn/completed", {"threadId": self.thread_id, "turn": interrupted})
+            await asyncio.wait([work])
+        except asyncio.CancelledError:  # the parent is interrupted: the child ends first
+            work.cancel()
+            await asyncio.wait([work])
+            await self._end_child(child, item, spawned, "interrupted", None, replies)
             raise
-        completed = {**child, "status": "completed", "error": None}
-        await self._send("turn/completed", {"threadId": self.thread_id, "turn": completed})
-        await self._notify("item/completed", self.id, item={**item, "status": "completed"})
+        status, error = _child_outcome(work)
+        await self._end_child(child, item, spawned, status, error, replies)
+
+    async def _child_work(self, prompt: str, child_id: str, replies: list[str]) -> None:
+        """The subagent's turn: one directive (`@approval`, `@todo`, `@write`, `@await`) first, then its reply."""
+        if prompt.startswith("@approval "):  # the child turn asks for approval itself
+            await self._approval(prompt.removeprefix("@approval ").strip(), child_id)
+        elif prompt.startswith("@todo "):  # the child turn keeps its own todo list
+            steps = prompt.removeprefix("@todo ").split(";")
+            await self._todo(tuple(step.strip() for step in steps if step.strip()), child_id)
+        elif prompt.startswith("@write "):  # the child turn writes a file (a change of its own scope)
+            path, _, text = prompt.removeprefix("@write ").strip().partition(" ")
+            await self._write(path, text.strip(), child_id)
+        elif prompt.startswith("@await "):  # a gate: the subagent is provably running until it opens
+            await self._await_file(prompt.removeprefix("@await ").strip())
+        reply = f"Subagent: {prompt}"
+        await self._reply(child_id, reply)
+        replies.append(reply)
+
+    async def _end_child(
+        self,
+        child: Message,
+        item: Message,
+        spawned: Spawned | None,
+        status: str,
+        error: str | None,
+        replies: list[str],
+    ) -> None:
+        if spawned is not None:
+            spawned.finish(status, "\n".join(replies))
+        turn = {**child, "status": status, "error": None if error is None else {"message": error}}
+        await self._send("turn/completed", {"threadId": self.thread_id, "turn": turn})
+        await self._notify("item/completed", self.id, item={**item, "status": status})
 
     async def _notify(self, method: str, turn_id: str, **fields: Any) -> None:
         await self._send(method, {"threadId": self.thread_id, "turnId": turn_id, **fields})
@@ -442,3 +482,43 @@ def _first_crash(thread_id: str) -> bool:
         return False
     marker.touch()
     return True
+
+
+class ChildTurn:
+    """A subagent's running turn, as its own thread's session sees it: `turn/interrupt` on the subagent's
+    thread cancels this turn alone."""
+
+    def __init__(self, turn_id: str, work: asyncio.Task[None]) -> None:
+        self.id = turn_id
+        self.task: asyncio.Task[None] | None = work
+
+    @property
+    def closed(self) -> bool:
+        return self.task is None or self.task.done()
+
+    def interrupt(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+class Spawned(Protocol):
+    """The subagent's own thread (kept by the server): its id, its running turn, and the turn's end."""
+
+    @property
+    def thread_id(self) -> str: ...
+
+    def running(self, turn: ChildTurn) -> None: ...
+
+    def finish(self, status: str, output: str) -> None: ...
+
+
+def _child_outcome(work: asyncio.Task[None]) -> tuple[str, str | None]:
+    """(status, error) of a subagent's turn: interrupted if cancelled, failed if it raised."""
+    if work.cancelled():
+        return "interrupted", None
+    exc = work.exception()
+    if exc is None:
+        return "completed", None
+    if not isinstance(exc, TurnFailed):
+        log.error("subagent turn broke", exc_info=exc)
+    return "failed", str(exc) or type(exc).__name__

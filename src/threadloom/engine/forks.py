@@ -34,6 +34,7 @@ from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.handoffs import HandoffKind, Selection, build_handoff, pending_handoff
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import NodeKind, NodeStatus, TokenScope, TransferStatus
+from threadloom.engine import subagent_threads
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
 from threadloom.store import entities, handoff_facts
@@ -201,12 +202,15 @@ async def _at_checkpoint(db: Reader, thread: AppThread, checkpoint: Checkpoint, 
 async def _at_node(
     db: Reader, principal: Principal, thread: AppThread, node: ExecutionNode, field: str
 ) -> tuple[AppThread, forks.ForkPoint]:
-    """A run's root node is its run; a completed subagent node forks its child thread at its latest stable run."""
+    """A run's root node is its run; a completed delegated task's node forks its child thread at its latest stable
+    run, a completed provider subagent's its own provider thread (`engine.subagent_threads.fork_point`)."""
     if node.kind == NodeKind.ROOT_TURN:
         run = await entities.require(db, Run, node.run_id)
         return thread, await _at_run(db, thread, run, field)
-    if node.kind != NodeKind.SUBAGENT or node.child_thread_id is None:
+    if node.kind != NodeKind.SUBAGENT:
         raise DomainError(ErrorCode.INVALID_INPUT, "fork from a run's root node or from a subagent node", field)
+    if node.child_thread_id is None:  # a provider subagent: its own provider thread, if it has one
+        return thread, await subagent_threads.fork_point(db, thread, node, field)
     if node.status != NodeStatus.COMPLETED:
         raise forks.unstable(f"a {node.status.value} subagent node", None, field)
     child = await _visible_thread(db, principal, node.child_thread_id, field)

@@ -8,18 +8,20 @@ import logging
 import uuid
 from typing import Any
 
-from threadloom.domain import delegation, interruption
+from threadloom.domain import delegation, interruption, subagents
 from threadloom.domain import queue as queue_rules
 from threadloom.domain import runs as rules
 from threadloom.domain.access import Principal
+from threadloom.domain.activities import ActivityKind, activity
 from threadloom.domain.changes import Outcome
 from threadloom.domain.effects import InterruptTurn, StopSession, StopTasks
-from threadloom.domain.entities import AppThread, ExecutionNode, Run, RunAttempt
+from threadloom.domain.entities import AppThread, ExecutionNode, ProviderTurn, Run, RunAttempt
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
-from threadloom.domain.statuses import ProviderSessionStatus, RunStatus, TokenScope
+from threadloom.domain.statuses import NodeKind, ProviderSessionStatus, ProviderTurnStatus, RunStatus, TokenScope
+from threadloom.engine import node_rollback
 from threadloom.engine.delegation import owed_results
-from threadloom.engine.pipeline import Pipeline
+from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.runs import RunEngine
 from threadloom.engine.sessions import SessionManager
 from threadloom.providers.contract import ProviderError
@@ -147,11 +149,55 @@ class Interruption:
         if node.child_thread_id is not None:
             await self.stop_thread(principal, node.child_thread_id, key)
             return node_id
+        if node.kind == NodeKind.SUBAGENT:
+            await self._interrupt_subagent(principal, node, key)
+            return node_id
         raise DomainError(
             ErrorCode.NOT_INTERRUPTIBLE,
             f"a {node.kind} node cannot be interrupted on its own; interrupt its run",
             "nodeId",
         )
+
+    async def _interrupt_subagent(self, principal: Principal, node: ExecutionNode, key: str | None) -> None:
+        """A provider subagent with a turn of its own (`domain.subagents`): the provider interrupts that turn
+        alone, after the request is recorded; its end (through the ingestor) ends the node, and the parent's
+        run goes on. One living in its parent's turn (Claude Code's Task) cannot be interrupted alone."""
+        async with self.pipeline.db.read() as db:
+            owned = await node_rollback.owned_thread(db, node.id)
+            turns = (
+                await entities.where(db, ProviderTurn, t.provider_turns.c.provider_thread_id == owned.id)
+                if owned
+                else []
+            )
+        running = [turn for turn in turns if turn.status == ProviderTurnStatus.RUNNING and turn.native_turn_ref]
+        if owned is None or owned.native_thread_ref is None:
+            why = "this subagent runs inside its parent's provider turn (it has no turn of its own); interrupt its run"
+            raise DomainError(ErrorCode.NOT_INTERRUPTIBLE, why, "nodeId")
+        if not subagents.interruptible(node, owned) or not running:
+            raise DomainError(ErrorCode.NOT_INTERRUPTIBLE, f"the subagent is not running ({node.status})", "nodeId")
+        driver = self.sessions.drivers.get(owned.provider_instance_id)
+        if driver is None or not driver.capabilities().supports_interrupt:
+            raise interruption.unsupported_error()
+        now = self.pipeline.clock.now()
+
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
+            principal.require_project(thread.project_id, TokenScope.OPERATE, "nodeId")
+            summary = f"interrupt requested for subagent {node.title or ''}".strip()
+            payload = {"providerThreadId": str(owned.id), "nativeTurnRef": running[0].native_turn_ref}
+            kind = ActivityKind.RUN_INTERRUPT_REQUESTED
+            note = activity(thread.id, kind, summary, now, new_id, run_id=node.run_id, node_id=node.id, payload=payload)
+            return Outcome([note], result={"nodeId": str(node.id)})
+
+        asked = {"command_type": "interruptNode", "principal": principal, "key": key, "decide": decide}
+        await self.pipeline.execute(Command.naming("nodeId", node.id, {}, thread_id=node.thread_id, **asked))
+        found = self.sessions.binding_of_attempt(node.attempt_id) if node.attempt_id else None
+        if found is None:
+            return  # the parent's turn has ended meanwhile: so has the subagent's
+        session, _ = found
+        try:
+            await session.runtime.interrupt_turn(owned.native_thread_ref, str(running[0].native_turn_ref))
+        except ProviderError as error:
+            log.warning("interrupt of subagent turn %s refused: %s", running[0].native_turn_ref, error)
 
     async def stop_thread(
         self, principal: Principal, thread_id: uuid.UUID, key: str | None, *, cascade: bool = True

@@ -30,6 +30,7 @@ from threadloom.domain.entities import (
 from threadloom.domain.ids import new_id
 from threadloom.domain.records import Record
 from threadloom.domain.statuses import AttemptStatus, NodeStatus
+from threadloom.engine import subagent_threads
 from threadloom.engine.sessions import TurnBinding
 from threadloom.providers import contract as ev
 from threadloom.store import entities
@@ -157,6 +158,7 @@ async def _turn_completed(b: Batch, binding: TurnBinding, event: ev.TurnComplete
         b.put(EventVerb.UPDATED, node.evolve(status=status, updated_at=now, completed_at=now))
         summary = f"subagent turn {event.status}"
         b.add(_activity(binding.thread_id, ActivityKind.SUBAGENT_COMPLETED, summary, now, binding.run_id, node.id))
+        await subagent_threads.ended(b, node, event.native_turn, event.status, now)
 
 
 async def _output(b: Batch, binding: TurnBinding, event: ev.OutputDelta, now: Any) -> None:
@@ -209,6 +211,7 @@ async def _item_started(b: Batch, binding: TurnBinding, event: ev.ItemStarted, n
             binding.child_turns[str(child)] = node.id
         title = event.title or "subagent"
         b.add(_activity(binding.thread_id, ActivityKind.SUBAGENT_STARTED, title, now, binding.run_id, node.id))
+        await subagent_threads.spawned(b, binding, node, event.detail, now)  # its own provider thread, if any
     elif event.kind == "plan":
         plan = items.proposed_plan(binding, node.id, now, new_id)
         binding.todo_plans[node.id] = plan.id

@@ -42,7 +42,9 @@ class ForkSourceInput:
     )
     node: strawberry.ID | None = strawberry.field(
         default=strawberry.UNSET,
-        description="A run's root node (its run), or a completed subagent node (its child thread's latest stable run).",
+        description="A run's root node (its run); a completed delegated task's node (its child thread's latest "
+        "stable run); a completed provider subagent's node that owns a provider thread (its own conversation and "
+        "the files it left).",
     )
     provider_thread: ProviderThreadPointInput | None = strawberry.UNSET
     checkpoint: strawberry.ID | None = strawberry.field(

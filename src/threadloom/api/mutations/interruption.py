@@ -50,8 +50,9 @@ class InterruptionMutation:
 
     @mutation(returning(NodePayload, "node", ExecutionNode))
     async def interrupt_node(ctx: Context, input: InterruptNodeInput) -> uuid.UUID:
-        """Interrupt by node: a root turn node interrupts its run, a delegated subagent node stops its child thread;
-        other nodes are NOT_INTERRUPTIBLE."""
+        """Interrupt by node: a root turn node interrupts its run, a delegated subagent node stops its child thread,
+        a provider subagent with a turn of its own (Codex collab agent, scripted `@subagent`) has the provider
+        interrupt that turn alone while its parent's run goes on; other nodes (a Claude Task) are NOT_INTERRUPTIBLE."""
         node = gid.decode_as(input.node_id, "ExecutionNode", "nodeId")
         return await ctx.services.interruption.interrupt_node(
             ctx.principal, node, hold_queue=input.hold_queue, key=input.key()

@@ -12,6 +12,13 @@ from threadloom.api.context import Context, Info
 from threadloom.api.errors import UserError
 from threadloom.api.mutations.payloads import KeyedInput, Shape, load, mutation, thread_id
 from threadloom.api.types import Checkpoint, ExecutionNode, Run, Thread
+from threadloom.domain.subagents import ConversationRollback
+
+NodeConversation = strawberry.enum(
+    ConversationRollback,
+    name="NodeConversationRollback",
+    description="What rollbackNode did to the subagent's own conversation (docs/rollback.md, \"Subagent nodes\").",
+)
 
 
 @strawberry.input
@@ -52,6 +59,12 @@ class RollbackNodePayload:
     dirtied_parent_workspace: bool | None = strawberry.field(
         description="True when the node shares its parent's workspace, so the parent's files changed too."
     )
+    conversation: NodeConversation | None = strawberry.field(  # type: ignore[valid-type]
+        description="ROLLED_BACK: the subagent's own provider thread lost its turns after the checkpoint; "
+        "UNCHANGED: none of them is after it; NOT_SUPPORTED: it has no conversation of its own (a Claude Task "
+        "lives in its parent's session) or its provider cannot roll back — only the files went back."
+    )
+    conversation_reason: str | None = strawberry.field(description="Why the conversation is as it is, in words.")
     pre_rollback_ref: str | None
     user_errors: list[UserError]
     client_mutation_id: str | None
@@ -81,8 +94,14 @@ async def _node(
     node = await load(info, ExecutionNode, _uuid(done.get("nodeId")))
     checkpoint = await load(info, Checkpoint, _uuid(done.get("checkpointId")))
     dirtied = done.get("dirtiedParentWorkspace")
+    said = done.get("conversation")
     return RollbackNodePayload(
-        node=node, checkpoint=checkpoint, dirtied_parent_workspace=dirtied, **_rolled_back(done, errors, client_key)
+        node=node,
+        checkpoint=checkpoint,
+        dirtied_parent_workspace=dirtied,
+        conversation=ConversationRollback(said) if said else None,
+        conversation_reason=done.get("conversationReason"),
+        **_rolled_back(done, errors, client_key),
     )
 
 
@@ -116,7 +135,8 @@ class RollbackMutation:
 
     @mutation(Shape(RollbackNodePayload, _node))
     async def rollback_node(ctx: Context, input: RollbackNodeInput) -> dict[str, Any]:
-        """Restore the files of a subagent's scope to one of its checkpoints; the parent's runs stay."""
+        """Restore the files of a subagent's scope to one of its checkpoints, and its own conversation where
+        its provider can (`conversation` says which); the parent's runs stay."""
         node = gid.decode_as(input.node_id, "ExecutionNode", "nodeId")
         checkpoint = gid.decode_as(input.checkpoint_id, "Checkpoint", "checkpointId")
         return await ctx.services.rollback.rollback_node(ctx.principal, node, checkpoint, input.key())
