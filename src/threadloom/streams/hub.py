@@ -26,6 +26,7 @@ import orjson
 
 from threadloom import metrics, tracing
 from threadloom.store import events as log_reader
+from threadloom.store import graph_reads
 from threadloom.store.db import Database
 from threadloom.store.events import LogEvent
 from threadloom.streams.budget import QueueAccount, QueueBudget
@@ -231,6 +232,14 @@ class ProjectFeed(Feed[uuid.UUID]):
         return (row.xid, row.position)
 
 
+class ProjectLogFeed(ProjectFeed):
+    """Every thread event of a project (not only thread changes) in feed order: the project-wide views."""
+
+    async def _read(self, after: tuple[int, int]) -> list[LogEvent]:
+        async with self.hub.db.read() as db:
+            return await graph_reads.project_log(db, self.key, after)
+
+
 class BatchedReads:
     """Thread feeds' log reads, gathered per event-loop turn into one statement.
 
@@ -289,20 +298,28 @@ class Hub:
         self.closing = False
         self.threads: dict[uuid.UUID, Feed[uuid.UUID]] = {}
         self.projects: dict[uuid.UUID, Feed[uuid.UUID]] = {}
+        self.project_logs: dict[uuid.UUID, Feed[uuid.UUID]] = {}  # every event of a project (ProjectLogFeed)
+
+    @property
+    def _all(self) -> tuple[dict[uuid.UUID, Feed[uuid.UUID]], ...]:
+        return (self.threads, self.projects, self.project_logs)
 
     def set_degraded(self, degraded: bool) -> None:
         if degraded != self.degraded:
             log.warning("wake-ups %s", "degraded: feeds poll the log" if degraded else "restored")
         self.degraded = degraded
         if degraded:
-            for feed in [*self.threads.values(), *self.projects.values()]:
-                feed.wake.set()
+            for feeds in self._all:
+                for feed in feeds.values():
+                    feed.wake.set()
 
     def wake(self, thread_id: uuid.UUID | None, project_id: uuid.UUID | None, sequence: int) -> None:
         if thread_id is not None and (feed := self.threads.get(thread_id)) is not None:
             feed.wake.set()
-        if project_id is not None and (pfeed := self.projects.get(project_id)) is not None:
-            pfeed.wake.set()
+        if project_id is not None:
+            for feeds in (self.projects, self.project_logs):
+                if (pfeed := feeds.get(project_id)) is not None:
+                    pfeed.wake.set()
 
     def thread_feed(self, thread_id: uuid.UUID) -> Feed[uuid.UUID]:
         """The thread's feed, started when new (release it with `release_if_idle` if unused)."""
@@ -337,6 +354,10 @@ class Hub:
     def attach_project(self, project_id: uuid.UUID, token: uuid.UUID | None = None) -> Mailbox:
         return self._attach(self._started(self.projects, project_id, ProjectFeed), token)
 
+    def attach_project_log(self, project_id: uuid.UUID, token: uuid.UUID | None = None) -> Mailbox:
+        """A mailbox on the feed of every thread event of the project."""
+        return self._attach(self._started(self.project_logs, project_id, ProjectLogFeed), token)
+
     def _attach(self, feed: Feed[uuid.UUID], token: uuid.UUID | None) -> Mailbox:
         box = self._mailbox(token)
         box._feed_started = feed._ready
@@ -346,14 +367,14 @@ class Hub:
     def going_away(self) -> None:
         """Shutdown: every subscriber gets what its mailbox holds, then ends with its resume cursor."""
         self.closing = True
-        for feeds in (self.threads, self.projects):
+        for feeds in self._all:
             for feed in feeds.values():
                 for box in feed.mailboxes:
                     box.close()
 
     def detach(self, box: Mailbox) -> None:
         box.release()
-        for feeds in (self.threads, self.projects):
+        for feeds in self._all:
             for key, feed in list(feeds.items()):
                 feed.mailboxes.discard(box)
                 if feed.idle and feed.task is not None:
@@ -361,7 +382,7 @@ class Hub:
                     del feeds[key]
 
     async def stop(self) -> None:
-        for feeds in (self.threads, self.projects):
+        for feeds in self._all:
             for feed in feeds.values():
                 if feed.task is not None:
                     feed.task.cancel()

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 from threadloom import metrics
 from threadloom.store import events as log_reader
+from threadloom.store import graph_reads
 from threadloom.store.db import Database
 from threadloom.store.events import LogEvent
 from threadloom.streams.hub import Hub, Mailbox, ServerClosing, SlowConsumer
@@ -39,6 +40,13 @@ class FeedReloadRequired:
     """The project feed's replay would be too long: reload by query and resume from `head`."""
 
     head: tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FeedSynchronized:
+    """A project-wide replay is over; `cursor` is the feed position it covered."""
+
+    cursor: tuple[int, int]
 
 
 class StreamEnded(Exception):
@@ -181,5 +189,52 @@ async def project_stream(
                 continue
             cursor = (row.xid, row.position)
             yield row
+    finally:
+        hub.detach(box)
+
+
+async def project_log_stream(
+    hub: Hub,
+    db: Database,
+    project_id: uuid.UUID,
+    after: tuple[int, int] | None,
+    match: Callable[[LogEvent], bool],
+    *,
+    max_replay: int,
+    token: uuid.UUID | None = None,
+) -> AsyncIterator[LogEvent | FeedSynchronized | FeedReloadRequired]:
+    """Every thread event of a project that `match` keeps, in feed order: the replay after `after` (none without
+    it: the stream starts at the feed's head), `FeedSynchronized`, then live. `match` sees every row, kept or
+    not, in order. More than `max_replay` events after the cursor: one `FeedReloadRequired` and the end."""
+    box = hub.attach_project_log(project_id, token)
+    try:
+        await box.attached()
+        async with db.read() as r:
+            head = await log_reader.project_head(r, project_id)
+            backlog = (
+                0 if after is None else await graph_reads.project_log_backlog(r, project_id, after, cap=max_replay + 1)
+            )
+        if backlog > max_replay:
+            yield FeedReloadRequired(head)
+            return
+        cursor = head if after is None else after
+        while after is not None:
+            async with db.read() as r:
+                rows = await graph_reads.project_log(r, project_id, cursor, limit=PAGE)
+            metrics.REPLAYED.inc(len(rows))
+            for row in rows:
+                cursor = (row.xid, row.position)
+                if match(row):
+                    yield row
+            if len(rows) < PAGE:
+                break
+        yield FeedSynchronized(cursor)
+        while True:
+            row = await _next_live(box, cursor)
+            if (row.xid, row.position) <= cursor:
+                continue
+            cursor = (row.xid, row.position)
+            if match(row):
+                yield row
     finally:
         hub.detach(box)
