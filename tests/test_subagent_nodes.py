@@ -50,7 +50,8 @@ async def _subagent_node(api: Client, run_id: str) -> dict[str, Any]:
     nodes = (await api.gql(GRAPH, {"r": run_id}))["run"]["executionGraph"]["nodes"]
     found = [n for n in nodes if n["kind"] == "SUBAGENT"]
     assert len(found) == 1, nodes
-    return found[0]
+    node: dict[str, Any] = found[0]
+    return node
 
 
 async def _owned(api: Client, thread_id: str) -> list[dict[str, Any]]:
