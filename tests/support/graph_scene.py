@@ -1,12 +1,13 @@
 """A project whose threads hold one of every link of the graph, made through the real API (scripted agent).
 
-Each *unit* is a source thread S on the `plain` instance (no native fork, so a fork gets a handoff built
-from the log) with:
-- run 1: writes a file (checkpoint), asks an approval that is accepted (a runtime request), then replies;
+Each *unit* is a source thread S on the `plain` instance (no native fork or rollback, so a fork or a
+rollback gets a handoff built from the log) with:
+- run 1: writes a file (checkpoint), keeps a todo list (a plan), runs a provider subagent (a subagent node
+  owning a provider thread of its own), asks an approval that is accepted (a runtime request), then replies;
 - a fork F of run 1 with one run (its handoff came from the fork), merged back into S (a MERGE_BACK
   transfer with a source and a base point);
-- a delegated child thread C with one run;
-- a switch of S to instance `b` and run 2 (its handoff came from the switch and carries the merge-back).
+- a delegated child thread C with one run, whose result wakes S: run 2, which takes the merge-back's handoff;
+- a switch of S to instance `b` and run 3 (its handoff came from the switch).
 
 `build(client, n)` makes n units in one project, a few at a time, and waits until every run has ended.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.graphql import CREATE_PROJECT, workspace
-from tests.support.runs import finished, send
+from tests.support.runs import TERMINAL, finished, send
 from tests.support.server import Client
 from tests.support.waiting import until
 
@@ -27,6 +28,7 @@ PROVIDERS = """
 [instances.plain]
 driver = "scripted"
 supports_native_fork = false
+supports_native_rollback = false
 
 [instances.b]
 driver = "scripted"
@@ -44,10 +46,11 @@ FORK = """mutation($run: ID!) { forkThread(input: {source: {run: $run}, title: "
 MERGE = """mutation($f: ID!) { mergeBack(input: {forkThreadId: $f}) { userErrors { code message } } }"""
 DELEGATE = """mutation($t: ID!) { delegateTask(input: {threadId: $t, text: "@reply child"}) {
   thread { id runs(first: 1) { nodes { id } } } userErrors { code message } } }"""
+RUNS = """query($t: ID!) { thread(id: $t) { runs(first: 5) { nodes { status } } } }"""
 SWITCH = """mutation($t: ID!) { switchProvider(input: {threadId: $t, providerInstanceId: "b"}) {
   userErrors { code message } } }"""
 
-RUN_ONE = "@write f.txt one\n@approval echo ok\n@reply one"
+RUN_ONE = "@write f.txt one\n@todo look; write\n@subagent look around\n@approval echo ok\n@reply one"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +58,7 @@ class Unit:
     source: str  # S
     fork: str  # F
     child: str  # C
-    runs: tuple[str, str]  # S's runs 1 and 2
+    runs: tuple[str, str]  # S's runs 1 and 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +71,7 @@ class Scene:
         return [getattr(u, which) for u in self.units[:n]]
 
 
-async def _ok(client: Client, query: str, variables: dict[str, Any], name: str) -> dict[str, Any]:
+async def ok(client: Client, query: str, variables: dict[str, Any], name: str) -> dict[str, Any]:
     data = (await client.gql(query, variables))[name]
     assert data["userErrors"] == [], data
     return data  # type: ignore[no-any-return]
@@ -80,7 +83,7 @@ async def _completed(client: Client, run_id: str) -> None:
 
 
 async def _unit(client: Client, project: str, i: int) -> Unit:
-    made = await _ok(client, CREATE_THREAD, {"p": project, "title": f"s{i:02d}"}, "createThread")
+    made = await ok(client, CREATE_THREAD, {"p": project, "title": f"s{i:02d}"}, "createThread")
     source = made["thread"]["id"]
     sent = await send(client, source, RUN_ONE)
     assert sent["userErrors"] == [], sent
@@ -89,20 +92,28 @@ async def _unit(client: Client, project: str, i: int) -> Unit:
         return (await client.gql(PENDING, {"t": source}))["thread"]["pendingRequests"]  # type: ignore[no-any-return]
 
     request = (await until(asked, within=60))[0]
-    await _ok(client, APPROVE, {"r": request["id"]}, "respondToApproval")
+    await ok(client, APPROVE, {"r": request["id"]}, "respondToApproval")
     run_one = sent["run"]["id"]
     await _completed(client, run_one)
 
-    fork = (await _ok(client, FORK, {"run": run_one}, "forkThread"))["thread"]["id"]
+    fork = (await ok(client, FORK, {"run": run_one}, "forkThread"))["thread"]["id"]
     on_fork = await send(client, fork, "@reply fork")
     assert on_fork["userErrors"] == [], on_fork
     await _completed(client, on_fork["run"]["id"])
-    await _ok(client, MERGE, {"f": fork}, "mergeBack")
+    await ok(client, MERGE, {"f": fork}, "mergeBack")
 
-    child = (await _ok(client, DELEGATE, {"t": source}, "delegateTask"))["thread"]
+    child = (await ok(client, DELEGATE, {"t": source}, "delegateTask"))["thread"]
     await _completed(client, child["runs"]["nodes"][0]["id"])
 
-    await _ok(client, SWITCH, {"t": source}, "switchProvider")
+    async def woken() -> bool:
+        # The child's result wakes S (run 2, which also takes the merge-back); wait for it to end, so the
+        # switch's run is always run 3 and every unit has the same shape.
+        runs = (await client.gql(RUNS, {"t": source}))["thread"]["runs"]["nodes"]
+        return len(runs) == 2 and all(r["status"] in TERMINAL for r in runs)
+
+    await until(woken, within=60)
+
+    await ok(client, SWITCH, {"t": source}, "switchProvider")
     two = await send(client, source, "@reply two")
     assert two["userErrors"] == [], two
     await _completed(client, two["run"]["id"])

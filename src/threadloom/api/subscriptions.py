@@ -17,12 +17,12 @@ from typing import Annotated, Any, Union
 import strawberry
 from graphql import GraphQLError
 
-from threadloom.api import enums
+from threadloom.api import enums, vocab
 from threadloom.api import ids as gid
 from threadloom.api.context import Info
 from threadloom.api.errors import ApiError
 from threadloom.api.feed_cursor import decode_feed_cursor, encode_feed_cursor
-from threadloom.api.types import NODE_TYPES, Activity, Run, Thread
+from threadloom.api.types import NODE_TYPES, Activity, ExecutionNode, Run, Thread, link
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.store import events as log_reader
 from threadloom.store import tables as t
@@ -100,6 +100,24 @@ class ThreadEvent:
         description="A text of `entity` was longer than 65,536 characters and is cut to its first 65,536 in this "
         "event (a stream frame's bound); read the whole entity by query (`node(id:)`).",
     )
+    thread_uuid: strawberry.Private[uuid.UUID | None] = None
+
+    @strawberry.field(description="The event's name as an enum; null only for a name this server does not know.")
+    def event_type(self) -> vocab.ThreadEventType | None:
+        return vocab.thread_event_type(self.type)
+
+    @strawberry.field(description="The thread whose log holds the event; null for a marker.")
+    def thread(self, info: Info) -> Thread | None:
+        return link(info, "Thread", self.thread_uuid)  # type: ignore[no-any-return]
+
+    @strawberry.field(description="The run the event belongs to, if any.")
+    def run(self, info: Info) -> Run | None:
+        return link(info, "Run", gid.maybe_as(self.run_id, "Run") if self.run_id else None)  # type: ignore[no-any-return]
+
+    @strawberry.field(description="The execution node the event belongs to, if any.")
+    def node(self, info: Info) -> ExecutionNode | None:
+        found = gid.maybe_as(self.node_id, "ExecutionNode") if self.node_id else None
+        return link(info, "ExecutionNode", found)  # type: ignore[no-any-return]
 
 
 @strawberry.type
@@ -225,6 +243,7 @@ def thread_event_item(item: Any, *, with_entity: bool = True) -> ThreadEvent:
         occurred_at=item.occurred_at,
         entity=entity,
         truncated=with_entity and bool(item.shared.get("truncated")),
+        thread_uuid=item.thread_id,
     )
 
 
