@@ -34,7 +34,6 @@ from threadloom.domain.entities import (
 )
 from threadloom.domain.errors import not_found
 from threadloom.domain.failures import ModelFailure
-from threadloom.domain.forks import with_handoff
 from threadloom.domain.handoffs import DEFAULT_POLICY, SwitchPolicy
 from threadloom.domain.ids import new_id
 from threadloom.domain.retries import RetryPolicy
@@ -57,7 +56,7 @@ from threadloom.engine.forks import (
     natively_forked,
 )
 from threadloom.engine.pipeline import Command, Pipeline, Step
-from threadloom.engine.rollback import accepts_handoff, handoff_delivered, start_turn_with_handoff
+from threadloom.engine.rollback import handoff_delivered
 from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
 from threadloom.engine.switching import provider_for_run, replacement_handoff
 from threadloom.providers.contract import ProviderError, ThreadSettings
@@ -397,14 +396,10 @@ class RunEngine:
         )
         session.bind(binding)
         try:
-            settings = prepared.target.settings
-            if handoff is not None and accepts_handoff(session.runtime):
-                native_turn = await start_turn_with_handoff(
-                    session.runtime, binding.native_thread, prepared.text, settings, handoff
-                )
-            else:  # a provider without a context item gets the handoff in front of the message
-                text = prepared.text if handoff is None else with_handoff(handoff, prepared.text)
-                native_turn = await session.runtime.start_turn(binding.native_thread, text, settings)
+            # The handoff goes as the driver's own context input; the user's text stays theirs.
+            native_turn = await session.runtime.start_turn(
+                binding.native_thread, prepared.text, prepared.target.settings, handoff
+            )
         except ProviderError as error:
             session.unbind(binding.native_thread)
             crashed = error.code == "exited"

@@ -139,8 +139,13 @@ class CodexProcess(JsonLinesProcess):
         await self.write({"id": request_id, "error": {"code": -32601, "message": message}})
 
 
-def _text_input(text: str) -> list[dict[str, Any]]:
-    return [{"type": "text", "text": text, "text_elements": []}]
+def _text_input(text: str, handoff: str | None = None) -> list[dict[str, Any]]:
+    """`turn/start`/`turn/steer` input: the user's text, after a handoff's own text item when there is one.
+
+    Codex makes one user message of a turn's input items, each item its own `input_text` part, so the
+    model reads the handoff as a part of its own and the user's words unchanged after it."""
+    context = [] if handoff is None else [{"type": "text", "text": handoff, "text_elements": []}]
+    return [*context, {"type": "text", "text": text, "text_elements": []}]
 
 
 class CodexRuntime:
@@ -231,8 +236,10 @@ class CodexRuntime:
         self._settings[native_thread] = settings
         self._models[native_thread] = params["model"]
 
-    async def start_turn(self, native_thread: str, text: str, settings: ThreadSettings | None = None) -> str:
-        params: dict[str, Any] = {"threadId": native_thread, "input": _text_input(text)}
+    async def start_turn(
+        self, native_thread: str, text: str, settings: ThreadSettings | None = None, handoff: str | None = None
+    ) -> str:
+        params: dict[str, Any] = {"threadId": native_thread, "input": _text_input(text, handoff)}
         model = None if settings is None else settings.model or self.model
         # turn/start's model holds for this turn and the next ones. Sent only when it changes: Codex takes
         # 5-8 ms longer to start a turn that names a model, even the one the thread already runs with.

@@ -212,11 +212,18 @@ class ProviderRuntime(Protocol):
         """Load an existing native thread into this runtime; raises ProviderError if it cannot."""
         ...
 
-    async def start_turn(self, native_thread: str, text: str, settings: ThreadSettings | None = None) -> str:
+    async def start_turn(
+        self, native_thread: str, text: str, settings: ThreadSettings | None = None, handoff: str | None = None
+    ) -> str:
         """Start a turn; returns the native turn ref. Its events follow on `events()`.
 
         `settings` are the thread's for this turn (None: as it was started or resumed); a driver
-        honours at least their `model`, so each run talks to the model it asked for."""
+        honours at least their `model`, so each run talks to the model it asked for.
+
+        `handoff` is context Threadloom gives the agent with this turn (a switch's summary, a rollback's
+        restart from context, a fork's or a merge-back's delta): every driver takes it, and sends it as an
+        input of its own ahead of the user's `text` where its protocol has one (docs/providers.md lists how
+        each driver does), so `text` stays the user's own words and the handoff is sent exactly as given."""
         ...
 
     async def steer_turn(self, native_thread: str, native_turn: str, text: str) -> None: ...

@@ -37,9 +37,11 @@ class TracedRuntime:
         with self._span("resume_thread"):
             await self.runtime.resume_thread(native_thread, settings)
 
-    async def start_turn(self, native_thread: str, text: str, settings: ThreadSettings | None = None) -> str:
+    async def start_turn(
+        self, native_thread: str, text: str, settings: ThreadSettings | None = None, handoff: str | None = None
+    ) -> str:
         with self._span("start_turn"):
-            return await self.runtime.start_turn(native_thread, text, settings)
+            return await self.runtime.start_turn(native_thread, text, settings, handoff)
 
     async def steer_turn(self, native_thread: str, native_turn: str, text: str) -> None:
         with self._span("steer_turn"):

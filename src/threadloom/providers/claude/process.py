@@ -99,8 +99,13 @@ class ClaudeProcess(ChildProcess):
         if self._on_exit is not None:
             self._on_exit(self, code)
 
-    async def send_user(self, text: str) -> None:
-        message = {"role": "user", "content": text}
+    async def send_user(self, text: str, handoff: str | None = None) -> None:
+        """A user message; a handoff goes as a text block of its own ahead of the user's (the Messages API
+        keeps a message's content blocks apart), so the user's words reach the model unchanged."""
+        content: str | list[dict[str, str]] = text
+        if handoff is not None:
+            content = [{"type": "text", "text": handoff}, {"type": "text", "text": text}]
+        message = {"role": "user", "content": content}
         await self.write({"type": "user", "session_id": "", "parent_tool_use_id": None, "message": message})
 
     async def send_interrupt(self) -> None:

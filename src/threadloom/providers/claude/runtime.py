@@ -271,7 +271,9 @@ class ClaudeRuntime:
 
     # ---- turns -----------------------------------------------------------------------
 
-    async def start_turn(self, native_thread: str, text: str, settings: ThreadSettings | None = None) -> str:
+    async def start_turn(
+        self, native_thread: str, text: str, settings: ThreadSettings | None = None, handoff: str | None = None
+    ) -> str:
         thread = self._thread(native_thread)
         async with thread.spawn_lock:  # a concurrent start on this thread waits, then sees the turn
             if self._closed:
@@ -295,7 +297,7 @@ class ClaudeRuntime:
             thread.used = next(self._clock)
             self._emit(TurnStarted(native_thread, turn.id))
         with contextlib.suppress(ProviderError):  # a dead process ends the turn through its reader
-            await child.send_user(text)
+            await child.send_user(text, handoff)
         return turn.id
 
     def _running(self, native_thread: str, native_turn: str) -> tuple[_Thread, Turn, ClaudeProcess] | None:
