@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -182,3 +183,20 @@ def test_a_graph_is_sent_parents_first_even_when_made_in_one_transaction() -> No
     order = [n.id.int for n in ordered_graph(nodes)]
     assert order == [5, 4, 3]
     assert sorted(order) == sorted(n.id.int for n in nodes)  # every node once
+
+
+def test_the_live_views_documented_in_graph_md_are_valid_against_the_schema() -> None:
+    """docs/graph.md, "Live views": what a reader copies must run (validated as the server validates)."""
+    from pathlib import Path
+
+    from graphql import parse, validate
+
+    from threadloom.api.schema import build_schema
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "graph.md").read_text(encoding="utf-8")
+    section = text.split("\n## Live views\n", 1)[1].split("\n## ", 1)[0]
+    documents = re.findall(r"```graphql\n(.*?)```", section, re.S)
+    assert len(documents) == 2
+    schema = build_schema()._schema
+    for document in documents:
+        assert validate(schema, parse(document)) == [], document

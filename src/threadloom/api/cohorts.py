@@ -79,6 +79,7 @@ _THREAD_EVENT_FIELDS: dict[str, Callable[[Any], Any]] = {
     "runId": lambda e: None if e.run_id is None else str(e.run_id),
     "nodeId": lambda e: None if e.node_id is None else str(e.node_id),
     "occurredAt": lambda e: None if e.occurred_at is None else e.occurred_at.isoformat(),
+    "cursor": lambda e: e.cursor,
     "__typename": lambda e: "ThreadEvent",
 }
 
@@ -470,8 +471,8 @@ class Cohorts:
             return False
         thread = gid.maybe_as(_arg(args, "threadId", "thread_id"), "Thread")
         after = _arg(args, "afterSequence", "after_sequence")
-        if thread is None or (after is not None and after < 0):
-            return False
+        if thread is None or (after is not None and after < 0) or any(_arg(args, *name) for name in _GENERAL_ONLY):
+            return False  # a view of a project, a subtree or a cursor: the general path (api.stream_scopes)
         hub = live.hub
         feed = hub.thread_feed(thread)
         await feed.ready()
@@ -570,6 +571,10 @@ class Cohorts:
     async def _reload(self, member: Member, latest: int) -> None:
         marker = await member.cohort.render(member.cohort.to_item(ReloadRequired(latest)))
         member.end(*([member.frame(marker)] if marker is not None else []))
+
+
+# Arguments whose views only the general path serves.
+_GENERAL_ONLY = (("projectId", "project_id"), ("includeDescendants", "include_descendants"), ("after", "after"))
 
 
 def _arg(args: dict[str, Any], name: str, python_name: str) -> Any:

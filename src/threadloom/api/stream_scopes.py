@@ -114,6 +114,11 @@ async def _after(db: Reader, args: ViewArgs, view: View) -> None:
         point = await graph_reads.activity_event(db, activity)
     else:
         cursor = decode_feed_cursor(args.after)
+        if view.thread is None:
+            # A place in the project feed's order (a marker's may be the project's own event): any is a valid
+            # start, and the feed keeps only the project's rows after it.
+            view.after_cursor = cursor
+            return
         point = await graph_reads.event_at(db, cursor[1])
         if point is not None and point.xid != cursor[0]:
             point = None

@@ -9,6 +9,7 @@ its cursor; a replay over the configured bound gets a `reload_required` item.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
@@ -22,19 +23,24 @@ from threadloom.api import ids as gid
 from threadloom.api.context import Info
 from threadloom.api.errors import ApiError
 from threadloom.api.feed_cursor import decode_feed_cursor, encode_feed_cursor
+from threadloom.api.stream_scopes import ViewArgs, resolve_view, stream_view
 from threadloom.api.types import NODE_TYPES, Activity, ExecutionNode, Run, Thread, link
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.store import events as log_reader
+from threadloom.store import graph_reads
 from threadloom.store import tables as t
 from threadloom.store.events import LogEvent
 from threadloom.streams.merge import (
     FeedReloadRequired,
+    FeedSynchronized,
     ReloadRequired,
     StreamEnded,
     Synchronized,
+    TooSlow,
     project_stream,
     thread_stream,
 )
+from threadloom.streams.views import NodeShape, ViewMatch, graph_change, ordered_graph
 
 _BY_ENTITY_TYPE = {cls._record.entity_type: cls for cls in NODE_TYPES.values()}
 Entity = Annotated[Union[tuple(NODE_TYPES.values())], strawberry.union("Entity")]  # type: ignore[valid-type]  # noqa: UP007
@@ -100,6 +106,12 @@ class ThreadEvent:
         description="A text of `entity` was longer than 65,536 characters and is cut to its first 65,536 in this "
         "event (a stream frame's bound); read the whole entity by query (`node(id:)`).",
     )
+    cursor: str | None = strawberry.field(
+        default=None,
+        description="Where this item is in the log: pass it as `after` to resume right after it (any scope: "
+        "project, thread, run or node). Set on every event, and on a project-wide stream's markers; null on a "
+        "thread's markers (resume those with `afterSequence: sequence`).",
+    )
     thread_uuid: strawberry.Private[uuid.UUID | None] = None
 
     @strawberry.field(description="The event's name as an enum; null only for a name this server does not know.")
@@ -118,6 +130,105 @@ class ThreadEvent:
     def node(self, info: Info) -> ExecutionNode | None:
         found = gid.maybe_as(self.node_id, "ExecutionNode") if self.node_id else None
         return link(info, "ExecutionNode", found)  # type: ignore[no-any-return]
+
+
+@strawberry.enum(
+    description="What an `executionGraph` item is: SNAPSHOT, a node as it is when the subscription starts; CHANGE, "
+    "a node was made or its status, kind, parent or times moved; SYNCHRONIZED, the client holds the whole graph."
+)
+class ExecutionGraphItemType(enum.StrEnum):
+    SNAPSHOT = "snapshot"
+    CHANGE = "change"
+    SYNCHRONIZED = "synchronized"
+
+
+@strawberry.type(
+    description="One item of a run's execution graph, keyed by `nodeId`: a node's state (the whole graph first, "
+    "then each change), or the `synchronized` marker."
+)
+class ExecutionGraphEvent:
+    sequence: int = strawberry.field(
+        description="The thread's log sequence of the change (of the snapshot, for its items): resume with "
+        "`afterSequence: sequence`."
+    )
+    type: ExecutionGraphItemType
+    node_id: strawberry.ID | None = strawberry.field(description="The node (the key); null on the marker.")
+    parent_node_id: strawberry.ID | None = strawberry.field(description="The node's parent; null for a root.")
+    kind: enums.NodeKind | None = strawberry.field(description="The node's kind.")
+    status: enums.NodeStatus | None = strawberry.field(description="The node's status.")
+    created_at: datetime | None = strawberry.field(description="When the node was made.")
+    updated_at: datetime | None = strawberry.field(description="When the node last changed (as of this item).")
+    completed_at: datetime | None = strawberry.field(description="When the node ended; null while it runs.")
+    node: ExecutionNode | None = strawberry.field(description="The whole node as of this item.")
+
+
+def _graph_item(sequence: int, kind: ExecutionGraphItemType, row: LogEvent | None) -> ExecutionGraphEvent:
+    if row is None:
+        return ExecutionGraphEvent(
+            sequence=sequence,
+            type=kind,
+            node_id=None,
+            parent_node_id=None,
+            kind=None,
+            status=None,
+            created_at=None,
+            updated_at=None,
+            completed_at=None,
+            node=None,
+        )
+    node = _entity(row)
+    rec = node.rec
+    return ExecutionGraphEvent(
+        sequence=sequence,
+        type=kind,
+        node_id=node.id,
+        parent_node_id=_gid("ExecutionNode", rec.parent_node_id),
+        kind=rec.kind,
+        status=rec.status,
+        created_at=rec.created_at,
+        updated_at=rec.updated_at,
+        completed_at=rec.completed_at,
+        node=node,
+    )
+
+
+async def _execution_graph(info: Info, run_id: str, after_sequence: int | None) -> AsyncIterator[ExecutionGraphEvent]:
+    """The run's graph as of now (or its state at `afterSequence`, kept on the server), then each change that
+    `streams.views.graph_change` says a drawing shows, in log order."""
+    run = gid.maybe_as(run_id, "Run")
+    after = _after(after_sequence)
+    live = _live(info)
+    principal = info.context.principal
+    async with live.db.read() as db:
+        place = None if run is None else await graph_reads.run_place(db, run)
+        if place is None or run is None or not principal.sees(place.project_id):
+            raise ApiError(not_found("runId"))
+        latest = await log_reader.latest_sequence(db, place.thread_id)
+        snapshot = after is None or latest - after > live.limits.max_replay
+        upto = latest if snapshot or after is None else after
+        states = await graph_reads.node_states(db, place.thread_id, run, upto)
+    by_id = {row.entity_id: row for row in states}
+    known = {node_id: NodeShape.of(_entity(row).rec) for node_id, row in by_id.items()}
+    if snapshot:
+        for rec in ordered_graph(_entity(row).rec for row in states):
+            yield _graph_item(upto, ExecutionGraphItemType.SNAPSHOT, by_id[rec.id])
+    match = ViewMatch(principal.sees, entity_type="execution_node", run=run, home=place.project_id)
+    stream = thread_stream(
+        live.hub, live.db, place.thread_id, upto, match, max_replay=live.limits.max_replay, token=principal.token_id
+    )
+    try:
+        async for item in stream:
+            if isinstance(item, Synchronized):
+                yield _graph_item(item.sequence, ExecutionGraphItemType.SYNCHRONIZED, None)
+            elif isinstance(item, ReloadRequired):  # more than the bound committed since the read above
+                raise TooSlow(upto)
+            else:
+                shape = NodeShape.of(_entity(item).rec)
+                if graph_change(known, item.entity_id, shape):
+                    known[item.entity_id] = shape
+                    yield _graph_item(item.sequence, ExecutionGraphItemType.CHANGE, item)
+    except StreamEnded as error:
+        raise stream_ended(error) from None
 
 
 @strawberry.type
@@ -141,7 +252,13 @@ class ProjectThreadUpdate:
     "by query, then subscribe again with `afterSequence: sequence`. The subscription ends after this item.",
 )
 class ReloadRequiredItem:
-    sequence: int = strawberry.field(description="The thread's latest sequence when the replay was refused.")
+    sequence: int = strawberry.field(
+        description="The thread's latest sequence when the replay was refused (0 on a project-wide stream)."
+    )
+    cursor: str | None = strawberry.field(
+        default=None,
+        description="On a project-wide stream, the feed's head: reload by query, then subscribe with `after: cursor`.",
+    )
 
 
 ActivityItem = Annotated[
@@ -169,6 +286,18 @@ async def _thread(info: Info, thread_id: str) -> uuid.UUID:
     if row is None or entity_id is None:
         raise ApiError(not_found("threadId"))
     return entity_id
+
+
+async def _run_thread(info: Info, run_id: str | None) -> uuid.UUID:
+    """The thread of a visible run (a stream of one run needs no threadId)."""
+    if run_id is None:
+        raise ApiError(DomainError(ErrorCode.INVALID_INPUT, "threadId or runId is needed", "threadId"))
+    run = gid.maybe_as(run_id, "Run")
+    async with _live(info).db.read() as db:
+        place = None if run is None else await graph_reads.run_place(db, run)
+    if place is None or not info.context.principal.sees(place.project_id):
+        raise ApiError(not_found("runId"))
+    return place.thread_id
 
 
 def _filter_ids(run_id: str | None, node_id: str | None) -> tuple[uuid.UUID | None, uuid.UUID | None, bool]:
@@ -200,31 +329,21 @@ def _live(info: Info) -> Any:
     return live
 
 
-async def _filtered(
-    info: Info,
-    thread_id: str,
-    after_sequence: int | None,
-    run_id: str | None,
-    node_id: str | None,
-    entity_type: str | None = None,
-) -> AsyncIterator[Any]:
-    """The thread's stream with the runId/nodeId (and entity type) filters applied to replay and live."""
-    thread = await _thread(info, thread_id)
-    after = _after(after_sequence)
-    match = row_filter(run_id, node_id, entity_type)
-    live = _live(info)
-    token = info.context.principal.token_id
+async def _filtered(info: Info, args: ViewArgs) -> AsyncIterator[Any]:
+    """The view's stream (api.stream_scopes: a project's, thread's, run's or node's), its filters applied to
+    replay and live."""
+    view = await resolve_view(info, args)
     try:
-        async for item in thread_stream(
-            live.hub, live.db, thread, after, match, max_replay=live.limits.max_replay, token=token
-        ):
+        async for item in stream_view(info, view):
             yield item
     except StreamEnded as error:
         raise stream_ended(error) from None
 
 
-def _marker(sequence: int, name: str) -> ThreadEvent:
-    return ThreadEvent(sequence=sequence, type=name, run_id=None, node_id=None, occurred_at=None, entity=None)
+def _marker(sequence: int, name: str, cursor: str | None = None) -> ThreadEvent:
+    return ThreadEvent(
+        sequence=sequence, type=name, run_id=None, node_id=None, occurred_at=None, entity=None, cursor=cursor
+    )
 
 
 def thread_event_item(item: Any, *, with_entity: bool = True) -> ThreadEvent:
@@ -234,6 +353,10 @@ def thread_event_item(item: Any, *, with_entity: bool = True) -> ThreadEvent:
         return _marker(item.sequence, "synchronized")
     if isinstance(item, ReloadRequired):
         return _marker(item.latest, "reload_required")
+    if isinstance(item, FeedSynchronized):
+        return _marker(0, "synchronized", encode_feed_cursor(item.cursor))
+    if isinstance(item, FeedReloadRequired):
+        return _marker(0, "reload_required", encode_feed_cursor(item.head))
     entity = _entity(item) if with_entity else None
     return ThreadEvent(
         sequence=item.sequence,
@@ -243,8 +366,17 @@ def thread_event_item(item: Any, *, with_entity: bool = True) -> ThreadEvent:
         occurred_at=item.occurred_at,
         entity=entity,
         truncated=with_entity and bool(item.shared.get("truncated")),
+        cursor=event_cursor(item),
         thread_uuid=item.thread_id,
     )
+
+
+def event_cursor(row: LogEvent) -> str:
+    """A row's place in the log as a stream cursor (made once per row, shared by every subscriber)."""
+    found: str | None = row.shared.get("cursor")
+    if found is None:
+        found = row.shared["cursor"] = encode_feed_cursor((row.xid, row.position))
+    return found
 
 
 def thread_event_head(item: Any) -> ThreadEvent:
@@ -257,24 +389,50 @@ def activity_item(item: Any) -> Any:
         return strawberry.cast(Activity, Activity.from_row(item.payload))
     if isinstance(item, ReloadRequired):
         return strawberry.cast(ReloadRequiredItem, ReloadRequiredItem(sequence=item.latest))
+    if isinstance(item, FeedReloadRequired):
+        return strawberry.cast(ReloadRequiredItem, ReloadRequiredItem(sequence=0, cursor=encode_feed_cursor(item.head)))
     return None  # `synchronized`: not an item of this subscription
+
+
+_THREAD_ARG = "A thread: its log. The widest of projectId, threadId, runId, nodeId picks the stream; others filter."
+_PROJECT_ARG = (
+    "A project: every thread's log in it, in commit order. Starts at the feed's head unless `after` is given."
+)
+_RUN_ARG = "A run: alone, the run's events from its start; with a thread or project, a filter."
+_NODE_ARG = "An execution node: alone, its events from its run's start; with a wider scope, a filter."
+_DESCENDANTS_ARG = "With nodeId: the node's whole subtree (a subagent's own tool calls and requests included)."
+_AFTER_SEQUENCE_ARG = "Replay the thread's log after this sequence (a thread, run or node stream)."
+_AFTER_ARG = "Replay after this cursor: a ThreadEvent's `cursor`, or an Activity's `id` (any scope)."
 
 
 def _thread_subscription(
     item_type: Any, to_item: Callable[[Any], Any], *, description: str, entity_type: str | None = None
 ) -> Any:
-    """A subscription over a thread's filtered stream (`_filtered`), each replayed or live item mapped by
+    """A subscription over a view's filtered stream (`_filtered`), each replayed or live item mapped by
     `to_item` (None: skipped). threadEvents and activities share these arguments and their meaning."""
 
     async def resolve(
         self: Any,
         info: Info,
-        thread_id: strawberry.ID,
-        after_sequence: int | None = None,
-        run_id: strawberry.ID | None = None,
-        node_id: strawberry.ID | None = None,
+        thread_id: Annotated[strawberry.ID | None, strawberry.argument(description=_THREAD_ARG)] = None,
+        after_sequence: Annotated[int | None, strawberry.argument(description=_AFTER_SEQUENCE_ARG)] = None,
+        run_id: Annotated[strawberry.ID | None, strawberry.argument(description=_RUN_ARG)] = None,
+        node_id: Annotated[strawberry.ID | None, strawberry.argument(description=_NODE_ARG)] = None,
+        project_id: Annotated[strawberry.ID | None, strawberry.argument(description=_PROJECT_ARG)] = None,
+        include_descendants: Annotated[bool | None, strawberry.argument(description=_DESCENDANTS_ARG)] = False,
+        after: Annotated[str | None, strawberry.argument(description=_AFTER_ARG)] = None,
     ) -> AsyncGenerator[Any, None]:
-        async for item in _filtered(info, thread_id, after_sequence, run_id, node_id, entity_type=entity_type):
+        args = ViewArgs(
+            project_id=project_id,
+            thread_id=thread_id,
+            run_id=run_id,
+            node_id=node_id,
+            include_descendants=bool(include_descendants),
+            after_sequence=after_sequence,
+            after=after,
+            entity_type=entity_type,
+        )
+        async for item in _filtered(info, args):
             found = to_item(item)
             if found is not None:
                 yield found
@@ -313,11 +471,17 @@ class Subscription:
     async def run_status(
         self,
         info: Info,
-        thread_id: strawberry.ID,
-        run_id: strawberry.ID | None = None,
-        after_sequence: int | None = None,
+        thread_id: Annotated[
+            strawberry.ID | None, strawberry.argument(description="The thread; may be left out when runId is given.")
+        ] = None,
+        run_id: Annotated[
+            strawberry.ID | None, strawberry.argument(description="The run (alone: its thread is the run's).")
+        ] = None,
+        after_sequence: Annotated[
+            int | None, strawberry.argument(description="Replay status changes after this sequence of the thread.")
+        ] = None,
     ) -> AsyncGenerator[RunStatusUpdate, None]:
-        thread = await _thread(info, thread_id)
+        thread = await _thread(info, thread_id) if thread_id is not None else await _run_thread(info, run_id)
         after = _after(after_sequence)
         run_filter, _, impossible = _filter_ids(run_id, None)
         seen: dict[uuid.UUID, str] = {}
@@ -364,6 +528,23 @@ class Subscription:
                         yield found
         except StreamEnded as error:
             raise stream_ended(error) from None
+
+    @strawberry.subscription(
+        description="A run's execution graph, keyed by node: every node as it is now (`SNAPSHOT` items, each "
+        "after its parent), `SYNCHRONIZED`, then a `CHANGE` item whenever a node is made or its status, kind, "
+        "parent or times change. With `afterSequence` (an item's `sequence`), only the changes after it, then "
+        "`SYNCHRONIZED`; a resume longer than THREADLOOM_MAX_REPLAY starts again from the snapshot."
+    )
+    async def execution_graph(
+        self,
+        info: Info,
+        run_id: Annotated[strawberry.ID, strawberry.argument(description="The run whose graph to follow.")],
+        after_sequence: Annotated[
+            int | None, strawberry.argument(description="Resume after this item's `sequence` (changes only).")
+        ] = None,
+    ) -> AsyncGenerator[ExecutionGraphEvent, None]:
+        async for item in _execution_graph(info, run_id, after_sequence):
+            yield item
 
     @strawberry.subscription(
         description="Every thread change of a project, for dashboards. Resume with `after`. A resume with more "
