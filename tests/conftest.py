@@ -164,7 +164,8 @@ def data_dir(tmp_path: Path, spare: Spare | None) -> Path:
 
 
 @pytest.fixture
-async def services(database_url: str, data_dir: Path) -> AsyncIterator[Services]:
+async def services(database_url: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Services]:
+    monkeypatch.setenv("THREADLOOM_STRICT_TRANSACTIONS", "1")  # as every test server (threadloom.io_guard)
     settings = Settings.from_env(data_dir=str(data_dir))
     db = Database.from_url(database_url)
     services = Services.build(settings, db, SystemClock(), load_instances(None))

@@ -48,6 +48,11 @@ REPLAYED = Counter(
     "threadloom_replayed_events", "Log events read to replay a subscription's history after its cursor."
 )
 EFFECTS = Counter("threadloom_effects", "Outbox effects run, by kind and outcome.", ["kind", "outcome"])
+IO_IN_TRANSACTION = Counter(
+    "threadloom_io_in_transaction",
+    "git or agent calls made while a database write transaction was open (threadloom.io_guard), by kind.",
+    ["kind"],
+)
 
 
 def operation_label(name: object) -> str:

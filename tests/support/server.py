@@ -43,7 +43,8 @@ class ServerProcess:
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
         full_env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-        full_env.update({"THREADLOOM_DATA_DIR": str(data_dir), **(env or {})})
+        # Strict: a git or agent call inside a database transaction raises (threadloom.io_guard).
+        full_env.update({"THREADLOOM_DATA_DIR": str(data_dir), "THREADLOOM_STRICT_TRANSACTIONS": "1", **(env or {})})
         if database_url is not None:
             full_env["DATABASE_URL"] = database_url
         argv = ["serve", "--port", str(self.port)]

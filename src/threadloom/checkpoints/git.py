@@ -18,6 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from threadloom import io_guard
 from threadloom.agent.sandbox import BWRAP_ENV, SANDBOX_PATH, SYSTEM_LINKS, SandboxUnavailable, find_bwrap
 from threadloom.checkpoints.errors import CheckpointError, CheckpointErrorCode
 
@@ -122,7 +123,9 @@ class Git:
         """`git <args>`, with no work tree and "/" as cwd; or, given the workspace root's descriptor (opened
         by `confine.open_root`), sandboxed with that workspace as its work tree (`sandbox_argv`).
 
-        `bare` leaves the git dir and index out (`git init` refuses them)."""
+        `bare` leaves the git dir and index out (`git init` refuses them). Every git call starts here: never
+        inside a database transaction (`threadloom.io_guard`)."""
+        io_guard.check("git")
         env = self.environment()
         if bare:
             for name in ("GIT_DIR", "GIT_INDEX_FILE"):

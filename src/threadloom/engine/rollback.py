@@ -81,6 +81,7 @@ from threadloom.domain.statuses import (
 from threadloom.domain.threads import index_key, new_provider_thread
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.sessions import SessionManager
+from threadloom.io_guard import allowing_io_in_transaction
 from threadloom.providers.contract import ProviderError, ProviderRuntime, ThreadSettings
 from threadloom.store import entities, handoff_facts
 from threadloom.store import rollback_facts as facts
@@ -206,6 +207,7 @@ class Rollbacks:
 
     # ---- rollbackToRun ------------------------------------------------------------------------------------
 
+    @allowing_io_in_transaction("rollback")  # its git and agent calls still run in its transaction
     async def rollback_to_run(
         self, principal: Principal, thread_id: uuid.UUID, ordinal: int, restore_files: bool, key: str | None
     ) -> dict[str, Any]:
@@ -600,6 +602,7 @@ class Rollbacks:
 
     # ---- undoRollback -------------------------------------------------------------------------------------
 
+    @allowing_io_in_transaction("rollback")  # its git and agent calls still run in its transaction
     async def undo_rollback(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> dict[str, Any]:
         """Go forward again: the thread's last rollback is taken back if no run was started since."""
 
@@ -695,6 +698,7 @@ class Rollbacks:
 
     # ---- rollbackNode -------------------------------------------------------------------------------------
 
+    @allowing_io_in_transaction("rollback")  # its git and agent calls still run in its transaction
     async def rollback_node(
         self, principal: Principal, node_id: uuid.UUID, checkpoint_id: uuid.UUID, key: str | None
     ) -> dict[str, Any]:

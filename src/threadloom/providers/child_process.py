@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from threadloom import unprivileged
+from threadloom import io_guard, unprivileged
 from threadloom.providers.contract import ProviderError
 
 log = logging.getLogger("threadloom.providers")
@@ -74,6 +74,7 @@ async def spawn_process(
     (`threadloom.unprivileged`), the program and `cwd` are first checked to be within that user's reach:
     ProviderError `agent_user_cannot_run`, naming the path, rather than an exec failure with no word.
     """
+    io_guard.check("agent")  # never inside a database transaction
     if unprivileged.current() is not None:
         program = argv[0] if os.sep in argv[0] else (shutil.which(argv[0], path=env.get("PATH")) or argv[0])
         try:
@@ -236,7 +237,9 @@ class ChildProcess:
                 log.debug("%s: %s", self.name, text)
 
     async def write(self, message: dict[str, Any]) -> None:
-        """Send one message; ProviderError `exited` if the child no longer reads."""
+        """Send one message; ProviderError `exited` if the child no longer reads. Every call into an agent
+        is a message written here: never inside a database transaction (`threadloom.io_guard`)."""
+        io_guard.check("agent")
         stdin = self.proc.stdin
         assert stdin is not None
         async with self._write_lock:

@@ -16,7 +16,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from threadloom import tracing
+from threadloom import io_guard, tracing
 
 
 def _json_dumps(value: Any) -> str:
@@ -78,24 +78,27 @@ class Database:
         It is the driver's own (asyncpg's BEGIN and COMMIT on a connection checked out in autocommit
         mode, as `Snapshot`'s), begun before the first statement: its statements may then run straight
         on the driver (`Reader._fetch_direct`), which SQLAlchemy's lazily begun transaction would not
-        allow. Statements run through SQLAlchemy run inside it all the same."""
+        allow. Statements run through SQLAlchemy run inside it all the same. The task is marked as inside a
+        transaction meanwhile: a git or agent call in it is counted, or refused under the test suite's
+        strict flag (`threadloom.io_guard`)."""
         c = counter or StatementCounter()
         async with self._autocommit.connect() as conn:
             driver, transaction = await _begin(conn)
             c.transactions += 1
-            try:
-                yield Reader(conn, c, driver, direct=True)
-            except BaseException:
+            with io_guard.transaction_open():  # no git or agent call until it ends (`threadloom.io_guard`)
                 try:
-                    await transaction.rollback()
+                    yield Reader(conn, c, driver, direct=True)
                 except BaseException:
-                    await conn.invalidate()  # a connection in an unknown state goes, not back to the pool
-                raise
-            try:
-                await transaction.commit()
-            except BaseException:
-                await conn.invalidate()
-                raise
+                    try:
+                        await transaction.rollback()
+                    except BaseException:
+                        await conn.invalidate()  # a connection in an unknown state goes, not back to the pool
+                    raise
+                try:
+                    await transaction.commit()
+                except BaseException:
+                    await conn.invalidate()
+                    raise
 
     def snapshot(self, counter: StatementCounter | None = None) -> Snapshot:
         """Reads that all see the database at one moment (opened at the first of them)."""
