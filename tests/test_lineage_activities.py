@@ -187,13 +187,17 @@ async def test_rollback_and_its_undo_name_the_run_rolled_back_to(api: Client, tm
     await completed(api, thread, "@reply two")
 
     assert (await api.gql(ROLLBACK, {"t": thread.id, "n": 1}))["rollbackToRun"]["userErrors"] == []
-    [rolled] = await lineage(api, thread.id)
+    lines = {a["kind"]: a for a in await lineage(api, thread.id)}
+    assert sorted(lines) == ["rollback.completed", "rollback.started"]
+    started, rolled = lines["rollback.started"], lines["rollback.completed"]
+    assert (started["kind"], started["summary"]) == ("rollback.started", "rolling back to run 1 (1 run to undo)")
+    assert started["payload"]["status"] == "completed" and started["runId"] == first["id"]
     assert (rolled["kind"], rolled["summary"]) == ("rollback.completed", "rolled back to run 1 (1 run undone)")
     assert rolled["runId"] == first["id"] and rolled["nodeId"] == first["rootNode"]["id"]
     assert rolled["payload"]["targetRunId"] == first["id"]
 
     assert (await api.gql(UNDO, {"t": thread.id}))["undoRollback"]["userErrors"] == []
-    undone = (await lineage(api, thread.id))[-1]
+    [undone] = [a for a in await lineage(api, thread.id) if a["kind"] == "rollback.undone"]
     assert (undone["kind"], undone["summary"]) == ("rollback.undone", "undid the rollback to run 1")
     assert undone["runId"] == first["id"] and undone["nodeId"] == first["rootNode"]["id"]
 

@@ -339,8 +339,13 @@ class Thread(Node, _Entity):
     def latest_sequence(self) -> int:
         return self.last_sequence
 
-    @strawberry.field(description="IDLE, or the status of the active run.", graphql_type=enums.ThreadStatus)
+    @strawberry.field(
+        description="IDLE, or the status of the active run; ROLLING_BACK while a rollbackToRun is carried out.",
+        graphql_type=enums.ThreadStatus,
+    )
     def status(self, info: Info) -> Any:
+        if self.rec.rollback_operation_id is not None:
+            return enums.ThreadStatus.ROLLING_BACK
         # Synchronous for an idle thread or a run already loaded (see `_load_now`).
         run = _load_now(info, Run, self.rec.active_run_id)
         if _pending(run):

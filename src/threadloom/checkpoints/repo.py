@@ -48,6 +48,7 @@ from threadloom.checkpoints.git import IDENTITY, SHADOW_ATTRIBUTES, SHADOW_CONFI
 from threadloom.checkpoints.locks import RepoLock
 from threadloom.checkpoints.refs import check_commit, check_prefix, check_ref, ref_sort_key
 from threadloom.checkpoints.walk import Fingerprint, is_git_name, walk_marked, walk_workspace
+from threadloom.faults import crash_point
 
 INDEX_NAME = "threadloom-index"
 STAGE_TRIES = 3  # walks of a workspace whose folders keep turning into links before WORKSPACE_CHANGING
@@ -508,6 +509,7 @@ class ShadowRepo:
                 f"folders hold files a restore must not remove (.git or excluded): {', '.join(blocked)}",
             )
         await asyncio.to_thread(self._remove, root, remove, write)
+        crash_point("restore-midway")  # test-only: killed with files removed and none written yet
         if removals or entries:  # only the differing entries change: the others keep their stat data
             await self._git.run("update-index", "-z", "--index-info", stdin=b"".join(removals + entries))
         if blobs:

@@ -38,6 +38,7 @@ class ActivityKind(StrEnum):
     CHECKPOINT_FAILED = "checkpoint.failed"
     RUNTIME_WARNING = "runtime.warning"
     # rollback (engine/rollback.py)
+    ROLLBACK_STARTED = "rollback.started"
     ROLLBACK_COMPLETED = "rollback.completed"
     ROLLBACK_FAILED = "rollback.failed"
     ROLLBACK_UNDONE = "rollback.undone"

@@ -24,6 +24,7 @@ from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome, Valued
 from threadloom.domain.entities import AppThread
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
+from threadloom.domain.rollback_ops import refuse_while_rolling_back
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.clock import Clock
 from threadloom.store import log, outbox, receipts
@@ -160,8 +161,13 @@ class Pipeline:
         if isinstance(command, Command):
             on_thread = command
 
+            async def guarded(db: Reader, thread: AppThread) -> Outcome:
+                if on_thread.principal is not None:  # a client's command: not while a rollback is under way
+                    refuse_while_rolling_back(thread, on_thread.command_type)
+                return await on_thread.decide(db, thread)
+
             async def decide_on_thread(db: Reader) -> Outcome:
-                return await self._on_thread(db, on_thread.thread_id, on_thread.target_field, on_thread.decide)
+                return await self._on_thread(db, on_thread.thread_id, on_thread.target_field, guarded)
 
             decide, thread_id = decide_on_thread, on_thread.thread_id
         else:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 
 from threadloom.domain import retries as retry_rules
 from threadloom.domain.changes import Outcome, Valued
@@ -48,6 +49,8 @@ class Recovery:
         self.worker_id = worker_id
         self.policies = policies or {}  # per instance: new attempts for a lost run (else DEFAULT_RECOVERY)
         self.interval = INTERVAL  # seconds between periodic passes
+        # rollbacks abandoned by a lost process (engine.rollback.Rollbacks.resume_abandoned), set once built
+        self.resume_rollbacks: Callable[[], Awaitable[None]] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -72,6 +75,8 @@ class Recovery:
 
     async def recover(self) -> None:
         await self._orphaned_effects()
+        if self.resume_rollbacks is not None:
+            await self.resume_rollbacks()  # a thread left ROLLING_BACK by a lost process
         async with self.pipeline.db.read() as db:
             active = await runs.active_runs(db)
         for run in active:

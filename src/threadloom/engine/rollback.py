@@ -21,8 +21,8 @@ after the files.
 
 A replacement provider thread for a target after run 0 needs the app's context up to the target: a
 `ContextHandoff` (ROLLBACK_CONTEXT text) is written for it and delivered with the next run's first turn.
-Only a runtime whose `start_turn` accepts `handoff` (the scripted agent) can receive one; for any other the
-rollback is refused with `ROLLBACK_UNSUPPORTED` rather than hiding text in the user's message.
+Every runtime takes a handoff with `start_turn` (the provider contract), so this works on every provider:
+Codex and Claude get this synthetic restart from context wherever their native rollback cannot reach.
 
 `THREADLOOM_TEST_FAIL_ROLLBACK_STEP` (capture | provider | files | record) makes that step fail; it is read
 only when set, for tests of the undo path, and is documented as test-only.
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import logging
 import os
 import uuid
@@ -46,10 +45,12 @@ from threadloom.checkpoints.refs import REF_PREFIX, check_ref
 from threadloom.checkpoints.repo import ShadowRepo
 from threadloom.domain import lineage, switching
 from threadloom.domain import rollback as plan_rules
+from threadloom.domain import rollback_ops as ops
 from threadloom.domain.access import Principal
 from threadloom.domain.activities import ActivityKind, activity
-from threadloom.domain.changes import Change, Outcome
+from threadloom.domain.changes import Change, Outcome, Valued
 from threadloom.domain.entities import (
+    Activity,
     AppThread,
     Checkpoint,
     CheckpointScope,
@@ -69,8 +70,8 @@ from threadloom.domain.handoffs import (
     pending_handoff,
 )
 from threadloom.domain.ids import new_id
+from threadloom.domain.rollback_ops import StepStatus
 from threadloom.domain.statuses import (
-    ACTIVE_RUN_STATUSES,
     CheckpointScopeKind,
     CheckpointStatus,
     HandoffStatus,
@@ -79,13 +80,16 @@ from threadloom.domain.statuses import (
     TokenScope,
 )
 from threadloom.domain.threads import index_key, new_provider_thread
-from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.engine import node_rollback
+from threadloom.engine import node_rollback_steps as node_steps
+from threadloom.engine.pipeline import Command, Pipeline, Step
 from threadloom.engine.sessions import SessionManager
-from threadloom.io_guard import allowing_io_in_transaction
-from threadloom.providers.contract import ProviderError, ProviderRuntime, ThreadSettings
+from threadloom.faults import crash_point, hold_point
+from threadloom.providers.contract import ProviderError, ThreadSettings
 from threadloom.store import entities, handoff_facts
 from threadloom.store import rollback_facts as facts
 from threadloom.store import switching as switch_facts
+from threadloom.store import workers as worker_store
 from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.rollback")
@@ -105,24 +109,6 @@ def _injected(step: str) -> None:
     wanted = os.environ.get(FAIL_STEP_ENV)
     if wanted and wanted == step:
         raise _StepFailed(step, f"{step} failed (injected by {FAIL_STEP_ENV})")
-
-
-def accepts_handoff(runtime: ProviderRuntime) -> bool:
-    """Whether the runtime's `start_turn` takes a `handoff` context item (the scripted agent's does)."""
-    try:
-        return "handoff" in inspect.signature(runtime.start_turn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-async def start_turn_with_handoff(
-    runtime: ProviderRuntime, native_thread: str, text: str, settings: ThreadSettings, handoff: str
-) -> str:
-    """Start a turn that carries a handoff as its own context item; a runtime that takes none refuses."""
-    if not accepts_handoff(runtime):
-        raise ProviderError("unsupported", "this provider takes no handoff")
-    start: Callable[..., Awaitable[str]] = runtime.start_turn
-    return await start(native_thread, text, settings, handoff=handoff)
 
 
 async def handoff_delivered(pipeline: Pipeline, handoff: ContextHandoff, run_id: uuid.UUID) -> None:
@@ -154,6 +140,20 @@ class _ProviderStep:
     rolled_back: bool = False  # native rollback done in place
     handoff: ContextHandoff | None = None
     planned: plan_rules.ProviderThreadRollback | None = None
+    status: str = StepStatus.PENDING
+
+    def record(self) -> dict[str, Any]:
+        """What a process that finds the operation abandoned needs to carry it on or take it back."""
+        return {
+            "providerThreadId": str(self.provider_thread.id),
+            "strategy": self.strategy.value,
+            "status": str(self.status),
+            "planned": ops.provider_record(self.planned) if self.planned else None,
+            "replacement": self.replacement.to_payload() if self.replacement else None,
+            "undoNativeRef": self.undo_native_ref,
+            "rolledBack": self.rolled_back,
+            "handoff": self.handoff.to_payload() if self.handoff else None,
+        }
 
 
 @dataclasses.dataclass(slots=True)
@@ -174,9 +174,50 @@ class _Operation:
     rebridge: ContextHandoff | None = None  # kept runs the active provider thread lost with an undone turn
     failure: _StepFailed | None = None
     undo_errors: list[str] = dataclasses.field(default_factory=list)
+    # the durable record (rollbackToRun): the plan, the `rollback.started` activity holding the record, and
+    # the process carrying it out
+    plan: plan_rules.RollbackPlan | None = None
+    kind: str = "rollback"  # "rollback" (rollbackToRun) or "undo" (undoRollback)
+    undo_of: dict[str, Any] | None = None  # undo: the rollback.completed record it takes back
+    restore_ref: str | None = None
+    restore_commit: str | None = None  # undo: the files go back to the pre-rollback capture
+    node_id: uuid.UUID | None = None  # node: the subagent's node, its checkpoint, and what its conversation did
+    checkpoint_id: uuid.UUID | None = None
+    node_result: dict[str, Any] | None = None
+    node_dropped: list[str] = dataclasses.field(default_factory=list)
+    record_activity: Activity | None = None
+    worker_id: uuid.UUID | None = None
+    outcome: str = "running"
 
     def step_list(self) -> list[dict[str, str]]:
         return [{"step": name, "status": status} for name, status in self.steps.items()]
+
+    def summary(self) -> node_steps.Done:
+        """What a node rollback's record needs from the steps."""
+        return node_steps.Done(
+            self.id, self.pre_ref, self.pre_commit, self.step_list(), self.node_result or {}, list(self.node_dropped)
+        )
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "operationId": str(self.id),
+            "kind": self.kind,
+            "status": self.outcome,
+            "workerId": str(self.worker_id) if self.worker_id else None,
+            "targetOrdinal": self.target,
+            "plan": ops.plan_record(self.plan) if self.plan else None,
+            "undoOf": self.undo_of,
+            "restoreRef": self.restore_ref,
+            "restoreCommit": self.restore_commit,
+            "nodeId": str(self.node_id) if self.node_id else None,
+            "checkpointId": str(self.checkpoint_id) if self.checkpoint_id else None,
+            "nodeConversation": self.node_result,
+            "droppedTurnIds": self.node_dropped,
+            "steps": dict(self.steps),
+            "preRollback": {"ref": self.pre_ref, "commit": self.pre_commit},
+            "providerSteps": [step.record() for step in self.providers],
+            "staleProviderThreadIds": [str(pt.id) for pt in self.stale],
+        }
 
 
 def _refused(error: plan_rules.RollbackRefused) -> DomainError:
@@ -191,8 +232,11 @@ class Rollbacks:
         repo_of: Callable[[uuid.UUID, Path, str | None], ShadowRepo],
         workspace_of: Callable[[AppThread, Project], Path],
         ensure_workspace: Callable[[uuid.UUID], Awaitable[None]],
+        worker_id: uuid.UUID | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.worker_id = worker_id  # this process: the owner recorded with each rollback it carries out
+        self._running: set[uuid.UUID] = set()  # rollbacks this process is carrying out right now
         self.sessions = sessions
         self.repo_of = repo_of  # the project's shadow repository, with its exclude list (engine.checkpoints)
         self.workspace_of = workspace_of  # the thread's folder (a fork's own is under the data dir)
@@ -207,36 +251,148 @@ class Rollbacks:
 
     # ---- rollbackToRun ------------------------------------------------------------------------------------
 
-    @allowing_io_in_transaction("rollback")  # its git and agent calls still run in its transaction
     async def rollback_to_run(
         self, principal: Principal, thread_id: uuid.UUID, ordinal: int, restore_files: bool, key: str | None
     ) -> dict[str, Any]:
-        """Carry out the rollback; its result names the thread, the rolled-back runs and the pre-rollback ref."""
-        op = _Operation(new_id(), ordinal, thread_id)
+        """Carry out the rollback; its result names the thread, the rolled-back runs and the pre-rollback ref.
+
+        The plan is committed first with the thread marked ROLLING_BACK (`_begin`); the steps then run outside
+        any transaction, each recorded as it completes (`_carry_on`), and the outcome is recorded last."""
+        op = _Operation(new_id(), ordinal, thread_id, worker_id=self.worker_id)
         await self._own_workspace(principal, thread_id)
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
             op.project_id = thread.project_id
-            return await self._carry_out(db, thread, op, restore_files)
+            return await self._begin(db, thread, op, restore_files)
 
         data = {"threadId": str(thread_id), "runOrdinal": ordinal, "restoreFiles": restore_files}
         command = Command(
             command_type="rollbackToRun", principal=principal, key=key, input=data, decide=decide, thread_id=thread_id
         )
+        begun = await self.pipeline.execute(command)
+        if begun.get("operationId") != str(op.id):  # the same key again: the first call's operation
+            return await self._answer_of(thread_id, str(begun.get("operationId")))
+        self._running.add(op.id)
         try:
-            return await self.pipeline.execute(command)
-        except DomainError:
-            raise
-        except Exception as error:
-            if op.steps["capture"] == "pending" and not op.providers:
-                raise  # nothing was done
-            failure = op.failure or _StepFailed("record", f"recording the rollback failed: {error}")
-            await self._undo(op)
-            await self._record_failure(op, failure)
-            if isinstance(error, _StepFailed | CheckpointError | ProviderError | OSError) or op.failure:
-                raise DomainError(ErrorCode.ROLLBACK_FAILED, _failure_message(op, failure)) from error
-            raise
+            crash_point("rollback-begun")
+            await hold_point("rollback-begun")
+            return await self._carry_on(op)
+        finally:
+            self._running.discard(op.id)
+
+    async def _answer_of(self, thread_id: uuid.UUID, operation_id: str) -> dict[str, Any]:
+        """A repeated call's answer: the operation's outcome as recorded (still under way: its plan)."""
+        async with self.pipeline.db.read() as db:
+            records = await facts.activities_of_operation(db, thread_id, operation_id)
+        for done in records:
+            payload = facts.payload(done)
+            if done.kind == ActivityKind.ROLLBACK_FAILED:
+                raise DomainError(ErrorCode.ROLLBACK_FAILED, str(payload.get("error") or "the rollback failed"))
+            if done.kind == ActivityKind.ROLLBACK_COMPLETED:
+                runs = payload.get("runs") or []
+                ref = (payload.get("preRollback") or {}).get("ref")
+                return {
+                    "threadId": str(thread_id),
+                    "operationId": operation_id,
+                    "rolledBackRunIds": [r["id"] for r in runs],
+                    "preRollbackRef": ref,
+                }
+        return {"threadId": str(thread_id), "operationId": operation_id, "rolledBackRunIds": [], "preRollbackRef": None}
+
+    async def resume_abandoned(self) -> None:
+        """Carry on (or take back, `rollback_ops.resume_action`) each rollback whose process is gone: a
+        server killed in the middle of one leaves the thread ROLLING_BACK until the next start does this."""
+        async with self.pipeline.db.read() as db:
+            records = await facts.rollbacks_under_way(db)
+            owners = [uuid.UUID(o) for r in records if (o := facts.payload(r).get("workerId"))]
+            alive = await worker_store.alive(db, owners)
+        me = self.worker_id or uuid.UUID(int=0)
+        for record in records:
+            payload = facts.payload(record)
+            if uuid.UUID(payload["operationId"]) in self._running or not ops.abandoned([payload], alive, me):
+                continue
+            op = await self._adopt(record)
+            if op is None:
+                continue
+            self._running.add(op.id)
+            try:
+                if ops.resume_action(payload.get("providerSteps") or []) == ops.Resume.COMPENSATE:
+                    await self._compensate(op)
+                else:
+                    await self._carry_on(op)
+                log.warning("rollback %s of thread %s, abandoned by its process, is over", op.id, op.thread_id)
+            except DomainError as error:
+                log.warning("rollback %s of thread %s was taken back: %s", op.id, op.thread_id, error.message)
+            finally:
+                self._running.discard(op.id)
+
+    async def _adopt(self, record: Activity) -> _Operation | None:
+        """Make this process the operation's owner (under the thread's lock, if it is still abandoned) and
+        rebuild it from its record."""
+        me = self.worker_id
+
+        async def decide(db: Reader, thread: AppThread) -> Valued[_Operation | None]:
+            current = await entities.get(db, Activity, record.id)
+            payload = facts.payload(current) if current is not None else {}
+            if current is None or str(thread.rollback_operation_id) != payload.get("operationId"):
+                return Valued(value=None)  # over, or taken by another process meanwhile
+            owner = payload.get("workerId")
+            if owner and owner != str(me) and await worker_store.alive(db, [uuid.UUID(owner)]):
+                return Valued(value=None)
+            op = await self._rebuilt(db, thread, current, payload)
+            op.worker_id = me
+            return Valued([Change.updated(current.evolve(payload=op.record()))], value=op)
+
+        adopt = Step(command_type="rollback.adopt", thread_id=record.thread_id, decide=decide)
+        return await self.pipeline.execute(adopt)
+
+    async def _rebuilt(self, db: Reader, thread: AppThread, record: Activity, payload: dict[str, Any]) -> _Operation:
+        op = _Operation(uuid.UUID(payload["operationId"]), int(payload["targetOrdinal"]), thread.id)
+        op.project_id, op.record_activity = thread.project_id, record
+        op.kind = str(payload.get("kind") or "rollback")
+        op.plan = ops.plan_from(payload["plan"]) if payload.get("plan") else None
+        op.undo_of = payload.get("undoOf")
+        op.restore_ref, op.restore_commit = payload.get("restoreRef"), payload.get("restoreCommit")
+        op.node_id = uuid.UUID(payload["nodeId"]) if payload.get("nodeId") else None
+        op.checkpoint_id = uuid.UUID(payload["checkpointId"]) if payload.get("checkpointId") else None
+        op.node_result = payload.get("nodeConversation")
+        op.node_dropped = list(payload.get("droppedTurnIds") or [])
+        op.steps.update({k: StepStatus(v) for k, v in (payload.get("steps") or {}).items()})
+        pre = payload.get("preRollback") or {}
+        op.pre_ref, op.pre_commit = pre.get("ref"), pre.get("commit")
+        op.files_restored = ops.files_touched(op.steps)
+        for entry in payload.get("providerSteps") or []:
+            pt = await entities.require(db, ProviderThread, uuid.UUID(entry["providerThreadId"]))
+            op.providers.append(
+                _ProviderStep(
+                    pt,
+                    plan_rules.Strategy(entry["strategy"]),
+                    replacement=ProviderThread.from_mapping(entry["replacement"]) if entry.get("replacement") else None,
+                    undo_native_ref=entry.get("undoNativeRef"),
+                    rolled_back=bool(entry.get("rolledBack")),
+                    handoff=ContextHandoff.from_mapping(entry["handoff"]) if entry.get("handoff") else None,
+                    planned=ops.provider_from(entry["planned"]) if entry.get("planned") else None,
+                    status=StepStatus(entry.get("status") or StepStatus.PENDING),
+                )
+            )
+        stale = [uuid.UUID(i) for i in payload.get("staleProviderThreadIds") or []]
+        op.stale = tuple([await entities.require(db, ProviderThread, i) for i in stale])
+        if op.restore_ref is not None or op.restore_commit is not None:
+            project = await entities.require(db, Project, thread.project_id)
+            op.repo = self._repo(project, thread)
+        return op
+
+    async def _compensate(self, op: _Operation) -> None:
+        """Take back an operation whose in-place provider rollback is in doubt: its undo fork holds the
+        conversation as it was, and the files go back to the pre-rollback capture if they were touched."""
+        for step in op.providers:
+            if step.status == StepStatus.RUNNING and step.undo_native_ref:
+                step.rolled_back = True  # or not: either way the undo fork is the conversation before it
+        failure = _StepFailed("provider", "the server stopped during the provider step")
+        op.steps["provider"] = StepStatus.FAILED
+        await self._undo(op)
+        await self._record_failure(op, failure)
 
     async def _own_workspace(self, principal: Principal, thread_id: uuid.UUID) -> None:
         """A fork with a folder of its own that is not there yet (made by an older release inside the
@@ -251,7 +407,9 @@ class Rollbacks:
         except (CheckpointError, OSError) as error:
             raise DomainError(ErrorCode.ROLLBACK_FAILED, f"the fork's workspace could not be made: {error}") from error
 
-    async def _carry_out(self, db: Reader, thread: AppThread, op: _Operation, restore_files: bool) -> Outcome:
+    async def _begin(self, db: Reader, thread: AppThread, op: _Operation, restore_files: bool) -> Outcome:
+        """Plan the rollback and record it, with the thread marked ROLLING_BACK: no file or agent is touched
+        in this transaction, and a refusal changes nothing."""
         runs = await facts.runs_of(db, thread.id)
         turns = await facts.root_turns(db, thread.id)
         pts = {pt.id: pt for pt in await facts.provider_threads_of(db, thread.id)}
@@ -278,43 +436,135 @@ class Rollbacks:
             )
         except plan_rules.RollbackRefused as refused:
             raise _refused(refused) from None
-        project = await entities.require(db, Project, thread.project_id)
         steps = self._provider_steps(plan, thread, pts)
-        await self._check_handoffs(thread, project, steps, op.target)
         op.stale = await _stale_provider_threads(db, thread, plan, steps)
-
-        # capture
+        op.plan, op.providers = plan, steps
         if plan.restore_checkpoint_id is not None:
+            op.restore_ref = next(c.ref for c, _ in checkpoints if c.id == plan.restore_checkpoint_id)
+        else:
+            op.steps["capture"] = op.steps["files"] = StepStatus.SKIPPED
+        target = next((r for r in runs if r.ordinal == op.target), None)
+        undone = len(plan.rolled_back_run_ordinals)
+        summary = f"rolling back to run {op.target}" + (f" ({undone} run{'s' * (undone != 1)} to undo)" * bool(undone))
+        return self._recorded_start(thread, op, summary, target)
+
+    def _recorded_start(self, thread: AppThread, op: _Operation, summary: str, target: Run | None) -> Outcome:
+        """The operation's record (`rollback.started`, kept up to date as its steps complete) and the thread
+        marked ROLLING_BACK; the command's result names the operation."""
+        started = activity(
+            thread.id,
+            ActivityKind.ROLLBACK_STARTED,
+            summary,
+            self.now,
+            new_id,
+            run_id=target.id if target else None,
+            node_id=target.root_node_id if target else None,
+            payload=op.record(),
+        )
+        assert isinstance(started.entity, Activity)
+        op.record_activity = started.entity
+        marked = thread.evolve(rollback_operation_id=op.id, updated_at=self.now)
+        result = {"threadId": str(thread.id), "operationId": str(op.id)}
+        return Outcome([started, Change.updated(marked)], result=result)
+
+    async def _carry_on(self, op: _Operation) -> dict[str, Any]:
+        """The steps, outside any transaction and the thread's lock, each recorded as it completes; then the
+        outcome. A failed step takes back what was done (`_undo`) and records the failure."""
+        try:
+            await self._run_steps(op)
+            return await self._finish(op)
+        except DomainError:
+            raise
+        except Exception as error:
+            failure = op.failure or _StepFailed("record", f"recording the rollback failed: {error}")
+            await self._undo(op)
+            await self._record_failure(op, failure)
+            if isinstance(error, _StepFailed | CheckpointError | ProviderError | OSError) or op.failure:
+                raise DomainError(ErrorCode.ROLLBACK_FAILED, _failure_message(op, failure)) from error
+            raise
+
+    async def _run_steps(self, op: _Operation) -> None:
+        async with self.pipeline.db.read() as db:
+            thread = await entities.require(db, AppThread, op.thread_id)
+            project = await entities.require(db, Project, thread.project_id)
+        if op.restore_ref is not None or op.restore_commit is not None:
             op.repo = self._repo(project, thread)
+        if op.repo is not None and op.steps["capture"] != StepStatus.DONE:
             with _step(op, "capture", CheckpointError, OSError):
                 op.pre_ref = check_ref(f"{REF_PREFIX}{thread.id}/rollback/{op.id}")
-                op.pre_commit = (await op.repo.capture(op.pre_ref, f"before rollback to run {op.target}")).commit
-        else:
-            op.steps["capture"] = "skipped"
+                found = await op.repo.resolve(op.pre_ref)  # made before a crash: the workspace was not touched yet
+                message = {"undo": "before undoing a rollback", "node": "before node rollback"}.get(
+                    op.kind, f"before rollback to run {op.target}"
+                )
+                op.pre_commit = found or (await op.repo.capture(op.pre_ref, message)).commit
+            await self._progress(op, "captured")
 
         # provider (an in-place rollback that cannot be undone waits until the files are restored)
+        steps = op.providers
         early = [s for s in steps if not (s.strategy == plan_rules.Strategy.NATIVE_ROLLBACK and not self._forks(s))]
         late = [s for s in steps if s not in early]
-        await self._provider_step(db, thread, project, op, early, final=not late)
+        await self._provider_step(thread, project, op, early, final=not late)
         # files
-        if plan.restore_checkpoint_id is not None and op.repo is not None:
-            target = next(c for c, _ in checkpoints if c.id == plan.restore_checkpoint_id)
+        if op.repo is not None and op.steps["files"] != StepStatus.DONE:
+            op.steps["files"] = StepStatus.RUNNING
+            op.files_restored = True  # from here on, an undo restores the pre-rollback capture
+            await self._progress(op)
             with _step(op, "files", CheckpointError, OSError):
-                commit = await op.repo.resolve(target.ref) if target.ref else None
+                commit = op.restore_commit or (await op.repo.resolve(op.restore_ref) if op.restore_ref else None)
                 if commit is None:
                     raise _StepFailed("files", f"the checkpoint of run {op.target} has no commit any more")
-                op.files_restored = True  # from here on, an undo restores the pre-rollback capture
                 await op.repo.restore(commit)
-        else:
-            op.steps["files"] = "skipped"
+            await self._progress(op, "files")
         if late:
-            await self._provider_step(db, thread, project, op, late, final=True)
-
-        # record
+            await self._provider_step(thread, project, op, late, final=True)
+        if op.kind == "node":
+            await self._node_conversation(op, thread, project)
         with _step(op, "record"):
-            pass  # only the test hook: the caller commits what `_recorded` returns
-        op.rebridge = await self._rebridge(db, thread, op, plan, runs)
-        return self._recorded(thread, op, plan, runs, [c for c, _ in checkpoints])
+            pass  # only the test hook: `_finish` commits the outcome
+
+    async def _progress(self, op: _Operation, point: str | None = None) -> None:
+        """Record the operation as it stands (one small transaction on the thread); then the test-only crash
+        point named `point`, if one was asked for."""
+        record = op.record()
+
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
+            current = await entities.get(db, Activity, op.record_activity.id if op.record_activity else None)
+            if current is None:
+                return Outcome()
+            return Outcome([Change.updated(current.evolve(payload=record))])
+
+        await self.pipeline.execute(Command(command_type="rollback.progress", decide=decide, thread_id=op.thread_id))
+        if point is not None:
+            crash_point(f"rollback-{point}")
+
+    async def _finish(self, op: _Operation) -> dict[str, Any]:
+        """Record the outcome, the thread no longer ROLLING_BACK: for a rollback, runs rolled back,
+        checkpoints stale, provider threads switched or retired and `rollback.completed`; for an undo, all of
+        that taken back and `rollback.undone`."""
+
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
+            op.outcome = "completed"
+            cleared = thread.evolve(rollback_operation_id=None, updated_at=self.now)
+            if op.kind == "undo":
+                assert op.undo_of is not None
+                outcome = await self._undo_recorded(db, cleared, op.undo_of)
+            elif op.kind == "node":
+                outcome = await node_steps.recorded(db, cleared, op.node_id, op.checkpoint_id, op.summary(), self.now)
+            else:
+                assert op.plan is not None
+                runs = await facts.runs_of(db, thread.id)
+                checkpoints = [c for c, _ in await facts.checkpoints_of(db, thread.id)]
+                op.rebridge = await self._rebridge(db, thread, op, op.plan, runs)
+                outcome = self._recorded(cleared, op, op.plan, runs, checkpoints)
+            if not any(isinstance(c.entity, AppThread) for c in outcome.changes):
+                outcome.changes.append(Change.updated(cleared))
+            current = await entities.get(db, Activity, op.record_activity.id if op.record_activity else None)
+            if current is not None:
+                outcome.changes.append(Change.updated(current.evolve(payload=op.record())))
+            return outcome
+
+        finish = Command(command_type="rollback.record", decide=decide, thread_id=op.thread_id)
+        return await self.pipeline.execute(finish)
 
     async def _rebridge(
         self, db: Reader, thread: AppThread, op: _Operation, plan: plan_rules.RollbackPlan, runs: list[Run]
@@ -384,40 +634,29 @@ class Rollbacks:
             return []
         return [_ProviderStep(active, planned.strategy, planned=planned)]
 
-    async def _check_handoffs(
-        self, thread: AppThread, project: Project, steps: list[_ProviderStep], target: int
-    ) -> None:
-        """Refuse before touching anything when a replacement would need a handoff its runtime cannot take."""
-        for step in steps:
-            if step.strategy not in (plan_rules.Strategy.REPLACE, plan_rules.Strategy.DISCARD) or target == 0:
-                continue
-            async with self.sessions.using(step.provider_thread.provider_instance_id, project.id) as session:
-                if not accepts_handoff(session.runtime):
-                    raise DomainError(
-                        ErrorCode.ROLLBACK_UNSUPPORTED,
-                        f"{step.provider_thread.provider_instance_id} can neither roll back nor fork this "
-                        "conversation, and takes no handoff; start a new thread instead",
-                        "runOrdinal",
-                    )
-
     async def _provider_step(
-        self, db: Reader, thread: AppThread, project: Project, op: _Operation, steps: list[_ProviderStep], final: bool
+        self, thread: AppThread, project: Project, op: _Operation, steps: list[_ProviderStep], final: bool
     ) -> None:
         try:
-            if steps:
+            if any(s.status != StepStatus.DONE for s in steps):
                 _injected("provider")
             for step in steps:
-                op.providers.append(step)
-                await self._roll_back_provider(db, thread, project, op, step)
+                if step.status == StepStatus.DONE:
+                    continue  # done before a crash: recorded with what it made
+                step.status = StepStatus.RUNNING
+                await self._progress(op)
+                await self._roll_back_provider(thread, project, op, step)
+                step.status = StepStatus.DONE
+                await self._progress(op, "provider")
         except (_StepFailed, ProviderError, DomainError, OSError) as error:
-            op.steps["provider"] = "failed"
+            op.steps["provider"] = StepStatus.FAILED
             op.failure = _as_failure("provider", error)
             raise op.failure from error
         if final:
-            op.steps["provider"] = "done" if op.providers else "skipped"
+            op.steps["provider"] = StepStatus.DONE if op.providers else StepStatus.SKIPPED
 
     async def _roll_back_provider(
-        self, db: Reader, thread: AppThread, project: Project, op: _Operation, step: _ProviderStep
+        self, thread: AppThread, project: Project, op: _Operation, step: _ProviderStep
     ) -> None:
         pt = step.provider_thread
         now = self.now
@@ -425,7 +664,8 @@ class Rollbacks:
         if step.strategy in (plan_rules.Strategy.REPLACE, plan_rules.Strategy.DISCARD):
             step.replacement = fresh
             if op.target > 0:
-                runs = await handoff_facts.read_run_facts(db, thread.id, range(1, op.target + 1))
+                async with self.pipeline.db.read() as db:
+                    runs = await handoff_facts.read_run_facts(db, thread.id, range(1, op.target + 1))
                 built = build_handoff(HandoffKind.ROLLBACK_CONTEXT, runs, Selection.up_to(op.target))
                 step.handoff = pending_handoff(built, thread.id, [pt.id], fresh.id, now, new_id)
             return
@@ -456,6 +696,7 @@ class Rollbacks:
                 if self._forks(step):
                     step.undo_native_ref = await runtime.fork_thread(ref, None)
                     session.loaded.add(step.undo_native_ref)
+                    await self._progress(op, "forked")  # recorded first: after a crash, the undo fork takes it back
                 if planned.before_turn_ref is None:
                     raise _StepFailed("provider", "no native turn to roll back to")
                 await runtime.rollback_thread(ref, planned.before_turn_ref)
@@ -562,9 +803,9 @@ class Rollbacks:
         lost = [s for s in op.providers if s.rolled_back and s.undo_native_ref is None]
         if lost:
             op.undo_errors.append("the provider conversation was rolled back in place and cannot be restored")
-        elif op.providers:
+        elif any(s.status != StepStatus.PENDING for s in op.providers):
             # new provider threads never became active; an in-place rollback is replaced by its undo fork
-            op.steps["provider"] = "undone"
+            op.steps["provider"] = StepStatus.UNDONE
 
     async def _record_failure(self, op: _Operation, failure: _StepFailed) -> None:
         """Record the failed operation, and switch to the undo fork of a provider thread rolled back in place."""
@@ -572,6 +813,7 @@ class Rollbacks:
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             changes: list[Change] = []
+            after = thread.evolve(rollback_operation_id=None, updated_at=now) if op.plan is not None else thread
             for step in op.providers:
                 if not (step.rolled_back and step.undo_native_ref):
                     continue
@@ -581,8 +823,15 @@ class Rollbacks:
                 # the fork holds every run so far
                 back, swapped = _to_undo_fork(current, step.undo_native_ref, await _last_ran(db, thread.id) + 1, now)
                 changes += swapped
-                if thread.active_provider_thread_id == current.id:
-                    changes.append(Change.updated(thread.evolve(active_provider_thread_id=back.id, updated_at=now)))
+                if after.active_provider_thread_id == current.id:
+                    after = after.evolve(active_provider_thread_id=back.id, updated_at=now)
+            if after != thread:
+                changes.append(Change.updated(after))
+            if op.plan is not None:
+                op.outcome = "failed"
+                current_record = await entities.get(db, Activity, op.record_activity.id if op.record_activity else None)
+                if current_record is not None:
+                    changes.append(Change.updated(current_record.evolve(payload=op.record())))
             record = {
                 "operationId": str(op.id),
                 "targetOrdinal": op.target,
@@ -591,7 +840,8 @@ class Rollbacks:
                 "steps": op.step_list(),
                 "undoErrors": op.undo_errors,
             }
-            what = f"rollback to run {op.target}" if op.target >= 0 else "node rollback"
+            what = {"undo": "undoing the rollback", "rollback": f"rollback to run {op.target}"}.get(op.kind)
+            what = what if op.target >= 0 or op.kind == "undo" else "node rollback"
             summary = f"{what} failed at {failure.step}; nothing changed"
             if op.undo_errors:
                 summary = f"{what} failed at {failure.step}: {'; '.join(op.undo_errors)}"
@@ -602,9 +852,11 @@ class Rollbacks:
 
     # ---- undoRollback -------------------------------------------------------------------------------------
 
-    @allowing_io_in_transaction("rollback")  # its git and agent calls still run in its transaction
     async def undo_rollback(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> dict[str, Any]:
-        """Go forward again: the thread's last rollback is taken back if no run was started since."""
+        """Go forward again: the thread's last rollback is taken back if no run was started since. Carried out
+        like a rollback: checked and recorded first (ROLLING_BACK), the files put back outside any transaction,
+        then the log."""
+        op = _Operation(new_id(), -1, thread_id, worker_id=self.worker_id, kind="undo")
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
@@ -622,7 +874,13 @@ class Rollbacks:
                     f"run {later[0].ordinal} was started after the rollback; roll back to it instead",
                     "threadId",
                 )
-            return await self._undo_recorded(db, thread, record)
+            await self._undo_recorded(db, thread, record)  # refuses what cannot be taken back; writes nothing
+            op.undo_of, op.target = record, int(record.get("targetOrdinal") or 0)
+            op.restore_commit = (record.get("preRollback") or {}).get("commit")
+            if op.restore_commit is None:
+                op.steps["capture"] = op.steps["files"] = StepStatus.SKIPPED
+            op.steps["provider"] = StepStatus.SKIPPED
+            return self._recorded_start(thread, op, f"undoing the rollback to run {op.target}", None)
 
         command = Command(
             command_type="undoRollback",
@@ -632,17 +890,18 @@ class Rollbacks:
             decide=decide,
             thread_id=thread_id,
         )
-        return await self.pipeline.execute(command)
+        begun = await self.pipeline.execute(command)
+        if begun.get("operationId") != str(op.id):
+            return {"threadId": str(thread_id)}  # the same key again: its operation answered, or still under way
+        self._running.add(op.id)
+        try:
+            await self._carry_on(op)
+        finally:
+            self._running.discard(op.id)
+        return {"threadId": str(thread_id)}
 
     async def _undo_recorded(self, db: Reader, thread: AppThread, record: dict[str, Any]) -> Outcome:
         now = self.now
-        project = await entities.require(db, Project, thread.project_id)
-        pre = record.get("preRollback") or {}
-        if pre.get("commit"):
-            try:
-                await self._repo(project, thread).restore(str(pre["commit"]))
-            except (CheckpointError, OSError) as error:
-                raise DomainError(ErrorCode.ROLLBACK_FAILED, f"files could not be put back: {error}") from error
         changes: list[Change] = []
         active = thread.active_provider_thread_id
         for entry in record.get("providerThreads") or []:
@@ -698,136 +957,60 @@ class Rollbacks:
 
     # ---- rollbackNode -------------------------------------------------------------------------------------
 
-    @allowing_io_in_transaction("rollback")  # its git and agent calls still run in its transaction
     async def rollback_node(
         self, principal: Principal, node_id: uuid.UUID, checkpoint_id: uuid.UUID, key: str | None
     ) -> dict[str, Any]:
-        """Restore a child scope's checkpoint; the parent's runs and conversation stay as they are."""
+        """Restore a child scope's checkpoint, and the subagent's own conversation where its provider can; the
+        parent's runs and conversation stay as they are. Carried out like rollbackToRun: checked and recorded
+        first (ROLLING_BACK), the files and the conversation outside any transaction, then the log."""
         async with self.pipeline.db.read() as db:
             node = await entities.get(db, ExecutionNode, node_id)
         if node is None:
             raise not_found("nodeId")
-        op = _Operation(new_id(), -1, node.thread_id)
+        op = _Operation(new_id(), -1, node.thread_id, worker_id=self.worker_id, kind="node")
+        op.node_id, op.checkpoint_id = node_id, checkpoint_id
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "nodeId")
-            return await self._restore_node(db, thread, node_id, checkpoint_id, op)
+            found, checkpoint, _ = await node_steps.checked(db, thread, node_id, checkpoint_id)
+            op.restore_ref = checkpoint.ref
+            return self._recorded_start(thread, op, f"rolling back {found.title or 'a subagent'}", None)
 
         asked = {"command_type": "rollbackNode", "principal": principal, "key": key, "decide": decide}
         data = {"checkpointId": str(checkpoint_id)}
         command = Command.naming("nodeId", node_id, data, thread_id=node.thread_id, **asked)
+        begun = await self.pipeline.execute(command)
+        if begun.get("operationId") != str(op.id):  # the same key again: the first call's operation
+            return await node_steps.answer_of(self.pipeline, node.thread_id, str(begun.get("operationId")))
+        self._running.add(op.id)
         try:
-            return await self.pipeline.execute(command)
-        except DomainError:
-            raise
-        except (_StepFailed, CheckpointError, ProviderError, OSError) as error:
-            failure = op.failure or _as_failure("record", error)
-            await self._undo(op)
-            await self._record_failure(op, failure)
-            raise DomainError(ErrorCode.ROLLBACK_FAILED, _failure_message(op, failure)) from error
+            return await self._carry_on(op)
+        finally:
+            self._running.discard(op.id)
 
-    async def _restore_node(
-        self, db: Reader, thread: AppThread, node_id: uuid.UUID, checkpoint_id: uuid.UUID, op: _Operation
-    ) -> Outcome:
-        node = await entities.get(db, ExecutionNode, node_id)
-        checkpoint = await entities.get(db, Checkpoint, checkpoint_id)
-        if node is None or node.thread_id != thread.id:
-            raise not_found("nodeId")
-        if checkpoint is None or checkpoint.thread_id != thread.id:
-            raise not_found("checkpointId")
-        all_scopes = {s.id: s for s in await facts.scopes_of(db, thread.id)}
-        scope = all_scopes.get(checkpoint.scope_id)
-        if scope is None or scope.kind == CheckpointScopeKind.ROOT_RUN or scope.node_id != node_id:
-            raise DomainError(ErrorCode.INVALID_INPUT, "checkpointId is not a checkpoint of this node", "checkpointId")
-        if checkpoint.status != CheckpointStatus.READY or not checkpoint.ref:
-            raise DomainError(ErrorCode.CHECKPOINT_MISSING, "that checkpoint cannot be restored", "checkpointId")
-        runs = await facts.runs_of(db, thread.id)
-        if any(run.status in ACTIVE_RUN_STATUSES for run in runs):
-            raise DomainError(ErrorCode.THREAD_BUSY, "a run is active; interrupt it or wait first", "nodeId")
-        if any(pt.owner_node_id == node_id for pt in await facts.provider_threads_of(db, thread.id)):
-            # Its conversation would have to go back too, and that is not built: refuse rather than diverge.
-            raise DomainError(
-                ErrorCode.ROLLBACK_UNSUPPORTED,
-                "this subagent has a provider thread of its own, which cannot be rolled back yet",
-                "nodeId",
-            )
-        project = await entities.require(db, Project, thread.project_id)
-        op.repo = self._repo(project, thread)
-        with _step(op, "capture", CheckpointError, OSError):
-            op.pre_ref = check_ref(f"{REF_PREFIX}{thread.id}/rollback/{op.id}")
-            op.pre_commit = (await op.repo.capture(op.pre_ref, "before node rollback")).commit
-        with _step(op, "files", CheckpointError, OSError):
-            commit = await op.repo.resolve(checkpoint.ref)
-            if commit is None:
-                raise _StepFailed("files", "the checkpoint has no commit any more")
-            op.files_restored = True
-            await op.repo.restore(commit)
-        now = self.now
-        changes: list[Change] = []
-        # descendants: scopes under this one (transitively) whose checkpoints are now out of date
-        descendants = _descendants(scope.id, all_scopes)
-        checkpoints = [c for c, _ in await facts.checkpoints_of(db, thread.id)]
-        later = [c for c in checkpoints if c.scope_id == scope.id and c.ordinal > checkpoint.ordinal]
-        stale = [
-            c
-            for c in [*later, *(c for c in checkpoints if c.scope_id in descendants)]
-            if c.status != CheckpointStatus.STALE
-        ]
-        changes += [Change.updated(c.evolve(status=CheckpointStatus.STALE)) for c in stale]
-        dirtied = _shares_parent_workspace(node)
-        payload = {
-            "operationId": str(op.id),
-            "nodeId": str(node_id),
-            "checkpointId": str(checkpoint_id),
-            "preRollback": {"ref": op.pre_ref, "commit": op.pre_commit},
-            "staleCheckpoints": [{"id": str(c.id), "status": c.status.value} for c in stale],
-            "dirtiedParentWorkspace": dirtied,
-            "steps": op.step_list(),
-        }
-        summary = f"restored the files of {node.title or 'a subagent'} to its checkpoint"
-        changes.append(
-            activity(
-                thread.id,
-                ActivityKind.ROLLBACK_COMPLETED,
-                summary,
-                now,
-                new_id,
-                run_id=node.run_id,
-                node_id=node_id,
-                payload=payload,
-            )
-        )
-        return Outcome(
-            changes,
-            result={
-                "threadId": str(thread.id),
-                "nodeId": str(node_id),
-                "checkpointId": str(checkpoint_id),
-                "dirtiedParentWorkspace": dirtied,
-                "preRollbackRef": op.pre_ref,
-            },
-        )
+    async def _node_conversation(self, op: _Operation, thread: AppThread, project: Project) -> None:
+        """The subagent's own conversation back to the checkpoint (engine.node_rollback), after its files."""
+        if op.steps["provider"] == StepStatus.DONE:
+            return
+        op.steps["provider"] = StepStatus.RUNNING
+        await self._progress(op)
+        with _step(op, "provider", ProviderError):
+            async with self.pipeline.db.read() as db:
+                node = await entities.require(db, ExecutionNode, op.node_id)
+                checkpoint = await entities.require(db, Checkpoint, op.checkpoint_id)
+                cwd = self.workspace_of(thread, project)
+                conversation = await node_rollback.roll_back(
+                    db, self.sessions, thread, project, node, checkpoint, cwd, self.now
+                )
+            op.node_result = conversation.payload
+            op.node_dropped = [str(turn.id) for turn in conversation.plan.dropped]
+        await self._progress(op, "provider")
 
 
 async def _last_ran(db: Reader, thread_id: uuid.UUID) -> int:
     """The ordinal of the thread's last run that reached the provider (0: none)."""
     ran = [run.ordinal for run in await facts.runs_of(db, thread_id) if run.status in plan_rules.RAN]
     return max(ran, default=0)
-
-
-def _descendants(scope_id: uuid.UUID, scopes: dict[uuid.UUID, CheckpointScope]) -> set[uuid.UUID]:
-    found: set[uuid.UUID] = set()
-    frontier = {scope_id}
-    while frontier:
-        frontier = {s.id for s in scopes.values() if s.parent_scope_id in frontier and s.id not in found}
-        found |= frontier
-    return found
-
-
-def _shares_parent_workspace(node: ExecutionNode) -> bool:
-    """A subagent works in its parent's workspace unless it was given a folder of its own (a delegated task
-    on another thread, `child_thread_id`, has its own conversation but the same project workspace)."""
-    return True
 
 
 def _checkpoint_fact(

@@ -171,8 +171,14 @@ class Services:
         )
 
         services.rollback = Rollbacks(
-            pipeline, sessions, checkpoints.repo, checkpoints.workspace_of, checkpoints.ensure_own_workspace
+            pipeline,
+            sessions,
+            checkpoints.repo,
+            checkpoints.workspace_of,
+            checkpoints.ensure_own_workspace,
+            worker_id=worker.id,
         )
+        recovery.resume_rollbacks = services.rollback.resume_abandoned
         services.forks = Forks(pipeline, checkpoints)
         services.retries = RunRetries(pipeline, run_engine)
 

@@ -89,6 +89,37 @@ async def last_activity(db: Reader, thread_id: uuid.UUID, kinds: list[str]) -> A
     return None if row is None else Activity.from_mapping(row)
 
 
+async def activities_of_operation(db: Reader, thread_id: uuid.UUID, operation_id: str) -> list[Activity]:
+    """The rollback activities (started, completed, failed) of one operation, newest first."""
+    table = t.activities
+    kinds = ["rollback.started", "rollback.completed", "rollback.failed"]
+    rows = await db.rows(
+        sa.select(table)
+        .where(
+            table.c.thread_id == thread_id,
+            table.c.kind.in_(kinds),
+            table.c.payload["operationId"].astext == operation_id,
+        )
+        .order_by(table.c.sequence.desc())
+    )
+    return [Activity.from_mapping(row) for row in rows]
+
+
+async def rollbacks_under_way(db: Reader) -> list[Activity]:
+    """The `rollback.started` records of every thread still ROLLING_BACK (its operation not over)."""
+    table, threads = t.activities, t.threads
+    rows = await db.rows(
+        sa.select(table)
+        .join(threads, threads.c.id == table.c.thread_id)
+        .where(
+            threads.c.rollback_operation_id.is_not(None),
+            table.c.kind == "rollback.started",
+            table.c.payload["operationId"].astext == sa.cast(threads.c.rollback_operation_id, sa.Text),
+        )
+    )
+    return [Activity.from_mapping(row) for row in rows]
+
+
 def payload(activity: Activity) -> dict[str, Any]:
     return dict(activity.payload) if isinstance(activity.payload, dict) else {}
 
