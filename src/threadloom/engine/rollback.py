@@ -53,8 +53,8 @@ from threadloom.domain.statuses import (
 )
 from threadloom.engine import node_rollback_steps as node_steps
 from threadloom.engine import rollback_record as record_of
-from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.handoff_delivery import handoff_delivered  # re-exported until engine.runs imports it
+from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.rollback_operation import Operation, checkpoint_fact, refused
 from threadloom.engine.rollback_provider import ProviderSteps, stale_provider_threads
 from threadloom.engine.rollback_recovery import AbandonedRollbacks
