@@ -63,7 +63,7 @@ class Verdict:
 
 def wanted(thread: AppThread, run: Run) -> Settings:
     """The settings `run` asks for: its own model (sendMessage's `model`), else the thread's; the thread's mode.
-    The same values the turn is started with (`engine.runs._settings`)."""
+    The same values the turn is started with (`engine.native_threads.thread_settings`)."""
     return Settings(model=run.model or thread.model, runtime_mode=thread.runtime_mode)
 
 

@@ -1,9 +1,10 @@
 """Checkpoints in the engine: when the workspace is captured, and recording what the capture returned.
 
-Git never runs inside a database transaction. Each capture reads what it needs in a short read, does the
-git work (`threadloom.checkpoints`, serialized per project by the store's lock), and then records the
-result: the run's checkpoint inside the completion barrier's transaction (`RunEngine.finish` hands the
-capture to `record_run_end`), a baseline or a subagent's checkpoint in a step of its own. Rules are in
+Git never runs inside a database transaction (`threadloom.io_guard` counts, and under the tests refuses,
+any call that does). Each capture reads what it needs in a short read, does the git work
+(`threadloom.checkpoints`, serialized per project by the store's lock), and then records the result: the
+run's checkpoint inside the completion barrier's transaction (`RunFinish.finish` in `engine.run_finish`
+hands the capture to `record_run_end`), a baseline or a subagent's checkpoint in a step of its own. Rules are in
 `domain.checkpoints`; what users see is in docs/lifecycles/checkpoints-and-rollback.md.
 
 - before run N's turn starts: `ensure_baseline` captures ordinal N-1 if the thread has no such checkpoint

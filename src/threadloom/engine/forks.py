@@ -3,7 +3,7 @@
 What the fork receives is frozen there: the portable context is built from the source's log at
 `forkThread` and kept on the transfer (`domain.forks.FrozenContext`), and a fork with its own workspace
 (the default) gets the fork point's files before the mutation answers. The fork's first run resolves the
-pending transfer in `engine.runs` (`fork_resolution`): the provider forks its own thread at the point's
+pending transfer in `engine.turns` (`fork_resolution`): the provider forks its own thread at the point's
 turn, or the kept context goes with the first message.
 """
 

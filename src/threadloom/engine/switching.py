@@ -1,5 +1,5 @@
 """The provider a run goes to (rules in `domain.switching`): continue, return with a delta, or start fresh
-with a full summary. Called by `engine.runs` when it prepares a run's turn, inside that transaction."""
+with a full summary. Called by `engine.turns` when it prepares a run's turn, inside that transaction."""
 
 from __future__ import annotations
 
