@@ -46,7 +46,7 @@ from threadloom.domain.statuses import (
     NodeStatus,
     RunStatus,
 )
-from threadloom.domain.threads import ThreadState, clean_text
+from threadloom.domain.threads import ThreadState, clean_text, first_message_title
 
 
 class DispatchMode(StrEnum):
@@ -142,6 +142,9 @@ def new_run(
     `message_id` reuses an existing message (a late steer turned into a run)."""
     thread = state.thread
     text = clean_text(text)
+    titled = first_message_title(thread, state.last_ordinal, text)
+    if titled is not None:
+        thread = thread.evolve(title=titled, updated_at=now)
     run_id, node_id, attempt_id = new_id(), new_id(), new_id()
     reused = message_id is not None
     message_id = message_id or new_id()
@@ -177,6 +180,8 @@ def new_run(
     if starting:
         start_run(outcome, thread.evolve(queue_held=False, queue_hold_reason=None), run, now, new_id)
     else:
+        if titled is not None:
+            outcome.changes.append(Change.updated(thread))
         outcome.changes.append(
             activity(
                 thread.id,

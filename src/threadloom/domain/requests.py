@@ -190,7 +190,7 @@ def respond(
         run_activity(
             run,
             kind,
-            f"{request.kind}: {response}",
+            resolution_summary(request, response),
             now,
             new_id,
             node_id=node.id,
@@ -205,6 +205,37 @@ def respond(
         response=native_response,
     ).envelope()
     return Outcome(changes, [effect], result={"requestId": str(request.id)})
+
+
+_DECISION_WORDS = {
+    Decision.ACCEPT.value: "Approved",
+    Decision.ACCEPT_FOR_SESSION.value: "Approved for the session",
+    Decision.DECLINE.value: "Declined",
+    Decision.CANCEL.value: "Cancelled",
+}
+
+
+def resolution_summary(request: RuntimeRequest, response: dict[str, Any]) -> str:
+    """The activity line a person reads: "Approved: npm test", "Answered: Which database? → sqlite".
+
+    The recorded response stays structured in the activity's payload; the summary is words, never a dict's repr.
+    """
+    payload = request.payload or {}
+    if "answers" in response:
+        questions = _questions(payload)
+        asked = {str(q.get("id")): str(q.get("question") or q.get("header") or q.get("id")) for q in questions}
+        answers = response.get("answers") or {}
+        parts = [f"{asked.get(str(qid), qid)} → {', '.join(map(str, given))}" for qid, given in answers.items()]
+        return "Answered: " + ("; ".join(parts) if parts else "no answer")
+    decision = str(response.get("decision", ""))
+    words = _DECISION_WORDS.get(decision, decision.replace("_", " ").capitalize() or "Resolved")
+    subject = payload.get("command") or payload.get("path") or payload.get("reason")
+    return f"{words}: {subject}" if subject else f"{words} ({str(request.kind).replace('_', ' ').lower()})"
+
+
+def _questions(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    questions = payload.get("questions")
+    return [q for q in questions if isinstance(q, dict)] if isinstance(questions, list) else []
 
 
 def approval(decision: Decision) -> tuple[dict[str, Any], dict[str, Any], bool]:

@@ -18,6 +18,7 @@ MAX_TITLE = 200
 MAX_MESSAGE = 200_000
 MAX_MODEL = 200
 DEFAULT_TITLE = "New thread"
+FIRST_MESSAGE_TITLE = 60  # characters of a first message that title a thread created without one
 # What an agent's commands may do (docs/providers.md, "Runtime modes"):
 # workspace_write: run without asking, sandboxed to the project's workspace, no network (the default);
 # approval_required: every command and file change asks first; read_only: nothing is written;
@@ -156,6 +157,26 @@ class ThreadState:
     active: Run | None
     queue: Sequence[Run]  # queued runs by queue_position
     last_ordinal: int
+
+
+def first_message_title(thread: AppThread, last_ordinal: int, text: str) -> str | None:
+    """The title a thread gets from its first message, or None to keep the one it has.
+
+    A thread created without a title (an ACP client's, the dashboard's with an empty field) is "New thread";
+    its first message names it, so a list of threads is not a column of "New thread". Only the default title
+    and only before the first run: a title someone chose, or one already earned, is never overwritten.
+    """
+    if thread.title != DEFAULT_TITLE or last_ordinal != 0:
+        return None
+    words = " ".join(text.split())
+    if not words:
+        return None
+    if len(words) <= FIRST_MESSAGE_TITLE:
+        return words
+    cut = words[: FIRST_MESSAGE_TITLE - 1]
+    if " " in cut[FIRST_MESSAGE_TITLE // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,.;:") + "…"
 
 
 def clean_text(text: str) -> str:
