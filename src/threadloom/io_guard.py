@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator
-from typing import ParamSpec, TypeVar
+from collections.abc import Iterator
 
 from threadloom import metrics
 
 STRICT_ENV = "THREADLOOM_STRICT_TRANSACTIONS"
-P = ParamSpec("P")
-T = TypeVar("T")
 log = logging.getLogger("threadloom.io_guard")
 
 
@@ -74,21 +70,6 @@ def allow_io_in_transaction(reason: str) -> Iterator[None]:
         yield
     finally:
         _allowed.reset(token)
-
-
-def allowing_io_in_transaction(reason: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
-    """`allow_io_in_transaction(reason)` around every call of the decorated coroutine function: one line at
-    a command's entry point, deleted with the debt."""
-
-    def decorate(function: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-        @functools.wraps(function)
-        async def allowed(*args: P.args, **kwargs: P.kwargs) -> T:
-            with allow_io_in_transaction(reason):
-                return await function(*args, **kwargs)
-
-        return allowed
-
-    return decorate
 
 
 def inside_transaction() -> bool:
