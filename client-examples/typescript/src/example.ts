@@ -1,8 +1,9 @@
 /**
  * The client walk-through: create a thread, subscribe and send a message, stream the run live to its
  * end, disconnect, let a second run happen unseen, resume from the last cursor and check the replay is
- * exactly the missed events, then answer an approval the agent asks for. Exits 0 only if every step
- * worked.
+ * exactly the missed events, answer an approval the agent asks for, then walk the graph: a run's
+ * activities with their run, a fork of the first run (its transfer's `source`), and the fork's run with
+ * its thread, attempts and handoff. Exits 0 only if every step worked.
  *
  * Environment: THREADLOOM_URL (default http://127.0.0.1:8000/graphql), THREADLOOM_TOKEN, and
  * THREADLOOM_PROJECT_ID (else a project is created in a fresh temporary folder; that needs an
@@ -64,6 +65,7 @@ async function walkThrough(client: ThreadloomClient, projectId: string): Promise
     }
   }
   check(run !== null, "the subscription ended before `synchronized`");
+  const firstRun: Run = run;
 
   // 3. Disconnect; a run happens while we are away.
   await client.disconnect();
@@ -107,6 +109,50 @@ async function walkThrough(client: ThreadloomClient, projectId: string): Promise
   await client.disconnect();
   check(completed, "the subscription ended before the approval run did");
   step("approval run completed");
+  check(approvalRun !== null, "no approval run");
+  await walkTheGraph(client, thread.id, firstRun, approvalRun);
+}
+
+/**
+ * 6. The graph in single documents (docs/graph.md): an activity names its run, a fork's transfer names
+ * the run it starts from (`source`, a TransferPoint union), and a run names its thread and the handoff
+ * it received (`contextHandoff`) — no id copied into a second query.
+ */
+async function walkTheGraph(client: ThreadloomClient, threadId: string, first: Run, approvalRun: Run): Promise<void> {
+  const activities = await client.activities(threadId, approvalRun.id);
+  const asked = activities.find((a) => a.activityKind === "APPROVAL_REQUESTED");
+  check(asked !== undefined, `no APPROVAL_REQUESTED activity in ${JSON.stringify(activities)}`);
+  check(
+    activities.every((a) => a.run?.id === approvalRun.id),
+    "an activity of the approval run names another run",
+  );
+  step(`activity "${asked.summary}" belongs to run ${asked.run?.ordinal ?? "?"} (${asked.run?.status ?? "?"})`);
+
+  const fork = await client.forkThread(first.id, "typescript fork");
+  const source = fork.transfer.source;
+  check(
+    source?.__typename === "RunPoint" && source.run.id === first.id,
+    `the fork starts at ${JSON.stringify(source)}, not at run ${first.id}`,
+  );
+  step(`forked thread ${fork.threadId} at run ${source.run.ordinal} (a ${fork.transfer.type} transfer)`);
+
+  const onFork = await client.sendMessage(fork.threadId, "@reply Hello from the fork");
+  while (!TERMINAL.has((await client.run(onFork.id)).status)) {
+    await sleep(100);
+  }
+  const graph = await client.runGraph(onFork.id);
+  check(graph.status === "COMPLETED", `the fork's run ended ${graph.status}`);
+  check(graph.thread.id === fork.threadId, "the fork's run names another thread");
+  const attempt = graph.attempts[0];
+  check(attempt !== undefined && attempt.reason === "INITIAL", `attempts ${JSON.stringify(graph.attempts)}`);
+  const handoff = graph.contextHandoff;
+  if (handoff === null) {
+    step(`the fork's run took no handoff: its provider thread (${attempt.providerThread?.id ?? "none"}) was forked natively`);
+  } else {
+    check(handoff.targetRun?.id === onFork.id, "the handoff names another run");
+    const covered: number[] = handoff.coveredRunOrdinals;
+    step(`the fork's run received a ${handoff.strategy} handoff covering runs ${covered.join(", ")}`);
+  }
 }
 
 /** An error and its causes (fetch's `TypeError: fetch failed` hides ECONNREFUSED in `cause`). */

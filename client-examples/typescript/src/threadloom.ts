@@ -16,14 +16,20 @@ import WebSocket from "ws";
 import {
   CreateProjectDocument,
   CreateThreadDocument,
+  ForkThreadDocument,
   PendingRequestsDocument,
   RespondToApprovalDocument,
   RunDocument,
+  RunGraphDocument,
   SendMessageDocument,
+  ThreadActivitiesDocument,
   ThreadDocument,
   ThreadEventsDocument,
   type Decision,
+  type ForkThreadMutation,
+  type RunGraphQuery,
   type RunStatus,
+  type ThreadActivitiesQuery,
   type ThreadEventsSubscription,
 } from "./generated/graphql.js";
 
@@ -31,6 +37,13 @@ export type ThreadEvent = ThreadEventsSubscription["threadEvents"];
 export type Thread = { id: string; title: string; latestSequence: number };
 export type Run = { id: string; status: RunStatus };
 export type PendingRequest = { id: string; kind: string; command: string | null };
+
+/** A fork: the new thread and the FORK transfer, whose `source` is a TransferPoint (a union). */
+export type Fork = { threadId: string; transfer: NonNullable<ForkThreadMutation["forkThread"]["transfer"]> };
+export type TransferPoint = NonNullable<Fork["transfer"]["source"]>;
+/** A run with its thread, attempts and the handoff it received (`contextHandoff`, null when none). */
+export type RunGraph = NonNullable<RunGraphQuery["run"]>;
+export type Activity = NonNullable<ThreadActivitiesQuery["thread"]>["activities"]["nodes"][number];
 
 export const TERMINAL: ReadonlySet<RunStatus> = new Set<RunStatus>([
   "COMPLETED",
@@ -174,6 +187,24 @@ export class ThreadloomClient {
   async respondToApproval(requestId: string, decision: Decision): Promise<string> {
     const data = await this.request(RespondToApprovalDocument, { requestId, decision });
     return present(ok(data.respondToApproval).request, "request").status;
+  }
+
+  /** A new thread forked at a completed run, working in the project's folder (workspace SHARED). */
+  async forkThread(runId: string, title: string): Promise<Fork> {
+    const data = ok((await this.request(ForkThreadDocument, { runId, title })).forkThread);
+    return { threadId: present(data.thread, "thread").id, transfer: present(data.transfer, "transfer") };
+  }
+
+  /** One document from a run to its thread, attempts and handoff: no second query for an id. */
+  async runGraph(runId: string): Promise<RunGraph> {
+    return present((await this.request(RunGraphDocument, { runId })).run, `run ${runId}`);
+  }
+
+  /** The thread's first 100 activities (of one run when `runId` is given), each with its run. */
+  async activities(threadId: string, runId: string | null = null): Promise<Activity[]> {
+    const data = await this.request(ThreadActivitiesDocument, { threadId, runId });
+    const thread = present(data.thread, `thread ${threadId}`);
+    return thread.activities.nodes;
   }
 
   /** The thread's events after `after` (all when null), then `synchronized`, then live. */
