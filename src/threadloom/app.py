@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 
 from threadloom import tracing
+from threadloom.api import graphiql
 from threadloom.api.gate import Gate
 from threadloom.api.http import GraphQLView
 from threadloom.api.metrics import Metrics
@@ -114,5 +115,5 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
             return JSONResponse({"status": "database not migrated"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    routes = [Route("/healthz", healthz), Route("/readyz", readyz), *dashboard_routes()]
+    routes = [Route("/healthz", healthz), Route("/readyz", readyz), *dashboard_routes(), *graphiql.routes(settings.ide)]
     return Starlette(routes=routes, lifespan=lifespan, middleware=tracing.middleware())  # [] unless OTEL_* asks

@@ -2,7 +2,8 @@
 
 `DATABASE_URL` (external PostgreSQL; absent → embedded server in the data dir),
 `THREADLOOM_DATA_DIR`, `THREADLOOM_AGENT_STATE_DIR` (the agents' resumable state; default `<data dir>/agents`),
-`BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_HOST`/`PORT`,
+`BROADCAST_URL`, `THREADLOOM_DEV`, `THREADLOOM_GRAPHIQL` (the IDE at /graphql: unset follows dev mode),
+`THREADLOOM_HOST`/`PORT`,
 `THREADLOOM_ALLOWED_ORIGINS`, `THREADLOOM_LOG_LEVEL`, `THREADLOOM_PROVIDERS` (provider instances, TOML),
 `THREADLOOM_MAX_SUBSCRIPTIONS` (per connection), `THREADLOOM_MAX_REPLAY` (events), `THREADLOOM_SUBSCRIBER_QUEUE`
 (frames), `THREADLOOM_SUBSCRIBER_QUEUE_BYTES` and `THREADLOOM_TOKEN_QUEUE_BYTES` (queued bytes per subscriber and
@@ -81,6 +82,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     dev: bool = False
+    graphiql: bool | None = None  # the GraphiQL IDE at /graphql; None: on in dev mode only
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "INFO"
     default_provider_instance: str = "scripted"
@@ -97,6 +99,11 @@ class Settings:
     agent_gid: int = 65534
 
     @property
+    def ide(self) -> bool:
+        """Whether /graphql serves GraphiQL to a browser: `THREADLOOM_GRAPHIQL` when set, else dev mode."""
+        return self.dev if self.graphiql is None else self.graphiql
+
+    @property
     def agents_dir(self) -> Path:
         """The agents' state folder: `THREADLOOM_AGENT_STATE_DIR`, else `<data dir>/agents`."""
         return self.agent_state_dir if self.agent_state_dir is not None else self.data_dir / "agents"
@@ -111,6 +118,7 @@ class Settings:
             "host": env.get("THREADLOOM_HOST", "127.0.0.1"),
             "port": int(env.get("THREADLOOM_PORT", "8000")),
             "dev": _flag(env.get("THREADLOOM_DEV")),
+            "graphiql": _flag(env["THREADLOOM_GRAPHIQL"]) if env.get("THREADLOOM_GRAPHIQL", "").strip() else None,
             "allowed_origins": tuple(o for o in env.get("THREADLOOM_ALLOWED_ORIGINS", "").split(",") if o),
             "log_level": env.get("THREADLOOM_LOG_LEVEL", "INFO"),
             "providers_file": Path(env["THREADLOOM_PROVIDERS"]) if env.get("THREADLOOM_PROVIDERS") else None,

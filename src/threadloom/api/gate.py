@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from threadloom import metrics
+from threadloom.api import graphiql
 from threadloom.engine.services import Services
 from threadloom.store import tokens
 from threadloom.store.db import StatementCounter
@@ -128,13 +130,14 @@ class Gate:
             more = message.get("more_body", False)
         body = b"".join(chunks)
 
-        wants_ide = scope.get("method") == "GET" and "text/html" in _header(scope, b"accept")
+        params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        wants_ide = graphiql.wanted(scope.get("method", ""), _header(scope, b"accept"), params)
         token = bearer(_header(scope, b"authorization"))
         principal = None
         if token is not None:
             async with self.services.db.statements(counter) as db:
                 principal = await tokens.authenticate(db, token)
-        if principal is None and not (wants_ide and self.services.settings.dev):
+        if principal is None and not (wants_ide and self.services.settings.ide):
             reason = "missing bearer token" if token is None else "invalid or revoked token"
             await _reply(send, 401, "UNAUTHENTICATED", reason, [(b"www-authenticate", b'Bearer realm="threadloom"')])
             return

@@ -2,10 +2,15 @@
 
 With `Accept: application/graphql-response+json` a request that fails before execution
 (unparseable, invalid, bad variables) gets HTTP 400, as the GraphQL-over-HTTP spec says;
-with `application/json` it gets 200, for older clients. A subscription whose request accepts
-`multipart/mixed;subscriptionSpec=1.0` is streamed as multipart parts (`MultipartStream`); any other
-subscription sent over HTTP is HTTP 400 `SUBSCRIPTION_OVER_HTTP`; a request refused by its token's
-rate limit is HTTP 429 `RATE_LIMITED` with `Retry-After`.
+with `application/json` it gets 200, for older clients. A request refused before it is parsed (not JSON,
+an unsupported content type or method, a mutation over GET, no query) gets a JSON body
+`{"errors": [{"message", "extensions": {"code"}}]}` with its status (`REFUSALS`), never plain text.
+A subscription whose request accepts `multipart/mixed;subscriptionSpec=1.0` is streamed as multipart parts,
+one that accepts `text/event-stream` as server-sent events (the graphql-sse protocol, distinct connections
+mode: `next` events, then `complete`), both guarded by `HTTPStream`; any other subscription sent over HTTP
+is HTTP 400 `SUBSCRIPTION_OVER_HTTP`; a request refused by its token's rate limit is HTTP 429
+`RATE_LIMITED` with `Retry-After`. `extensions.persistedQuery` is Apollo's automatic persisted queries
+(`persisted.PersistedQueries`). A browser's GET (Accept: text/html) gets GraphiQL when it is on (`graphiql`).
 WebSockets go through `token_guard.GuardedTransportWSHandler` (revocation, per-token caps).
 """
 
@@ -25,22 +30,30 @@ from typing import Any, cast
 
 import orjson
 from cross_web import HTTPException
+from graphql import GraphQLError, get_operation_ast, parse
+from graphql import OperationType as GraphQLOperationType
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError, MissingQueryError
-from strawberry.http import GraphQLHTTPResponse
-from strawberry.http.streaming import MultipartSubscriptionTransport
+from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
+from strawberry.http.streaming import HTTPStreamTransport, MultipartSubscriptionTransport
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
-from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, MULTIPART_SUBSCRIPTION_PROTOCOL
+from strawberry.subscriptions import (
+    GRAPHQL_SSE_PROTOCOL,
+    GRAPHQL_TRANSPORT_WS_PROTOCOL,
+    MULTIPART_SUBSCRIPTION_PROTOCOL,
+)
 from strawberry.types.execution import ExecutionResult
 from strawberry.types.graphql import OperationType
 from strawberry.types.unset import UNSET, UnsetType
 
+from threadloom.api import graphiql
 from threadloom.api.compiled import with_fast_paths
 from threadloom.api.context import NOBODY, Context
 from threadloom.api.gate import bearer
+from threadloom.api.persisted import PersistedQueries, PersistedQueryError
 from threadloom.api.row_pages import compile_threads
 from threadloom.api.token_guard import STATE_KEY, GuardedTransportWSHandler, TokenGuard
 from threadloom.engine.services import Services
@@ -61,24 +74,74 @@ def negotiate(accept: str) -> str:
 class CodedHTTPError(Exception):
     """A request refused before execution with a status and a stable code (a JSON error body)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = dict(headers or {})
 
 
-class MultipartStream:
-    """One multipart subscription over HTTP: counted against its token, ended when the token is revoked.
+# Strawberry's own refusals (its HTTPException reasons) → status, stable code, message. Matched by reason
+# because strawberry raises one exception type for all of them; a reason not listed keeps its status and
+# gets the code of `BY_STATUS` (tests/test_http_errors.py sends each of these).
+REFUSALS: dict[str, tuple[int, str, str]] = {
+    "Unable to parse request body as JSON": (
+        400,
+        "INVALID_JSON",
+        "the request body, or a `variables` or `extensions` parameter, is not valid JSON",
+    ),
+    "Unsupported content type": (415, "UNSUPPORTED_MEDIA_TYPE", "a POST needs `Content-Type: application/json`"),
+    "GraphQL only supports GET and POST requests.": (
+        405,
+        "METHOD_NOT_ALLOWED",
+        "/graphql answers GET (queries) and POST",
+    ),
+    "No GraphQL query found in the request": (
+        400,
+        "MISSING_QUERY",
+        "no GraphQL query in the request (`query`, or a known `extensions.persistedQuery`)",
+    ),
+    "Not Found": (
+        404,
+        "GRAPHIQL_OFF",
+        "GraphiQL is off on this server (THREADLOOM_GRAPHIQL=1 or THREADLOOM_DEV=1 turn it on)",
+    ),
+    "Batching is not enabled": (400, "BATCHING_NOT_SUPPORTED", "send one operation per request, not a list"),
+}
+BY_STATUS = {400: "BAD_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 415: "UNSUPPORTED_MEDIA_TYPE"}
+ALLOW = {"allow": "GET, POST"}
+
+
+def refusal(error: HTTPException) -> CodedHTTPError:
+    """Strawberry's plain-text refusal as a coded JSON one."""
+    status, code, message = REFUSALS.get(
+        error.reason, (error.status_code, BY_STATUS.get(error.status_code, "BAD_REQUEST"), error.reason)
+    )
+    return CodedHTTPError(status, code, message, ALLOW if status == 405 else None)
+
+
+def _is_mutation(data: GraphQLRequestData) -> bool:
+    """Whether the operation the request names is a mutation (an unparseable one is left to execution)."""
+    try:
+        operation = get_operation_ast(parse(data.query or ""), data.operation_name)
+    except GraphQLError:
+        return False
+    return operation is not None and operation.operation is GraphQLOperationType.MUTATION
+
+
+class HTTPStream:
+    """One subscription over HTTP (multipart or SSE): counted against its token, ended when it is revoked.
 
     It holds one of the token's `max_subscriptions_per_token` operations while it streams (the
     WebSocket operations share the count) and is registered with the token guard's watcher,
     which calls `close_revoked` within about a second of a revocation or expiry; the stream then
-    sends one last part `{"payload": null, "errors": [UNAUTHENTICATED]}` (a transport error in the
-    multipart subscription protocol) and its closing boundary.
+    sends one last item carrying `errors: [UNAUTHENTICATED]` and ends the way its protocol ends:
+    a multipart part `{"payload": null, "errors": [...]}` (a transport error in the multipart
+    subscription protocol) and the closing boundary, or an SSE `next` event `{"errors": [...]}` and `complete`.
     """
 
-    def __init__(self, guard: TokenGuard, token_id: uuid.UUID, transport: MultipartSubscriptionTransport) -> None:
+    def __init__(self, guard: TokenGuard, token_id: uuid.UUID, transport: HTTPStreamTransport) -> None:
         self.guard = guard
         self.token_id = token_id
         self.transport = transport
@@ -102,7 +165,10 @@ class MultipartStream:
                         with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                             await following
                         error = {"message": "token revoked or expired", "extensions": {"code": "UNAUTHENTICATED"}}
-                        yield self.transport.encode_multipart_data({"payload": None, "errors": [error]}, encode)
+                        if isinstance(self.transport, MultipartSubscriptionTransport):
+                            yield self.transport.encode_multipart_data({"payload": None, "errors": [error]}, encode)
+                        else:
+                            yield self.transport.encode_next({"errors": [error]}, encode)
                         yield self.transport.encode_complete()
                         return
                     try:
@@ -126,9 +192,13 @@ class GraphQLView(GraphQL[Context, None]):
         settings = services.settings
         super().__init__(
             with_fast_paths(schema, {"threads": compile_threads}) if settings.fast_paths else schema,
-            graphql_ide="graphiql" if settings.dev else None,
+            graphql_ide="graphiql" if settings.ide else None,  # our own page (`render_graphql_ide`), no CDN
             allow_queries_via_get=True,
-            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, MULTIPART_SUBSCRIPTION_PROTOCOL),
+            subscription_protocols=(
+                GRAPHQL_TRANSPORT_WS_PROTOCOL,
+                MULTIPART_SUBSCRIPTION_PROTOCOL,
+                GRAPHQL_SSE_PROTOCOL,
+            ),
             allowed_origins=settings.allowed_origins,
             max_subscriptions_per_connection=settings.limits.max_subscriptions_per_connection,
             connection_init_wait_timeout=timedelta(seconds=10),
@@ -136,6 +206,7 @@ class GraphQLView(GraphQL[Context, None]):
         self.services = services
         self.live = live
         self.token_guard = TokenGuard(services.db, settings.limits)
+        self.persisted = PersistedQueries()
 
     async def going_away(self, within: float) -> None:
         """Shutdown: end every subscription with SERVER_GOING_AWAY and its cursor, and wait (at most
@@ -191,10 +262,45 @@ class GraphQLView(GraphQL[Context, None]):
 
     async def run(self, request: Any, context: Any = UNSET, root_value: Any = UNSET) -> Any:
         try:
-            return await super().run(request, context, root_value)
+            try:
+                return await super().run(request, context, root_value)
+            except HTTPException as error:
+                raise refusal(error) from None
         except CodedHTTPError as error:
             body = {"errors": [{"message": error.message, "extensions": {"code": error.code}}]}
-            return Response(self.encode_json(body), status_code=error.status, media_type=_media.get())
+            return Response(
+                self.encode_json(body), status_code=error.status, media_type=_media.get(), headers=error.headers
+            )
+
+    def should_render_graphql_ide(self, request: Any) -> bool:
+        """A browser's page load: a GET asking for HTML with no operation in its URL (curl's `*/*` is not one)."""
+        return graphiql.wanted(request.method, request.headers.get("accept", ""), request.query_params)
+
+    async def render_graphql_ide(self, request: Request) -> Response:
+        return graphiql.page()
+
+    def parse_json(self, data: str | bytes) -> Any:
+        value = super().parse_json(data)
+        if not isinstance(value, (dict, list)):
+            raise CodedHTTPError(400, "BAD_REQUEST", "the request must be a JSON object")
+        return value
+
+    async def parse_http_body(self, request: Any) -> GraphQLRequestData | list[GraphQLRequestData]:
+        """The request, with a persisted query's text filled in from its hash (or registered under it)."""
+        data = await super().parse_http_body(request)
+        try:
+            if isinstance(data, list):
+                return [self.persisted.resolve(item) for item in data]
+            resolved = self.persisted.resolve(data)
+        except PersistedQueryError as error:
+            # Not found is 200 (as Apollo Server answers), never cached: the client's next request registers it.
+            headers = {"cache-control": "private, no-cache, must-revalidate"} if error.status == 200 else None
+            raise CodedHTTPError(error.status, error.code, error.message, headers) from None
+        if request.method == "GET" and resolved.protocol != "http" and _is_mutation(resolved):
+            # A stream (SSE, multipart) would answer a mutation over GET with an error event and status 200;
+            # refused like a plain request instead, before any response starts.
+            raise CodedHTTPError(405, "MUTATION_OVER_GET", "mutations need POST", {"allow": "POST"})
+        return resolved
 
     async def create_streaming_response(
         self,
@@ -203,15 +309,15 @@ class GraphQLView(GraphQL[Context, None]):
         sub_response: Response,
         headers: Mapping[str, str],
     ) -> Response:
-        """A multipart subscription: refused over the token's operation cap, else guarded (`MultipartStream`)."""
-        transport = self._get_stream_transport(MULTIPART_SUBSCRIPTION_PROTOCOL)
+        """A multipart or SSE subscription: refused over the token's operation cap, else guarded (`HTTPStream`)."""
+        transport = self._get_stream_transport_from_headers(request.headers)
         principal = request.scope.get("state", {}).get("principal")
-        if not isinstance(transport, MultipartSubscriptionTransport) or principal is None:
+        if transport is None or principal is None:
             return await super().create_streaming_response(request, stream, sub_response, headers)
         limit = self.token_guard.limits.max_subscriptions_per_token
         if self.token_guard.operations(principal.token_id) >= limit:
             raise CodedHTTPError(429, "TOO_MANY_SUBSCRIPTIONS", f"at most {limit} operations per token")
-        guarded = MultipartStream(self.token_guard, principal.token_id, transport)
+        guarded = HTTPStream(self.token_guard, principal.token_id, transport)
         wrapped = guarded.wrap(stream, self.encode_json_string)
         return await super().create_streaming_response(request, lambda: wrapped, sub_response, headers)
 
@@ -250,9 +356,9 @@ class GraphQLView(GraphQL[Context, None]):
                     400,
                     "SUBSCRIPTION_OVER_HTTP",
                     "subscriptions need a WebSocket (graphql-transport-ws) on this URL, or an HTTP request "
-                    "that accepts multipart/mixed;subscriptionSpec=1.0",
+                    "that accepts multipart/mixed;subscriptionSpec=1.0 or text/event-stream",
                 ) from None
-            raise HTTPException(405, "mutations need POST") from None
+            raise CodedHTTPError(405, "MUTATION_OVER_GET", "mutations need POST", {"allow": "POST"}) from None
         except MissingQueryError as error:
             raise HTTPException(400, "No GraphQL query found in the request") from error
 

@@ -1,0 +1,111 @@
+// Threadloom's GraphiQL: the token typed above the IDE is kept in sessionStorage (this tab only, gone when it
+// closes, never localStorage) and sent as `Authorization: Bearer …`; subscriptions stream over server-sent
+// events (graphql-sse, `Accept: text/event-stream`), queries and mutations are plain POSTs.
+(function () {
+  "use strict";
+  var KEY = "threadloom.token";
+  var endpoint = window.location.pathname;
+
+  var EXAMPLES = [
+    {
+      query:
+        "# Who am I? The token's scope and, for a project token, its project.\n" +
+        "query Viewer {\n  viewer {\n    scope\n    project { id name }\n  }\n}\n",
+    },
+    {
+      query:
+        "# Projects and their latest threads.\n" +
+        "query Projects {\n  projects(first: 10) {\n    nodes {\n      id\n      name\n      workspaceRoot\n" +
+        "      threads(first: 5) { nodes { id title status } }\n    }\n  }\n}\n",
+    },
+    {
+      query:
+        "# A thread in a project (its id from the Projects tab), then a message to it.\n" +
+        "mutation CreateThread($projectId: ID!) {\n  createThread(input: {projectId: $projectId, title: \"From GraphiQL\"}) {\n" +
+        "    thread { id title }\n    userErrors { code message field }\n  }\n}\n\n" +
+        "mutation SendMessage($threadId: ID!) {\n  sendMessage(input: {threadId: $threadId, text: \"@reply hello\"}) {\n" +
+        "    run { id status }\n    userErrors { code message field }\n  }\n}\n",
+      variables: '{\n  "projectId": "",\n  "threadId": ""\n}\n',
+    },
+    {
+      query:
+        "# A thread's events, replayed from the start, then live (server-sent events).\n" +
+        "subscription ThreadEvents($threadId: ID!) {\n  threadEvents(threadId: $threadId, afterSequence: 0) {\n" +
+        "    sequence\n    type\n    runId\n    entity { __typename ... on ConversationMessage { role text } }\n  }\n}\n",
+      variables: '{\n  "threadId": ""\n}\n',
+    },
+  ];
+
+  function token() {
+    return window.sessionStorage.getItem(KEY) || "";
+  }
+
+  function operationType(params, opts) {
+    var doc = opts && opts.documentAST;
+    if (!doc) return "query";
+    var ops = doc.definitions.filter(function (d) { return d.kind === "OperationDefinition"; });
+    var chosen = ops.find(function (d) { return d.name && d.name.value === params.operationName; }) || ops[0];
+    return chosen ? chosen.operation : "query";
+  }
+
+  async function* events(response) {
+    var reader = response.body.getReader();
+    var decoder = new TextDecoder();
+    var buffer = "";
+    for (;;) {
+      var read = await reader.read();
+      if (read.done) return;
+      buffer += decoder.decode(read.value, { stream: true }).replace(/\r\n/g, "\n");
+      var end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        var block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        var name = "message";
+        var data = [];
+        block.split("\n").forEach(function (line) {
+          if (line.startsWith("event:")) name = line.slice(6).trim();
+          else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+        });
+        if (name === "complete") {
+          reader.cancel();
+          return;
+        }
+        if (name === "next" && data.length) yield JSON.parse(data.join("\n"));
+      }
+    }
+  }
+
+  function makeFetcher() {
+    return async function fetcher(params, opts) {
+      var headers = { "content-type": "application/json" };
+      var own = (opts && opts.headers) || {};
+      Object.keys(own).forEach(function (k) { headers[k.toLowerCase()] = own[k]; });
+      if (token() && !headers.authorization) headers.authorization = "Bearer " + token();
+      var streaming = operationType(params, opts) === "subscription";
+      headers.accept = streaming ? "text/event-stream" : "application/graphql-response+json, application/json";
+      var response = await fetch(endpoint, { method: "POST", headers: headers, body: JSON.stringify(params) });
+      var type = response.headers.get("content-type") || "";
+      if (streaming && type.startsWith("text/event-stream")) return events(response);
+      return response.json();
+    };
+  }
+
+  var root = ReactDOM.createRoot(document.getElementById("graphiql"));
+  function render() {
+    root.render(
+      React.createElement(GraphiQL, {
+        fetcher: makeFetcher(),
+        defaultTabs: EXAMPLES,
+        defaultEditorToolsVisibility: "variables",
+      })
+    );
+  }
+
+  var field = document.getElementById("token");
+  field.value = token();
+  field.addEventListener("change", function () {
+    window.sessionStorage.setItem(KEY, field.value.trim());
+    render(); // a new fetcher: GraphiQL loads the schema again with the token
+  });
+  render();
+})();
