@@ -197,8 +197,8 @@ async def test_the_dashboard_follows_a_thread_live_across_restarts(
         await page.fill("#message", "@reply Found it: the test raced the session cookie.")
         await page.click("#send button[type=submit]")
         await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
-        await expect(page.locator("#messages li[data-role=ASSISTANT]")).to_have_text(
-            ["ASSISTANTFound it: the test raced the session cookie."]
+        await expect(page.locator("#messages li[data-role=ASSISTANT] .text")).to_have_text(
+            ["Found it: the test raced the session cookie."]
         )
 
         # 2. The agent asks for approval; the page's Approve button answers it and the run goes on.
@@ -574,5 +574,110 @@ async def test_a_summary_read_before_a_request_opened_does_not_hide_it(
     await page.locator("#requests li").get_by_role("button", name="Approve", exact=True).click()
     await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
     await expect(page.locator("#requests li")).to_have_count(0)
+    assert errors == [], errors
+    await page.close()
+
+
+AT_BOTTOM = """() => { const box = document.getElementById("messages");
+  return box.scrollHeight - box.scrollTop - box.clientHeight < 24; }"""
+
+
+async def test_the_page_shows_the_work_tools_todos_times_and_answers_in_words(
+    browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
+) -> None:
+    """What the agent did, as a newcomer reads it: each command with its output and exit code, the todo list as
+    one checklist, when each run and node started and how long it took, an approval's answer in words, a
+    thread created without a title named by its first message, messages that follow the newest one."""
+    project = await make_project(client, "Show the work", workspace(tmp_path, "work"))
+    page, errors = await open_page(browser)
+
+    # Before signing in: the sign-in form alone (no empty sidebar under it), and the page has its icon.
+    await page.goto(server.url + "/dashboard")
+    await expect(page.locator("#login")).to_be_visible()
+    await expect(page.locator("#app")).to_be_hidden()
+    await expect(page.locator("#sidebar")).to_be_hidden()
+    icon = await page.locator("link[rel=icon]").get_attribute("href")
+    async with httpx.AsyncClient(base_url=server.url + "/dashboard/") as http:
+        served = await http.get(str(icon))
+    assert served.status_code == 200 and served.headers["content-type"].startswith("image/svg+xml"), served
+    assert b"<svg" in served.content
+
+    # A thread created without a title is "New thread" until its first message names it, here and in the list.
+    assert client.token
+    await page.fill("#token", client.token)
+    await page.click("#login-form button[type=submit]")
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "live")
+    await page.select_option("#project", project)
+    await page.click("#new-thread button[type=submit]")
+    await expect(page.locator("#thread-title")).to_have_text("New thread")
+    thread = await page.evaluate("state.t.id")
+    await send_from_page(page, "@reply Looking at the login test.")
+    await expect(page.locator("#thread-title")).to_have_text("@reply Looking at the login test.")
+    await expect(page.locator(f"#threads li[data-id='{thread}'] .title")).to_have_text(
+        "@reply Looking at the login test."
+    )
+    await expect(run_card(page, 1)).to_have_attribute("data-status", "COMPLETED")
+
+    # A run that works through a todo list, runs two commands (one fails) and asks for an approval.
+    await send_from_page(
+        page,
+        "@todo Read the code; Fix the bug; Run the tests\n@tool echo all good\n@tool echo broken; exit 3\n"
+        "@approval echo approved\n@reply Done.",
+    )
+    await page.locator("#requests li").get_by_role("button", name="Approve", exact=True).click()
+    await expect(run_card(page, 2)).to_have_attribute("data-status", "COMPLETED")
+
+    # The todo list is one checklist, every step ticked; the activity list has one line for it, not one per update.
+    todo = page.locator("#todo li")
+    await expect(todo.locator(".step")).to_have_text(["Read the code", "Fix the bug", "Run the tests"])
+    await expect(page.locator("#todo-count")).to_have_text("3/3 done")
+    assert await todo.locator("input[type=checkbox]").evaluate_all("(boxes) => boxes.map((b) => b.checked)") == [
+        True,
+        True,
+        True,
+    ]
+    await expect(page.locator("#activities li[data-kind='plan.updated']")).to_have_count(1)
+
+    # Each command with its exit code and output; the failed one is open, the good one folded.
+    tools = run_card(page, 2).locator("li[data-kind=TOOL_CALL]")  # the two, and the approved command's own
+    await expect(tools).to_have_count(3)
+    good, bad = tools.filter(has_text="echo all good"), tools.filter(has_text="echo broken")
+    await expect(good).to_have_count(1)
+    await expect(bad).to_have_count(1)
+    await expect(good.locator(".exit")).to_have_text(" exit 0")
+    await expect(bad.locator(".exit")).to_have_text(" exit 3")
+    await expect(bad.locator("details.tool")).to_have_attribute("open", "")
+    await expect(bad.locator(".output")).to_be_visible()
+    await expect(bad.locator(".output")).to_contain_text("broken")
+    await expect(good.locator(".output")).to_be_hidden()
+    await good.locator("summary").click()  # opened by the reader, it stays open through the next renders
+    await expect(good.locator(".output")).to_contain_text("all good")
+
+    # When: the run and each node carry their start time and, once ended, how long they took.
+    took = re.compile(r"^ · \d+(\.\d)? (ms|s)$|^ · \d+ min \d+ s$")
+    await expect(run_card(page, 2).locator(".run-head .when time")).to_have_count(1)
+    await expect(run_card(page, 2).locator(".run-head .took")).to_have_text(took)
+    assert await tools.locator(".node-head .when time").count() == 3
+    await expect(tools.first.locator(".node-head .took")).to_have_text(took)
+    await expect(page.locator("#messages li").first.locator("time")).to_have_count(1)
+
+    # The approval's answer in words, not a dict.
+    resolved = page.locator("#activities li[data-kind='approval.resolved']")
+    await expect(resolved).to_contain_text("Approved: echo approved")
+    assert "{" not in (await resolved.all_text_contents())[0]
+
+    # A long reply: the messages follow it to the bottom; a reader who scrolled up stays where they are.
+    await send_from_page(page, "@reply " + " ".join(f"line{n}" for n in range(700)))
+    await expect(run_card(page, 3)).to_have_attribute("data-status", "COMPLETED")
+    await expect(page.locator("#messages li[data-role=ASSISTANT]").last).to_contain_text("line699")
+    assert await page.locator("#messages").evaluate("(box) => box.scrollHeight > box.clientHeight")  # it overflows
+    await page.wait_for_function(AT_BOTTOM)
+    await page.locator("#messages").evaluate("(box) => { box.scrollTop = 0; }")
+    await page.wait_for_function("() => !messagesPinned")
+    assert await send(client, thread, "@reply Written while you read above.")
+    await expect(page.locator("#messages li[data-role=ASSISTANT]").last).to_contain_text("while you read above")
+    assert await page.locator("#messages").evaluate("(box) => box.scrollTop") == 0
+    await page.locator("#messages").evaluate("(box) => { box.scrollTop = box.scrollHeight; }")
+    await page.wait_for_function("() => messagesPinned")
     assert errors == [], errors
     await page.close()

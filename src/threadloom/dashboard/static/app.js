@@ -17,17 +17,20 @@ const SOCKET_URL = GRAPHQL.href.replace(/^http/, "ws");
 // Fields of the same name but another type on different entities are aliased (GraphQL merges them).
 const FRAGMENTS = `
 fragment T on RunAttempt { id attemptOrdinal attemptStatus: status reason }
-fragment R on Run { id ordinal status statusReason queuePosition userMessage { id text } attempts { ...T } }
-fragment N on ExecutionNode { id nodeKind: kind nodeStatus: status nodeTitle: title nodeRun: run { id } parent { id } attempt { id } }
+fragment R on Run { id ordinal status statusReason queuePosition userMessage { id text } attempts { ...T }
+  requestedAt startedAt completedAt }
+fragment N on ExecutionNode { id nodeKind: kind nodeStatus: status nodeTitle: title nodeRun: run { id } parent { id } attempt { id }
+  createdAt completedAt detail }
+fragment P on PlanArtifact { id planKind: kind planStatus: status items planText: text updatedAt }
 fragment M on ConversationMessage { id role text streaming createdAt }
 fragment Q on RuntimeRequest { id requestKind: kind requestStatus: status payload responseCapability reqRun: run { id } }
-fragment A on Activity { id activityKind: kind summary sequence runId nodeId }
+fragment A on Activity { id activityKind: kind summary sequence runId nodeId createdAt }
 fragment C on Checkpoint { id ordinal checkpointStatus: status checkpointRun: run { id ordinal }
   checkpointScope: scope { kind node { id nodeTitle: title } } }
 fragment TH on Thread { id threadTitle: title threadStatus: status queueHeld queueHoldReason activeRun { id } }`;
 const SUMMARY_FRAGMENT = `
 fragment S on Thread {
-  ...TH latestSequence queue { ...R } pendingRequests { ...Q } checkpoints(last: 30) { nodes { ...C } }
+  ...TH latestSequence todoList { ...P } queue { ...R } pendingRequests { ...Q } checkpoints(last: 30) { nodes { ...C } }
   lineage { relationship parentThread { id title } forks(first: 30) { nodes { id title status } } }
 }`;
 
@@ -40,10 +43,11 @@ const THREAD = `query($t: ID!) { thread(id: $t) { ...S
   runs(last: 20) { nodes { ...R executionGraph { nodes { ...N } } } }
   messages(last: 100) { nodes { ...M } }
   activities(last: 100) { nodes { ...A } } } }` + FRAGMENTS + SUMMARY_FRAGMENT;
-const SUMMARY = `query($t: ID!) { thread(id: $t) { ...S } }` + FRAGMENTS.replace(/fragment [AMN] on .*\n/g, "") + SUMMARY_FRAGMENT;
+const SUMMARY = `query($t: ID!) { thread(id: $t) { ...S } }` + FRAGMENTS.replace(/fragment [AM] on .*\n/g, "")
+  .replace(/fragment N on [^\n]*\n[^\n]*\n/, "") + SUMMARY_FRAGMENT;
 const EVENTS = `subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
   sequence type runId nodeId
-  entity { __typename ...TH ...R ...T ...N ...M ...Q ...A ...C } } }` + FRAGMENTS;
+  entity { __typename ...TH ...R ...T ...N ...M ...Q ...A ...C ...P } } }` + FRAGMENTS;
 
 const ERRORS = "userErrors { code message }";
 const MUTATIONS = {
@@ -81,6 +85,22 @@ function h(tag, attrs, ...children) {
 }
 const $ = (id) => document.getElementById(id);
 const statusBadge = (status) => h("span", { className: "status", "data-status": status }, status || "?");
+
+// ---- times: a clock time to read, the full timestamp on hover, durations in words ---------------------
+function clock(iso) {
+  if (!iso) return null;
+  const at = new Date(iso);
+  return h("time", { datetime: iso, title: at.toLocaleString() }, at.toLocaleTimeString([], { hour12: false }));
+}
+
+function duration(fromIso, toIso) {
+  if (!fromIso || !toIso) return "";
+  const ms = Math.max(0, new Date(toIso) - new Date(fromIso));
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 60_000) return `${(ms / 1000).toFixed(1)} s`;
+  const minutes = Math.floor(ms / 60_000);
+  return `${minutes} min ${Math.round((ms % 60_000) / 1000)} s`;
+}
 
 // ---- HTTP --------------------------------------------------------------------------------------------
 class AuthError extends Error {}
@@ -249,7 +269,7 @@ function emptyThread(id) {
   return {
     id, info: null, lastSeq: 0, synchronized: false,
     runs: new Map(), nodes: new Map(), messages: new Map(), requests: new Map(), activities: new Map(),
-    checkpoints: new Map(), queue: [], lineage: null,
+    checkpoints: new Map(), plans: new Map(), queue: [], lineage: null,
   };
 }
 
@@ -352,6 +372,7 @@ async function selectThread(threadId) {
   state.t = t;
   $("thread").hidden = false;
   renderedRequests = null;
+  messagesPinned = true;
   renderThreads();
   try {
     await loadThread(t);
@@ -415,6 +436,7 @@ function upsert(t, entity) {
     if (t.activities.size > 500) t.activities.delete(t.activities.keys().next().value); // keep memory bounded
   }
   else if (kind === "Checkpoint") merge(t.checkpoints);
+  else if (kind === "PlanArtifact") merge(t.plans);
   else if (kind === "RunAttempt") {
     for (const run of t.runs.values()) {
       const i = (run.attempts || []).findIndex((a) => a.id === entity.id);
@@ -457,6 +479,7 @@ function applySummary(t, thread) {
   t.info = { ...(t.info || {}), id: thread.id, threadTitle: thread.threadTitle, threadStatus: thread.threadStatus,
     queueHeld: thread.queueHeld, queueHoldReason: thread.queueHoldReason, activeRun: thread.activeRun };
   t.queue = thread.queue.map((run) => run.id);
+  if (thread.todoList && current(t.plans, thread.todoList.id)) upsert(t, { __typename: "PlanArtifact", ...thread.todoList });
   for (const run of thread.queue) if (current(t.runs, run.id)) upsert(t, { __typename: "Run", ...run });
   const pending = new Set(thread.pendingRequests.map((r) => r.id));
   for (const request of thread.pendingRequests) {
@@ -496,6 +519,7 @@ function render() {
   $("resume-queue").hidden = !info.queueHeld;
   renderLineage(t);
   renderRequests(t);
+  renderTodo(t);
   renderMessages(t);
   renderRuns(t);
   renderQueue(t);
@@ -562,12 +586,34 @@ function questionForm(request) {
     h("form", { onsubmit: submit }, statusBadge("QUESTION"), fields, h("button", { type: "submit", className: "primary" }, "Answer")));
 }
 
+// The agent's todo list as a checklist: the newest TODO_LIST plan, updated in place as steps get done.
+function renderTodo(t) {
+  const lists = [...t.plans.values()].filter((p) => p.planKind === "TODO_LIST" && Array.isArray(p.items));
+  lists.sort((a, b) => (a.updatedAt < b.updatedAt ? -1 : 1));
+  const newest = lists.at(-1);
+  $("todo-panel").hidden = !newest;
+  if (!newest) return;
+  const done = newest.items.filter((i) => i.status === "completed").length;
+  $("todo-count").textContent = `${done}/${newest.items.length} done`;
+  $("todo").replaceChildren(...newest.items.map((item) =>
+    h("li", { "data-status": item.status },
+      h("input", { type: "checkbox", disabled: true, checked: item.status === "completed" ? "" : null,
+        "aria-label": item.step }),
+      h("span", { className: "step" }, item.step),
+      item.status === "in_progress" ? h("span", { className: "muted" }, " (in progress)") : null)));
+}
+
+// Messages follow the newest one while the reader is at the bottom; scrolled up to read, they stay put.
+let messagesPinned = true;
 function renderMessages(t) {
+  const box = $("messages");
   const messages = [...t.messages.values()].sort((a, b) => (a.createdAt < b.createdAt ? -1 : a.createdAt > b.createdAt ? 1 : 0));
-  $("messages").replaceChildren(...messages.map((m) =>
+  box.replaceChildren(...messages.map((m) =>
     h("li", { className: "message", "data-id": m.id, "data-role": m.role },
-      h("span", { className: "role" }, m.role), m.streaming ? h("span", { className: "muted" }, "writing… ") : null,
+      h("span", { className: "role" }, m.role), clock(m.createdAt), " ",
+      m.streaming ? h("span", { className: "muted" }, "writing… ") : null,
       h("span", { className: "text" }, m.text))));
+  if (messagesPinned) box.scrollTop = box.scrollHeight;
 }
 
 function renderRuns(t) {
@@ -579,12 +625,16 @@ function renderRuns(t) {
     children.get(key).push(node);
   }
   const tree = (key) => {
-    const nodes = children.get(key) || [];
+    const nodes = (children.get(key) || []).sort((a, b) => (a.createdAt < b.createdAt ? -1 : 1));
     if (!nodes.length) return null;
     return h("ul", { className: "tree" }, nodes.map((n) =>
-      h("li", { "data-node": n.id },
-        h("span", { className: "kind" }, (n.nodeKind || "").toLowerCase()), " ",
-        n.nodeTitle ? `${n.nodeTitle} ` : "", statusBadge(n.nodeStatus), tree(n.id))));
+      h("li", { "data-node": n.id, "data-kind": n.nodeKind },
+        h("div", { className: "node-head" },
+          h("span", { className: "kind" }, (n.nodeKind || "").toLowerCase()), " ",
+          n.nodeTitle ? h("span", { className: "node-title" }, n.nodeTitle) : null, " ", statusBadge(n.nodeStatus),
+          h("span", { className: "when muted" }, clock(n.createdAt),
+            n.completedAt ? h("span", { className: "took" }, ` · ${duration(n.createdAt, n.completedAt)}`) : null)),
+        toolOutput(n), tree(n.id))));
   };
   $("runs").replaceChildren(...runs.map((run) => {
     const stable = run.status === "COMPLETED";
@@ -592,12 +642,32 @@ function renderRuns(t) {
       h("div", { className: "run-head" },
         h("strong", {}, `Run ${run.ordinal}`), statusBadge(run.status),
         run.statusReason ? h("span", { className: "muted" }, run.statusReason) : null,
+        h("span", { className: "when muted" }, clock(run.startedAt || run.requestedAt),
+          run.completedAt ? h("span", { className: "took" }, ` · ${duration(run.startedAt || run.requestedAt, run.completedAt)}`) : null),
         h("span", { className: "spacer" }),
         stable ? h("button", { type: "button", onclick: () => fork(run) }, "Fork") : null),
       h("div", { className: "attempts" }, (run.attempts || []).map((a) =>
         `attempt ${a.attemptOrdinal}: ${a.attemptStatus}${a.reason && a.reason !== "INITIAL" ? ` (${a.reason})` : ""}  `)),
       tree(`run:${run.id}`));
   }));
+}
+
+const openTools = new Map(); // node id → opened or closed by the reader: kept across re-renders
+// A tool call's command, exit code and output (Codex's `aggregatedOutput`, Claude's `output`), folded
+// away under the node; open by default when it failed. Empty output says so rather than showing nothing.
+function toolOutput(node) {
+  const d = node.detail;
+  if (node.nodeKind !== "TOOL_CALL" || !d || typeof d !== "object") return null;
+  const output = d.aggregatedOutput ?? d.output ?? "";
+  const code = d.exitCode;
+  const failed = code !== null && code !== undefined && code !== 0;
+  const ended = code !== null && code !== undefined;
+  const open = openTools.has(node.id) ? openTools.get(node.id) : failed;
+  return h("details", { className: "tool", open: open ? "" : null, ontoggle: (e) => openTools.set(node.id, e.target.open) },
+    h("summary", {},
+      d.command ? h("code", { className: "command" }, `$ ${d.command}`) : "output",
+      ended ? h("span", { className: "exit", "data-exit": code }, ` exit ${code}`) : h("span", { className: "exit muted" }, " running")),
+    h("pre", { className: "output" }, output === "" ? "(no output)" : String(output)));
 }
 
 async function fork(run) {
@@ -644,9 +714,18 @@ function renderCheckpoints(t) {
 }
 
 function renderActivities(t) {
-  const activities = [...t.activities.values()].sort((a, b) => b.sequence - a.sequence).slice(0, 100);
+  const sorted = [...t.activities.values()].sort((a, b) => b.sequence - a.sequence);
+  const plansSeen = new Set(); // a todo list's updates: only its newest line (the checklist shows the steps)
+  const activities = sorted.filter((a) => {
+    if (a.activityKind !== "plan.updated") return true;
+    const key = a.nodeId || a.runId || "";
+    if (plansSeen.has(key)) return false;
+    plansSeen.add(key);
+    return true;
+  }).slice(0, 100);
   $("activities").replaceChildren(...activities.map((a) =>
-    h("li", { "data-sequence": a.sequence }, h("span", { className: "kind" }, a.activityKind), a.summary)));
+    h("li", { "data-sequence": a.sequence, "data-kind": a.activityKind },
+      clock(a.createdAt), " ", h("span", { className: "kind" }, a.activityKind), a.summary)));
 }
 
 // ---- wiring ------------------------------------------------------------------------------------------
@@ -668,6 +747,10 @@ document.addEventListener("DOMContentLoaded", () => {
     if (token) signIn(token);
   });
   $("signout").addEventListener("click", () => signOut(""));
+  $("messages").addEventListener("scroll", () => {
+    const box = $("messages");
+    messagesPinned = box.scrollHeight - box.scrollTop - box.clientHeight < 24;
+  });
   $("project").addEventListener("change", (event) => {
     state.threadId = null;
     state.t = null;
