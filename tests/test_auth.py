@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import websockets
 
@@ -9,6 +11,7 @@ from tests.support.cli import create_token, threadloom
 from tests.support.graphql import CREATE_THREAD, make_project, make_thread
 from tests.support.server import Client, ServerProcess
 from tests.support.ws import WsClient
+from threadloom.api import ids
 
 RENAME = """mutation($id: ID!) { renameThread(input: {threadId: $id, title: "x"}) {
   thread { id title } userErrors { code field } } }"""
@@ -86,8 +89,8 @@ async def test_read_token_cannot_mutate(server: ServerProcess, client: Client, d
 async def test_revoked_token_is_401(server: ServerProcess, client: Client, database_url: str) -> None:
     token_id, token = create_token(database_url, "admin")
     assert (await client.post("{ viewer { scope } }", token=token)).status_code == 200
-    listed = threadloom(database_url, "token", "list")
-    assert token_id in listed.stdout and token not in listed.stdout
+    listed = threadloom(database_url, "token", "list")  # the API's global ids, as everywhere
+    assert ids.encode("ApiToken", uuid.UUID(token_id)) in listed.stdout and token not in listed.stdout
     done = threadloom(database_url, "token", "revoke", token_id)
     assert done.returncode == 0, done.stderr
     response = await client.post("{ viewer { scope } }", token=token)

@@ -67,7 +67,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None
     serve = subprocess.Popen(
         [venv / "bin" / "threadloom", "serve", "--port", str(port)],
         cwd=tmp_path,
-        env={**env, "THREADLOOM_DATA_DIR": str(data)},
+        env={**env, "THREADLOOM_DATA_DIR": str(data), "XDG_STATE_HOME": str(tmp_path / "state")},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,6 +1,6 @@
 """A small Threadloom client: create a project and a thread, then page through threads.
 
-Uses only httpx. Set THREADLOOM_URL (default http://127.0.0.1:8000/graphql) and THREADLOOM_TOKEN.
+Uses only httpx. Set THREADLOOM_URL (the server's base URL, default http://127.0.0.1:8000) and THREADLOOM_TOKEN.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000/graphql")
+URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000").rstrip("/") + "/graphql"
 
 
 def gql(client: httpx.Client, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:

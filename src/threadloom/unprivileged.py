@@ -344,4 +344,7 @@ def close_data_dir(data_dir: Path, reachable: Iterable[str], private: Iterable[s
         if entry.is_symlink():
             continue
         with contextlib.suppress(FileNotFoundError):
-            os.chmod(entry.path, 0o711 if entry.name in keep and entry.is_dir() else 0o700)
+            if entry.is_dir():
+                os.chmod(entry.path, 0o711 if entry.name in keep else 0o700)
+            else:  # a file (the admin-token): closed, and not made executable
+                os.chmod(entry.path, 0o600)

@@ -44,7 +44,9 @@ class ServerProcess:
         self.log: list[str] = []
         full_env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         # Strict: a git or agent call inside a database transaction raises (threadloom.io_guard).
-        full_env.update({"THREADLOOM_DATA_DIR": str(data_dir), "THREADLOOM_STRICT_TRANSACTIONS": "1", **(env or {})})
+        # XDG_STATE_HOME: the server announces itself there (threadloom.server_state), never in the user's home.
+        full_env.update({"THREADLOOM_DATA_DIR": str(data_dir), "THREADLOOM_STRICT_TRANSACTIONS": "1"})
+        full_env.update({"XDG_STATE_HOME": str(data_dir / "xdg-state"), **(env or {})})
         if database_url is not None:
             full_env["DATABASE_URL"] = database_url
         argv = ["serve", "--port", str(self.port)]

@@ -28,6 +28,17 @@ class GraphQLError(Exception):
         self.code = code
 
 
+def websocket_url(url: str) -> str:
+    """The WebSocket endpoint of a server given as its base URL (`THREADLOOM_URL`, what every client takes)
+    or as its GraphQL endpoint (`…/graphql`, what a GraphQL tool is usually given): both mean the same server."""
+    base = url.strip().rstrip("/")
+    base = base.removesuffix("/graphql")
+    for http, ws in (("http://", "ws://"), ("https://", "wss://")):
+        if base.startswith(http):
+            base = ws + base[len(http) :]
+    return base + "/graphql"
+
+
 class GraphQLSocket:
     def __init__(self, ws: websockets.ClientConnection) -> None:
         self._ws = ws
@@ -38,7 +49,7 @@ class GraphQLSocket:
 
     @classmethod
     async def connect(cls, base_url: str, token: str) -> GraphQLSocket:
-        url = base_url.rstrip("/").replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/graphql"
+        url = websocket_url(base_url)
         try:
             ws = await websockets.connect(url, subprotocols=[PROTOCOL], max_size=None)  # type: ignore[list-item]
         except (OSError, websockets.InvalidHandshake) as exc:
