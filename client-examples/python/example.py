@@ -4,8 +4,7 @@ Each pass: create a thread, send a message, stream the run live to its end, disc
 run happen unseen, resume from the last cursor and check the replay is exactly the missed events,
 then answer an approval the agent asks for. Exits 0 only if every step worked.
 
-Environment: THREADLOOM_URL (the server's base URL, default http://127.0.0.1:8000; /graphql is appended),
-THREADLOOM_TOKEN, and
+Environment: THREADLOOM_URL (default http://127.0.0.1:8000/graphql), THREADLOOM_TOKEN, and
 THREADLOOM_PROJECT_ID (else a project is created in a fresh temporary folder; that needs an
 all-projects admin token).
 """
@@ -15,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import time
 
 from threadloom_client import TERMINAL, AsyncClient, Client, ThreadEvent
 
-URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000").rstrip("/") + "/graphql"
+URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000/graphql")
 
 
 def step(text: str) -> None:
@@ -148,12 +148,11 @@ def main() -> int:
         print("set THREADLOOM_TOKEN (the token `threadloom serve` printed)", file=sys.stderr)
         return 2
     project_id = os.environ.get("THREADLOOM_PROJECT_ID")
+    folder = None  # the project this example made, in a folder it made: both go when it ends
     if not project_id:
-        sync = Client(URL, token)
-        try:
-            project_id = sync.create_project("python example", tempfile.mkdtemp(prefix="threadloom-example-"))
-        finally:
-            sync.close()
+        folder = tempfile.mkdtemp(prefix="threadloom-example-")
+        with contextlib.closing(Client(URL, token)) as sync:
+            project_id = sync.create_project("python example", folder)
         step(f"created project {project_id}")
     try:
         sync_pass(token, project_id)
@@ -161,8 +160,19 @@ def main() -> int:
     except Exception as error:  # a failed step is the example's answer
         print(f"FAILED: {error!r}", file=sys.stderr)
         return 1
+    finally:
+        if folder is not None:
+            clean_up(token, project_id, folder)
     step("every step worked")
     return 0
+
+
+def clean_up(token: str, project_id: str, folder: str) -> None:
+    """Archive the project this example made (it leaves `projects`, refuses runs), then remove its folder."""
+    with contextlib.closing(Client(URL, token)) as sync:
+        sync.archive_project(project_id)
+    shutil.rmtree(folder, ignore_errors=True)
+    step(f"archived project {project_id} and removed {folder}")
 
 
 if __name__ == "__main__":

@@ -95,6 +95,8 @@ TERMINAL = {"COMPLETED", "FAILED", "INTERRUPTED", "CANCELLED", "ROLLED_BACK"}
 
 CREATE_PROJECT = """mutation($name: String!, $root: String!) {
   createProject(input: {name: $name, workspaceRoot: $root}) { project { id } userErrors { code message } } }"""
+ARCHIVE_PROJECT = """mutation($p: ID!) {
+  archiveProject(input: {projectId: $p}) { project { id archivedAt } userErrors { code message } } }"""
 CREATE_THREAD = """mutation($p: ID!, $title: String) {
   createThread(input: {projectId: $p, title: $title}) {
     thread { id title latestSequence } userErrors { code message } } }"""
@@ -159,6 +161,10 @@ class Client:
     def create_project(self, name: str, workspace_root: str) -> str:
         created = _payload(self.execute(CREATE_PROJECT, {"name": name, "root": workspace_root}), "createProject")
         return str(created["project"]["id"])
+
+    def archive_project(self, project_id: str) -> None:
+        """Archive a project (admin scope): it leaves `projects` and takes no more runs; nothing is deleted."""
+        _payload(self.execute(ARCHIVE_PROJECT, {"p": project_id}), "archiveProject")
 
     def create_thread(self, project_id: str, title: str) -> Thread:
         t = _payload(self.execute(CREATE_THREAD, {"p": project_id, "title": title}), "createThread")["thread"]

@@ -1,18 +1,22 @@
-"""A small Threadloom client: create a project and a thread, then page through threads.
+"""A small Threadloom client: create a project and threads, page through them, then clean up.
 
-Uses only httpx. Set THREADLOOM_URL (the server's base URL, default http://127.0.0.1:8000) and THREADLOOM_TOKEN.
+Uses only httpx. Set THREADLOOM_URL (default http://127.0.0.1:8000/graphql) and THREADLOOM_TOKEN.
+The token must be an admin token for all projects: the tour creates its own project, in a fresh temporary
+folder, and archives it at the end.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from typing import Any
 
 import httpx
 
-URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000").rstrip("/") + "/graphql"
+URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000/graphql")
 
 
 def gql(client: httpx.Client, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -24,31 +28,37 @@ def gql(client: httpx.Client, query: str, variables: dict[str, Any] | None = Non
     return body["data"]  # type: ignore[no-any-return]
 
 
-def main() -> int:
-    token = os.environ.get("THREADLOOM_TOKEN")
-    if not token:
-        print("set THREADLOOM_TOKEN to the token `threadloom serve` printed", file=sys.stderr)
-        return 2
-    with httpx.Client(headers={"authorization": f"Bearer {token}"}, timeout=30) as client:
-        created = gql(
+def ok(payload: dict[str, Any]) -> dict[str, Any]:
+    """A mutation's payload, or an error naming its userErrors (the server changed nothing)."""
+    if payload["userErrors"]:
+        raise RuntimeError(payload["userErrors"])
+    return payload
+
+
+def tour(client: httpx.Client, folder: str) -> None:
+    # A fresh folder of its own: no two projects may share a workspace root (WORKSPACE_OVERLAPS).
+    project_id = ok(
+        gql(
             client,
-            """mutation($key: String!) { createProject(input: {name: "Example", workspaceRoot: "/tmp/example",
+            """mutation($root: String!, $key: String!) { createProject(input: {name: "Tour", workspaceRoot: $root,
                  clientMutationId: $key}) { project { id } userErrors { code message } } }""",
-            {"key": str(uuid.uuid4())},
+            {"root": folder, "key": str(uuid.uuid4())},
         )["createProject"]
-        if created["userErrors"]:
-            print(created["userErrors"], file=sys.stderr)
-            return 1
-        project_id = created["project"]["id"]
+    )["project"]["id"]
+    print(f"created project {project_id} in {folder}")
+    try:
         for n in range(3):
             key = str(uuid.uuid4())  # reuse the same key when retrying this request
-            gql(
-                client,
-                """mutation($p: ID!, $t: String!, $key: String!) { createThread(input: {projectId: $p, title: $t,
-                     clientMutationId: $key}) { thread { id } userErrors { code message } } }""",
-                {"p": project_id, "t": f"thread {n}", "key": key},
+            ok(
+                gql(
+                    client,
+                    """mutation($p: ID!, $t: String!, $key: String!) { createThread(input: {projectId: $p,
+                         title: $t, clientMutationId: $key}) { thread { id } userErrors { code message } } }""",
+                    {"p": project_id, "t": f"thread {n}", "key": key},
+                )["createThread"]
             )
         after = None
+        seen = 0
         while True:
             page = gql(
                 client,
@@ -58,9 +68,41 @@ def main() -> int:
             )["threads"]
             for edge in page["edges"]:
                 print(edge["node"]["title"], edge["node"]["status"])
+                seen += 1
             if not page["pageInfo"]["hasNextPage"]:
-                return 0
+                break
             after = page["pageInfo"]["endCursor"]
+        if seen != 3:
+            raise RuntimeError(f"paged through {seen} threads, not 3")
+    finally:
+        # Clean up: the project leaves `projects` and takes no more runs (its threads stay readable).
+        ok(
+            gql(
+                client,
+                """mutation($p: ID!) { archiveProject(input: {projectId: $p}) {
+                     project { archivedAt } userErrors { code message } } }""",
+                {"p": project_id},
+            )["archiveProject"]
+        )
+        print(f"archived project {project_id}")
+
+
+def main() -> int:
+    token = os.environ.get("THREADLOOM_TOKEN")
+    if not token:
+        print("set THREADLOOM_TOKEN to the token `threadloom serve` printed", file=sys.stderr)
+        return 2
+    folder = tempfile.mkdtemp(prefix="threadloom-tour-")
+    try:
+        with httpx.Client(headers={"authorization": f"Bearer {token}"}, timeout=30) as client:
+            tour(client, folder)
+    except Exception as error:  # a failed step is the tour's answer
+        print(f"FAILED: {error!r}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print("the tour worked")
+    return 0
 
 
 if __name__ == "__main__":

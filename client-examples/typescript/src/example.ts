@@ -5,19 +5,18 @@
  * activities with their run, a fork of the first run (its transfer's `source`), and the fork's run with
  * its thread, attempts and handoff. Exits 0 only if every step worked.
  *
- * Environment: THREADLOOM_URL (the server's base URL, default http://127.0.0.1:8000; /graphql is appended),
- * THREADLOOM_TOKEN, and
+ * Environment: THREADLOOM_URL (default http://127.0.0.1:8000/graphql), THREADLOOM_TOKEN, and
  * THREADLOOM_PROJECT_ID (else a project is created in a fresh temporary folder; that needs an
  * all-projects admin token).
  */
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { TERMINAL, ThreadloomClient, ThreadloomError, runStatus, type Run, type ThreadEvent } from "./threadloom.js";
 
-const URL = (process.env["THREADLOOM_URL"] ?? "http://127.0.0.1:8000").replace(/\/+$/, "") + "/graphql";
+const URL = process.env["THREADLOOM_URL"] ?? "http://127.0.0.1:8000/graphql";
 
 function step(text: string): void {
   console.log(`[${new Date().toTimeString().slice(0, 8)}] ${text}`);
@@ -171,20 +170,32 @@ async function main(): Promise<number> {
     return 2;
   }
   const client = new ThreadloomClient(URL, token);
+  let made: { projectId: string; folder: string } | null = null; // what this example made: both go at the end
   try {
     let projectId = process.env["THREADLOOM_PROJECT_ID"];
     if (!projectId) {
-      projectId = await client.createProject("typescript example", mkdtempSync(join(tmpdir(), "threadloom-ts-")));
+      const folder = mkdtempSync(join(tmpdir(), "threadloom-ts-"));
+      projectId = await client.createProject("typescript example", folder);
+      made = { projectId, folder };
       step(`created project ${projectId}`);
     }
     await walkThrough(client, projectId);
+    if (made) await cleanUp(client, made.projectId, made.folder);
   } catch (error) {
     console.error(`FAILED: ${describe(error)}`);
     await client.disconnect();
+    if (made) await cleanUp(client, made.projectId, made.folder).catch(() => undefined);
     return 1;
   }
   step("every step worked");
   return 0;
+}
+
+/** Archive the project this example made (it leaves `projects`, refuses runs), then remove its folder. */
+async function cleanUp(client: ThreadloomClient, projectId: string, folder: string): Promise<void> {
+  await client.archiveProject(projectId);
+  rmSync(folder, { recursive: true, force: true });
+  step(`archived project ${projectId} and removed ${folder}`);
 }
 
 process.exitCode = await main();

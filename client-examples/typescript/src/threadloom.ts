@@ -14,6 +14,7 @@ import { createClient, type Client as SocketClient } from "graphql-ws";
 import WebSocket from "ws";
 
 import {
+  ArchiveProjectDocument,
   CreateProjectDocument,
   CreateThreadDocument,
   ForkThreadDocument,
@@ -159,6 +160,11 @@ export class ThreadloomClient {
   async createProject(name: string, workspaceRoot: string): Promise<string> {
     const data = await this.request(CreateProjectDocument, { name, root: workspaceRoot });
     return present(ok(data.createProject).project, "project").id;
+  }
+
+  /** Archive a project (admin scope): it leaves `projects` and takes no more runs; nothing is deleted. */
+  async archiveProject(projectId: string): Promise<void> {
+    ok((await this.request(ArchiveProjectDocument, { projectId })).archiveProject);
   }
 
   async createThread(projectId: string, title: string): Promise<Thread> {

@@ -12,8 +12,10 @@ from threadloom.domain import checkpoints as c
 from threadloom.domain import dispatch as r
 from threadloom.domain import failures as f
 from threadloom.domain import plans as p
+from threadloom.domain import projects as w
 from threadloom.domain import requests as q
 from threadloom.domain import statuses as s
+from threadloom.domain import tokens as k
 
 for _enum in (
     r.AppliedDispatch,
@@ -58,6 +60,16 @@ strawberry.enum(
     "PROVIDER_REFUSED: the agent refused to start the turn. SERVER_LOST: the server holding the turn stopped or "
     "went away. WORKSPACE_ERROR: the thread's workspace could not be prepared. The thread stays usable: the next "
     "message runs normally, with the conversation so far.",
+)
+
+strawberry.enum(
+    w.WorkspaceStatus,
+    description="What the server finds at a project's workspace root: OK, MISSING (nothing there, or a link to "
+    "nothing), NOT_A_DIRECTORY (a file where the folder was).",
+)
+strawberry.enum(
+    k.TokenState,
+    description="ACTIVE (authenticates), EXPIRED (past its expiresAt), REVOKED (revokeToken or the CLI).",
 )
 
 RunStatus = s.RunStatus

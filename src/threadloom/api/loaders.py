@@ -50,9 +50,13 @@ def _thread_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
     return [] if f.get("include_archived") else [_UNARCHIVED]
 
 
+_PROJECT_UNARCHIVED = t.projects.c.archived_at.is_(None)
+
+
 def _project_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:
     only = f.get("only_project")
-    return [] if only is None else [t.projects.c.id == only]
+    shown: list[sa.ColumnElement[bool]] = [] if f.get("include_archived") else [_PROJECT_UNARCHIVED]
+    return shown if only is None else [t.projects.c.id == only, *shown]
 
 
 def _activity_filters(f: Mapping[str, Any]) -> list[sa.ColumnElement[bool]]:

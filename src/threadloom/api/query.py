@@ -14,6 +14,8 @@ from threadloom.api.context import Info
 from threadloom.api.errors import ApiError
 from threadloom.api.pagination import Connection, paged
 from threadloom.api.providers import ProviderInstance, provider_instances
+from threadloom.api.tokens import ApiToken
+from threadloom.api.tokens import tokens as list_api_tokens
 from threadloom.api.types import NODE_TYPES, Node, Project, Run, Thread
 from threadloom.domain.errors import DomainError, ErrorCode
 
@@ -68,9 +70,24 @@ class Query:
     async def project(self, info: Info, id: strawberry.ID) -> Project | None:
         return await _typed(info, Project, id)  # type: ignore[no-any-return]
 
-    @paged("projects", "Project", parent=lambda _: None)
-    def projects(self, info: Info) -> dict[str, Any]:
-        return {"only_project": info.context.principal.project_id}
+    @paged(
+        "projects",
+        "Project",
+        parent=lambda _: None,
+        description="The projects this token sees, oldest first; archived ones only with `includeArchived`.",
+    )
+    def projects(self, info: Info, include_archived: bool = False) -> dict[str, Any]:
+        return {"only_project": info.context.principal.project_id, "include_archived": include_archived}
+
+    @strawberry.field(
+        description="API tokens, oldest first, for admins: a project's (`projectId`), or without it those for all "
+        "projects (an admin token for all projects only). Null when the project is unknown or invisible; "
+        "FORBIDDEN below admin scope. Revoked ones only with `includeRevoked`."
+    )
+    async def tokens(
+        self, info: Info, project_id: strawberry.ID | None = None, include_revoked: bool = False
+    ) -> list[ApiToken] | None:
+        return await list_api_tokens(info, project_id, include_revoked)
 
     @strawberry.field
     async def thread(self, info: Info, id: strawberry.ID) -> Thread | None:

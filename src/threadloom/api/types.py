@@ -15,6 +15,7 @@ import operator
 import typing
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from types import CoroutineType
 from typing import Annotated, Any, ClassVar, Self, TypeVar, dataclass_transform
 
@@ -33,9 +34,11 @@ from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain import entities as e
 from threadloom.domain.activities import ActivityKind
 from threadloom.domain.errors import DomainError
+from threadloom.domain.projects import WorkspaceStatus
 from threadloom.domain.records import Record
 from threadloom.domain.statuses import RunStatus
 from threadloom.domain.threads import thread_status
+from threadloom.engine.project_admin import probe_workspace
 from threadloom.store import tables as t
 from threadloom.store.events import project_head
 
@@ -266,6 +269,16 @@ _MODE_STRING = "Use `mode` (the RuntimeMode enum)."
 @_entity(e.Project)
 class Project(Node, _Entity):
     rec: strawberry.Private[e.Project]
+    archived_at: datetime | None = strawberry.field(
+        description="Set while the project is archived (`archiveProject`): left out of `projects`, runs refused."
+    )
+
+    @strawberry.field(
+        description="What the server finds at `workspaceRoot` now: OK, MISSING (deleted, or a link to nothing) or "
+        "NOT_A_DIRECTORY. Unless OK, a message to a thread working there is refused with WORKSPACE_MISSING."
+    )
+    def workspace_status(self) -> WorkspaceStatus:
+        return probe_workspace(self.rec.workspace_root)
 
     @paged("project.threads", "Thread")
     def threads(self, info: Info, include_archived: bool = False) -> dict[str, Any]:

@@ -91,6 +91,7 @@ class Project(Timestamps, Record):
     entity_type: ClassVar[str] = "project"
     name: str
     workspace_root: str
+    archived_at: datetime | None = None  # set: runs and new threads are refused; left out of `projects`
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""Rules for projects."""
+"""Rules for projects: creation, renaming, archiving, and when a project's threads may run."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import posixpath
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
+from enum import StrEnum
 from pathlib import PurePosixPath
 
 from threadloom.domain.changes import Change
@@ -111,3 +112,48 @@ def create_project(project_id: uuid.UUID, name: str, workspace_root: str, now: d
         updated_at=now,
     )
     return Change.created(project)
+
+
+def rename_project(project: Project, name: str, now: datetime) -> Change:
+    """A new name; the workspace root never changes (checkpoints and forks are keyed by it)."""
+    return Change.updated(project.evolve(name=clean_name(name), updated_at=now))
+
+
+def archive_project(project: Project, now: datetime) -> Change:
+    """Archived: left out of `projects`, refuses new runs and threads. Runs already started finish;
+    its threads, runs and tokens stay readable, and `unarchiveProject` brings it back as it was."""
+    if project.archived_at is not None:
+        raise DomainError(ErrorCode.ALREADY_ARCHIVED, "project is already archived", "projectId")
+    return Change.updated(project.evolve(archived_at=now, updated_at=now))
+
+
+def unarchive_project(project: Project, now: datetime) -> Change:
+    if project.archived_at is None:
+        raise DomainError(ErrorCode.NOT_ARCHIVED, "project is not archived", "projectId")
+    return Change.updated(project.evolve(archived_at=None, updated_at=now))
+
+
+class WorkspaceStatus(StrEnum):
+    """What the server finds at a project's workspace root (looked at when asked, never stored)."""
+
+    OK = "ok"
+    MISSING = "missing"  # nothing there (deleted, or a mount gone)
+    NOT_A_DIRECTORY = "not_a_directory"  # a file or a dangling link where the folder was
+
+
+def check_open(project: Project, field: str) -> None:
+    """Refuse new work (a run, a thread) in an archived project."""
+    if project.archived_at is not None:
+        raise DomainError(ErrorCode.PROJECT_ARCHIVED, "the project is archived; unarchive it first", field)
+
+
+def check_runnable(project: Project, workspace: WorkspaceStatus | None, field: str) -> None:
+    """May a run start in this project? Not when it is archived, nor when the folder its agent would work in
+    is gone (`workspace`: None when the thread works in a folder of its own, not the project's): an agent
+    started there would fail on its first command, and the message would look delivered."""
+    check_open(project, field)
+    if workspace is not None and workspace != WorkspaceStatus.OK:
+        what = "is missing" if workspace == WorkspaceStatus.MISSING else "is not a directory"
+        raise DomainError(
+            ErrorCode.WORKSPACE_MISSING, f"the project's workspace root {project.workspace_root} {what}", field
+        )

@@ -123,6 +123,7 @@ class Catalog:
             project = await thread_store.get_project(db, project_id)
             if project is None:
                 raise not_found("projectId")
+            project_rules.check_open(project, "projectId")
             instance = thread_rules.choose_provider_instance(
                 provider_instance_id, self.default_instance, self.provider_instances
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from threadloom.domain import dispatch as rules
@@ -26,6 +27,7 @@ from threadloom.store import entities, runs
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
+Gate = Callable[[Principal, uuid.UUID], Awaitable[None]]
 TURN_ID_WAIT = 30.0  # how long a steer waits for a turn start in flight to name its turn
 log = logging.getLogger("threadloom.dispatch")
 
@@ -38,8 +40,15 @@ class Sent:
 
 
 class Dispatcher:
-    def __init__(self, pipeline: Pipeline, run_engine: RunEngine, restart_as_run: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        run_engine: RunEngine,
+        restart_as_run: frozenset[str] = frozenset(),
+        gate: Gate | None = None,
+    ) -> None:
         self.pipeline = pipeline
+        self.gate = gate  # refuses a message in an archived project or a missing workspace (engine.project_admin)
         self.runs = run_engine
         self.sessions = run_engine.sessions
         self.restart_as_run = restart_as_run  # instances whose restarts are new runs (supersedesRunId)
@@ -61,6 +70,8 @@ class Dispatcher:
         fresh_context: bool = False,
     ) -> Sent:
         now = self.now
+        if self.gate is not None:
+            await self.gate(principal, thread_id)
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")

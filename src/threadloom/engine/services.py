@@ -38,6 +38,7 @@ from threadloom.engine.ingest import Ingestor
 from threadloom.engine.interruption import Interruption
 from threadloom.engine.pipeline import Committed, Pipeline
 from threadloom.engine.plans import Plans
+from threadloom.engine.project_admin import ProjectAdmin, TokenAdmin
 from threadloom.engine.queue import QueueCommands
 from threadloom.engine.recovery import Recovery
 from threadloom.engine.requests import Requests
@@ -76,6 +77,8 @@ class Services:
     rollback: Rollbacks = dataclasses.field(init=False)  # set by build(): it needs the checkpoints
     forks: Forks = dataclasses.field(init=False)
     retries: RunRetries = dataclasses.field(init=False)  # retryRun
+    project_admin: ProjectAdmin = dataclasses.field(init=False)  # updateProject, archive/unarchiveProject
+    tokens: TokenAdmin = dataclasses.field(init=False)  # tokens, createToken, revokeToken
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
@@ -124,7 +127,8 @@ class Services:
             for name, config in instances.items()
         }
         run_engine = RunEngine(pipeline, sessions, checkpoints, retry_policies, switch_policies)
-        dispatcher = Dispatcher(pipeline, run_engine, restart_as_run)
+        project_admin = ProjectAdmin(pipeline)
+        dispatcher = Dispatcher(pipeline, run_engine, restart_as_run, project_admin.check_runnable)
         queue = QueueCommands(pipeline, run_engine)
         effects = EffectWorker(db, clock, worker.id)
         effects.register(StartTurn, run_engine.start_turn)
@@ -181,6 +185,8 @@ class Services:
         recovery.resume_rollbacks = services.rollback.resume_abandoned
         services.forks = Forks(pipeline, checkpoints)
         services.retries = RunRetries(pipeline, run_engine)
+        services.project_admin = project_admin
+        services.tokens = TokenAdmin(pipeline)
 
         async def wake(committed: Committed) -> None:
             if committed.effects:

@@ -11,8 +11,9 @@ import dataclasses
 import hashlib
 import secrets
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -76,20 +77,34 @@ async def count_tokens(db: Reader) -> int:
     return int(await db.scalar(sa.select(sa.func.count()).select_from(t.api_tokens)))
 
 
-async def list_tokens(db: Reader) -> list[TokenInfo]:
-    rows = await db.rows(sa.select(t.api_tokens).order_by(t.api_tokens.c.id))
-    return [
-        TokenInfo(
-            r["id"],
-            r["name"],
-            TokenScope(r["scope"]),
-            r["project_id"],
-            r["created_at"],
-            r["revoked_at"],
-            r["expires_at"],
-        )
-        for r in rows
-    ]
+def _info(r: Mapping[Any, Any]) -> TokenInfo:
+    return TokenInfo(
+        r["id"], r["name"], TokenScope(r["scope"]), r["project_id"], r["created_at"], r["revoked_at"], r["expires_at"]
+    )
+
+
+_ALL_PROJECTS = object()  # `list_tokens`' default: no filter on the project
+
+
+async def list_tokens(
+    db: Reader, project_id: uuid.UUID | object | None = _ALL_PROJECTS, *, include_revoked: bool = True
+) -> list[TokenInfo]:
+    """Tokens, oldest first: every token, or those bound to `project_id` (None: the all-projects ones)."""
+    query = sa.select(t.api_tokens).order_by(t.api_tokens.c.created_at, t.api_tokens.c.id)
+    if project_id is None:
+        query = query.where(t.api_tokens.c.project_id.is_(None))
+    elif isinstance(project_id, uuid.UUID):
+        query = query.where(t.api_tokens.c.project_id == project_id)
+    if not include_revoked:
+        query = query.where(t.api_tokens.c.revoked_at.is_(None))
+    return [_info(r) for r in await db.rows(query)]
+
+
+async def get_token(db: Reader, token_id: uuid.UUID, *, lock: bool = False) -> TokenInfo | None:
+    """One token by id (`lock`: FOR UPDATE, so two revocations of it are serialized)."""
+    query = sa.select(t.api_tokens).where(t.api_tokens.c.id == token_id)
+    row = await db.one_or_none(query.with_for_update() if lock else query)
+    return None if row is None else _info(row)
 
 
 async def revoke_token(db: Reader, token_id: uuid.UUID, now: datetime) -> bool:

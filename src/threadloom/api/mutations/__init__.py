@@ -11,6 +11,7 @@ from threadloom.api.mutations.delegation import DelegationMutation
 from threadloom.api.mutations.forks import ForkMutation
 from threadloom.api.mutations.interruption import InterruptionMutation
 from threadloom.api.mutations.plans import PlanMutation
+from threadloom.api.mutations.project_admin import ProjectAdminMutation
 from threadloom.api.mutations.queue import QueueMutation
 from threadloom.api.mutations.requests import RequestMutation
 from threadloom.api.mutations.retry import RetryMutation
@@ -31,6 +32,7 @@ Mutation = strawberry.tools.merge_types(
         RollbackMutation,
         ForkMutation,
         RetryMutation,
+        ProjectAdminMutation,
     ),
 )
 
