@@ -20,6 +20,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from threadloom.api.bounds import BoundedSchema, BoundedValidation
 from threadloom.api.context import Context, fresh_context
 from threadloom.api.cost import CostVariables
+from threadloom.api.descriptions import describe
 from threadloom.api.errors import CodedErrors, RecordOperation
 from threadloom.api.mutations import Mutation
 from threadloom.api.query import Query
@@ -141,7 +142,7 @@ def _execution_context(timeout: float, max_items: int) -> type[TimedExecutionCon
 def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawberry.Schema:
     limits = limits or Limits()
     # BoundedSchema: strawberry's, with big documents parsed off the event loop (api.bounds).
-    return BoundedSchema(
+    schema = BoundedSchema(
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
@@ -161,6 +162,8 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
         ],
         config=StrawberryConfig(sort_schema=True, disable_field_suggestions=not dev),
     )
+    describe(schema._schema)  # what the definitions leave undescribed (api.descriptions)
+    return schema
 
 
 def export_sdl() -> str:
