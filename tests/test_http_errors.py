@@ -86,7 +86,7 @@ def assert_coded(response: httpx.Response, status: int, code: str) -> dict[str, 
     (error,) = body["errors"]
     assert isinstance(error["message"], str) and error["message"], error
     assert error["extensions"]["code"] == code, error
-    return error
+    return dict(error)
 
 
 @pytest.mark.parametrize(

@@ -74,6 +74,7 @@ async def test_the_apq_round_trip_over_post_and_get(client: Client) -> None:
     assert by_hash.json() == expected
     over_get = await get(client, {"extensions": ext, "variables": variables})
     assert over_get.status_code == 200 and over_get.json() == expected
+    assert over_get.headers["vary"] == "Authorization"  # a cache keeps it per token
     assert "query=" not in str(over_get.request.url)  # the URL carries the hash only
 
 

@@ -45,7 +45,7 @@ class Events:
 
     async def next(self) -> tuple[str, Any] | None:
         """(event name, decoded data) of the next event; None when the response ended."""
-        name, data = "message", []
+        name, data = "message", list[str]()
         async for line in self._lines:
             if line == "":
                 if data or name != "message":
@@ -91,7 +91,7 @@ async def subscribe(
 
 
 async def until_synchronized(events: Events) -> list[dict[str, Any]]:
-    replay = []
+    replay: list[dict[str, Any]] = []
     async for result in events.results():
         item = result["data"]["threadEvents"]
         if item["type"] == "synchronized":
@@ -104,7 +104,7 @@ async def ws_replay(server: ServerProcess, token: str, thread: str) -> list[dict
     ws = await WsClient.connect(server.url, token)
     try:
         await ws.subscribe(EVENTS, {"t": thread, "after": 0})
-        items = []
+        items: list[dict[str, Any]] = []
         async for message in ws.items():
             item = message["payload"]["data"]["threadEvents"]
             if item["type"] == "synchronized":

@@ -41,7 +41,7 @@ PAGE = """<!doctype html>
 <link rel="stylesheet" href="graphiql/ide.css">
 </head>
 <body>
-<form id="bar" onsubmit="return false">
+<form id="bar">
 <label>Token <input id="token" type="password" autocomplete="off" spellcheck="false" placeholder="tl_…"></label>
 <small>kept in this tab only (sessionStorage), sent as <code>Authorization: Bearer</code></small>
 </form>

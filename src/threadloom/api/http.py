@@ -364,6 +364,8 @@ class GraphQLView(GraphQL[Context, None]):
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
         processed = await super().process_result(request, result)
+        if request.method == "GET":  # a cache may keep a GET (a persisted query's short URL): per token, never shared
+            request.scope["state"]["sub_response"].headers["vary"] = "Authorization"
         failed_before_execution = (
             result.data is None
             and bool(result.errors)

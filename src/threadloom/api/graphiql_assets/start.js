@@ -103,9 +103,15 @@
 
   var field = document.getElementById("token");
   field.value = token();
-  field.addEventListener("change", function () {
+  function keep() {
+    if (field.value.trim() === token()) return;
     window.sessionStorage.setItem(KEY, field.value.trim());
     render(); // a new fetcher: GraphiQL loads the schema again with the token
+  }
+  field.addEventListener("change", keep);
+  document.getElementById("bar").addEventListener("submit", function (event) {
+    event.preventDefault(); // Enter in the field keeps the token; the page never navigates
+    keep();
   });
   render();
 })();
