@@ -104,7 +104,10 @@ def _run_graph(data: dict[str, Any], scene: graph_scene.Scene) -> None:
     )
     turn = root["providerTurn"]  # the run's own turn, on the thread's own provider thread (no owner node)
     assert turn is not None and turn["status"] == "COMPLETED" and turn["providerThread"]["ownerNode"] is None
-    assert [n["status"] for n in nodes.values() if n["kind"] == "SUBAGENT"] == ["COMPLETED"]
+    [subagent] = [n for n in nodes.values() if n["kind"] == "SUBAGENT"]
+    assert subagent["status"] == "COMPLETED"
+    # A subagent with a conversation of its own is its first turn there, on the provider thread it owns.
+    assert subagent["providerTurn"]["providerThread"]["ownerNode"] == {"id": subagent["id"]}
     [approval] = [n for n in nodes.values() if n["kind"] == "APPROVAL_REQUEST"]
     assert approval["runtimeRequest"] is not None and approval["runtimeRequest"]["status"] != "PENDING"
 

@@ -39,6 +39,8 @@ async def spawned(b: Batch, binding: TurnBinding, node: ExecutionNode, detail: d
     b.put(EventVerb.CREATED, pt, node_id=node.id)
     turn = subagents.subagent_turn(pt, node, subagents.child_turn_ref(detail), 1, now, new_id)
     b.put(EventVerb.CREATED, turn, node_id=node.id)
+    # The node is that turn, as a root node is its attempt's: ExecutionNode.providerTurn reads this column.
+    b.put(EventVerb.UPDATED, node.evolve(provider_turn_id=turn.id), node_id=node.id)
 
 
 async def ended(b: Batch, node: ExecutionNode, native_turn: str, status: str, now: Any) -> None:
