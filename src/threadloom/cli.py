@@ -145,9 +145,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     base_url = f"http://{settings.host}:{settings.port}"
     if server is not None:
         print(f"Embedded PostgreSQL in {settings.data_dir / 'pg'}", flush=True)
-    announced = server_state.write(base_url, settings.data_dir, embedded=server is not None)
-    atexit.register(server_state.remove_if_mine)
-    print(f"Data dir {settings.data_dir} (the CLI finds it through {announced})", flush=True)
+    try:
+        announced = f"the CLI finds it through {server_state.write(base_url, settings.data_dir, server is not None)}"
+        atexit.register(server_state.remove_if_mine)
+    except OSError as error:  # a read-only home: the CLI then needs --data-dir, the server runs all the same
+        announced = f"not announced to the CLI: {error}; give it --data-dir"
+    print(f"Data dir {settings.data_dir} ({announced})", flush=True)
     print(f"Threadloom: {base_url}/graphql  (dashboard: {base_url}/dashboard/)", flush=True)
     if admin is not None:
         saved = _save_admin_token(settings.data_dir, admin)
