@@ -289,3 +289,33 @@ async def test_tokens_query_answers_only_a_projects_admins(client: Client, datab
     assert sorted(row["scope"] for row in mine) == ["ADMIN", "OPERATE"]
     everywhere = (await client.gql(TOKENS, {"p": None, "r": True}))["tokens"]
     assert everywhere and all(row["project"] is None for row in everywhere)
+
+
+RETRY = """mutation($r: ID!) { retryRun(input: {runId: $r}) { run { id status } userErrors { code field } } }"""
+RESUME = (
+    """mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { thread { queueHeld } userErrors { code field } } }"""
+)
+
+
+async def test_retry_and_resume_are_refused_in_an_archived_project(client: Client, tmp_path: Path) -> None:
+    """The other ways to start a run (retryRun, resumeQueue) pass the same check as sendMessage."""
+    project = await make_project(client, "R", workspace(tmp_path, "r"))
+    thread = (await make_thread(client, project))["id"]
+    failed = await send(client, thread, "@fail on purpose")
+    assert (await finished(client, failed["run"]["id"]))["status"] == "FAILED"  # the queue is held now
+    assert (await client.gql(ARCHIVE, {"p": project}))["archiveProject"]["userErrors"] == []
+
+    retry = (await client.gql(RETRY, {"r": failed["run"]["id"]}))["retryRun"]
+    assert retry == {"run": None, "userErrors": [{"code": "PROJECT_ARCHIVED", "field": "threadId"}]}
+    resume = (await client.gql(RESUME, {"t": thread}))["resumeQueue"]
+    assert resume == {"thread": None, "userErrors": [{"code": "PROJECT_ARCHIVED", "field": "threadId"}]}
+    assert (await client.gql(RUNS, {"t": thread}))["thread"]["runs"]["totalCount"] == 1
+
+    # The twins, once unarchived: the queue resumes, and the failed run is retried.
+    assert (await client.gql(UNARCHIVE, {"p": project}))["unarchiveProject"]["userErrors"] == []
+    assert (await client.gql(RESUME, {"t": thread}))["resumeQueue"] == {
+        "thread": {"queueHeld": False},
+        "userErrors": [],
+    }
+    again = (await client.gql(RETRY, {"r": failed["run"]["id"]}))["retryRun"]
+    assert again["userErrors"] == [] and again["run"]["id"] == failed["run"]["id"]

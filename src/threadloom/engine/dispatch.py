@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from threadloom.domain import dispatch as rules
@@ -21,13 +20,13 @@ from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import TokenScope
 from threadloom.domain.threads import clean_model
 from threadloom.engine.pipeline import Command, Pipeline
+from threadloom.engine.project_admin import Gate
 from threadloom.engine.runs import RunEngine
 from threadloom.providers.contract import ProviderError
 from threadloom.store import entities, runs
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
-Gate = Callable[[Principal, uuid.UUID], Awaitable[None]]
 TURN_ID_WAIT = 30.0  # how long a steer waits for a turn start in flight to name its turn
 log = logging.getLogger("threadloom.dispatch")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from threadloom.domain import projects as rules
@@ -27,6 +27,10 @@ from threadloom.store import threads as thread_store
 from threadloom.store import tokens as token_store
 from threadloom.store.db import Reader
 from threadloom.store.tokens import TokenInfo
+
+# Asked before a command that would start a run on a thread (sendMessage, retryRun, resumeQueue): refuses with
+# PROJECT_ARCHIVED or WORKSPACE_MISSING, else returns. `ProjectAdmin.check_runnable`.
+Gate = Callable[[Principal, uuid.UUID], Awaitable[None]]
 
 
 def probe_workspace(path: str) -> rules.WorkspaceStatus:

@@ -14,15 +14,17 @@ from threadloom.domain.entities import AppThread, ConversationMessage, Execution
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.ids import new_id
 from threadloom.engine.pipeline import Pipeline
+from threadloom.engine.project_admin import Gate
 from threadloom.engine.runs import RunEngine
 from threadloom.store import entities, runs
 from threadloom.store.db import Reader
 
 
 class QueueCommands:
-    def __init__(self, pipeline: Pipeline, run_engine: RunEngine) -> None:
+    def __init__(self, pipeline: Pipeline, run_engine: RunEngine, gate: Gate | None = None) -> None:
         self.pipeline = pipeline
         self.runs = run_engine
+        self.gate = gate  # refuses resuming in an archived project or a missing workspace (engine.project_admin)
 
     @property
     def now(self) -> Any:
@@ -30,6 +32,8 @@ class QueueCommands:
 
     async def resume_queue(self, principal: Principal, thread_id: uuid.UUID, key: str | None) -> uuid.UUID:
         now = self.now
+        if self.gate is not None:
+            await self.gate(principal, thread_id)
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             return rules.resume_queue(await runs.thread_state(db, thread), now, new_id)

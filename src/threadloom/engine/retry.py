@@ -15,19 +15,23 @@ from threadloom.domain.changes import Outcome
 from threadloom.domain.entities import AppThread, ExecutionNode, Run, RunAttempt
 from threadloom.domain.ids import new_id
 from threadloom.engine.pipeline import Pipeline
+from threadloom.engine.project_admin import Gate
 from threadloom.engine.runs import RunEngine
 from threadloom.store import entities, runs
 from threadloom.store.db import Reader
 
 
 class RunRetries:
-    def __init__(self, pipeline: Pipeline, run_engine: RunEngine) -> None:
+    def __init__(self, pipeline: Pipeline, run_engine: RunEngine, gate: Gate | None = None) -> None:
         self.pipeline = pipeline
         self.runs = run_engine
+        self.gate = gate  # refuses a retry in an archived project or a missing workspace (engine.project_admin)
 
     async def retry_run(self, principal: Principal, run_id: uuid.UUID, key: str | None) -> uuid.UUID:
         """The run, active again on a `RETRY` attempt; a refusal (`DomainError`) changes nothing."""
         now = self.pipeline.clock.now()
+        if self.gate is not None:
+            await self.gate(principal, await self.runs.thread_of(run_id))
 
         async def decide(db: Reader, thread: AppThread, run: Run) -> Outcome:
             attempts = await runs.attempts_of(db, run.id)

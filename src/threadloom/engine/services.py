@@ -129,7 +129,7 @@ class Services:
         run_engine = RunEngine(pipeline, sessions, checkpoints, retry_policies, switch_policies)
         project_admin = ProjectAdmin(pipeline)
         dispatcher = Dispatcher(pipeline, run_engine, restart_as_run, project_admin.check_runnable)
-        queue = QueueCommands(pipeline, run_engine)
+        queue = QueueCommands(pipeline, run_engine, project_admin.check_runnable)
         effects = EffectWorker(db, clock, worker.id)
         effects.register(StartTurn, run_engine.start_turn)
         effects.register(EnsureThread, run_engine.ensure_thread)
@@ -184,7 +184,7 @@ class Services:
         )
         recovery.resume_rollbacks = services.rollback.resume_abandoned
         services.forks = Forks(pipeline, checkpoints)
-        services.retries = RunRetries(pipeline, run_engine)
+        services.retries = RunRetries(pipeline, run_engine, project_admin.check_runnable)
         services.project_admin = project_admin
         services.tokens = TokenAdmin(pipeline)
 
