@@ -666,9 +666,12 @@ async def test_the_page_shows_the_work_tools_todos_times_and_answers_in_words(
     await expect(resolved).to_contain_text("Approved: echo approved")
     assert "{" not in (await resolved.all_text_contents())[0]
 
-    # A long reply: the messages follow it to the bottom; a reader who scrolled up stays where they are.
-    await send_from_page(page, "@reply " + " ".join(f"line{n}" for n in range(700)))
+    # A long reply: the messages follow it to the bottom; a reader who scrolled up stays where they are ...
+    # ... behind a subagent with a todo list of its own: the checklist stays the thread's (its root turn's).
+    await send_from_page(page, "@subagent @todo Child step\n@reply " + " ".join(f"line{n}" for n in range(700)))
     await expect(run_card(page, 3)).to_have_attribute("data-status", "COMPLETED")
+    assert await page.evaluate("[...state.t.plans.values()].some((p) => p.items && p.items[0].step === 'Child step')")
+    await expect(todo.locator(".step")).to_have_text(["Read the code", "Fix the bug", "Run the tests"])
     await expect(page.locator("#messages li[data-role=ASSISTANT]").last).to_contain_text("line699")
     assert await page.locator("#messages").evaluate("(box) => box.scrollHeight > box.clientHeight")  # it overflows
     await page.wait_for_function(AT_BOTTOM)

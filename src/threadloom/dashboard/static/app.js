@@ -21,7 +21,7 @@ fragment R on Run { id ordinal status statusReason queuePosition userMessage { i
   requestedAt startedAt completedAt }
 fragment N on ExecutionNode { id nodeKind: kind nodeStatus: status nodeTitle: title nodeRun: run { id } parent { id } attempt { id }
   createdAt completedAt detail }
-fragment P on PlanArtifact { id planKind: kind planStatus: status items planText: text updatedAt }
+fragment P on PlanArtifact { id planKind: kind planStatus: status items planText: text updatedAt node { id } }
 fragment M on ConversationMessage { id role text streaming createdAt }
 fragment Q on RuntimeRequest { id requestKind: kind requestStatus: status payload responseCapability reqRun: run { id } }
 fragment A on Activity { id activityKind: kind summary sequence runId nodeId createdAt }
@@ -586,9 +586,14 @@ function questionForm(request) {
     h("form", { onsubmit: submit }, statusBadge("QUESTION"), fields, h("button", { type: "submit", className: "primary" }, "Answer")));
 }
 
-// The agent's todo list as a checklist: the newest TODO_LIST plan, updated in place as steps get done.
+// The agent's todo list as a checklist: the newest TODO_LIST plan of a run's root turn (the thread's
+// `todoList`; a subagent's own list stays under its node), updated in place as steps get done.
 function renderTodo(t) {
-  const lists = [...t.plans.values()].filter((p) => p.planKind === "TODO_LIST" && Array.isArray(p.items));
+  const ofRootTurn = (p) => {
+    const node = p.node && t.nodes.get(p.node.id);
+    return !node || node.nodeKind === "ROOT_TURN";
+  };
+  const lists = [...t.plans.values()].filter((p) => p.planKind === "TODO_LIST" && Array.isArray(p.items) && ofRootTurn(p));
   lists.sort((a, b) => (a.updatedAt < b.updatedAt ? -1 : 1));
   const newest = lists.at(-1);
   $("todo-panel").hidden = !newest;
