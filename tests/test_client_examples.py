@@ -57,7 +57,7 @@ def _cleaned_up(before: dict[str, dict[str, str | None]], after: dict[str, dict[
 async def test_example_runs_against_a_real_server(name: str, server: ServerProcess, client: Client) -> None:
     if name == "curl":  # not optional: scripts/test installs them, as it installs bubblewrap
         assert shutil.which("curl") and shutil.which("jq"), "the curl example needs curl and jq"
-    env = {**os.environ, "THREADLOOM_URL": server.url + "/graphql", "THREADLOOM_TOKEN": str(server.admin_token)}
+    env = {**os.environ, "THREADLOOM_URL": server.url, "THREADLOOM_TOKEN": str(server.admin_token)}
     env.pop("THREADLOOM_PROJECT_ID", None)
     if name == "curl":  # one example is given a project, the other creates its own
         env["THREADLOOM_PROJECT_ID"] = await make_project(client, "curl example")

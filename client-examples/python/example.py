@@ -4,7 +4,8 @@ Each pass: create a thread, send a message, stream the run live to its end, disc
 run happen unseen, resume from the last cursor and check the replay is exactly the missed events,
 then answer an approval the agent asks for. Exits 0 only if every step worked.
 
-Environment: THREADLOOM_URL (default http://127.0.0.1:8000/graphql), THREADLOOM_TOKEN, and
+Environment: THREADLOOM_URL (the server's base URL, default http://127.0.0.1:8000; /graphql is appended),
+THREADLOOM_TOKEN, and
 THREADLOOM_PROJECT_ID (else a project is created in a fresh temporary folder; that needs an
 all-projects admin token).
 """
@@ -21,7 +22,7 @@ import time
 
 from threadloom_client import TERMINAL, AsyncClient, Client, ThreadEvent
 
-URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000/graphql")
+URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000").rstrip("/") + "/graphql"
 
 
 def step(text: str) -> None:

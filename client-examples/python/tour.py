@@ -1,6 +1,6 @@
 """A small Threadloom client: create a project and threads, page through them, then clean up.
 
-Uses only httpx. Set THREADLOOM_URL (default http://127.0.0.1:8000/graphql) and THREADLOOM_TOKEN.
+Uses only httpx. Set THREADLOOM_URL (the server's base URL, default http://127.0.0.1:8000) and THREADLOOM_TOKEN.
 The token must be an admin token for all projects: the tour creates its own project, in a fresh temporary
 folder, and archives it at the end.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000/graphql")
+URL = os.environ.get("THREADLOOM_URL", "http://127.0.0.1:8000").rstrip("/") + "/graphql"
 
 
 def gql(client: httpx.Client, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -5,7 +5,8 @@
  * activities with their run, a fork of the first run (its transfer's `source`), and the fork's run with
  * its thread, attempts and handoff. Exits 0 only if every step worked.
  *
- * Environment: THREADLOOM_URL (default http://127.0.0.1:8000/graphql), THREADLOOM_TOKEN, and
+ * Environment: THREADLOOM_URL (the server's base URL, default http://127.0.0.1:8000; /graphql is appended),
+ * THREADLOOM_TOKEN, and
  * THREADLOOM_PROJECT_ID (else a project is created in a fresh temporary folder; that needs an
  * all-projects admin token).
  */
@@ -16,7 +17,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 import { TERMINAL, ThreadloomClient, ThreadloomError, runStatus, type Run, type ThreadEvent } from "./threadloom.js";
 
-const URL = process.env["THREADLOOM_URL"] ?? "http://127.0.0.1:8000/graphql";
+const URL = (process.env["THREADLOOM_URL"] ?? "http://127.0.0.1:8000").replace(/\/+$/, "") + "/graphql";
 
 function step(text: string): void {
   console.log(`[${new Date().toTimeString().slice(0, 8)}] ${text}`);
