@@ -42,7 +42,8 @@ Q_SECRET = "project-Q-secret-9b41"
 PYC = b"\x61\x0d\x0d\x0a-the-servers-own-bytecode"
 
 CREATE_THREAD = """mutation($p: ID!) { createThread(input: {projectId: $p}) { thread { id } userErrors { code } } }"""
-ROLLBACK = """mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n, restoreFiles: true}) {
+ROLLBACK = """mutation($t: ID!, $n: Int!, $on: RollbackConflictPolicy) {
+  rollbackToRun(input: {threadId: $t, runOrdinal: $n, restoreFiles: true, onConflict: $on}) {
   rolledBackRuns { ordinal status } userErrors { code message } } }"""
 UNDO = """mutation($t: ID!) { undoRollback(input: {threadId: $t}) { thread { id } userErrors { code message } } }"""
 ROLLBACK_NODE = """mutation($n: ID!, $c: ID!) { rollbackNode(input: {nodeId: $n, checkpointId: $c}) {
@@ -106,8 +107,9 @@ class Project:
         assert (self.workspace / folder).is_symlink()
         return done
 
-    async def rollback(self, thread: str, ordinal: int) -> dict[str, Any]:
-        return (await self.operator.gql(ROLLBACK, {"t": thread, "n": ordinal}))["rollbackToRun"]  # type: ignore[no-any-return]
+    async def rollback(self, thread: str, ordinal: int, on_conflict: str = "REFUSE") -> dict[str, Any]:
+        answer = await self.operator.gql(ROLLBACK, {"t": thread, "n": ordinal, "on": on_conflict})
+        return answer["rollbackToRun"]  # type: ignore[no-any-return]
 
     async def undo(self, thread: str) -> dict[str, Any]:
         return (await self.operator.gql(UNDO, {"t": thread}))["undoRollback"]  # type: ignore[no-any-return]
@@ -231,7 +233,10 @@ async def test_undo_rollback_never_plants_a_file_through_a_swapped_folder(
 
     undone = await p.undo(victim)
     assert undone["userErrors"] == [], undone
-    assert real_dir(p) == {"a.txt": b"one", "b.txt": b"two", "evil.cpython-311.pyc": b"PLANTED"}
+    # The undo puts back only what the rollback changed (b.txt and the .pyc); `a.txt` went away with the
+    # attacker's swap, which no rollback of the victim's is for.
+    back = {"b.txt": b"two", "evil.cpython-311.pyc": b"PLANTED"}
+    assert real_dir(p) == (back if swap else {"a.txt": b"one", **back})
     assert world.untouched() == before
     assert sorted(os.listdir(world.outside / "__pycache__")) == ["app.cpython-311.pyc"]
 
@@ -431,16 +436,17 @@ def racing(workspace: Path, outside: Path) -> Iterator[dict[str, Any]]:
 
 async def test_a_rename_exchange_race_during_rollbacks_never_reaches_outside(world: World, tmp_path: Path) -> None:
     """While the loop swaps `dir` and a link to the server's package, rollbackToRun(1) and undoRollback are asked
-    for, each round after the agent changed `dir/a.txt` and wrote `dir/b.txt` again (so every restore has a file
-    to write and one to delete). The package keeps every byte; each call succeeds or answers a typed user error.
-    Twin, first (no loop, another project): the same rollback deletes `dir/b.txt` and restores `a.txt` in P."""
+    for, each round after the agent changed `dir/a.txt` and wrote `dir/b.txt` again (so every rollback has a file
+    to delete and every undo one to write). The package keeps every byte; each call succeeds or answers a typed user error.
+    Twin, first (no loop, another project): the same rollback deletes `dir/b.txt` in P (the path run 2 wrote)
+    and leaves `a.txt` as the hand edit left it (no undone run changed it)."""
     twin = await world.project(tmp_path / "ws-twin", "P-race-twin")
     thread = await twin.thread()
     await twin.run(thread, "@write dir/a.txt one")
     await twin.run(thread, "@write dir/b.txt two")
     edit_the_real_folder(twin.workspace, DIRS, EDITS)
     assert (await twin.rollback(thread, 1))["userErrors"] == []
-    assert real_dir(twin) == {"a.txt": b"one"}
+    assert real_dir(twin) == {"a.txt": b"changed"}
 
     p = await world.project(tmp_path / "ws-p", "P-race")
     thread = await p.thread()
@@ -452,7 +458,8 @@ async def test_a_rename_exchange_race_during_rollbacks_never_reaches_outside(wor
     with racing(p.workspace, world.outside) as counts:
         for _ in range(ROUNDS):
             edit_the_real_folder(p.workspace, DIRS, EDITS)
-            answers.append(await p.rollback(thread, 1))
+            # OVERWRITE: the swaps make `dir/b.txt` look changed by no run; put it back anyway, through the race
+            answers.append(await p.rollback(thread, 1, "OVERWRITE"))
             answers.append(await p.undo(thread))
             assert world.untouched() == before
     print(f"swaps {counts['swaps']}; answers {[a['userErrors'] for a in answers]}")  # shown if it fails

@@ -26,7 +26,7 @@ import subprocess
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -469,20 +469,67 @@ class ShadowRepo:
 
     # -- restore -----------------------------------------------------------------------------
 
-    async def restore(self, commit: str) -> Restored:
-        """Make the workspace equal to the checkpoint's tree, leaving `.git` and excluded paths alone."""
+    async def restore(self, commit: str, paths: Sequence[str] | None = None) -> Restored:
+        """Make the workspace equal to the checkpoint's tree, leaving `.git` and excluded paths alone; with
+        `paths`, only those paths (each written as the checkpoint has it, or removed if it has none)."""
         async with self.lock.hold():
             await self._ensure()
             with self._root() as root:
-                return await self._restore(root, commit)
+                return await self._restore(root, commit, paths)
 
-    async def _restore(self, root: int, commit: str) -> Restored:
+    async def changed_paths(self, from_commit: str, to_commit: str) -> set[str]:
+        """Every path whose content differs between two checkpoints (a rename counts as both of its paths)."""
+        old, new = await self._commit(from_commit), await self._commit(to_commit)
+        out = await self._git.run("diff-tree", "-r", "-z", "--name-only", "--no-renames", old, new)
+        return {os.fsdecode(p) for p in out.stdout.split(b"\0") if p}
+
+    async def present(self, commit: str, paths: Sequence[str]) -> set[str]:
+        """Which of `paths` the checkpoint holds (as a file or a link)."""
+        return set(await self.blobs(commit, paths))
+
+    async def blobs(self, commit: str, paths: Sequence[str]) -> dict[str, str]:
+        """The content id of each of `paths` the checkpoint holds (a path it has not is left out). The whole
+        tree is listed and filtered here: `ls-tree` reads its path arguments as patterns, not names."""
+        if not paths:
+            return {}
+        wanted = set(paths)
+        tree = await self._commit(commit)
+        out = await self._git.run("ls-tree", "-r", "-z", "--full-tree", tree)
+        found = {}
+        for entry in out.stdout.split(b"\0"):
+            meta, _, raw = entry.partition(b"\t")
+            name = os.fsdecode(raw)
+            if name in wanted:
+                found[name] = meta.split(b" ")[2].decode()
+        return found
+
+    async def differs_now(self, commit: str, paths: Sequence[str] | None) -> set[str]:
+        """Which of `paths` (None: any path) the workspace holds differently from the checkpoint now (walked
+        as a capture is)."""
+        if paths is not None and not paths:
+            return set()
+        async with self.lock.hold():
+            await self._ensure()
+            with self._root() as root:
+                staged = asyncio.create_task(self._stage(root))
+                try:
+                    target = await self._commit(commit)
+                finally:
+                    await staged
+                only = ["--", *_literal(paths)] if paths is not None else []
+                out = await self._git.run("diff-index", "--cached", "-z", "--no-renames", "--name-only", target, *only)
+        return {os.fsdecode(p) for p in out.stdout.split(b"\0") if p}
+
+    async def _restore(self, root: int, commit: str, paths: Sequence[str] | None = None) -> Restored:
         staged = asyncio.create_task(self._stage(root))
         try:
             target = await self._commit(commit)
         finally:
             await staged
-        out = await self._git.run("diff-index", "--cached", "-z", "--no-renames", "--raw", target)
+        only = ["--", *_literal(paths)] if paths is not None else []
+        if paths is not None and not paths:
+            return Restored((), ())
+        out = await self._git.run("diff-index", "--cached", "-z", "--no-renames", "--raw", target, *only)
         fields = out.stdout.split(b"\0")
         remove: list[str] = []
         write: list[str] = []
@@ -607,6 +654,12 @@ def _feed(pipe: IO[bytes], data: bytes) -> None:
     """Write `data` to a child's stdin and close it (in a thread: the child answers as it reads)."""
     with contextlib.suppress(BrokenPipeError), pipe:
         pipe.write(data)
+
+
+def _literal(paths: Sequence[str]) -> list[str]:
+    """Pathspecs naming exactly these workspace-relative paths: every git here runs with
+    GIT_LITERAL_PATHSPECS=1 (no glob or magic read into them), so each is the path itself, checked."""
+    return [ShadowRepo._relative(p) for p in paths]
 
 
 def _unlisted(path: bytes) -> bytes:

@@ -37,6 +37,7 @@ from typing import Any
 from threadloom.checkpoints.errors import CheckpointError
 from threadloom.checkpoints.repo import ShadowRepo
 from threadloom.domain import rollback as plan_rules
+from threadloom.domain import workspace_rollback as ws
 from threadloom.domain.access import Principal
 from threadloom.domain.activities import ActivityKind
 from threadloom.domain.changes import Outcome
@@ -44,6 +45,7 @@ from threadloom.domain.entities import (
     AppThread,
     ExecutionNode,
     Project,
+    Run,
 )
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
@@ -52,10 +54,11 @@ from threadloom.domain.statuses import (
     TokenScope,
 )
 from threadloom.engine import node_rollback_steps as node_steps
+from threadloom.engine import rollback_files
 from threadloom.engine import rollback_record as record_of
 from threadloom.engine.handoff_delivery import handoff_delivered  # re-exported until engine.runs imports it
 from threadloom.engine.pipeline import Command, Pipeline
-from threadloom.engine.rollback_operation import Operation, checkpoint_fact, refused
+from threadloom.engine.rollback_operation import Operation, ProviderStep, checkpoint_fact, refused
 from threadloom.engine.rollback_provider import ProviderSteps, stale_provider_threads
 from threadloom.engine.rollback_recovery import AbandonedRollbacks
 from threadloom.engine.rollback_runner import Runner
@@ -93,17 +96,37 @@ class Rollbacks:
         await self.abandoned.resume_abandoned()
 
     async def rollback_to_run(
-        self, principal: Principal, thread_id: uuid.UUID, ordinal: int, restore_files: bool, key: str | None
+        self,
+        principal: Principal,
+        thread_id: uuid.UUID,
+        ordinal: int,
+        restore_files: bool,
+        key: str | None,
+        *,
+        dry_run: bool = False,
+        preview_token: str | None = None,
+        overwrite: bool = False,
     ) -> dict[str, Any]:
         """Carry out the rollback; its result names the thread, the rolled-back runs and the pre-rollback ref.
 
-        The plan is committed first with the thread marked ROLLING_BACK (`_begin`); the steps then run outside
-        any transaction, each recorded as it completes (`_carry_on`), and the outcome is recorded last."""
+        The files are planned first (outside any transaction: `engine.rollback_files`), and a dry run stops
+        there with the plan and its token. Then the plan is committed with the thread marked ROLLING_BACK
+        (`_begin`); the steps run outside any transaction, each recorded as it completes, and the outcome is
+        recorded last."""
         await self._own_workspace(principal, thread_id)
+        preview, files = await self._preview(principal, thread_id, ordinal, restore_files)
+        if dry_run:
+            return {"threadId": str(thread_id), "preview": preview}
+        ws.refuse_stale(preview_token, preview["plan"])
+        if files is not None:
+            ws.refuse_busy(files.busy)
+            ws.refuse_conflicts(files.plan, overwrite)
+        paths = list(files.plan.paths) if files is not None else None
+        expected = preview["plan"] if preview_token is not None else None
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
-            return await self._begin(db, thread, ordinal, restore_files)
+            return await self._begin(db, thread, ordinal, restore_files, paths, expected)
 
         data = {"threadId": str(thread_id), "runOrdinal": ordinal, "restoreFiles": restore_files}
         command = Command(
@@ -116,6 +139,30 @@ class Rollbacks:
         crash_point("rollback-begun")
         await hold_point("rollback-begun")
         return await self._carry_out(op)
+
+    async def _preview(
+        self, principal: Principal, thread_id: uuid.UUID, ordinal: int, restore_files: bool
+    ) -> tuple[dict[str, Any], rollback_files.Files | None]:
+        """The plan as it stands (runs, provider steps, files and their conflicts) and its token; refusals of
+        the plan itself (busy, unknown run, no checkpoint) come from here too, before anything is recorded."""
+        async with self.pipeline.db.read() as db:
+            thread = await entities.get(db, AppThread, thread_id)
+            if thread is None:
+                raise not_found("threadId")
+            principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
+            project = await entities.require(db, Project, thread.project_id)
+            plan, steps, _, _ = await self._planned(db, thread, ordinal, restore_files)
+        files = None
+        if restore_files:
+            try:
+                files = await rollback_files.read_plan(
+                    self.pipeline.db, thread, project, ordinal, self.runner.repo_of, self.runner.workspace_of
+                )
+            except (CheckpointError, OSError) as error:  # e.g. the workspace kept changing while it was read
+                message = f"the workspace could not be read to plan the rollback ({error}); nothing changed"
+                raise DomainError(ErrorCode.ROLLBACK_FAILED, message) from error
+        planned = _preview_plan(plan, steps, files)
+        return {"plan": planned, "previewToken": ws.preview_token(planned)}, files
 
     async def _carry_out(self, op: Operation) -> dict[str, Any]:
         self.runner.running.add(op.id)
@@ -156,10 +203,10 @@ class Rollbacks:
         except (CheckpointError, OSError) as error:
             raise DomainError(ErrorCode.ROLLBACK_FAILED, f"the fork's workspace could not be made: {error}") from error
 
-    async def _begin(self, db: Reader, thread: AppThread, ordinal: int, restore_files: bool) -> Outcome:
-        """Plan the rollback and record it, with the thread marked ROLLING_BACK: no file or agent is touched
-        in this transaction, and a refusal changes nothing."""
-        op = Operation(new_id(), ordinal, thread.id, thread.project_id, worker_id=self.runner.worker_id)
+    async def _planned(
+        self, db: Reader, thread: AppThread, ordinal: int, restore_files: bool
+    ) -> tuple[plan_rules.RollbackPlan, list[ProviderStep], list[Run], list[Any]]:
+        """The plan (`domain.rollback.plan_rollback`) and the provider steps, from the thread's records."""
         runs = await facts.runs_of(db, thread.id)
         turns = await facts.root_turns(db, thread.id)
         pts = {pt.id: pt for pt in await facts.provider_threads_of(db, thread.id)}
@@ -179,14 +226,33 @@ class Rollbacks:
                     )
                     for run in runs
                 ],
-                op.target,
+                ordinal,
                 {pt.id: self.providers.fact(pt) for pt in pts.values()},
                 [checkpoint_fact(c, scope, ordinal_of) for c, scope in checkpoints],
                 restore_files=restore_files,
             )
         except plan_rules.RollbackRefused as error:
             raise refused(error) from None
-        steps = self.providers.steps(plan, thread, pts)
+        return plan, self.providers.steps(plan, thread, pts), runs, checkpoints
+
+    async def _begin(
+        self,
+        db: Reader,
+        thread: AppThread,
+        ordinal: int,
+        restore_files: bool,
+        paths: list[str] | None,
+        expected: dict[str, Any] | None,
+    ) -> Outcome:
+        """Plan the rollback and record it, with the thread marked ROLLING_BACK: no file or agent is touched
+        in this transaction, and a refusal changes nothing. With `expected` (a preview's plan), a plan that
+        is not the same any more is refused with STALE_PREVIEW."""
+        op = Operation(new_id(), ordinal, thread.id, thread.project_id, worker_id=self.runner.worker_id)
+        plan, steps, runs, checkpoints = await self._planned(db, thread, ordinal, restore_files)
+        if expected is not None:  # the files were checked against the token before; the records are checked here
+            now = _db_plan(plan, steps)
+            ws.refuse_stale(ws.preview_token({k: expected.get(k) for k in now}), now)
+        op.file_paths = paths
         op.stale = await stale_provider_threads(db, thread, plan, steps)
         op.plan, op.providers = plan, steps
         if plan.restore_checkpoint_id is not None:
@@ -224,6 +290,7 @@ class Rollbacks:
             op = Operation(new_id(), target, thread.id, thread.project_id, worker_id=self.runner.worker_id)
             op.kind, op.undo_of = "undo", record
             op.restore_commit = (record.get("preRollback") or {}).get("commit")
+            op.file_paths = record.get("filePaths")  # only what the rollback put back goes back again
             if op.restore_commit is None:
                 op.steps["capture"] = op.steps["files"] = StepStatus.SKIPPED
             op.steps["provider"] = StepStatus.SKIPPED
@@ -269,3 +336,19 @@ class Rollbacks:
         if op is None:  # the same key again: the first call's operation
             return await node_steps.answer_of(self.pipeline, node.thread_id, str(begun.get("operationId")))
         return await self._carry_out(op)
+
+
+def _db_plan(plan: plan_rules.RollbackPlan, steps: list[ProviderStep]) -> dict[str, Any]:
+    """The part of a preview read from the thread's records: the runs undone and each provider step."""
+    return {
+        "targetOrdinal": plan.target_ordinal,
+        "rolledBackRunOrdinals": list(plan.rolled_back_run_ordinals),
+        "providerSteps": [{"providerThreadId": str(s.provider_thread.id), "strategy": s.strategy.value} for s in steps],
+    }
+
+
+def _preview_plan(
+    plan: plan_rules.RollbackPlan, steps: list[ProviderStep], files: rollback_files.Files | None
+) -> dict[str, Any]:
+    """What a dry run shows and its token covers: the runs, the provider steps and the file plan."""
+    return {**_db_plan(plan, steps), "files": files.plan.record() if files is not None else None}

@@ -103,6 +103,7 @@ class Operation:
     undo_of: dict[str, Any] | None = None  # undo: the rollback.completed record it takes back
     restore_ref: str | None = None
     restore_commit: str | None = None  # undo: the files go back to the pre-rollback capture
+    file_paths: list[str] | None = None  # the paths put back (and taken back on failure); None: the whole tree
     node_id: uuid.UUID | None = None  # node: the subagent's node, its checkpoint, and what its conversation did
     checkpoint_id: uuid.UUID | None = None
     node_result: dict[str, Any] | None = None
@@ -131,6 +132,7 @@ class Operation:
             "undoOf": self.undo_of,
             "restoreRef": self.restore_ref,
             "restoreCommit": self.restore_commit,
+            "filePaths": self.file_paths,
             "nodeId": str(self.node_id) if self.node_id else None,
             "checkpointId": str(self.checkpoint_id) if self.checkpoint_id else None,
             "nodeConversation": self.node_result,

@@ -76,6 +76,7 @@ def recorded(
         "targetRunId": str(target.id) if target else None,
         "steps": op.step_list(),
         "preRollback": {"ref": op.pre_ref, "commit": op.pre_commit},
+        "filePaths": op.file_paths,
         "previousActiveProviderThreadId": str(thread.active_provider_thread_id)
         if thread.active_provider_thread_id
         else None,

@@ -108,6 +108,7 @@ class AbandonedRollbacks:
         op.plan = ops.plan_from(payload["plan"]) if payload.get("plan") else None
         op.undo_of = payload.get("undoOf")
         op.restore_ref, op.restore_commit = payload.get("restoreRef"), payload.get("restoreCommit")
+        op.file_paths = payload.get("filePaths")
         op.node_id = uuid.UUID(payload["nodeId"]) if payload.get("nodeId") else None
         op.checkpoint_id = uuid.UUID(payload["checkpointId"]) if payload.get("checkpointId") else None
         op.node_result = payload.get("nodeConversation")

@@ -142,7 +142,7 @@ class Runner:
                 commit = op.restore_commit or (await op.repo.resolve(op.restore_ref) if op.restore_ref else None)
                 if commit is None:
                     raise StepFailed("files", f"the checkpoint of run {op.target} has no commit any more")
-                await op.repo.restore(commit)
+                await op.repo.restore(commit, op.file_paths)
             await self.progress(op, "files")
         if late:
             await self._provider_step(thread, project, op, late, final=True)
@@ -221,7 +221,7 @@ class Runner:
         """Take back what the failed rollback did, newest first; what cannot be taken back is reported."""
         if op.files_restored and op.repo is not None and op.pre_commit is not None:
             try:
-                await op.repo.restore(op.pre_commit)
+                await op.repo.restore(op.pre_commit, op.file_paths)
                 op.steps["files"] = "undone"
             except (CheckpointError, OSError) as error:
                 op.undo_errors.append(f"files could not be put back: {error}")
