@@ -437,7 +437,8 @@ def racing(workspace: Path, outside: Path) -> Iterator[dict[str, Any]]:
 async def test_a_rename_exchange_race_during_rollbacks_never_reaches_outside(world: World, tmp_path: Path) -> None:
     """While the loop swaps `dir` and a link to the server's package, rollbackToRun(1) and undoRollback are asked
     for, each round after the agent changed `dir/a.txt` and wrote `dir/b.txt` again (so every rollback has a file
-    to delete and every undo one to write). The package keeps every byte; each call succeeds or answers a typed user error.
+    to delete and every undo one to write). The package keeps every byte; each call succeeds or answers a typed
+    user error.
     Twin, first (no loop, another project): the same rollback deletes `dir/b.txt` in P (the path run 2 wrote)
     and leaves `a.txt` as the hand edit left it (no undone run changed it)."""
     twin = await world.project(tmp_path / "ws-twin", "P-race-twin")

@@ -56,7 +56,6 @@ from threadloom.domain.statuses import (
 from threadloom.engine import node_rollback_steps as node_steps
 from threadloom.engine import rollback_files
 from threadloom.engine import rollback_record as record_of
-from threadloom.engine.handoff_delivery import handoff_delivered  # re-exported until engine.runs imports it
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.rollback_operation import Operation, ProviderStep, checkpoint_fact, refused
 from threadloom.engine.rollback_provider import ProviderSteps, stale_provider_threads
@@ -67,8 +66,6 @@ from threadloom.faults import crash_point, hold_point
 from threadloom.store import entities
 from threadloom.store import rollback_facts as facts
 from threadloom.store.db import Reader
-
-__all__ = ["Rollbacks", "handoff_delivered"]
 
 
 class Rollbacks:
