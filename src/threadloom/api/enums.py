@@ -6,6 +6,9 @@ annotations in the API use the domain types directly.
 
 from __future__ import annotations
 
+from enum import Enum
+from typing import TypeVar
+
 import strawberry
 
 from threadloom.domain import checkpoints as c
@@ -101,3 +104,13 @@ AppliedDispatch = r.AppliedDispatch
 Decision = q.Decision
 PlanTarget = p.PlanTarget
 RunFailureCode = f.RunFailureCode
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def member(enum: type[E], given: object) -> E:
+    """The member of `enum` an argument or input field names. Strawberry hands over an enum given inline as
+    its member but one given through a variable as its plain value ("fork", "overwrite"): every enum a
+    resolver reads goes through here, so `.value`, `.name` and comparisons see a member either way."""
+    return enum(given)

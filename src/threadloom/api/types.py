@@ -401,7 +401,7 @@ class Thread(Node, _Entity):
         "tasks and their results), oldest first; `type` filters.",
     )
     def context_transfers(self, info: Info, type: enums.TransferType | None = None) -> dict[str, Any]:
-        return {"type": None if type is None else type.value}
+        return {"type": None if type is None else enums.member(enums.TransferType, type).value}
 
     @strawberry.field(
         description="Context transfers into and out of this thread, oldest first; `type` filters. Unpaged.",
@@ -412,7 +412,8 @@ class Thread(Node, _Entity):
             *await _children(info, ContextTransfer, "thread.transfersIn", self.rec.id),
             *await _children(info, ContextTransfer, "thread.transfersOut", self.rec.id),
         ]
-        unique = {x.rec.id: x for x in both if type is None or x.rec.type == type}
+        wanted = None if type is None else enums.member(enums.TransferType, type)
+        unique = {x.rec.id: x for x in both if wanted is None or x.rec.type == wanted}
         return sorted(unique.values(), key=lambda x: (x.rec.created_at, str(x.rec.id)))
 
 

@@ -7,6 +7,7 @@ from typing import TypeVar
 
 import strawberry
 
+from threadloom.api import enums
 from threadloom.api import ids as gid
 from threadloom.api.context import Context, Info
 from threadloom.api.errors import UserError
@@ -141,7 +142,7 @@ def source_of(source: ForkSourceInput) -> Source:
 
 def workspace_of(input: ForkThreadInput) -> tuple[Workspace, str]:
     """The workspace asked for, and the input field that asked (a refusal names it)."""
-    asked = Workspace(input.workspace)  # Strawberry may hand over the enum's value
+    asked = enums.member(Workspace, input.workspace)
     if input.own_workspace is None:
         return asked, "workspace"
     if input.own_workspace and asked == Workspace.SHARED:

@@ -8,7 +8,7 @@ import strawberry
 
 from threadloom.api import ids as gid
 from threadloom.api.context import Context, Info
-from threadloom.api.enums import PlanTarget
+from threadloom.api.enums import PlanTarget, member
 from threadloom.api.errors import UserError
 from threadloom.api.mutations.payloads import KeyedInput, Shape, load, mutation
 from threadloom.api.types import PlanArtifact, Run, Thread
@@ -53,5 +53,6 @@ class PlanMutation:
         """Start implementing a proposed plan: a new run (queued behind an active one) or a new thread in the same
         project."""
         plan = gid.decode_as(input.plan_id, "PlanArtifact", "planId")
-        thread, run = await ctx.services.plans.implement(ctx.principal, plan, PlanTarget(input.target), input.key())
+        target = member(PlanTarget, input.target)
+        thread, run = await ctx.services.plans.implement(ctx.principal, plan, target, input.key())
         return plan, thread, run

@@ -10,6 +10,7 @@ import uuid
 
 import strawberry
 
+from threadloom.api import enums
 from threadloom.api import ids as gid
 from threadloom.api.context import Context, Info
 from threadloom.api.errors import UserError
@@ -123,7 +124,7 @@ class ProjectAdminMutation:
             ctx.principal,
             project_id=project,
             name=input.name,
-            scope=TokenScope(input.scope),  # a plain string here: the enum value
+            scope=enums.member(TokenScope, input.scope),
             expires_in=input.expires_in_seconds,
         )
 

@@ -8,7 +8,7 @@ import strawberry
 
 from threadloom.api import ids as gid
 from threadloom.api.context import Context
-from threadloom.api.enums import Decision
+from threadloom.api.enums import Decision, member
 from threadloom.api.errors import UserError
 from threadloom.api.mutations.payloads import KeyedInput, mutation, returning
 from threadloom.api.types import RuntimeRequest
@@ -54,7 +54,7 @@ class RequestMutation:
         """Answer an approval. NOT_RESUMABLE when the provider's callback is gone."""
         request = _request_id(input.request_id)
         return await ctx.services.requests.respond_to_approval(
-            ctx.principal, request, Decision(input.decision), input.key()
+            ctx.principal, request, member(Decision, input.decision), input.key()
         )
 
     @mutation(REQUEST)

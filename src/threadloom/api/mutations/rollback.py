@@ -7,6 +7,7 @@ from typing import Any
 
 import strawberry
 
+from threadloom.api import enums
 from threadloom.api import ids as gid
 from threadloom.api.context import Context, Info
 from threadloom.api.errors import UserError
@@ -239,6 +240,4 @@ class RollbackMutation:
 
 
 def _overwrite(policy: Any) -> bool:
-    """An enum inside an input given by a variable arrives as its value ("overwrite"), given inline as the
-    member: both are read as the member."""
-    return ConflictPolicy(policy) == ConflictPolicy.OVERWRITE
+    return enums.member(ConflictPolicy, policy) == ConflictPolicy.OVERWRITE
