@@ -158,6 +158,7 @@ class FakeModel:
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []  # {"path": ..., "body": ...} in arrival order
+        self.abandoned: list[dict[str, Any]] = []  # streamed replies the client closed before their end
         self._lock = threading.Condition()
         self._released = threading.Event()
         self._faulted: dict[tuple[str, str], int] = {}  # (path, message) -> requests failed so far
@@ -208,7 +209,27 @@ class FakeModel:
             self._faulted[(path, text or "")] = done + 1
         return fault
 
+    def wait_abandoned(self, path: str, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """Block until the client closed `count` streamed replies of `path` before their end (a cancelled
+        request: a CLI interrupted mid-reply); returns their request bodies."""
+        with self._lock:
+            ok = self._lock.wait_for(lambda: len([r for r in self.abandoned if r["path"] == path]) >= count, timeout)
+            if not ok:
+                raise TimeoutError(f"{path}: {count} abandoned replies expected, {len(self.abandoned)} seen in all")
+            return [r["body"] for r in self.abandoned if r["path"] == path]
+
     # ---- the server -----------------------------------------------------------------
+
+    async def _watched(self, path: str, body: dict[str, Any], stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """`stream`, noting in `abandoned` when the client goes away before its end (the response is cancelled)."""
+        try:
+            async for chunk in stream:
+                yield chunk
+        except (asyncio.CancelledError, GeneratorExit):
+            with self._lock:
+                self.abandoned.append({"path": path, "body": body})
+                self._lock.notify_all()
+            raise
 
     def _record(self, path: str, body: dict[str, Any]) -> None:
         with self._lock:
@@ -224,7 +245,10 @@ class FakeModel:
             fault = self.fault_for("/v1/responses", fake_openai.turn_text(body))
             if fault is not None and fault.kind == "status":
                 return error_response(fault, fake_openai.error_body(fault.status))
-            return StreamingResponse(fake_openai.stream(self, body, fault), media_type="text/event-stream")
+            return StreamingResponse(
+                self._watched("/v1/responses", body, fake_openai.stream(self, body, fault)),
+                media_type="text/event-stream",
+            )
 
         async def messages(request: Request) -> Response:
             from tests.support import fake_anthropic
@@ -236,7 +260,10 @@ class FakeModel:
             fault = self.fault_for("/v1/messages", fake_anthropic.turn_text(body))
             if fault is not None and fault.kind == "status":
                 return error_response(fault, fake_anthropic.error_body(fault.status))
-            return StreamingResponse(fake_anthropic.stream(self, body, fault), media_type="text/event-stream")
+            return StreamingResponse(
+                self._watched("/v1/messages", body, fake_anthropic.stream(self, body, fault)),
+                media_type="text/event-stream",
+            )
 
         async def root(request: Request) -> Response:
             return Response(b"", status_code=200)
