@@ -76,9 +76,11 @@ FOREIGN_KEYS: dict[str, dict[str, str]] = {
     "activities": {"thread_id": "threads.id"},
 }
 
+# The columns queries look rows up by; the graph links (a thread's forks, a provider thread's runs, the handoffs
+# a run received, a thread's transfers in and out) among them. Each new one needs a migration (test_indexes.py).
 INDEXES: dict[str, list[tuple[str, ...]]] = {
-    "threads": [("project_id", "id")],
-    "runs": [("thread_id", "queue_position")],
+    "threads": [("project_id", "id"), ("parent_thread_id",)],
+    "runs": [("thread_id", "queue_position"), ("provider_thread_id",)],
     "run_attempts": [("run_id",)],
     "execution_nodes": [("run_id", "id"), ("parent_node_id",)],
     "conversation_messages": [("thread_id", "id"), ("run_id",)],
@@ -87,6 +89,8 @@ INDEXES: dict[str, list[tuple[str, ...]]] = {
     "runtime_requests": [("thread_id", "status"), ("run_id",)],
     "plan_artifacts": [("run_id",)],
     "checkpoints": [("run_id",)],
+    "context_transfers": [("thread_id",), ("source_thread_id",)],
+    "context_handoffs": [("target_run_id",)],
 }
 
 UNIQUES: dict[str, list[tuple[str, ...]]] = {
