@@ -17,6 +17,7 @@ from threadloom.domain.entities import (
     ContextHandoff,
     Project,
     ProviderThread,
+    ProviderTurn,
     Run,
 )
 from threadloom.domain.handoffs import (
@@ -31,6 +32,7 @@ from threadloom.domain.statuses import (
     ProviderThreadStatus,
 )
 from threadloom.domain.threads import new_provider_thread
+from threadloom.engine import node_rollback
 from threadloom.engine.pipeline import Pipeline
 from threadloom.engine.rollback_operation import (
     Operation,
@@ -39,8 +41,9 @@ from threadloom.engine.rollback_operation import (
 )
 from threadloom.engine.sessions import SessionManager
 from threadloom.providers.contract import ThreadSettings
-from threadloom.store import handoff_facts
+from threadloom.store import entities, handoff_facts
 from threadloom.store import switching as switch_facts
+from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
 
@@ -178,6 +181,21 @@ class ProviderSteps:
                     raise StepFailed("provider", "no native turn to roll back to")
                 await runtime.rollback_thread(ref, planned.before_turn_ref)
                 step.rolled_back = True
+                await self._read_back(runtime, pt, ref, planned)
+
+    async def _read_back(
+        self, runtime: Any, pt: ProviderThread, ref: str, planned: plan_rules.ProviderThreadRollback
+    ) -> None:
+        """Where the provider can show what its thread holds (Codex's `thread/read`, the scripted agent), check
+        that none of the dropped turns is still there; a provider that kept one fails the step (and the undo
+        fork takes the conversation back), so the log never says a turn is gone that the agent still holds."""
+        caps = self.caps(pt.provider_instance_id)
+        if caps is None:
+            return
+        async with self.pipeline.db.read() as db:
+            turns = await entities.where(db, ProviderTurn, t.provider_turns.c.provider_thread_id == pt.id)
+        dropped = [turn for turn in turns if turn.ordinal in set(planned.dropped_turn_ordinals)]
+        await node_rollback.read_back(runtime, caps, ref, [], dropped)
 
 
 async def stale_provider_threads(
