@@ -7,7 +7,8 @@ an internal error or ignored the choice for one of the two forms. The fields, fo
 (`test_the_enum_arguments_covered_here_are_all_the_schema_has` fails when one is added without a case
 here): `Thread.contextTransfers(type:)`, `Thread.transfers(type:)`, `ForkThreadInput.workspace`,
 `RollbackToRunInput.onConflict`, `RespondToApprovalInput.decision`, `ImplementPlanInput.target`,
-`CreateTokenInput.scope`.
+`CreateTokenInput.scope`; `CreateThreadInput.mode` and `SetRuntimeModeInput.mode` in both forms are in
+tests/test_runtime_mode_input.py.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ COVERED = {
     "RespondToApprovalInput.decision",
     "ImplementPlanInput.target",
     "CreateTokenInput.scope",
+    "CreateThreadInput.mode",  # both forms: tests/test_runtime_mode_input.py
+    "SetRuntimeModeInput.mode",  # both forms: tests/test_runtime_mode_input.py
 }
 
 FORK_BY = """mutation($run: ID!, $key: String) {

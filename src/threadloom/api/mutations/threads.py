@@ -1,4 +1,8 @@
-"""The catalog: createProject, createThread, renameThread, archiveThread, unarchiveThread."""
+"""The catalog: createProject, createThread, renameThread, archiveThread, unarchiveThread.
+
+`createThread` and `setRuntimeMode` take the runtime mode two ways: `mode` (the RuntimeMode enum) and the older
+`runtimeMode` string, kept (deprecated) so no client breaks; `mode_of` reconciles them.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,17 @@ import uuid
 
 import strawberry
 
+from threadloom.api import enums
 from threadloom.api import ids as gid
 from threadloom.api.context import Context
 from threadloom.api.errors import UserError
 from threadloom.api.mutations.payloads import THREAD, KeyedInput, mutation, returning, thread_id
 from threadloom.api.types import Project
+from threadloom.api.vocab import RuntimeMode
+from threadloom.domain.errors import DomainError, ErrorCode
+
+DEFAULT_MODE = RuntimeMode.WORKSPACE_WRITE
+_MODE_STRING = "Use `mode` (the RuntimeMode enum)."
 
 
 @strawberry.input
@@ -37,14 +47,22 @@ class CreateThreadInput(KeyedInput):
         default=None, description="A configured provider instance; absent means the default (`scripted`)."
     )
     model: str | None = None
-    runtime_mode: str = strawberry.field(
-        default="workspace_write",
+    mode: RuntimeMode | None = strawberry.field(
+        default=None,
         description=(
-            "workspace_write (default: no prompts, sandboxed to the project's workspace, no network) | "
-            "approval_required (every command and file change asks first) | read_only (nothing is written) | "
-            "full_access (no prompts, network; only on instances configured with allow_full_access, "
-            "else RUNTIME_MODE_NOT_ALLOWED)"
+            "What the thread's agent may do. Absent (and no `runtimeMode`) means WORKSPACE_WRITE: no prompts, "
+            "sandboxed to the project's workspace, no network. APPROVAL_REQUIRED: every command and file change "
+            "asks first. READ_ONLY: nothing is written. FULL_ACCESS: no prompts, a network; only on instances "
+            "configured with allow_full_access, else RUNTIME_MODE_NOT_ALLOWED."
         ),
+    )
+    runtime_mode: str | None = strawberry.field(
+        default=None,
+        description=(
+            "Older form of `mode`, as a string: workspace_write | approval_required | read_only | full_access. "
+            "Given with a `mode` that names another mode: INVALID_INPUT."
+        ),
+        deprecation_reason=_MODE_STRING,
     )
 
 
@@ -58,9 +76,37 @@ class SwitchProviderInput(KeyedInput):
 @strawberry.input
 class SetRuntimeModeInput(KeyedInput):
     thread_id: strawberry.ID
-    runtime_mode: str = strawberry.field(
-        description="workspace_write | approval_required | read_only | full_access (as in createThread)."
+    mode: RuntimeMode | None = strawberry.field(
+        default=None,
+        description="The mode of the thread's next runs (as in createThread). Needed unless `runtimeMode` is given.",
     )
+    runtime_mode: str | None = strawberry.field(
+        default=None,
+        description=(
+            "Older form of `mode`, as a string: workspace_write | approval_required | read_only | full_access. "
+            "Given with a `mode` that names another mode: INVALID_INPUT."
+        ),
+        deprecation_reason=_MODE_STRING,
+    )
+
+
+def mode_of(mode: object, runtime_mode: str | None, default: RuntimeMode | None) -> str:
+    """The runtime mode string an input asks for: `mode` (a member inline, its value string through a variable)
+    or the older `runtimeMode`; both naming different modes is a contradiction the client must resolve, and
+    neither means `default` (none for setRuntimeMode, which has nothing to keep). An unknown `runtimeMode`
+    string passes through to the domain's check, which refuses it as before."""
+    if mode is None:
+        if runtime_mode is not None:
+            return runtime_mode
+        if default is None:
+            raise DomainError(ErrorCode.INVALID_INPUT, "give mode (or the older runtimeMode)", "mode")
+        return default.value
+    asked = enums.member(RuntimeMode, mode)
+    if runtime_mode is not None and runtime_mode != asked.value:
+        raise DomainError(
+            ErrorCode.INVALID_INPUT, f"runtimeMode: {runtime_mode!r} contradicts mode: {asked.name}", "runtimeMode"
+        )
+    return asked.value
 
 
 @strawberry.input
@@ -92,7 +138,7 @@ class ThreadMutation:
             title=input.title,
             provider_instance_id=input.provider_instance_id,
             model=input.model,
-            runtime_mode=input.runtime_mode,
+            runtime_mode=mode_of(input.mode, input.runtime_mode, DEFAULT_MODE),
             key=input.key(),
         )
 
@@ -114,7 +160,8 @@ class ThreadMutation:
         """Change what the thread's agent may do, from its next run on. A driver that cannot change the mode on
         a live provider thread (docs/providers.md) starts the next run on a new one, given a full summary."""
         thread = thread_id(input.thread_id)
-        return await ctx.services.catalog.set_runtime_mode(ctx.principal, thread, input.runtime_mode, input.key())
+        mode = mode_of(input.mode, input.runtime_mode, None)
+        return await ctx.services.catalog.set_runtime_mode(ctx.principal, thread, mode, input.key())
 
     @mutation(THREAD)
     async def archive_thread(ctx: Context, input: ThreadInput) -> uuid.UUID:
