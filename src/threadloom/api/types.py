@@ -272,6 +272,10 @@ class Project(Node, _Entity):
     archived_at: datetime | None = strawberry.field(
         description="Set while the project is archived (`archiveProject`): left out of `projects`, runs refused."
     )
+    excludes: list[str] | None = strawberry.field(
+        description="The project's own checkpoint exclude list (gitignore patterns), set by "
+        "`updateProject(excludes:)`; null: its checkpoints use the server's THREADLOOM_CHECKPOINT_EXCLUDES."
+    )
 
     @strawberry.field(
         description="What the server finds at `workspaceRoot` now: OK, MISSING (deleted, or a link to nothing) or "

@@ -92,6 +92,8 @@ class Project(Timestamps, Record):
     name: str
     workspace_root: str
     archived_at: datetime | None = None  # set: runs and new threads are refused; left out of `projects`
+    # The project's own checkpoint exclude list (`updateProject(excludes:)`); None: the server's default.
+    excludes: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

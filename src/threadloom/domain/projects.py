@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import posixpath
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
 
 from threadloom.domain.changes import Change
+from threadloom.domain.checkpoints import ALWAYS_EXCLUDED
 from threadloom.domain.entities import Project
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.labels import clean_label
@@ -117,6 +118,57 @@ def create_project(project_id: uuid.UUID, name: str, workspace_root: str, now: d
 def rename_project(project: Project, name: str, now: datetime) -> Change:
     """A new name; the workspace root never changes (checkpoints and forks are keyed by it)."""
     return Change.updated(project.evolve(name=clean_name(name), updated_at=now))
+
+
+MAX_EXCLUDES = 200
+MAX_EXCLUDE_LENGTH = 1000
+
+
+def clean_excludes(patterns: Sequence[str]) -> tuple[str, ...] | None:
+    """A project's own checkpoint exclude list, read as the server's setting is (`checkpoints.excludes`).
+
+    Each pattern is trimmed and blanks are dropped, as in THREADLOOM_CHECKPOINT_EXCLUDES; a pattern may not
+    span lines (the store refuses one with INVALID_EXCLUDE: it would be two lines of `info/exclude`). The list
+    replaces the server's, so a leading `-` (in the setting: drop a default) has nothing to drop and is
+    refused rather than silently taken as a name (`\\-name` matches a name starting with `-`). An empty
+    list means "no list of its own": the server's default applies again (None).
+    """
+    if len(patterns) > MAX_EXCLUDES:
+        raise DomainError(ErrorCode.INVALID_INPUT, f"at most {MAX_EXCLUDES} exclude patterns", "excludes")
+    chosen: list[str] = []
+    for raw in patterns:
+        if "\n" in raw or "\r" in raw or "\0" in raw:
+            raise DomainError(ErrorCode.INVALID_INPUT, f"exclude pattern spans lines: {raw!r}", "excludes")
+        pattern = raw.strip()
+        if len(pattern) > MAX_EXCLUDE_LENGTH:
+            raise DomainError(ErrorCode.INVALID_INPUT, f"exclude pattern longer than {MAX_EXCLUDE_LENGTH}", "excludes")
+        if pattern.startswith("-"):
+            raise DomainError(
+                ErrorCode.INVALID_INPUT,
+                f"{pattern!r}: a project's list replaces the server's, there is no default to drop",
+                "excludes",
+            )
+        if pattern and pattern not in chosen:
+            chosen.append(pattern)
+    return tuple(chosen) or None
+
+
+def effective_excludes(own: tuple[str, ...] | None, server_default: tuple[str, ...]) -> tuple[str, ...]:
+    """What a project's checkpoints leave out: its own list, else the server's (which already ends with
+    `ALWAYS_EXCLUDED`); the always-excluded folders stay excluded under a list of its own too."""
+    if own is None:
+        return server_default
+    return (*own, *(p for p in ALWAYS_EXCLUDED if p not in own))
+
+
+def update_project(project: Project, name: str | None, excludes: Sequence[str] | None, now: datetime) -> Change:
+    """updateProject: the fields given change, the others stay. `excludes` [] clears the project's own list."""
+    changed = project.evolve(
+        name=project.name if name is None else clean_name(name),
+        excludes=project.excludes if excludes is None else clean_excludes(excludes),
+        updated_at=now,
+    )
+    return Change.updated(changed)
 
 
 def archive_project(project: Project, now: datetime) -> Change:

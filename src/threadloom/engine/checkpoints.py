@@ -32,6 +32,7 @@ from pathlib import Path
 from threadloom import unprivileged
 from threadloom.checkpoints import CheckpointError, CheckpointErrorCode, CheckpointStore, ShadowRepo, checkpoint_ref
 from threadloom.domain import checkpoints as rules
+from threadloom.domain import projects as project_rules
 from threadloom.domain.changes import Change, Outcome
 from threadloom.domain.entities import AppThread, Checkpoint, CheckpointScope, ExecutionNode, Project, Run
 from threadloom.domain.ids import new_id
@@ -41,6 +42,7 @@ from threadloom.domain.threads import WORKSPACES_DIR, index_key, workspace_of
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.store import checkpoints as stored
 from threadloom.store import entities
+from threadloom.store import projects as project_store
 from threadloom.store.db import Reader
 
 log = logging.getLogger("threadloom.checkpoints")
@@ -80,6 +82,10 @@ class Checkpoints:
         # resolved once, here: every path below it is then made and opened without following a symlink.
         self.data_dir = None if data_dir is None else data_dir.resolve()
         self._making: dict[uuid.UUID, asyncio.Lock] = {}  # one materialisation of a fork's folder at a time
+        # Each project's own exclude list as last read (None: the server's `excludes`). `repo()` is called
+        # outside any read (the rollback steps hold only the project's id), so the lists are read ahead:
+        # all at start (`load_project_excludes`), again with every capture's read, and after updateProject.
+        self._own_excludes: dict[uuid.UUID, tuple[str, ...] | None] = {}
 
     @classmethod
     def open(cls, pipeline: Pipeline, data_dir: Path, excludes: tuple[str, ...]) -> Checkpoints:
@@ -103,16 +109,31 @@ class Checkpoints:
             raise CheckpointError(CheckpointErrorCode.WORKSPACE_MISSING, "this server has no data dir for forks")
         return Path(workspace_of(thread, project.workspace_root, str(root)))
 
+    async def load_project_excludes(self) -> None:
+        """Read every project's own exclude list (at start, before recovery may resume a rollback)."""
+        async with self.pipeline.db.read() as db:
+            self._own_excludes.update(await project_store.own_excludes(db))
+
+    def remember(self, project: Project) -> None:
+        """The project as just read: its exclude list is the one its next repository uses."""
+        self._own_excludes[project.id] = project.excludes
+
+    def excludes_of(self, project_id: uuid.UUID) -> tuple[str, ...]:
+        """What the project's checkpoints leave out: its own list, else the server's."""
+        return project_rules.effective_excludes(self._own_excludes.get(project_id), self.excludes)
+
     def repo(self, project_id: uuid.UUID, workspace: Path, index_key: str | None = None) -> ShadowRepo:
+        """The project's shadow repository over `workspace`, with the project's exclude list."""
         if self.store is None:
             raise CheckpointError(CheckpointErrorCode.GIT_NOT_FOUND, "this server keeps no checkpoints (no git)")
-        return self.store.repo(str(project_id), workspace, self.excludes, index_key)
+        return self.store.repo(str(project_id), workspace, self.excludes_of(project_id), index_key)
 
     async def _where(self, db: Reader, thread_id: uuid.UUID) -> _Where | None:
         thread = await entities.get(db, AppThread, thread_id)
         project = await entities.get(db, Project, thread.project_id if thread else None)
         if thread is None or project is None:
             return None
+        self.remember(project)
         return _Where(thread.id, project.id, self.workspace_of(thread, project), index_key(thread))
 
     async def _capture(
@@ -158,6 +179,7 @@ class Checkpoints:
             if thread is None or not thread.workspace_path:
                 return
             project = await entities.require(db, Project, thread.project_id)
+            self.remember(project)
             scope = await stored.root_scope(db, thread.id)
             own = await stored.of_scope(db, scope.id) if scope is not None else []
             source = rules.base_of(own, sys.maxsize if before_ordinal is None else before_ordinal)

@@ -13,6 +13,7 @@ import stat
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Any
 
 from threadloom.domain import projects as rules
 from threadloom.domain import tokens as token_rules
@@ -21,6 +22,7 @@ from threadloom.domain.changes import Change, Outcome
 from threadloom.domain.entities import Project
 from threadloom.domain.errors import not_found
 from threadloom.domain.statuses import TokenScope
+from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import GlobalCommand, Pipeline
 from threadloom.store import projects as project_store
 from threadloom.store import threads as thread_store
@@ -43,8 +45,13 @@ def probe_workspace(path: str) -> rules.WorkspaceStatus:
 
 
 class ProjectAdmin:
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, checkpoints: Checkpoints) -> None:
         self.pipeline = pipeline
+        self.checkpoints = checkpoints  # told each project's exclude list (its repositories are made without a read)
+
+    async def start(self) -> None:
+        """Read every project's own exclude list before anything (a resumed rollback) opens a repository."""
+        await self.checkpoints.load_project_excludes()
 
     async def _update(
         self,
@@ -52,7 +59,7 @@ class ProjectAdmin:
         command_type: str,
         project_id: uuid.UUID,
         key: str | None,
-        data: dict[str, str],
+        data: dict[str, Any],
         rule: Callable[[Project, datetime], Change],
     ) -> uuid.UUID:
         principal.require_project(project_id, TokenScope.ADMIN, "projectId")
@@ -70,14 +77,29 @@ class ProjectAdmin:
         return project_id
 
     async def update_project(
-        self, principal: Principal, project_id: uuid.UUID, name: str | None, key: str | None
+        self,
+        principal: Principal,
+        project_id: uuid.UUID,
+        name: str | None,
+        excludes: list[str] | None,
+        key: str | None,
     ) -> uuid.UUID:
-        """The fields given change; the others stay (no field: nothing changes but `updatedAt`)."""
+        """The fields given change; the others stay (no field: nothing changes but `updatedAt`).
+
+        A new exclude list holds from the project's next capture or restore: this process's repositories
+        learn it here, after the commit (a capture also reads it afresh with its thread)."""
 
         def rule(project: Project, now: datetime) -> Change:
-            return rules.rename_project(project, project.name if name is None else name, now)
+            return rules.update_project(project, name, excludes, now)
 
-        return await self._update(principal, "updateProject", project_id, key, {"name": name or ""}, rule)
+        data = {"name": name or "", "excludes": excludes}
+        await self._update(principal, "updateProject", project_id, key, data, rule)
+        if excludes is not None:
+            async with self.pipeline.db.read() as db:
+                project = await thread_store.get_project(db, project_id)
+            if project is not None:
+                self.checkpoints.remember(project)
+        return project_id
 
     async def archive_project(self, principal: Principal, project_id: uuid.UUID, key: str | None) -> uuid.UUID:
         return await self._update(principal, "archiveProject", project_id, key, {}, rules.archive_project)

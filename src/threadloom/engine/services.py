@@ -127,7 +127,7 @@ class Services:
             for name, config in instances.items()
         }
         run_engine = RunEngine(pipeline, sessions, checkpoints, retry_policies, switch_policies)
-        project_admin = ProjectAdmin(pipeline)
+        project_admin = ProjectAdmin(pipeline, checkpoints)
         dispatcher = Dispatcher(pipeline, run_engine, restart_as_run, project_admin.check_runnable)
         queue = QueueCommands(pipeline, run_engine, project_admin.check_runnable)
         effects = EffectWorker(db, clock, worker.id)
@@ -207,6 +207,7 @@ class Services:
         `on_worker_lost`: called if this process stops being a live worker while it runs (see
         engine.workers); the server stops itself."""
         await self.worker.start(on_worker_lost)
+        await self.project_admin.start()
         await self.recovery.recover()
         self.effects.start()
         self.recovery.start()

@@ -32,3 +32,9 @@ async def project_of_thread(db: Reader, thread_id: uuid.UUID) -> tuple[Project, 
     values = dict(row)
     own = bool(values.pop("thread_workspace_path"))
     return Project.from_mapping(values), own
+
+
+async def own_excludes(db: Reader) -> dict[uuid.UUID, tuple[str, ...]]:
+    """Every project that has a checkpoint exclude list of its own, with that list."""
+    rows = await db.rows(sa.select(t.projects.c.id, t.projects.c.excludes).where(t.projects.c.excludes.is_not(None)))
+    return {row["id"]: tuple(row["excludes"]) for row in rows}

@@ -35,6 +35,13 @@ PROJECT = returning(ProjectPayload, "project", Project)
 class UpdateProjectInput(KeyedInput):
     project_id: strawberry.ID
     name: str | None = strawberry.field(default=None, description="A new name; absent keeps the current one.")
+    excludes: list[str] | None = strawberry.field(
+        default=None,
+        description="The project's own checkpoint exclude list (gitignore patterns, replacing the server's "
+        "THREADLOOM_CHECKPOINT_EXCLUDES for its shadow repositories from the next capture or restore); [] "
+        "clears it (the server's list again); absent keeps it. A pattern spanning lines, starting with `-`, "
+        "longer than 1000 characters, or more than 200 patterns: INVALID_INPUT, nothing changed.",
+    )
 
 
 @strawberry.input(description="A project, by global id.")
@@ -97,9 +104,11 @@ async def _revoked(info: Info, token: TokenInfo | None, errors: list[UserError],
 class ProjectAdminMutation:
     @mutation(PROJECT)
     async def update_project(ctx: Context, input: UpdateProjectInput) -> uuid.UUID:
-        """Rename a project (admin scope on it). The workspace root never changes."""
+        """Rename a project or set its checkpoint exclude list (admin scope on it). The workspace root never
+        changes."""
         project = _project_id(input.project_id)
-        return await ctx.services.project_admin.update_project(ctx.principal, project, input.name, input.key())
+        admin = ctx.services.project_admin
+        return await admin.update_project(ctx.principal, project, input.name, input.excludes, input.key())
 
     @mutation(PROJECT)
     async def archive_project(ctx: Context, input: ProjectInput) -> uuid.UUID:
