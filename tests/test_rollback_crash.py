@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.support.db import assert_log_replays
+from tests.support.runs import finished, send
 from tests.support.scripted import ScriptedThread
 from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
@@ -149,6 +150,50 @@ async def test_a_thread_rolling_back_refuses_messages_and_a_second_rollback(
         assert done["userErrors"] == [] and done["rolledBackRuns"] == [{"ordinal": 2}]
         assert (await client.gql(STATE, {"t": thread.id}))["thread"]["status"] == "IDLE"
         assert (await client.gql(SEND, {"t": thread.id}))["sendMessage"]["userErrors"] == []
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+STOP = """mutation($t: ID!) { stopThread(input: {threadId: $t}) { userErrors { code } } }"""
+RESUME = """mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }"""
+QUEUE = """mutation($t: ID!) { sendMessage(input: {threadId: $t, text: "@write late.txt late",
+  dispatch: {queueAfterActive: true}}) { run { id } userErrors { code } } }"""
+
+
+async def test_a_run_that_ends_while_the_files_are_planned_is_rolled_back_too(
+    database_url: str, tmp_path: Path, workspace: Path
+) -> None:
+    """The file plan is read before the lock is taken. A queued run that starts and ends in between (here: the
+    rollback held after its file plan while the queue is resumed) changes the runs to undo: the rollback plans
+    again and rolls that run back with its file, rather than recording a plan whose files miss it."""
+    gate = tmp_path / "release"
+    env = {**providers_env(tmp_path, INSTANCES), "THREADLOOM_TEST_HOLD_AT": f"rollback-planned:{gate}"}
+    server = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    assert server.admin_token is not None
+    client = Client(server.url, server.admin_token)
+    try:
+        thread = await _history(client, workspace)
+        held = await send(client, thread.id, "@await never\n@reply held")  # run 3, active until stopped
+        queued = (await client.gql(QUEUE, {"t": thread.id}))["sendMessage"]  # run 4, queued behind it
+        assert held["userErrors"] == [] and queued["userErrors"] == [], (held, queued)
+        assert (await client.gql(STOP, {"t": thread.id}))["stopThread"]["userErrors"] == []  # holds the queue
+        assert (await finished(client, held["run"]["id"]))["status"] == "INTERRUPTED"
+        rolling = asyncio.create_task(client.gql(ROLLBACK, {"t": thread.id}))
+
+        async def held_there() -> bool | None:
+            return (tmp_path / "release.held").exists() or None
+
+        await until(held_there)  # the files are planned; the record is not made yet
+        assert (await client.gql(RESUME, {"t": thread.id}))["resumeQueue"]["userErrors"] == []
+        assert (await finished(client, queued["run"]["id"]))["status"] == "COMPLETED"
+        assert not rolling.done()
+        assert (workspace / "late.txt").read_text() == "late"
+        gate.touch()
+        done = (await rolling)["rollbackToRun"]
+        assert done["userErrors"] == [] and sorted(r["ordinal"] for r in done["rolledBackRuns"]) == [2, 3, 4]
+        assert (workspace / "f.txt").read_text() == "one"
+        assert not (workspace / "g.txt").exists() and not (workspace / "late.txt").exists()
     finally:
         await client.aclose()
         server.stop()

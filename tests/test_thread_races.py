@@ -331,6 +331,13 @@ async def _race_and_check(api: Client, rng: random.Random, home: Path, data_dir:
         elif activity["kind"] == "rollback.completed":
             last = f"{activity['kind']} to {payload['targetOrdinal']}"
             expected = root[payload["targetOrdinal"]]["ref"]
+    if _workspace_files(home) != (_checkpoint_files(shadow, expected) if last else {}):  # for the replay
+        for r in sorted(runs, key=lambda r: r["ordinal"]):
+            print("RUN", r["ordinal"], r["status"], TOKEN.findall(r["userMessage"]["text"])[:1], r["checkpoint"])
+        shown = ("targetOrdinal", "checkpointId", "filePaths", "status", "kind")
+        for a in activities:
+            if a["kind"].startswith(("rollback", "checkpoint", "run.", "lineage")):
+                print("ACT", a["sequence"], a["kind"], {k: v for k, v in (a["payload"] or {}).items() if k in shown})
     if last is None:
         assert _workspace_files(home) == {}
     else:
@@ -362,7 +369,7 @@ async def _race_and_check(api: Client, rng: random.Random, home: Path, data_dir:
     started = [r["ordinal"] for r in sorted((r for r in runs if r["startedAt"]), key=lambda r: r["startedAt"])]
     switched = any(a["kind"] == "lineage.provider_switched" for a in activities)
     print(f"runs started in the order {started}, switched: {switched}")
-    if not kept <= remembered:  # what the agent lost, for the replay: every run and lineage step
+    if remembered & forgotten or not kept <= remembered:  # for the replay: every run and lineage step
         for r in sorted(runs, key=lambda r: r["ordinal"]):
             print("RUN", r["ordinal"], r["status"], TOKEN.findall(r["userMessage"]["text"]), r.get("startedAt"))
         for a in activities:

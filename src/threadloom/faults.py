@@ -28,11 +28,13 @@ HOLD_ENV = "THREADLOOM_TEST_HOLD_AT"
 async def hold_point(name: str) -> None:
     """Wait here while the hold point `name` was asked for (`THREADLOOM_TEST_HOLD_AT=<name>:<path>`) and the
     file `path` does not exist yet: a test holds an operation between two steps and releases it by creating
-    the file, as the scripted agent's `@await PATH` gate holds a turn."""
+    the file, as the scripted agent's `@await PATH` gate holds a turn. Reaching the point creates `<path>.held`,
+    so the test knows the operation is waiting there."""
     wanted = os.environ.get(HOLD_ENV, "")
     point, _, path = wanted.partition(":")
     if point != name or not path:
         return
     gate = pathlib.Path(path)
+    await asyncio.to_thread(pathlib.Path(f"{path}.held").touch)  # says the operation is waiting here
     while not await asyncio.to_thread(gate.exists):  # noqa: ASYNC110 - a file another process makes, not a flag
         await asyncio.sleep(0.02)

@@ -67,6 +67,8 @@ from threadloom.store import entities
 from threadloom.store import rollback_facts as facts
 from threadloom.store.db import Reader
 
+PLAN_TRIES = 3  # a rollback planned again when runs changed while its files were read
+
 
 class Rollbacks:
     def __init__(
@@ -111,15 +113,44 @@ class Rollbacks:
         (`_begin`); the steps run outside any transaction, each recorded as it completes, and the outcome is
         recorded last."""
         await self._own_workspace(principal, thread_id)
-        preview, files = await self._preview(principal, thread_id, ordinal, restore_files)
-        if dry_run:
-            return {"threadId": str(thread_id), "preview": preview}
-        ws.refuse_stale(preview_token, preview["plan"])
-        if files is not None:
-            ws.refuse_busy(files.busy)
-            ws.refuse_conflicts(files.plan, overwrite)
+        for attempt in range(PLAN_TRIES):
+            preview, files = await self._preview(principal, thread_id, ordinal, restore_files)
+            if dry_run:
+                return {"threadId": str(thread_id), "preview": preview}
+            ws.refuse_stale(preview_token, preview["plan"])
+            if files is not None:
+                ws.refuse_busy(files.busy)
+                ws.refuse_conflicts(files.plan, overwrite)
+            await hold_point("rollback-planned")
+            try:
+                begun = await self._recorded(principal, thread_id, ordinal, restore_files, key, preview, files)
+                break
+            except DomainError as error:
+                # The runs changed between the file plan (read outside the lock) and the record (a queued run
+                # started and ended): with a caller's token that is STALE_PREVIEW; without one, plan again.
+                if error.code != ErrorCode.STALE_PREVIEW or preview_token is not None or attempt == PLAN_TRIES - 1:
+                    raise
+        op = await self.abandoned.started(thread_id, begun)
+        if op is None:  # the same key again: the first call's operation
+            return await self._answer_of(thread_id, str(begun.get("operationId")))
+        crash_point("rollback-begun")
+        await hold_point("rollback-begun")
+        return await self._carry_out(op)
+
+    async def _recorded(
+        self,
+        principal: Principal,
+        thread_id: uuid.UUID,
+        ordinal: int,
+        restore_files: bool,
+        key: str | None,
+        preview: dict[str, Any],
+        files: rollback_files.Files | None,
+    ) -> dict[str, Any]:
+        """The command recording the operation, refused with STALE_PREVIEW if the plan under the lock is not
+        the one the files were planned for."""
         paths = list(files.plan.paths) if files is not None else None
-        expected = preview["plan"] if preview_token is not None else None
+        expected = preview["plan"]
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             principal.require_project(thread.project_id, TokenScope.OPERATE, "threadId")
@@ -129,13 +160,7 @@ class Rollbacks:
         command = Command(
             command_type="rollbackToRun", principal=principal, key=key, input=data, decide=decide, thread_id=thread_id
         )
-        begun = await self.pipeline.execute(command)
-        op = await self.abandoned.started(thread_id, begun)
-        if op is None:  # the same key again: the first call's operation
-            return await self._answer_of(thread_id, str(begun.get("operationId")))
-        crash_point("rollback-begun")
-        await hold_point("rollback-begun")
-        return await self._carry_out(op)
+        return await self.pipeline.execute(command)
 
     async def _preview(
         self, principal: Principal, thread_id: uuid.UUID, ordinal: int, restore_files: bool

@@ -58,7 +58,8 @@ async def read_plan(
     undone_runs = [r.ordinal for r in runs if r.ordinal > target and r.status in plan_rules.RAN]
     later = {c.ordinal: c for c in roots if c.ordinal > target}
     complete = all(o in later for o in undone_runs)  # every undone run's files were captured
-    last = later[max(later)] if later and complete else None
+    # The newest capture, by time: runs can run out of ordinal order (a queued run moved ahead).
+    last = max(later.values(), key=lambda c: c.created_at) if later and complete else None
     async with database.read() as db:
         captured = await workspace_facts.captured_since(db, others, target_cp.created_at)
 
