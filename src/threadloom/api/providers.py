@@ -42,7 +42,7 @@ class ProviderCapabilities:
     "harmless call failed otherwise), NOT_PROBED (advertised; no probe has tried it yet: the engine takes the "
     "agent's word), NOT_ADVERTISED (the agent does not offer it: the engine uses the fallback)."
 )
-class AcpMethodStatus(enum.Enum):
+class AcpMethodStatus(enum.StrEnum):
     WORKS = "works"
     UNSUPPORTED = "unsupported"
     FAILED = "failed"

@@ -44,7 +44,6 @@ from threadloom.providers.acp.updates import AcpUsage, SessionUpdates, usage_of_
 from threadloom.providers.agent_cli import StreamRedactor, redact_event
 from threadloom.providers.contract import (
     Capabilities,
-    ItemCompleted,
     ProviderError,
     ProviderEvent,
     RequestOpened,
@@ -55,6 +54,8 @@ from threadloom.providers.contract import (
 
 log = logging.getLogger("threadloom.providers.acp")
 HIDDEN_SESSION = "<acp session>"
+REQUEST_CANCELLED = -32800  # the error a request cancelled by `$/cancel_request` answers with
+CANCEL_REQUEST_AFTER_S = 1.0  # how long `session/cancel` alone may take before the request itself is cancelled
 # A runtime mode → the values of an agent's `mode` config option that stand for it, best first (its own name,
 # then those of claude-code-acp and codex-acp).
 MODE_VALUES = {
@@ -93,6 +94,7 @@ class _Live:
     prompt_id: int | None = None
     turn: str | None = None
     drain: asyncio.Task[None] | None = None
+    cancelling: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,10 +154,8 @@ class AcpRuntime:
                 for cleaned in self._scrub.events(event):
                     yield cleaned
         for live in self._live.values():
-            if live.turn is not None:
-                for event in live.updates.end("failed", "the ACP agent exited"):
-                    if isinstance(event, ItemCompleted):
-                        event = dataclasses.replace(event, status="interrupted")
+            if live.turn is not None:  # the items end here; the turn ends with RuntimeExited (a crash)
+                for event in live.updates.close_items("interrupted"):
                     for cleaned in self._scrub.events(event):
                         yield cleaned
         for held in self._scrub.stream.flush():
@@ -202,7 +202,10 @@ class AcpRuntime:
         if live.drain is not None:
             live.drain.cancel()
         live.prompt_id = live.turn = live.drain = None
+        cancelling, live.cancelling = live.cancelling, False
         if done.error is not None:
+            if cancelling or done.error.rpc_code == REQUEST_CANCELLED:  # `$/cancel_request` ends it this way
+                return live.updates.end("interrupted")
             return live.updates.end("failed", self._scrub(done.error.message))
         reason = str((done.result or {}).get("stopReason") or "end_turn")
         if reason == "cancelled":
@@ -414,17 +417,25 @@ class AcpRuntime:
                 answer = {"outcome": {"outcome": "cancelled"}} if pending.method == PERMISSION else {"action": "cancel"}
                 with contextlib.suppress(ProviderError):
                     await self.process.respond(pending.request_id, answer)
+        live.cancelling = True
         await self.process.notify("session/cancel", {"sessionId": sid})
-        await self.process.notify("$/cancel_request", {"requestId": live.prompt_id})
         if live.drain is None:
             live.drain = asyncio.create_task(self._drain(live, live.prompt_id), name="acp-cancel-drain")
 
     async def _drain(self, live: _Live, prompt_id: int) -> None:
-        """The agent did not end the cancelled prompt in time: the driver ends the turn as interrupted."""
-        await asyncio.sleep(self.cancel_drain_s)
+        """A cancelled prompt's way out: `session/cancel` asks the agent to end it (`stopReason: cancelled`);
+        if it has not after a grace, `$/cancel_request` cancels the request itself; if it still has not
+        after `cancel_drain_s`, the driver ends the turn as interrupted (a late answer is then ignored)."""
+        grace = min(CANCEL_REQUEST_AFTER_S, self.cancel_drain_s / 2)
+        await asyncio.sleep(grace)
+        if live.prompt_id == prompt_id:
+            with contextlib.suppress(ProviderError):
+                await self.process.notify("$/cancel_request", {"requestId": prompt_id})
+        await asyncio.sleep(self.cancel_drain_s - grace)
         if live.prompt_id == prompt_id:
             log.warning("acp: a cancelled prompt did not end within %.1fs; ending its turn", self.cancel_drain_s)
             live.prompt_id = live.turn = live.drain = None
+            live.cancelling = False
             self._prompts.pop(prompt_id, None)
             self.process.incoming.put_nowait(_Local(tuple(live.updates.end("interrupted"))))
 
@@ -446,8 +457,13 @@ class AcpRuntime:
 
     async def fork_thread(self, native_thread: str, native_turn: str | None) -> str:
         self._need(methods.SESSION_FORK)
-        live = self._loaded(native_thread)
-        turns = list(live.record.turns)
+        live = self._live.get(native_thread)
+        record = live.record if live is not None else self._records.load(native_thread)
+        if record is None:
+            raise ProviderError("unknown_thread", f"no record of ACP thread {native_thread}")
+        self._scrub.session_ids.add(record.session_id)
+        settings = live.settings if live is not None else ThreadSettings(cwd=record.cwd)
+        turns = list(record.turns)
         cut = None
         if native_turn is not None:
             at = next((i for i, t in enumerate(turns) if t["turn"] == native_turn), None)
@@ -456,14 +472,14 @@ class AcpRuntime:
             if at + 1 < len(turns):
                 self._need(methods.REWIND)
                 cut = at + 1
-        params = {"sessionId": live.record.session_id, **self._session_params(live.settings)}
+        params = {"sessionId": record.session_id, **self._session_params(settings)}
         result = await self._call(methods.SESSION_FORK, params)
-        record = SessionRecord(f"acp-{uuid.uuid4().hex}", str(result["sessionId"]), live.settings.cwd, turns)
-        self._records.save(record)
-        forked = self._adopt(record, live.settings)
+        copy = SessionRecord(f"acp-{uuid.uuid4().hex}", str(result["sessionId"]), settings.cwd, turns)
+        self._records.save(copy)
+        forked = self._adopt(copy, settings)
         if cut is not None:
             await self._rewind(forked, cut)
-        return record.alias
+        return copy.alias
 
     async def rollback_thread(self, native_thread: str, before_turn: str) -> None:
         self._need(methods.REWIND)

@@ -165,15 +165,20 @@ class SessionUpdates:
         """Close what is open and end the turn (`status`: completed, failed or interrupted)."""
         if self.turn is None:
             return []
-        item_status: ItemStatus = status
+        out = self.close_items(status)
+        out.append(TurnCompleted(self.thread, self.turn, status, error, None, failure))
+        self.turn = None
+        return out
+
+    def close_items(self, status: TurnStatus) -> list[ProviderEvent]:
+        """Every open item (and subagent turn) closed with `status`; the turn itself stays open (when the
+        process is gone, its `RuntimeExited` ends the turn)."""
         out = self._close_text()
         for tool_id, tool in list(self._tools.items()):
-            out.append(ItemCompleted(self.thread, tool.turn, tool_id, tool.kind, item_status))
+            out.append(ItemCompleted(self.thread, tool.turn, tool_id, tool.kind, status))
             if tool.child_turn:
                 out.append(TurnCompleted(self.thread, tool.child_turn, status, None, tool.turn))
         self._tools.clear()
-        out.append(TurnCompleted(self.thread, self.turn, status, error, None, failure))
-        self.turn = None
         return out
 
     def translate(self, update: Mapping[str, Any]) -> list[ProviderEvent]:
