@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from threadloom.agent import VERSION
+from threadloom.agent import VERSION, workspace
 from threadloom.agent.acp_files import FileHistory
 from threadloom.agent.acp_options import CONTEXT_WINDOW, AcpOptions
 from threadloom.agent.acp_updates import Ending, Faults, Translator
@@ -25,7 +25,7 @@ from threadloom.agent.acp_wire import REQUEST_CANCELLED, RESOURCE_NOT_FOUND, Rpc
 from threadloom.agent.directives import Usage
 from threadloom.agent.server import RUNTIME_MODES, SERVER_NAME, Options, Server, Session
 from threadloom.agent.state import IN_PROGRESS, StateError, ThreadRecord
-from threadloom.agent.turns import Hooks, Io, Turn
+from threadloom.agent.turns import Hooks, Io, Turn, TurnFailed
 from threadloom.agent.wire import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -291,7 +291,10 @@ class AcpServer:
                 await self._usage_update(record.id)
 
         async def config(option: str, value: str) -> None:
-            self._set(record, option, value)
+            try:
+                self._set(record, option, value)
+            except RpcError as exc:
+                raise TurnFailed(f"@config: {exc.message}") from None
             if self.acp.advertised("config"):
                 update = {"sessionUpdate": "config_option_update", **self._config(record)}
                 await self.updates.update(record.id, update)
@@ -383,7 +386,7 @@ class AcpServer:
         if session is not None and session.active is not None:
             raise RpcError(INVALID_REQUEST, "cannot revert files while a turn is running")
         turns = [turn.id for turn in record.turns[-count:]]
-        return {"reverted": self.files.revert(session_id, turns)}
+        return {"reverted": self.files.revert(session_id, turns, record.cwd)}
 
     # --- helpers ---
 
@@ -392,9 +395,17 @@ class AcpServer:
         return isinstance(elicitation, dict) and isinstance(elicitation.get("form"), dict)
 
     def _before_write(self, session_id: str, turn_id: str, path: str) -> None:
+        """Keeps what a `@write` is about to replace, under the session's running turn (a subagent's write
+        counts for the parent's turn); a path outside the cwd is refused by the write itself, and kept by nobody."""
         session = self.core.sessions.get(session_id)
-        active = session.active if session is not None else None
-        self.files.record(session_id, active.id if active is not None else turn_id, path)
+        if session is None:
+            return
+        try:
+            target = workspace.resolve(session.record.cwd, path)
+        except workspace.EscapeError:
+            return
+        active = session.active
+        self.files.record(session_id, active.id if active is not None else turn_id, target)
 
 
 def _str(params: Message, name: str) -> str:
