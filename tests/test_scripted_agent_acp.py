@@ -15,25 +15,51 @@ import pytest
 from tests.support.acp_client import AcpClient
 
 Message = dict[str, Any]
-Spawn = Callable[..., Any]
 
 
 def agent_argv(state: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "threadloom.agent", "--acp", "--state-dir", str(state), *args]
 
 
-@pytest.fixture
-async def spawn(tmp_path: Path) -> AsyncIterator[Spawn]:
-    """Starts agents on one state folder (so a respawn sees the same sessions); all closed at the end."""
-    started: list[AcpClient] = []
+class Spawner:
+    """New agent processes on one state folder per test (a respawn sees the same sessions), and one agent the
+    module's tests share (each in sessions of its own) where a process of their own would only cost time."""
 
-    async def start(*args: str) -> AcpClient:
-        client = await AcpClient.spawn(agent_argv(tmp_path / "state", *args), cwd=str(tmp_path))
-        started.append(client)
+    def __init__(self, state: Path, cwd: Path, shared: AcpClient) -> None:
+        self.state = state
+        self.cwd = cwd
+        self.started: list[AcpClient] = []
+        self._shared = shared
+
+    async def __call__(self, *args: str) -> AcpClient:
+        client = await AcpClient.spawn(agent_argv(self.state, *args), cwd=str(self.cwd))
+        self.started.append(client)
         return client
 
-    yield start
-    for client in started:
+    def shared(self) -> AcpClient:
+        """The module's agent, its answers to the agent's requests back to the defaults."""
+        agent = self._shared
+        agent.on_permission = lambda params: "allow"
+        agent.on_elicitation = lambda params: {"action": "decline"}
+        agent.hold_requests = False
+        agent.held.clear()
+        agent.cancelled_requests.clear()
+        return agent
+
+
+@pytest.fixture(scope="module")
+async def shared_agent(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[AcpClient]:
+    home = tmp_path_factory.mktemp("acp-shared")
+    async with await AcpClient.spawn(agent_argv(home / "state"), cwd=str(home)) as agent:
+        await agent.initialize()
+        yield agent
+
+
+@pytest.fixture
+async def spawn(tmp_path: Path, shared_agent: AcpClient) -> AsyncIterator[Spawner]:
+    spawner = Spawner(tmp_path / "state", tmp_path, shared_agent)
+    yield spawner
+    for client in spawner.started:
         await client.close()
 
 
@@ -44,14 +70,19 @@ def work(tmp_path: Path) -> Path:
     return folder
 
 
-async def session(spawn: Spawn, work: Path, *args: str) -> tuple[AcpClient, str]:
-    agent = await spawn(*args)
-    await agent.initialize()
+async def session(spawn: Spawner, work: Path, *args: str, own: bool = False) -> tuple[AcpClient, str]:
+    """A new session: on the shared agent, or (with `args`, or `own` for a test that ends its process) on a
+    process of its own."""
+    if args or own:
+        agent = await spawn(*args)
+        await agent.initialize()
+    else:
+        agent = spawn.shared()
     return agent, await agent.new_session(str(work))
 
 
 async def test_a_prompt_streams_its_reply_as_message_chunks_of_one_message_and_ends_the_turn(
-    spawn: Spawn, work: Path
+    spawn: Spawner, work: Path
 ) -> None:
     agent, sid = await session(spawn, work)
     result = await agent.prompt(sid, "@reply hello there world")
@@ -64,7 +95,7 @@ async def test_a_prompt_streams_its_reply_as_message_chunks_of_one_message_and_e
     assert info[-1]["title"] == "@reply hello there world"
 
 
-async def test_cancel_ends_a_running_prompt_with_stop_reason_cancelled(spawn: Spawn, work: Path) -> None:
+async def test_cancel_ends_a_running_prompt_with_stop_reason_cancelled(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     _, response = agent.start_prompt(sid, "@reply started\n@await gate\n@reply never")
     await agent.wait_update(sid, lambda u: u.get("content", {}).get("text") == "started")
@@ -96,7 +127,7 @@ async def recall(agent: AcpClient, sid: str) -> list[str]:
 # --- initialize ---
 
 
-async def test_initialize_advertises_every_session_method_and_the_extensions_under_meta(spawn: Spawn) -> None:
+async def test_initialize_advertises_every_session_method_and_the_extensions_under_meta(spawn: Spawner) -> None:
     agent = await spawn()
     init = await agent.initialize()
     assert init["protocolVersion"] == 1
@@ -112,7 +143,7 @@ async def test_initialize_advertises_every_session_method_and_the_extensions_und
     assert init["agentInfo"]["name"] == "threadloom-scripted"
 
 
-async def test_a_feature_turned_off_is_not_advertised_and_its_method_is_not_found(spawn: Spawn, work: Path) -> None:
+async def test_a_feature_turned_off_is_not_advertised_and_its_method_is_not_found(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work, "--acp-without", "steering,fork,rewind,resume,load,list,files-revert")
     init = await agent.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
     assert init["agentCapabilities"]["loadSession"] is False
@@ -132,7 +163,7 @@ async def test_a_feature_turned_off_is_not_advertised_and_its_method_is_not_foun
     assert await agent.close_session(sid) == {}
 
 
-async def test_a_lied_about_feature_is_advertised_yet_its_method_is_not_found(spawn: Spawn, work: Path) -> None:
+async def test_a_lied_about_feature_is_advertised_yet_its_method_is_not_found(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work, "--acp-lie", "fork,steering")
     init = await agent.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
     assert init["agentCapabilities"]["sessionCapabilities"]["fork"] == {}
@@ -145,7 +176,7 @@ async def test_a_lied_about_feature_is_advertised_yet_its_method_is_not_found(sp
     assert await honest.fork(source, str(work)) != source
 
 
-async def test_bad_requests_get_clear_errors_and_change_nothing(spawn: Spawn, work: Path) -> None:
+async def test_bad_requests_get_clear_errors_and_change_nothing(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     assert (await agent.error("session/nothing", {}))["code"] == -32601
     assert (await agent.error("session/new", {"cwd": "relative", "mcpServers": []}))["code"] == -32602
@@ -162,7 +193,7 @@ async def test_bad_requests_get_clear_errors_and_change_nothing(spawn: Spawn, wo
 # --- what a prompt streams ---
 
 
-async def test_a_command_is_a_tool_call_updated_with_its_output_and_exit_code(spawn: Spawn, work: Path) -> None:
+async def test_a_command_is_a_tool_call_updated_with_its_output_and_exit_code(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     await agent.prompt(sid, "@tool echo out-$((40+2))")
     call = agent.updates(sid, "tool_call")[0]
@@ -176,14 +207,14 @@ async def test_a_command_is_a_tool_call_updated_with_its_output_and_exit_code(sp
     assert updates[-1]["content"][0]["content"]["text"] == "out-42\n"
 
 
-async def test_a_failing_command_fails_its_tool_call_not_the_prompt(spawn: Spawn, work: Path) -> None:
+async def test_a_failing_command_fails_its_tool_call_not_the_prompt(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     assert (await agent.prompt(sid, "@tool exit 3"))["stopReason"] == "end_turn"
     last = agent.updates(sid, "tool_call_update")[-1]
     assert last["status"] == "failed" and last["rawOutput"]["exitCode"] == 3
 
 
-async def test_a_write_is_an_edit_tool_call_and_writes_the_file(spawn: Spawn, work: Path) -> None:
+async def test_a_write_is_an_edit_tool_call_and_writes_the_file(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     await agent.prompt(sid, "@write notes.txt hello file")
     call = agent.updates(sid, "tool_call")[0]
@@ -192,7 +223,7 @@ async def test_a_write_is_an_edit_tool_call_and_writes_the_file(spawn: Spawn, wo
     assert (work / "notes.txt").read_text() == "hello file"
 
 
-async def test_todo_sends_the_whole_plan_on_every_change(spawn: Spawn, work: Path) -> None:
+async def test_todo_sends_the_whole_plan_on_every_change(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     await agent.prompt(sid, "@todo read; write")
     plans = [[(e["content"], e["status"]) for e in u["entries"]] for u in agent.updates(sid, "plan")]
@@ -202,7 +233,7 @@ async def test_todo_sends_the_whole_plan_on_every_change(spawn: Spawn, work: Pat
     assert len(plans) == 5
 
 
-async def test_a_plan_streams_as_thought_chunks_of_its_own_message(spawn: Spawn, work: Path) -> None:
+async def test_a_plan_streams_as_thought_chunks_of_its_own_message(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     await agent.prompt(sid, "@plan first think\n@reply then answer")
     thoughts = agent.updates(sid, "agent_thought_chunk")
@@ -212,7 +243,7 @@ async def test_a_plan_streams_as_thought_chunks_of_its_own_message(spawn: Spawn,
     assert len({t["messageId"] for t in thoughts}) == 1
 
 
-async def test_a_subagent_is_a_tool_call_and_its_messages_name_it_as_parent(spawn: Spawn, work: Path) -> None:
+async def test_a_subagent_is_a_tool_call_and_its_messages_name_it_as_parent(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     await agent.prompt(sid, "@subagent look around\n@reply parent done")
     call = agent.updates(sid, "tool_call")[0]
@@ -233,14 +264,14 @@ async def test_a_subagent_is_a_tool_call_and_its_messages_name_it_as_parent(spaw
 
 
 @pytest.mark.parametrize("reason", ["refusal", "max_tokens", "max_turn_requests"])
-async def test_stop_ends_the_prompt_with_that_stop_reason(spawn: Spawn, work: Path, reason: str) -> None:
+async def test_stop_ends_the_prompt_with_that_stop_reason(spawn: Spawner, work: Path, reason: str) -> None:
     agent, sid = await session(spawn, work)
     result = await agent.prompt(sid, f"@reply partial\n@stop {reason}\n@reply never")
     assert result["stopReason"] == reason
     assert agent.texts(sid) == "partial"
 
 
-async def test_a_failed_turn_answers_the_prompt_with_an_internal_error(spawn: Spawn, work: Path) -> None:
+async def test_a_failed_turn_answers_the_prompt_with_an_internal_error(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     error = await agent.error("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "@fail boom"}]})
     assert error == {"code": -32603, "message": "boom"}
@@ -248,7 +279,7 @@ async def test_a_failed_turn_answers_the_prompt_with_an_internal_error(spawn: Sp
     assert error["code"] == -32603 and "unknown directive @repy" in error["message"]
 
 
-async def test_a_second_prompt_while_one_runs_is_refused(spawn: Spawn, work: Path) -> None:
+async def test_a_second_prompt_while_one_runs_is_refused(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     _, first = agent.start_prompt(sid, "@reply one\n@await gate")
     await agent.wait_update(sid, text_is("one"))
@@ -262,7 +293,7 @@ async def test_a_second_prompt_while_one_runs_is_refused(spawn: Spawn, work: Pat
 
 
 async def test_an_approval_announces_a_pending_tool_call_asks_permission_and_runs_when_allowed(
-    spawn: Spawn, work: Path
+    spawn: Spawner, work: Path
 ) -> None:
     agent, sid = await session(spawn, work)
     asked: list[Message] = []
@@ -290,7 +321,7 @@ async def test_an_approval_announces_a_pending_tool_call_asks_permission_and_run
 
 @pytest.mark.parametrize("answer", ["reject", None])
 async def test_a_rejected_or_dismissed_approval_fails_the_tool_call_and_runs_nothing(
-    spawn: Spawn, work: Path, answer: str | None
+    spawn: Spawner, work: Path, answer: str | None
 ) -> None:
     agent, sid = await session(spawn, work)
     agent.on_permission = lambda params: answer
@@ -300,7 +331,7 @@ async def test_a_rejected_or_dismissed_approval_fails_the_tool_call_and_runs_not
     assert agent.texts(sid) == "went on"
 
 
-async def test_approvals_keeps_several_permission_requests_outstanding_at_once(spawn: Spawn, work: Path) -> None:
+async def test_approvals_keeps_several_permission_requests_outstanding_at_once(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     agent.hold_requests = True
     _, response = agent.start_prompt(sid, "@approvals touch a.txt | touch b.txt | touch c.txt")
@@ -313,7 +344,7 @@ async def test_approvals_keeps_several_permission_requests_outstanding_at_once(s
     assert sorted(os.listdir(work)) == ["a.txt", "c.txt"]
 
 
-async def test_a_cancelled_prompt_withdraws_its_outstanding_permission_requests(spawn: Spawn, work: Path) -> None:
+async def test_a_cancelled_prompt_withdraws_its_outstanding_permission_requests(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     agent.hold_requests = True
     _, response = agent.start_prompt(sid, "@approvals touch a.txt | touch b.txt")
@@ -324,7 +355,7 @@ async def test_a_cancelled_prompt_withdraws_its_outstanding_permission_requests(
     assert os.listdir(work) == []
 
 
-async def test_a_question_is_a_form_elicitation_and_the_reply_carries_the_answer(spawn: Spawn, work: Path) -> None:
+async def test_a_question_is_a_form_elicitation_and_the_reply_carries_the_answer(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     asked: list[Message] = []
 
@@ -342,7 +373,7 @@ async def test_a_question_is_a_form_elicitation_and_the_reply_carries_the_answer
     assert agent.texts(sid) == "Answer: blue"
 
 
-async def test_a_question_goes_unanswered_when_the_client_cannot_show_a_form(spawn: Spawn, work: Path) -> None:
+async def test_a_question_goes_unanswered_when_the_client_cannot_show_a_form(spawn: Spawner, work: Path) -> None:
     agent = await spawn()
     await agent.initialize(elicitation=False)
     sid = await agent.new_session(str(work))
@@ -351,7 +382,7 @@ async def test_a_question_goes_unanswered_when_the_client_cannot_show_a_form(spa
     assert not [m for m in agent.messages if m.get("method") == "elicitation/create"]
 
 
-async def test_a_declined_elicitation_is_no_answer(spawn: Spawn, work: Path) -> None:
+async def test_a_declined_elicitation_is_no_answer(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     agent.on_elicitation = lambda params: {"action": "decline"}
     await agent.prompt(sid, "@ask Name?")
@@ -361,7 +392,7 @@ async def test_a_declined_elicitation_is_no_answer(spawn: Spawn, work: Path) -> 
 # --- cancel_request, steering ---
 
 
-async def test_cancel_request_ends_the_prompt_with_request_cancelled(spawn: Spawn, work: Path) -> None:
+async def test_cancel_request_ends_the_prompt_with_request_cancelled(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     request_id, response = agent.start_prompt(sid, "@reply started\n@await gate\n@reply never")
     await agent.wait_update(sid, text_is("started"))
@@ -371,7 +402,7 @@ async def test_cancel_request_ends_the_prompt_with_request_cancelled(spawn: Spaw
     assert (await agent.prompt(sid, "@reply next"))["stopReason"] == "end_turn"
 
 
-async def test_steering_injects_a_message_into_the_running_prompt(spawn: Spawn, work: Path) -> None:
+async def test_steering_injects_a_message_into_the_running_prompt(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     _, response = agent.start_prompt(sid, "@reply waiting\n@await-steer\n@reply after")
     await agent.wait_update(sid, text_is("waiting"))
@@ -381,7 +412,7 @@ async def test_steering_injects_a_message_into_the_running_prompt(spawn: Spawn, 
     assert await recall(agent, sid) == ["user: @reply waiting\\n@await-steer\\n@reply after", "user: also this"]
 
 
-async def test_steering_an_idle_session_asks_for_a_prompt_instead(spawn: Spawn, work: Path) -> None:
+async def test_steering_an_idle_session_asks_for_a_prompt_instead(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     assert await agent.steer(sid, "too late") == {"outcome": "promptRequired", "reason": "noRunningTurn"}
     assert await recall(agent, sid) == []
@@ -390,7 +421,7 @@ async def test_steering_an_idle_session_asks_for_a_prompt_instead(spawn: Spawn, 
 # --- usage and config ---
 
 
-async def test_usage_sends_a_usage_update_with_cumulative_tokens_and_cost(spawn: Spawn, work: Path) -> None:
+async def test_usage_sends_a_usage_update_with_cumulative_tokens_and_cost(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     first = await agent.prompt(sid, "@usage 100 20 0.25")
     assert agent.updates(sid, "usage_update")[-1] == {
@@ -405,7 +436,7 @@ async def test_usage_sends_a_usage_update_with_cumulative_tokens_and_cost(spawn:
     assert (last["used"], last["cost"]["amount"]) == (177, 0.75)
 
 
-async def test_trailing_usage_sends_the_usage_update_after_the_prompt_response(spawn: Spawn, work: Path) -> None:
+async def test_trailing_usage_sends_the_usage_update_after_the_prompt_response(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work, "--acp-fault", "trailing-usage")
     request_id, response = agent.start_prompt(sid, "@usage 10 2 0.01")
     await asyncio.wait_for(response, 30)
@@ -418,8 +449,8 @@ async def test_trailing_usage_sends_the_usage_update_after_the_prompt_response(s
     assert usage == [answered + 1]  # one usage_update, right after the response
 
 
-async def test_config_options_set_mode_and_model_and_keep_them_across_a_respawn(spawn: Spawn, work: Path) -> None:
-    agent, sid = await session(spawn, work)
+async def test_config_options_set_mode_and_model_and_keep_them_across_a_respawn(spawn: Spawner, work: Path) -> None:
+    agent, sid = await session(spawn, work, own=True)
     options = {o["id"]: o for o in (await agent.set_config(sid, "mode", "read_only"))["configOptions"]}
     assert options["mode"]["currentValue"] == "read_only" and options["mode"]["category"] == "mode"
     options = {o["id"]: o for o in (await agent.set_config(sid, "model", "scripted-deep"))["configOptions"]}
@@ -433,7 +464,7 @@ async def test_config_options_set_mode_and_model_and_keep_them_across_a_respawn(
     assert resumed == {"mode": "read_only", "model": "scripted-deep"}
 
 
-async def test_the_agent_changing_a_config_option_sends_config_option_update(spawn: Spawn, work: Path) -> None:
+async def test_the_agent_changing_a_config_option_sends_config_option_update(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     await agent.prompt(sid, "@config mode approval_required")
     (update,) = agent.updates(sid, "config_option_update")
@@ -446,8 +477,8 @@ async def test_the_agent_changing_a_config_option_sends_config_option_update(spa
 # --- sessions: load, resume, list, close, fork, rewind, files ---
 
 
-async def test_a_crashed_agent_respawned_replays_the_session_on_load_and_goes_on(spawn: Spawn, work: Path) -> None:
-    agent, sid = await session(spawn, work)
+async def test_a_crashed_agent_respawned_replays_the_session_on_load_and_goes_on(spawn: Spawner, work: Path) -> None:
+    agent, sid = await session(spawn, work, own=True)
     await agent.prompt(sid, "@reply one")
     _, response = agent.start_prompt(sid, "@reply about to\n@crash")
     assert await agent.wait_exit() == 17
@@ -470,8 +501,8 @@ async def test_a_crashed_agent_respawned_replays_the_session_on_load_and_goes_on
     assert await recall(again, sid) == ["user: @reply one", "user: @reply about to\\n@crash"]
 
 
-async def test_resume_after_a_respawn_continues_without_replaying(spawn: Spawn, work: Path) -> None:
-    agent, sid = await session(spawn, work)
+async def test_resume_after_a_respawn_continues_without_replaying(spawn: Spawner, work: Path) -> None:
+    agent, sid = await session(spawn, work, own=True)
     await agent.prompt(sid, "@reply one")
     await agent.close()
     again = await spawn()
@@ -481,8 +512,8 @@ async def test_resume_after_a_respawn_continues_without_replaying(spawn: Spawn, 
     assert await recall(again, sid) == ["user: @reply one"]
 
 
-async def test_list_shows_sessions_with_titles_filtered_by_cwd(spawn: Spawn, work: Path, tmp_path: Path) -> None:
-    agent, first = await session(spawn, work)
+async def test_list_shows_sessions_with_titles_filtered_by_cwd(spawn: Spawner, work: Path, tmp_path: Path) -> None:
+    agent, first = await session(spawn, work, own=True)
     await agent.prompt(first, "@reply titled\nsecond line")
     other = tmp_path / "other"
     other.mkdir()
@@ -494,7 +525,7 @@ async def test_list_shows_sessions_with_titles_filtered_by_cwd(spawn: Spawn, wor
     assert everything == {first, elsewhere}
 
 
-async def test_close_forgets_the_session_until_it_is_loaded_again(spawn: Spawn, work: Path) -> None:
+async def test_close_forgets_the_session_until_it_is_loaded_again(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     await agent.prompt(sid, "@reply one")
     assert await agent.close_session(sid) == {}
@@ -505,7 +536,7 @@ async def test_close_forgets_the_session_until_it_is_loaded_again(spawn: Spawn, 
 
 
 async def test_fork_copies_the_conversation_into_a_new_session_and_leaves_the_source_alone(
-    spawn: Spawn, work: Path
+    spawn: Spawner, work: Path
 ) -> None:
     agent, source = await session(spawn, work)
     await agent.prompt(source, "@reply one")
@@ -515,7 +546,7 @@ async def test_fork_copies_the_conversation_into_a_new_session_and_leaves_the_so
     assert await recall(agent, source) == ["user: @reply one"]
 
 
-async def test_fork_of_a_running_session_leaves_the_running_turn_out(spawn: Spawn, work: Path) -> None:
+async def test_fork_of_a_running_session_leaves_the_running_turn_out(spawn: Spawner, work: Path) -> None:
     agent, source = await session(spawn, work)
     await agent.prompt(source, "@reply one")
     _, response = agent.start_prompt(source, "@reply two\n@await gate")
@@ -526,7 +557,7 @@ async def test_fork_of_a_running_session_leaves_the_running_turn_out(spawn: Spaw
     assert await recall(agent, forked) == ["user: @reply one"]
 
 
-async def test_rewind_drops_the_last_turns_from_the_conversation(spawn: Spawn, work: Path) -> None:
+async def test_rewind_drops_the_last_turns_from_the_conversation(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     for text in ("one", "two", "three"):
         await agent.prompt(sid, f"@reply {text}")
@@ -536,7 +567,7 @@ async def test_rewind_drops_the_last_turns_from_the_conversation(spawn: Spawn, w
     assert error["code"] == -32602
 
 
-async def test_rewind_before_a_message_drops_it_and_everything_after(spawn: Spawn, work: Path) -> None:
+async def test_rewind_before_a_message_drops_it_and_everything_after(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work)
     await agent.prompt(sid, "@reply one")
     second = (await agent.prompt(sid, "@reply two"))["_meta"]["threadloom"]["turnId"]
@@ -546,8 +577,10 @@ async def test_rewind_before_a_message_drops_it_and_everything_after(spawn: Spaw
     assert await recall(agent, sid) == ["user: @reply one"]
 
 
-async def test_files_revert_puts_back_what_the_last_turns_wrote_even_after_a_respawn(spawn: Spawn, work: Path) -> None:
-    agent, sid = await session(spawn, work)
+async def test_files_revert_puts_back_what_the_last_turns_wrote_even_after_a_respawn(
+    spawn: Spawner, work: Path
+) -> None:
+    agent, sid = await session(spawn, work, own=True)
     (work / "kept.txt").write_text("original")
     await agent.prompt(sid, "@write kept.txt first")
     await agent.prompt(sid, "@write kept.txt second\n@write new.txt fresh")
@@ -566,7 +599,7 @@ async def test_files_revert_puts_back_what_the_last_turns_wrote_even_after_a_res
 # --- faults a client must survive ---
 
 
-async def test_orphan_updates_sends_tool_call_updates_without_their_tool_call(spawn: Spawn, work: Path) -> None:
+async def test_orphan_updates_sends_tool_call_updates_without_their_tool_call(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work, "--acp-fault", "orphan-updates")
     await agent.prompt(sid, "@tool true\n@approval true")
     assert agent.updates(sid, "tool_call") == []
@@ -574,7 +607,7 @@ async def test_orphan_updates_sends_tool_call_updates_without_their_tool_call(sp
     assert agent.updates(sid, "tool_call_update")[-1]["status"] == "completed"
 
 
-async def test_huge_line_sends_one_oversized_update_and_the_stream_goes_on(spawn: Spawn, work: Path) -> None:
+async def test_huge_line_sends_one_oversized_update_and_the_stream_goes_on(spawn: Spawner, work: Path) -> None:
     agent, sid = await session(spawn, work, "--acp-fault", "huge-line", "--acp-huge-line-bytes", "3000000")
     assert (await agent.prompt(sid, "@reply after the big one"))["stopReason"] == "end_turn"
     (thought,) = agent.updates(sid, "agent_thought_chunk")
@@ -590,3 +623,117 @@ async def test_huge_line_sends_one_oversized_update_and_the_stream_goes_on(spawn
         assert small.texts(other) == "still read"
     finally:
         await small.close()
+
+
+# --- the official SDK as the client: every message the face sends must validate against its schema models ---
+
+
+class SdkEditor:
+    """An ACP client built on the `agent-client-protocol` SDK: it parses every update and request into the
+    schema's models, so a malformed message fails here instead of reaching a real editor."""
+
+    def __init__(self) -> None:
+        self.updates: list[Message] = []
+        self.permissions: list[Message] = []
+        self.forms: list[str] = []
+
+    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
+        self.updates.append(update.model_dump(by_alias=True, exclude_none=True))
+
+    async def request_permission(self, session_id: str, tool_call: Any, options: list[Any], **_: Any) -> Any:
+        from acp.schema import AllowedOutcome, RequestPermissionResponse
+
+        self.permissions.append(tool_call.model_dump(by_alias=True, exclude_none=True))
+        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=options[0].option_id))
+
+    async def create_elicitation(self, message: str, mode: Any, **_: Any) -> Any:
+        from acp.schema import AcceptElicitationResponse
+
+        self.forms.append(message)
+        return AcceptElicitationResponse(action="accept", content={"answer": "yes"})
+
+    def on_connect(self, conn: Any) -> None:
+        pass
+
+    def kinds(self) -> set[str]:
+        return {u["sessionUpdate"] for u in self.updates}
+
+
+SDK_SCRIPT = """@plan think first
+@todo one; two
+@reply hello
+@tool echo tool-output
+@approval echo approved
+@write sdk.txt written
+@ask Proceed? | yes | no
+@subagent helper
+@usage 10 5 0.02
+@config model scripted-deep"""
+
+
+async def test_the_official_sdk_client_drives_every_method_and_validates_every_message(
+    tmp_path: Path, work: Path
+) -> None:
+    from acp.schema import ClientCapabilities, ElicitationCapabilities, ElicitationFormCapabilities, TextContentBlock
+    from acp.stdio import spawn_agent_process
+
+    editor = SdkEditor()
+    argv = agent_argv(tmp_path / "state")
+    capabilities = ClientCapabilities(elicitation=ElicitationCapabilities(form=ElicitationFormCapabilities()))
+    async with spawn_agent_process(lambda _agent: editor, *argv, use_unstable_protocol=True) as (conn, process):
+        init = await conn.initialize(protocol_version=1, client_capabilities=capabilities)
+        assert init.agent_capabilities is not None and init.agent_capabilities.load_session is True
+        caps = init.agent_capabilities.session_capabilities
+        assert caps is not None and caps.fork is not None and caps.resume is not None and caps.list is not None
+        new = await conn.new_session(cwd=str(work))
+        sid = new.session_id
+        assert new.config_options is not None and len(new.config_options) == 2
+        done = await conn.prompt(session_id=sid, prompt=[TextContentBlock(type="text", text=SDK_SCRIPT)])
+        assert done.stop_reason == "end_turn"
+        assert done.usage is not None and done.usage.total_tokens == 15
+        assert editor.kinds() == {
+            "agent_thought_chunk",
+            "plan",
+            "agent_message_chunk",
+            "tool_call",
+            "tool_call_update",
+            "usage_update",
+            "config_option_update",
+            "session_info_update",
+        }
+        assert [p["title"] for p in editor.permissions] == ["echo approved"]
+        assert editor.forms == ["Proceed?"]
+        assert (work / "sdk.txt").read_text() == "written"
+        assert await conn.ext_method("session/steering", {"sessionId": sid, "prompt": []}) == {
+            "outcome": "promptRequired",
+            "reason": "noRunningTurn",
+        }
+        configured = await conn.set_config_option(config_id="mode", session_id=sid, value="read_only")
+        assert {o.id: o.current_value for o in configured.config_options}["mode"] == "read_only"
+        forked = await conn.fork_session(session_id=sid, cwd=str(work))
+        listed = await conn.list_sessions(cwd=str(work))
+        assert {s.session_id for s in listed.sessions} >= {sid, forked.session_id}
+        await conn.resume_session(session_id=sid, cwd=str(work))
+        before = len(editor.updates)
+        await conn.load_session(cwd=str(work), session_id=forked.session_id)
+        replay = [u["sessionUpdate"] for u in editor.updates[before:]]
+        assert replay == ["user_message_chunk", "agent_message_chunk"]
+        await conn.ext_method("session/rewind", {"sessionId": sid, "numTurns": 1})
+        await conn.close_session(session_id=sid)
+    assert process.returncode == 0
+
+
+async def test_without_config_elicitation_and_cancel_request_the_face_does_without_them(
+    spawn: Spawner, work: Path
+) -> None:
+    agent, sid = await session(spawn, work, "--acp-without", "config,elicitation,cancel-request")
+    assert "configOptions" not in await agent.request("session/new", {"cwd": str(work), "mcpServers": []})
+    bad = {"sessionId": sid, "configId": "mode", "value": "read_only"}
+    assert (await agent.error("session/set_config_option", bad))["code"] == -32601
+    await agent.prompt(sid, "@ask Which? | a | b")
+    assert agent.texts(sid) == "Answer: "  # the client offered forms, the agent did not use them
+    request_id, response = agent.start_prompt(sid, "@reply held\n@await gate")
+    await agent.wait_update(sid, text_is("held"))
+    await agent.cancel_request(request_id)  # ignored …
+    await agent.cancel(sid)  # … while session/cancel still works
+    assert (await asyncio.wait_for(response, 30))["result"]["stopReason"] == "cancelled"
