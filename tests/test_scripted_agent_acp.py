@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.acp_client import AcpClient
+from threadloom.agent.directives import Approvals, Config, DirectiveError, Stop, Usage, parse
 
 Message = dict[str, Any]
 
@@ -431,9 +432,10 @@ async def test_usage_sends_a_usage_update_with_cumulative_tokens_and_cost(spawn:
         "cost": {"amount": 0.25, "currency": "USD"},
     }
     assert first["usage"] == {"inputTokens": 100, "outputTokens": 20, "totalTokens": 120}
-    await agent.prompt(sid, "@usage 50 5 0.5\n@usage 1 1")
+    second = await agent.prompt(sid, "@usage 50 5 0.5\n@usage 1 1")
     last = agent.updates(sid, "usage_update")[-1]
     assert (last["used"], last["cost"]["amount"]) == (177, 0.75)
+    assert second["usage"] == {"inputTokens": 51, "outputTokens": 6, "totalTokens": 57}  # the prompt's own
 
 
 async def test_trailing_usage_sends_the_usage_update_after_the_prompt_response(spawn: Spawner, work: Path) -> None:
@@ -737,3 +739,37 @@ async def test_without_config_elicitation_and_cancel_request_the_face_does_witho
     await agent.cancel_request(request_id)  # ignored …
     await agent.cancel(sid)  # … while session/cancel still works
     assert (await asyncio.wait_for(response, 30))["result"]["stopReason"] == "cancelled"
+
+
+# --- the directives this face brought, as parsed and in the Codex face ---
+
+
+def test_the_new_directives_parse_and_their_typos_fail_before_anything_runs() -> None:
+    assert parse("@approvals touch a | touch b |") == [Approvals(("touch a", "touch b"))]
+    assert parse("@usage 10 2\n@usage 1 0 0.5") == [Usage(10, 2), Usage(1, 0, 0.5)]
+    assert parse("@stop max_tokens") == [Stop("max_tokens")]
+    assert parse("@config model scripted-deep") == [Config("model", "scripted-deep")]
+    for typo in ["@approvals", "@usage 10", "@usage 1 2 -1", "@usage 1 2 nan", "@usage 1 2 inf", "@usage x 2"]:
+        with pytest.raises(DirectiveError):
+            parse(typo)
+    for typo in ["@stop later", "@stop", "@config mode", "@config"]:
+        with pytest.raises(DirectiveError):
+            parse(typo)
+
+
+async def test_the_codex_face_asks_all_approvals_at_once_reports_usage_and_stops(tmp_path: Path, work: Path) -> None:
+    argv = [sys.executable, "-m", "threadloom.agent", "--state-dir", str(tmp_path / "codex-state")]
+    async with await AcpClient.spawn(argv) as codex:  # the client reads plain JSON lines too
+        codex.hold_requests = True
+        thread = (await codex.request("thread/start", {"cwd": str(work)}))["thread"]["id"]
+        script = "@approvals touch a.txt | touch b.txt\n@usage 7 3 0.125\n@stop refusal"
+        await codex.request("turn/start", {"threadId": thread, "input": [{"type": "text", "text": script}]})
+        held = await codex.wait_held(2)
+        assert [h["params"]["command"] for h in held] == ["touch a.txt", "touch b.txt"]
+        await codex.answer(held[1]["id"], {"decision": "accept"})
+        await codex.answer(held[0]["id"], {"decision": "decline"})
+        done = await codex.wait_for(lambda m: m.get("method") == "turn/completed")
+        assert done["params"]["turn"]["status"] == "failed" and done["params"]["turn"]["stopReason"] == "refusal"
+        usage = next(m["params"] for m in codex.messages if m.get("method") == "thread/tokenUsage/updated")
+        assert usage["tokenUsage"]["last"]["totalTokens"] == 10 and usage["costUsd"] == 0.125
+        assert os.listdir(work) == ["b.txt"]

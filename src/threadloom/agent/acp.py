@@ -19,10 +19,9 @@ from typing import Any
 
 from threadloom.agent import VERSION, workspace
 from threadloom.agent.acp_files import FileHistory
-from threadloom.agent.acp_options import CONTEXT_WINDOW, AcpOptions
+from threadloom.agent.acp_options import AcpOptions
 from threadloom.agent.acp_updates import Ending, Faults, Translator
 from threadloom.agent.acp_wire import REQUEST_CANCELLED, RESOURCE_NOT_FOUND, Rpc
-from threadloom.agent.directives import Usage
 from threadloom.agent.server import RUNTIME_MODES, SERVER_NAME, Options, Server, Session
 from threadloom.agent.state import IN_PROGRESS, StateError, ThreadRecord
 from threadloom.agent.turns import Hooks, Io, Turn, TurnFailed
@@ -57,12 +56,15 @@ class AcpServer:
         self.rpc = Rpc(writer)
         self.client_capabilities: Message = {}
         self.files = FileHistory(options.state_dir)
-        faults = Faults(orphan_updates="orphan-updates" in acp.faults, elicitation=acp.serves("elicitation"))
+        faults = Faults(
+            orphan_updates="orphan-updates" in acp.faults,
+            trailing_usage="trailing-usage" in acp.faults,
+            elicitation=acp.serves("elicitation"),
+        )
         self.updates = Translator(self.rpc, faults, self._can_elicit, self._before_write)
         io = Io(self.updates, self.updates, lambda: f"item-{uuid.uuid4()}")
         self.core = Server(options, self.updates, io)
         self.core.hooks = self._hooks
-        self.usage: dict[str, tuple[int, int, float | None]] = {}  # session -> tokens in, out, cost (this process)
         self.prompts: dict[Any, asyncio.Task[None]] = {}  # request id -> its prompt's task
         self.cancelled: set[Any] = set()  # prompt request ids ended by `$/cancel_request`
         self.tasks: set[asyncio.Task[None]] = set()
@@ -158,7 +160,7 @@ class AcpServer:
             return
         await self.rpc.respond(request_id, result)
         if method == "session/prompt" and "trailing-usage" in self.acp.faults:
-            await self._usage_update(str(params["sessionId"]))
+            await self.updates.usage_update(str(params["sessionId"]))
 
     # --- initialize and sessions ---
 
@@ -283,13 +285,6 @@ class AcpServer:
         return self._config(session.record)
 
     def _hooks(self, record: ThreadRecord) -> Hooks:
-        async def usage(directive: Usage) -> None:
-            before = self.usage.get(record.id, (0, 0, None))
-            cost = before[2] if directive.cost is None else (before[2] or 0.0) + directive.cost
-            self.usage[record.id] = (before[0] + directive.input_tokens, before[1] + directive.output_tokens, cost)
-            if "trailing-usage" not in self.acp.faults:
-                await self._usage_update(record.id)
-
         async def config(option: str, value: str) -> None:
             try:
                 self._set(record, option, value)
@@ -299,14 +294,7 @@ class AcpServer:
                 update = {"sessionUpdate": "config_option_update", **self._config(record)}
                 await self.updates.update(record.id, update)
 
-        return Hooks(usage=usage, config=config)
-
-    async def _usage_update(self, session_id: str) -> None:
-        tokens_in, tokens_out, cost = self.usage.get(session_id, (0, 0, None))
-        update: Message = {"sessionUpdate": "usage_update", "used": tokens_in + tokens_out, "size": CONTEXT_WINDOW}
-        if cost is not None:
-            update["cost"] = {"amount": cost, "currency": "USD"}
-        await self.updates.update(session_id, update)
+        return Hooks(config=config)
 
     # --- prompts ---
 
@@ -350,7 +338,7 @@ class AcpServer:
             raise RpcError(INTERNAL_ERROR, end.error or "turn failed")
         result: Message = {"stopReason": end.stop_reason or STOP_REASONS.get(end.status, "end_turn")}
         result["_meta"] = {"threadloom": {"turnId": turn.id}}
-        tokens = self.usage.get(session_id)
+        tokens = self.updates.prompt_usage.get(session_id)
         if tokens is not None:
             total = tokens[0] + tokens[1]
             result["usage"] = {"inputTokens": tokens[0], "outputTokens": tokens[1], "totalTokens": total}
