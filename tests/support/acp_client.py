@@ -29,6 +29,7 @@ API
   permission answer is `"allow"`, the default elicitation answer declines. Set `hold_requests = True` to keep
   them unanswered: they collect in `held` (dicts with `id`, `method`, `params`) for `answer(id, result)` or
   `answer_error(id, code, message)`. `cancelled_requests` holds the ids the agent sent `$/cancel_request` for.
+- `received`: every message in arrival order, responses included (to check what came before a response).
 - `oversized`: lines the reader skipped for exceeding `limit` (their sizes); the reader goes on after them.
 - `returncode`: the process's exit code once it ended (`await wait_exit(within)` waits for it).
 """
@@ -53,6 +54,7 @@ class AcpClient:
         self.proc = proc
         self.notifications: list[Message] = []  # session/update params, in arrival order
         self.messages: list[Message] = []  # every notification and agent request, in arrival order
+        self.received: list[Message] = []  # everything, responses too, in arrival order
         self.held: list[Message] = []
         self.hold_requests = False
         self.cancelled_requests: list[Any] = []
@@ -125,6 +127,7 @@ class AcpClient:
             self._changed.set()
 
     def _dispatch(self, message: Message) -> None:
+        self.received.append(message)
         method = message.get("method")
         if method is None:
             future = self._responses.pop(message.get("id"), None)

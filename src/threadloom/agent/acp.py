@@ -17,15 +17,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from threadloom.agent import VERSION
+from threadloom.agent import VERSION, workspace
 from threadloom.agent.acp_files import FileHistory
-from threadloom.agent.acp_options import CONTEXT_WINDOW, AcpOptions
+from threadloom.agent.acp_options import AcpOptions
 from threadloom.agent.acp_updates import Ending, Faults, Translator
 from threadloom.agent.acp_wire import REQUEST_CANCELLED, RESOURCE_NOT_FOUND, Rpc
-from threadloom.agent.directives import Usage
 from threadloom.agent.server import RUNTIME_MODES, SERVER_NAME, Options, Server, Session
 from threadloom.agent.state import IN_PROGRESS, StateError, ThreadRecord
-from threadloom.agent.turns import Hooks, Io, Turn
+from threadloom.agent.turns import Hooks, Io, Turn, TurnFailed
 from threadloom.agent.wire import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -57,12 +56,15 @@ class AcpServer:
         self.rpc = Rpc(writer)
         self.client_capabilities: Message = {}
         self.files = FileHistory(options.state_dir)
-        faults = Faults(orphan_updates="orphan-updates" in acp.faults, elicitation=acp.serves("elicitation"))
+        faults = Faults(
+            orphan_updates="orphan-updates" in acp.faults,
+            trailing_usage="trailing-usage" in acp.faults,
+            elicitation=acp.serves("elicitation"),
+        )
         self.updates = Translator(self.rpc, faults, self._can_elicit, self._before_write)
         io = Io(self.updates, self.updates, lambda: f"item-{uuid.uuid4()}")
         self.core = Server(options, self.updates, io)
         self.core.hooks = self._hooks
-        self.usage: dict[str, tuple[int, int, float | None]] = {}  # session -> tokens in, out, cost (this process)
         self.prompts: dict[Any, asyncio.Task[None]] = {}  # request id -> its prompt's task
         self.cancelled: set[Any] = set()  # prompt request ids ended by `$/cancel_request`
         self.tasks: set[asyncio.Task[None]] = set()
@@ -158,7 +160,7 @@ class AcpServer:
             return
         await self.rpc.respond(request_id, result)
         if method == "session/prompt" and "trailing-usage" in self.acp.faults:
-            await self._usage_update(str(params["sessionId"]))
+            await self.updates.usage_update(str(params["sessionId"]))
 
     # --- initialize and sessions ---
 
@@ -283,27 +285,16 @@ class AcpServer:
         return self._config(session.record)
 
     def _hooks(self, record: ThreadRecord) -> Hooks:
-        async def usage(directive: Usage) -> None:
-            before = self.usage.get(record.id, (0, 0, None))
-            cost = before[2] if directive.cost is None else (before[2] or 0.0) + directive.cost
-            self.usage[record.id] = (before[0] + directive.input_tokens, before[1] + directive.output_tokens, cost)
-            if "trailing-usage" not in self.acp.faults:
-                await self._usage_update(record.id)
-
         async def config(option: str, value: str) -> None:
-            self._set(record, option, value)
+            try:
+                self._set(record, option, value)
+            except RpcError as exc:
+                raise TurnFailed(f"@config: {exc.message}") from None
             if self.acp.advertised("config"):
                 update = {"sessionUpdate": "config_option_update", **self._config(record)}
                 await self.updates.update(record.id, update)
 
-        return Hooks(usage=usage, config=config)
-
-    async def _usage_update(self, session_id: str) -> None:
-        tokens_in, tokens_out, cost = self.usage.get(session_id, (0, 0, None))
-        update: Message = {"sessionUpdate": "usage_update", "used": tokens_in + tokens_out, "size": CONTEXT_WINDOW}
-        if cost is not None:
-            update["cost"] = {"amount": cost, "currency": "USD"}
-        await self.updates.update(session_id, update)
+        return Hooks(config=config)
 
     # --- prompts ---
 
@@ -347,7 +338,7 @@ class AcpServer:
             raise RpcError(INTERNAL_ERROR, end.error or "turn failed")
         result: Message = {"stopReason": end.stop_reason or STOP_REASONS.get(end.status, "end_turn")}
         result["_meta"] = {"threadloom": {"turnId": turn.id}}
-        tokens = self.usage.get(session_id)
+        tokens = self.updates.prompt_usage.get(session_id)
         if tokens is not None:
             total = tokens[0] + tokens[1]
             result["usage"] = {"inputTokens": tokens[0], "outputTokens": tokens[1], "totalTokens": total}
@@ -383,7 +374,7 @@ class AcpServer:
         if session is not None and session.active is not None:
             raise RpcError(INVALID_REQUEST, "cannot revert files while a turn is running")
         turns = [turn.id for turn in record.turns[-count:]]
-        return {"reverted": self.files.revert(session_id, turns)}
+        return {"reverted": self.files.revert(session_id, turns, record.cwd)}
 
     # --- helpers ---
 
@@ -392,9 +383,17 @@ class AcpServer:
         return isinstance(elicitation, dict) and isinstance(elicitation.get("form"), dict)
 
     def _before_write(self, session_id: str, turn_id: str, path: str) -> None:
+        """Keeps what a `@write` is about to replace, under the session's running turn (a subagent's write
+        counts for the parent's turn); a path outside the cwd is refused by the write itself, and kept by nobody."""
         session = self.core.sessions.get(session_id)
-        active = session.active if session is not None else None
-        self.files.record(session_id, active.id if active is not None else turn_id, path)
+        if session is None:
+            return
+        try:
+            target = workspace.resolve(session.record.cwd, path)
+        except workspace.EscapeError:
+            return
+        active = session.active
+        self.files.record(session_id, active.id if active is not None else turn_id, target)
 
 
 def _str(params: Message, name: str) -> str:

@@ -12,14 +12,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from threadloom.agent import workspace
+
 
 class FileHistory:
     def __init__(self, state_dir: Path) -> None:
         self.root = state_dir / "acp-files"
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def record(self, session: str, turn: str, path: str) -> None:
-        """Keeps `path`'s content before `turn` writes it (only the first time the turn touches it)."""
+    def record(self, session: str, turn: str, target: Path) -> None:
+        """Keeps the content of `target` (resolved inside the cwd) before `turn` writes it (the first time only)."""
+        path = str(target)
         entries = self._load(session)
         if any(e["turn"] == turn and e["path"] == path for e in entries):
             return
@@ -32,13 +35,17 @@ class FileHistory:
         entries.append({"turn": turn, "path": path, "before": before})
         self._save(session, entries)
 
-    def revert(self, session: str, turns: list[str]) -> list[str]:
-        """Puts back every file the given turns wrote, latest first; returns the paths restored."""
+    def revert(self, session: str, turns: list[str], cwd: str) -> list[str]:
+        """Puts back every file the given turns wrote, latest first; returns the paths restored. A path that no
+        longer resolves inside `cwd` (a symlink swapped in since) is left alone."""
         entries = self._load(session)
         chosen = [e for e in entries if e["turn"] in turns]
         restored: list[str] = []
         for entry in reversed(chosen):
-            path = Path(entry["path"])
+            try:
+                path = workspace.resolve(cwd, entry["path"])
+            except workspace.EscapeError:
+                continue
             if entry["before"] is None:
                 path.unlink(missing_ok=True)
             else:

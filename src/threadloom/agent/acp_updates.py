@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from threadloom.agent.acp_options import CONTEXT_WINDOW
 from threadloom.agent.acp_wire import Rpc
 from threadloom.agent.wire import Message, PeerError
 
@@ -44,6 +45,7 @@ class Faults:
     """Deliberate protocol traps a client must survive (docs/scripted-agent.md, "The ACP face")."""
 
     orphan_updates: bool = False  # never send `tool_call`, only its `tool_call_update`s
+    trailing_usage: bool = False  # hold `usage_update`s back; the server sends one after the prompt's response
     elicitation: bool = True  # ask `@ask` questions with a form elicitation (if the client can show one)
 
 
@@ -61,11 +63,15 @@ class Translator:
         self._outputs: dict[str, list[str]] = {}
         self._parents: dict[str, str] = {}  # a subagent's turn id -> its tool call id
         self._endings: dict[str, asyncio.Future[Ending]] = {}
+        # Per session, counted since this process started: tokens in, tokens out, cost in USD (None: unknown).
+        self.usage: dict[str, tuple[int, int, float | None]] = {}
+        self.prompt_usage: dict[str, tuple[int, int]] = {}  # the running prompt's own tokens in and out
 
     def expect_end(self, session_id: str) -> asyncio.Future[Ending]:
         """The future the session's next `turn/completed` (of its own turn, not a subagent's) resolves."""
         future: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
         self._endings[session_id] = future
+        self.prompt_usage.pop(session_id, None)
         return future
 
     async def update(self, session_id: str, update: Message) -> None:
@@ -100,10 +106,33 @@ class Translator:
                     for s in params["plan"]
                 ]
                 await self.update(session, {"sessionUpdate": "plan", "entries": entries, **meta})
+            case "thread/tokenUsage/updated":
+                await self._usage(session, params)
             case "turn/completed":
                 self._ended(session, params["turn"])
             case _:  # turn/started, thread/started: ACP has no such update
                 pass
+
+    async def _usage(self, session: str, params: Message) -> None:
+        """A model call's figures (`last`) and cost added to the session's; a subagent's count for its parent."""
+        last = params["tokenUsage"]["last"]
+        tokens_in, tokens_out, cost = self.usage.get(session, (0, 0, None))
+        call_cost = params.get("costUsd")
+        if call_cost is not None:
+            cost = (cost or 0.0) + float(call_cost)
+        call_in, call_out = int(last["inputTokens"]), int(last["outputTokens"])
+        self.usage[session] = (tokens_in + call_in, tokens_out + call_out, cost)
+        prompt_in, prompt_out = self.prompt_usage.get(session, (0, 0))
+        self.prompt_usage[session] = (prompt_in + call_in, prompt_out + call_out)
+        if not self.faults.trailing_usage:
+            await self.usage_update(session)
+
+    async def usage_update(self, session: str) -> None:
+        tokens_in, tokens_out, cost = self.usage.get(session, (0, 0, None))
+        update: Message = {"sessionUpdate": "usage_update", "used": tokens_in + tokens_out, "size": CONTEXT_WINDOW}
+        if cost is not None:
+            update["cost"] = {"amount": cost, "currency": "USD"}
+        await self.update(session, update)
 
     def _meta(self, turn: Any) -> Message:
         parent = self._parents.get(turn) if isinstance(turn, str) else None

@@ -90,11 +90,11 @@ class Approvals:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Usage:
-    """`@usage IN OUT [COST]`: the model usage the turn reports (tokens in and out, cost in USD)."""
+    """`@usage IN OUT [COST_USD]`: one model call with exactly these figures (no cost: the cost is unknown)."""
 
-    input_tokens: int
-    output_tokens: int
-    cost: float | None = None
+    input: int
+    output: int
+    cost_usd: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -213,7 +213,7 @@ def _directive(name: str, arg: str) -> Directive:
                 raise DirectiveError("@approvals needs at least one command")
             return Approvals(commands)
         case "usage":
-            return _usage(arg)
+            return usage(arg)
         case "stop":
             if arg not in STOP_REASONS:
                 raise DirectiveError(f"@stop needs one of {', '.join(STOP_REASONS)}, got {arg!r}")
@@ -251,18 +251,19 @@ def _directive(name: str, arg: str) -> Directive:
             raise DirectiveError(f"unknown directive @{name}")
 
 
-def _usage(arg: str) -> Usage:
+def usage(arg: str) -> Usage:
+    """`IN OUT [COST_USD]`: two whole token counts and an optional cost in USD (a decimal >= 0)."""
     parts = arg.split()
     if len(parts) not in (2, 3) or not all(p.isascii() and p.isdigit() for p in parts[:2]):
-        raise DirectiveError(f"@usage needs IN OUT [COST]: two whole token counts and a cost, got {arg!r}")
+        raise DirectiveError(f"@usage needs IN OUT [COST_USD] (whole token counts), got {arg!r}")
     cost: float | None = None
     if len(parts) == 3:
         try:
             cost = float(parts[2])
         except ValueError:
-            raise DirectiveError(f"@usage cost must be a number, got {parts[2]!r}") from None
+            cost = -1.0
         if not (math.isfinite(cost) and cost >= 0):
-            raise DirectiveError(f"@usage cost must not be negative, got {parts[2]!r}")
+            raise DirectiveError(f"@usage cost must be a number of USD >= 0, got {parts[2]!r}")
     return Usage(int(parts[0]), int(parts[1]), cost)
 
 

@@ -94,9 +94,8 @@ class Io:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Hooks:
-    """What only one face does with a directive: `@usage` and `@config` (the ACP face); None ignores it."""
+    """What only one face does with a directive: `@config` (the ACP face); None ignores it."""
 
-    usage: Callable[[Usage], Awaitable[None]] | None = None
     config: Callable[[str, str], Awaitable[None]] | None = None
 
 
@@ -140,6 +139,8 @@ class Turn:
         self._messages: list[str] = []
         self._work: asyncio.Task[None] | None = None
         self._interrupted = False
+        self._calls: dict[str, int] = {}  # model calls reported, by turn id (the subagents' own turns too)
+        self._totals: dict[str, tuple[int, int]] = {}  # their input and output token sums, by turn id
         try:
             self._planned.extend(parse(text))
         except DirectiveError as exc:
@@ -235,8 +236,8 @@ class Turn:
                 await self._approval(command)
             case Approvals(commands):
                 await self._approvals(commands)
-            case Usage() if self._hooks.usage is not None:
-                await self._hooks.usage(directive)
+            case Usage():
+                await self._usage(self.id, directive)
             case Config(option, value) if self._hooks.config is not None:
                 await self._hooks.config(option, value)
             case Stop(reason):
@@ -257,6 +258,20 @@ class Turn:
                 if once and not await asyncio.to_thread(_first_crash, self.thread_id):
                     return
                 os._exit(CRASH_EXIT_CODE)
+
+    async def _usage(self, turn_id: str, call: Usage) -> None:
+        """One model call's usage, as Codex reports it (`thread/tokenUsage/updated`: this call's figures in
+        `last`, the turn's running sum in `total`), plus what Codex never sends: `callId`, the call's stable
+        name, and `costUsd` when the directive gave one."""
+        number = self._calls[turn_id] = self._calls.get(turn_id, 0) + 1
+        last = _breakdown(call.input, call.output)
+        sums = self._totals.get(turn_id, (0, 0))
+        sums = self._totals[turn_id] = (sums[0] + call.input, sums[1] + call.output)
+        params: Message = {"tokenUsage": {"last": last, "total": _breakdown(*sums), "modelContextWindow": None}}
+        params["callId"] = f"{turn_id}/{number}"
+        if call.cost_usd is not None:
+            params["costUsd"] = call.cost_usd
+        await self._notify("thread/tokenUsage/updated", turn_id, **params)
 
     async def _await_file(self, path: str) -> None:
         """Holds the turn until `path` exists inside the cwd (a test's gate), failing it after AWAIT_BOUND_S.
@@ -516,6 +531,18 @@ class Turn:
 
     async def _send(self, method: str, params: Message) -> None:
         await self.io.writer.send({"method": method, "params": params})
+
+
+def _breakdown(input_tokens: int, output_tokens: int) -> Message:
+    """Codex's TokenUsageBreakdown of a call of these figures (nothing cached, no reasoning)."""
+    return {
+        "inputTokens": input_tokens,
+        "cachedInputTokens": 0,
+        "cacheWriteInputTokens": 0,
+        "outputTokens": output_tokens,
+        "reasoningOutputTokens": 0,
+        "totalTokens": input_tokens + output_tokens,
+    }
 
 
 def _answer_labels(answer: Message) -> list[str]:
