@@ -229,6 +229,30 @@ async def test_approvals_of_two_threads_wait_at_once_and_are_answered_out_of_ord
     assert not (tmp_path / "ws" / "b.txt").exists()
 
 
+async def test_approvals_of_one_turn_wait_at_once_and_each_gets_its_own_answer(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path, "acp")
+    sent = await send(client, thread.id, "@approvals echo 1 > one.txt | echo 2 > two.txt\n@reply both asked")
+    requests = await _pending(client, thread.id, 2)
+    by_command = {r["payload"]["command"]: r for r in requests}
+    assert set(by_command) == {"echo 1 > one.txt", "echo 2 > two.txt"}
+    for command, decision in (("echo 2 > two.txt", "ACCEPT"), ("echo 1 > one.txt", "DECLINE")):
+        answer = (await client.gql(APPROVE, {"r": by_command[command]["id"], "d": decision}))["respondToApproval"]
+        assert answer["userErrors"] == []
+    assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"
+    assert (thread.workspace / "two.txt").read_text() == "2\n" and not (thread.workspace / "one.txt").exists()
+
+
+@pytest.mark.parametrize(("directive", "status"), [("@stop max_tokens", "FAILED"), ("@reply fine", "COMPLETED")])
+async def test_a_prompt_stopped_short_fails_the_run_with_the_reason(
+    client: Client, tmp_path: Path, directive: str, status: str
+) -> None:
+    thread = await _thread(client, tmp_path, "acp")
+    done = await finished(client, (await send(client, thread.id, directive))["run"]["id"])
+    assert done["status"] == status
+    if status == "FAILED":
+        assert done["statusReason"] == "the agent stopped: max_tokens"
+
+
 async def test_a_question_by_elicitation_is_a_user_input_request(client: Client, tmp_path: Path) -> None:
     thread = await _thread(client, tmp_path, "acp")
     sent = await send(client, thread.id, "@ask Which color? | red | blue")

@@ -54,6 +54,7 @@ from threadloom.providers.contract import (
 
 log = logging.getLogger("threadloom.providers.acp")
 HIDDEN_SESSION = "<acp session>"
+STOPPED_SHORT = frozenset({"refusal", "max_tokens", "max_turn_requests"})  # stop reasons that fail the turn
 REQUEST_CANCELLED = -32800  # the error a request cancelled by `$/cancel_request` answers with
 CANCEL_REQUEST_AFTER_S = 1.0  # how long `session/cancel` alone may take before the request itself is cancelled
 # A runtime mode → the values of an agent's `mode` config option that stand for it, best first (its own name,
@@ -210,8 +211,8 @@ class AcpRuntime:
         reason = str((done.result or {}).get("stopReason") or "end_turn")
         if reason == "cancelled":
             return live.updates.end("interrupted")
-        if reason == "refusal":
-            return live.updates.end("failed", "the agent refused the prompt")
+        if reason in STOPPED_SHORT:  # the agent gave up before the work was done: the run says why
+            return live.updates.end("failed", f"the agent stopped: {reason}")
         return live.updates.end("completed")
 
     def _note_message_id(self, live: _Live, result: dict[str, Any]) -> None:
