@@ -227,8 +227,7 @@ class AcpRuntime:
                     if isinstance(found, str):
                         break
         if isinstance(found, str) and live.record.turns and live.record.turns[-1].get("turn") == live.turn:
-            live.record.turns[-1]["messageId"] = found
-            self._records.save(live.record)
+            live.record.turns[-1]["messageId"] = found  # written with the next change of the record (or close)
 
     def _record_usage(self, thread: str, turn: str | None, usage: AcpUsage) -> None:
         self.usage[thread] = self.usage.get(thread, AcpUsage()).merged(usage)
@@ -515,6 +514,8 @@ class AcpRuntime:
         for live in self._live.values():
             if live.drain is not None:
                 live.drain.cancel()
+            with contextlib.suppress(OSError, ValueError):
+                self._records.save(live.record)
         await self.process.close()
 
 
