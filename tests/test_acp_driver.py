@@ -36,6 +36,7 @@ PROVIDERS = (
         max_line_bytes=1048576,
     )
     + acp_instance("acp-amnesic", "--acp-without", "resume,load")
+    + acp_instance("acp-fibber", "--acp-lie", "steering")
 )  # fmt: skip
 
 CREATE_THREAD = """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
@@ -206,6 +207,31 @@ async def test_an_unprobed_instance_plans_with_what_initialize_advertised(client
     assert statuses["_session/steering"] == "NOT_ADVERTISED" and statuses["session/load"] == "NOT_PROBED"
 
 
+async def test_a_method_found_missing_at_run_time_is_dropped_and_the_steer_becomes_a_run(
+    client: Client, tmp_path: Path
+) -> None:
+    """`acp-fibber` advertises steering but answers it -32601, and was never probed: the first steer is
+    planned native, refused, and queued as a run of its own; from then on the instance plans restarts."""
+    thread = await _thread(client, tmp_path, "acp-fibber")
+    first = await send(client, thread.id, "@await go\n@reply first")
+    await _running(client, first["run"]["id"])
+    assert (await _instances(client))["acp-fibber"]["capabilities"]["supportsActiveSteering"] is True
+    steer = await send(client, thread.id, "@reply the steer")
+    assert steer["appliedDispatch"] == "STEER_ACTIVE"
+
+    async def became_a_run() -> list[dict[str, Any]] | None:
+        acts = [a for a in await _activities(client, thread.id) if a["kind"] == "steer.became_run"]
+        return acts or None
+
+    await until(became_a_run)
+    (thread.workspace / "go").write_text("")
+    assert (await finished(client, first["run"]["id"]))["status"] == "COMPLETED"
+    after = (await _instances(client))["acp-fibber"]
+    assert after["capabilities"]["supportsActiveSteering"] is False
+    steering = next(m for m in after["acpProfile"]["methods"] if m["method"] == "_session/steering")
+    assert steering["status"] == "UNSUPPORTED" and "Method not found" in steering["note"]
+
+
 # ---- approvals and questions ------------------------------------------------------------------
 
 
@@ -266,6 +292,16 @@ async def test_a_question_by_elicitation_is_a_user_input_request(client: Client,
     assert good["respondToUserInput"]["request"]["status"] == "RESOLVED"
     assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"
     assert (await _texts(client, thread.id, sent["run"]["id"]))[-1] == "Answer: blue"
+
+
+async def test_a_subagent_is_a_node_of_its_own_with_its_child_turn(client: Client, tmp_path: Path) -> None:
+    thread = await _thread(client, tmp_path, "acp")
+    done = await thread.run("@subagent look around\n@reply parent done")
+    subagents = [n for n in done["executionGraph"]["nodes"] if n["kind"] == "SUBAGENT"]
+    assert len(subagents) == 1 and subagents[0]["status"] == "COMPLETED"
+    kinds = {a["kind"] for a in await _activities(client, thread.id)}
+    assert {"subagent.started", "subagent.completed"} <= kinds, kinds
+    assert (await _texts(client, thread.id, done["id"]))[-1] == "parent done"
 
 
 # ---- steering and interruption ------------------------------------------------------------------
