@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support.acp_agents import acp_instance
-from tests.support.graphql import threads_sharing_a_runtime
+from tests.support.graphql import CREATE_PROJECT, threads_sharing_a_runtime
 from tests.support.pg import PgServer
 from tests.support.runs import finished, run, send
 from tests.support.scripted import ScriptedThread
@@ -277,6 +277,27 @@ async def test_a_prompt_stopped_short_fails_the_run_with_the_reason(
     assert done["status"] == status
     if status == "FAILED":
         assert done["statusReason"] == "the agent stopped: max_tokens"
+
+
+@pytest.mark.parametrize(("mode", "asks"), [("APPROVAL_REQUIRED", True), ("WORKSPACE_WRITE", False)])
+async def test_the_runtime_mode_reaches_the_agent_through_its_mode_config_option(
+    client: Client, tmp_path: Path, mode: str, asks: bool
+) -> None:
+    project = await client.gql(CREATE_PROJECT, {"name": "mode", "root": str(_folder(tmp_path / "ws"))})
+    made = await client.gql(
+        """mutation($p: ID!, $m: RuntimeMode!) { createThread(input: {projectId: $p, providerInstanceId: "acp",
+             mode: $m}) { thread { id } userErrors { code } } }""",
+        {"p": project["createProject"]["project"]["id"], "m": mode},
+    )
+    thread = made["createThread"]["thread"]["id"]
+    sent = await send(client, thread, "@tool echo ran > ran.txt")
+    if asks:
+        request = (await _pending(client, thread))[0]
+        assert request["kind"] == "COMMAND_APPROVAL"
+        assert (await client.gql(APPROVE, {"r": request["id"], "d": "ACCEPT"}))["respondToApproval"]["userErrors"] == []
+    assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"
+    assert (tmp_path / "ws" / "ran.txt").read_text() == "ran\n"
+    assert (await client.gql(PENDING, {"t": thread}))["thread"]["pendingRequests"] == []
 
 
 async def test_a_question_by_elicitation_is_a_user_input_request(client: Client, tmp_path: Path) -> None:
