@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -130,3 +134,30 @@ async def test_the_twin_text_without_a_session_id_is_left_as_it_is(tmp_path: Pat
         thread = await a.runtime.start_thread(ThreadSettings(cwd=a.scope.workspace_root))
         failed = await a.turn(thread, "@fail lost 0d5b2d018-8908-4c1f-b92c-90df414dbc51")
         assert failed.error == "lost 0d5b2d018-8908-4c1f-b92c-90df414dbc51"
+
+
+@pytest.mark.parametrize(
+    ("instance", "code"), [("nope", "UNKNOWN_PROVIDER_INSTANCE"), ("scripted", "NOT_ACP"), ("broken", "PROBE_FAILED")]
+)
+def test_the_probe_cli_refuses_what_it_cannot_probe_with_a_coded_line(tmp_path: Path, instance: str, code: str) -> None:
+    config = tmp_path / "providers.toml"
+    config.write_text('[instances.broken]\ndriver = "acp"\ncommand = ["/nonexistent/agent"]\n')
+    env = {**os.environ, "THREADLOOM_PROVIDERS": str(config)}
+    argv = [sys.executable, "-m", "threadloom", "providers", "probe", instance, "--data-dir", str(tmp_path / "d")]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith(f"threadloom: {code}: "), done.stderr
+    assert not (tmp_path / "d" / "agents" / instance / "acp-profiles.json").exists()  # nothing stored
+
+
+def test_the_twin_the_probe_cli_stores_and_prints_a_working_agents_profile(tmp_path: Path) -> None:
+    config = tmp_path / "providers.toml"
+    config.write_text(f'[instances.ok]\ndriver = "acp"\ncommand = {json.dumps(acp_command("--acp-without", "fork"))}\n')
+    env = {**os.environ, "THREADLOOM_PROVIDERS": str(config)}
+    argv = [sys.executable, "-m", "threadloom", "providers", "probe", "ok", "--data-dir", str(tmp_path / "d")]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "session/fork                 not_advertised" in done.stdout
+    assert "_session/steering            works" in done.stdout
+    stored = json.loads((tmp_path / "d" / "agents" / "ok" / "acp-profiles.json").read_text())
+    assert stored["latest"] == "threadloom-scripted@0.1.0"
+    assert stored["profiles"][stored["latest"]]["probed"]["_session/rewind"] == "works"

@@ -413,7 +413,10 @@ def cmd_providers(args: argparse.Namespace) -> int:
     from threadloom.providers.acp.probe import probe_instance
     from threadloom.providers.registry import ConfigError, load_instances
 
-    settings = Settings.from_env(data_dir=getattr(args, "data_dir", None))
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir is None and not os.environ.get("THREADLOOM_DATA_DIR") and (announced := server_state.read()):
+        data_dir = str(announced.data_dir)  # the running server's, whose runtimes read the stored profile
+    settings = Settings.from_env(data_dir=data_dir)
     try:
         instances = load_instances(settings.providers_file)
     except ConfigError as error:
