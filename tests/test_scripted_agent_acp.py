@@ -773,3 +773,15 @@ async def test_the_codex_face_asks_all_approvals_at_once_reports_usage_and_stops
         usage = next(m["params"] for m in codex.messages if m.get("method") == "thread/tokenUsage/updated")
         assert usage["tokenUsage"]["last"]["totalTokens"] == 10 and usage["costUsd"] == 0.125
         assert os.listdir(work) == ["b.txt"]
+
+
+async def test_a_session_outside_the_agents_workspace_is_refused(spawn: Spawner, work: Path, tmp_path: Path) -> None:
+    agent, inside = await session(spawn, work, "--workspace", str(work))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    error = await agent.error("session/new", {"cwd": str(outside), "mcpServers": []})
+    assert error["code"] == -32602 and "outside this agent's workspace" in error["message"]
+    assert (await agent.error("session/fork", {"sessionId": inside, "cwd": str(outside)}))["code"] == -32602
+    # The twin: a folder inside the workspace is fine.
+    (work / "sub").mkdir()
+    assert await agent.new_session(str(work / "sub"))
