@@ -370,7 +370,6 @@ class AcpRuntime:
         blocks = [*self._handoff_blocks(handoff), {"type": "text", "text": text}]
         turn = f"turn-{uuid.uuid4().hex[:16]}"
         live.record.turns.append({"turn": turn, "fingerprint": fingerprint(text)})
-        self._records.save(live.record)
         live.turn = turn
         self._last_turn[native_thread] = turn
         self.process.incoming.put_nowait(_Local(tuple(live.updates.begin(turn))))
@@ -380,9 +379,9 @@ class AcpRuntime:
             live.turn = None
             live.updates.turn = None
             live.record.turns.pop()
-            self._records.save(live.record)
             raise ProviderError(error.code, self._scrub(error.message)) from error
         self._prompts[live.prompt_id] = native_thread
+        self._records.save(live.record)  # after the prompt is sent: written while the agent works
         return turn
 
     def _handoff_blocks(self, handoff: str | None) -> list[dict[str, Any]]:
