@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -161,3 +162,32 @@ def test_the_twin_the_probe_cli_stores_and_prints_a_working_agents_profile(tmp_p
     stored = json.loads((tmp_path / "d" / "agents" / "ok" / "acp-profiles.json").read_text())
     assert stored["latest"] == "threadloom-scripted@0.1.0"
     assert stored["profiles"][stored["latest"]]["probed"]["_session/rewind"] == "works"
+
+
+async def test_a_cancel_the_agent_never_answers_ends_the_turn_at_the_drain_timeout(tmp_path: Path) -> None:
+    """The agent is stopped (SIGSTOP on its process group) while its prompt runs: neither `session/cancel` nor
+    `$/cancel_request` is answered, so the driver ends the turn as interrupted after `cancel_drain_s`; the
+    agent's late answer, once it goes on, is ignored and the session takes the next prompt."""
+    async with agent(tmp_path, cancel_drain_s=0.5) as a:
+        thread = await a.runtime.start_thread(ThreadSettings(cwd=a.scope.workspace_root))
+        turn = await a.runtime.start_turn(thread, "@await gate\n@reply late")
+
+        async def started() -> bool | None:
+            return any(isinstance(e, ev.TurnStarted) for e in a.events) or None
+
+        await until(started)
+        group = a.runtime.process.proc.pid
+        os.killpg(group, signal.SIGSTOP)
+        try:
+            await a.runtime.interrupt_turn(thread, turn)
+
+            async def ended() -> ev.TurnCompleted | None:
+                done = [e for e in a.events if isinstance(e, ev.TurnCompleted) and e.native_turn == turn]
+                return done[0] if done else None
+
+            assert (await until(ended)).status == "interrupted"
+        finally:
+            os.killpg(group, signal.SIGCONT)
+        nxt = await a.turn(thread, "@reply next")
+        assert nxt.status == "completed"
+        assert [e.status for e in a.events if isinstance(e, ev.TurnCompleted)] == ["interrupted", "completed"]

@@ -96,6 +96,7 @@ class _Live:
     turn: str | None = None
     drain: asyncio.Task[None] | None = None
     cancelling: bool = False
+    abandoned: dict[int, asyncio.Future[None]] = dataclasses.field(default_factory=dict)  # ended by the driver
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,6 +195,9 @@ class AcpRuntime:
         thread = self._prompts.pop(done.request_id, None)
         live = self._live.get(thread) if thread is not None else None
         if live is None or live.prompt_id != done.request_id:
+            gone = live.abandoned.pop(done.request_id, None) if live is not None else None
+            if gone is not None and not gone.done():
+                gone.set_result(None)  # the agent is done with it: the session takes a prompt again
             return []  # a prompt the driver already ended (its cancel drained out)
         if done.result is not None:
             usage = usage_of_prompt(done.result)
@@ -367,6 +371,9 @@ class AcpRuntime:
         live = self._loaded(native_thread)
         if live.turn is not None:
             raise ProviderError("busy", "a prompt of this ACP session is still running")
+        for late in list(live.abandoned.values()):  # a prompt the driver ended may still be winding down
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(late), self.cancel_drain_s)
         blocks = [*self._handoff_blocks(handoff), {"type": "text", "text": text}]
         turn = f"turn-{uuid.uuid4().hex[:16]}"
         live.record.turns.append({"turn": turn, "fingerprint": fingerprint(text)})
@@ -435,7 +442,7 @@ class AcpRuntime:
             log.warning("acp: a cancelled prompt did not end within %.1fs; ending its turn", self.cancel_drain_s)
             live.prompt_id = live.turn = live.drain = None
             live.cancelling = False
-            self._prompts.pop(prompt_id, None)
+            live.abandoned[prompt_id] = asyncio.get_running_loop().create_future()  # its late answer
             self.process.incoming.put_nowait(_Local(tuple(live.updates.end("interrupted"))))
 
     async def respond_to_request(self, request_ref: str, response: dict[str, Any]) -> None:
