@@ -36,8 +36,8 @@ from common import REPO, EmbeddedPostgres, bench_tmp, create_database, embedded_
 
 sys.path.insert(0, str(REPO))  # tests.support
 
-from tests.support.acp_agents import acp_command
 from tests.support.acp_client import AcpClient
+from tests.support.acp_scripted import acp_command
 from tests.support.inproc import new_thread, send
 
 from threadloom.config import Settings

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.acp_agents import acp_instance
+from tests.support.acp_scripted import acp_instance
 from tests.support.graphql import CREATE_PROJECT, threads_sharing_a_runtime
 from tests.support.pg import PgServer
 from tests.support.runs import finished, run, send

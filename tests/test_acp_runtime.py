@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.acp_agents import acp_command
+from tests.support.acp_scripted import acp_command
 from tests.support.waiting import until
 from threadloom.providers import contract as ev
 from threadloom.providers.acp.driver import AcpDriver

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.acp_agents import acp_instance
+from tests.support.acp_scripted import acp_instance
 from tests.support.runs import finished
 from tests.support.scripted import ScriptedThread
 from tests.support.server import Client

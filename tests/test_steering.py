@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from tests.support.acp_agents import acp_instance
+from tests.support.acp_scripted import acp_instance
 from tests.support.graphql import CREATE_PROJECT, threads_sharing_a_runtime, workspace
 from tests.support.inproc import ADMIN, new_thread
 from tests.support.inproc import send as send_inproc
