@@ -112,7 +112,7 @@ class Connection:
             await self._send({"id": request_id, "method": method, "params": params})
             return await future
         except asyncio.CancelledError:
-            if not future.done():  # no longer wanted (answered elsewhere, the prompt ended): the editor may drop it
+            if future.cancelled():  # not answered, no longer wanted (answered elsewhere, the prompt ended): withdrawn
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.notify(CANCEL_REQUEST, {"requestId": request_id}))
             raise
