@@ -13,16 +13,18 @@ import logging
 import os
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from threadloom.agent import shell, workspace
 from threadloom.agent.directives import (
     Approval,
+    Approvals,
     Ask,
     Await,
     AwaitSteer,
+    Config,
     Crash,
     Delay,
     Directive,
@@ -31,16 +33,18 @@ from threadloom.agent.directives import (
     Plan,
     Recall,
     Reply,
+    Stop,
     Subagent,
     Todo,
     Tool,
+    Usage,
     Write,
     chunks,
     parse,
     parse_steer,
 )
 from threadloom.agent.sandbox import Sandbox
-from threadloom.agent.wire import LineWriter, Message, Peer, PeerError
+from threadloom.agent.wire import Message, PeerError, Sink
 
 log = logging.getLogger("threadloom.agent")
 
@@ -57,20 +61,42 @@ class TurnFailed(Exception):
     """`@fail` (or a malformed script): the turn ends with status `failed` and this message."""
 
 
+class TurnStopped(TurnFailed):
+    """`@stop REASON`: the turn ends `failed` with `stopReason` REASON, as a model that stops on its own."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"stopped: {reason}")
+        self.reason = reason
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TurnResult:
     status: str
     error: str | None
     output: str
+    stop_reason: str | None = None  # `@stop REASON`
+
+
+class Asker(Protocol):
+    """Who a turn asks (approvals, questions): `request` returns the answer or raises `PeerError`."""
+
+    async def request(self, method: str, params: Message) -> Message: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Io:
     """What every turn of the process shares: the output stream, the client as a callee, and item ids."""
 
-    writer: LineWriter
-    peer: Peer
+    writer: Sink
+    peer: Asker
     new_item_id: Callable[[], str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hooks:
+    """What only one face does with a directive: `@config` (the ACP face); None ignores it."""
+
+    config: Callable[[str, str], Awaitable[None]] | None = None
 
 
 class Turn:
@@ -90,8 +116,10 @@ class Turn:
         sandbox: Sandbox | None = None,
         recall: Callable[[], str] = lambda: "",
         spawn: Callable[[str, str], Spawned] | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.io = io
+        self._hooks = hooks or Hooks()
         self._spawn = spawn  # `@subagent`: a native thread of its own for the subagent (server.py)
         self._recall = recall  # the thread's conversation as `@recall` shows it, read when the directive runs
         self.mode = mode  # the thread's runtime mode: read_only writes nothing, approval_required asks first
@@ -111,6 +139,8 @@ class Turn:
         self._messages: list[str] = []
         self._work: asyncio.Task[None] | None = None
         self._interrupted = False
+        self._calls: dict[str, int] = {}  # model calls reported, by turn id (the subagents' own turns too)
+        self._totals: dict[str, tuple[int, int]] = {}  # their input and output token sums, by turn id
         try:
             self._planned.extend(parse(text))
         except DirectiveError as exc:
@@ -147,10 +177,10 @@ class Turn:
         result = self._result(self._work)
         self._on_finish(self, result)
         error = None if result.error is None else {"message": result.error}
-        await self._send(
-            "turn/completed",
-            {"threadId": self.thread_id, "turn": {"id": self.id, "status": result.status, "error": error}},
-        )
+        turn: Message = {"id": self.id, "status": result.status, "error": error}
+        if result.stop_reason is not None:
+            turn["stopReason"] = result.stop_reason
+        await self._send("turn/completed", {"threadId": self.thread_id, "turn": turn})
 
     def _result(self, work: asyncio.Task[None]) -> TurnResult:
         output = "\n".join(self._messages)
@@ -161,7 +191,8 @@ class Turn:
             return TurnResult("completed", None, output)
         if not isinstance(exc, TurnFailed):
             log.error("turn %s broke", self.id, exc_info=exc)
-        return TurnResult("failed", str(exc) or type(exc).__name__, output)
+        reason = exc.reason if isinstance(exc, TurnStopped) else None
+        return TurnResult("failed", str(exc) or type(exc).__name__, output, reason)
 
     async def _execute(self) -> None:
         try:
@@ -203,6 +234,14 @@ class Turn:
                 await self._write(path, text)
             case Approval(command):
                 await self._approval(command)
+            case Approvals(commands):
+                await self._approvals(commands)
+            case Usage():
+                await self._usage(self.id, directive)
+            case Config(option, value) if self._hooks.config is not None:
+                await self._hooks.config(option, value)
+            case Stop(reason):
+                raise TurnStopped(reason)
             case Ask(question, options):
                 await self._ask(question, options)
             case Todo(steps):
@@ -219,6 +258,20 @@ class Turn:
                 if once and not await asyncio.to_thread(_first_crash, self.thread_id):
                     return
                 os._exit(CRASH_EXIT_CODE)
+
+    async def _usage(self, turn_id: str, call: Usage) -> None:
+        """One model call's usage, as Codex reports it (`thread/tokenUsage/updated`: this call's figures in
+        `last`, the turn's running sum in `total`), plus what Codex never sends: `callId`, the call's stable
+        name, and `costUsd` when the directive gave one."""
+        number = self._calls[turn_id] = self._calls.get(turn_id, 0) + 1
+        last = _breakdown(call.input, call.output)
+        sums = self._totals.get(turn_id, (0, 0))
+        sums = self._totals[turn_id] = (sums[0] + call.input, sums[1] + call.output)
+        params: Message = {"tokenUsage": {"last": last, "total": _breakdown(*sums), "modelContextWindow": None}}
+        params["callId"] = f"{turn_id}/{number}"
+        if call.cost_usd is not None:
+            params["costUsd"] = call.cost_usd
+        await self._notify("thread/tokenUsage/updated", turn_id, **params)
 
     async def _await_file(self, path: str) -> None:
         """Holds the turn until `path` exists inside the cwd (a test's gate), failing it after AWAIT_BOUND_S.
@@ -336,13 +389,27 @@ class Turn:
     async def _approval(self, command: str, turn_id: str | None = None) -> None:
         turn_id = turn_id or self.id
         item_id = self.io.new_item_id()
+        decision = await self._ask_approval(command, item_id, turn_id)
+        await self._act_on(command, item_id, turn_id, decision)
+
+    async def _approvals(self, commands: tuple[str, ...]) -> None:
+        """All the requests go out before any answer is awaited; the accepted commands then run in order."""
+        item_ids = [self.io.new_item_id() for _ in commands]
+        pairs = list(zip(commands, item_ids, strict=True))
+        decisions = await asyncio.gather(*(self._ask_approval(command, item_id, self.id) for command, item_id in pairs))
+        for command, item_id, decision in zip(commands, item_ids, decisions, strict=True):
+            await self._act_on(command, item_id, self.id, decision)
+
+    async def _ask_approval(self, command: str, item_id: str, turn_id: str) -> object:
         params = {"threadId": self.thread_id, "turnId": turn_id, "itemId": item_id, "command": command, "cwd": self.cwd}
         try:
             answer = await self.io.peer.request("item/commandExecution/requestApproval", params)
-            decision = answer.get("decision")
         except PeerError as exc:
             log.warning("approval request failed (%s); treated as declined", exc)
-            decision = "decline"
+            return "decline"
+        return answer.get("decision")
+
+    async def _act_on(self, command: str, item_id: str, turn_id: str, decision: object) -> None:
         if decision in APPROVED:
             await self._tool(command, item_id, turn_id)
             return
@@ -464,6 +531,18 @@ class Turn:
 
     async def _send(self, method: str, params: Message) -> None:
         await self.io.writer.send({"method": method, "params": params})
+
+
+def _breakdown(input_tokens: int, output_tokens: int) -> Message:
+    """Codex's TokenUsageBreakdown of a call of these figures (nothing cached, no reasoning)."""
+    return {
+        "inputTokens": input_tokens,
+        "cachedInputTokens": 0,
+        "cacheWriteInputTokens": 0,
+        "outputTokens": output_tokens,
+        "reasoningOutputTokens": 0,
+        "totalTokens": input_tokens + output_tokens,
+    }
 
 
 def _answer_labels(answer: Message) -> list[str]:
