@@ -7,6 +7,7 @@ instead of half-running a script.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 
@@ -80,13 +81,65 @@ class Fail:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Approvals:
+    """`@approvals A | B`: asks for every command at once (the requests are all outstanding together), then runs
+    the accepted ones in order."""
+
+    commands: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """`@usage IN OUT [COST]`: the model usage the turn reports (tokens in and out, cost in USD)."""
+
+    input_tokens: int
+    output_tokens: int
+    cost: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stop:
+    """`@stop REASON`: ends the turn the way a model stops on its own (`refusal`, `max_tokens`,
+    `max_turn_requests`); the ACP face answers the prompt with that stop reason."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    """`@config ID VALUE`: the agent changes one of its session's config options on its own (ACP face)."""
+
+    option: str
+    value: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Crash:
     once: bool = False  # `@crash once`: only the first time this thread gets here (a retried turn goes on)
 
 
 Directive = (
-    Reply | Delay | Await | AwaitSteer | Tool | Write | Approval | Ask | Todo | Plan | Subagent | Recall | Fail | Crash
+    Reply
+    | Delay
+    | Await
+    | AwaitSteer
+    | Tool
+    | Write
+    | Approval
+    | Approvals
+    | Ask
+    | Todo
+    | Plan
+    | Subagent
+    | Recall
+    | Usage
+    | Stop
+    | Config
+    | Fail
+    | Crash
 )
+
+STOP_REASONS = ("refusal", "max_tokens", "max_turn_requests")
 
 
 _LINE = re.compile(r"@(\S*)\s*(.*)", re.DOTALL)
@@ -154,6 +207,22 @@ def _directive(name: str, arg: str) -> Directive:
             return Write(path, text.strip())
         case "approval":
             return Approval(_required(name, arg, "a command"))
+        case "approvals":
+            commands = tuple(part.strip() for part in arg.split("|") if part.strip())
+            if not commands:
+                raise DirectiveError("@approvals needs at least one command")
+            return Approvals(commands)
+        case "usage":
+            return _usage(arg)
+        case "stop":
+            if arg not in STOP_REASONS:
+                raise DirectiveError(f"@stop needs one of {', '.join(STOP_REASONS)}, got {arg!r}")
+            return Stop(arg)
+        case "config":
+            option, _, value = arg.partition(" ")
+            if not option or not value.strip():
+                raise DirectiveError("@config needs an option id and a value")
+            return Config(option, value.strip())
         case "ask":
             question, *options = (part.strip() for part in _required(name, arg, "a question").split("|"))
             if not question:
@@ -180,6 +249,21 @@ def _directive(name: str, arg: str) -> Directive:
             return Crash(once=arg == "once")
         case _:
             raise DirectiveError(f"unknown directive @{name}")
+
+
+def _usage(arg: str) -> Usage:
+    parts = arg.split()
+    if len(parts) not in (2, 3) or not all(p.isascii() and p.isdigit() for p in parts[:2]):
+        raise DirectiveError(f"@usage needs IN OUT [COST]: two whole token counts and a cost, got {arg!r}")
+    cost: float | None = None
+    if len(parts) == 3:
+        try:
+            cost = float(parts[2])
+        except ValueError:
+            raise DirectiveError(f"@usage cost must be a number, got {parts[2]!r}") from None
+        if not (math.isfinite(cost) and cost >= 0):
+            raise DirectiveError(f"@usage cost must not be negative, got {parts[2]!r}")
+    return Usage(int(parts[0]), int(parts[1]), cost)
 
 
 def _required(name: str, arg: str, what: str) -> str:

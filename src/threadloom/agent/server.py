@@ -29,7 +29,7 @@ from threadloom.agent.state import (
     ThreadRecord,
     TurnRecord,
 )
-from threadloom.agent.turns import ChildTurn, Io, Turn, TurnResult
+from threadloom.agent.turns import ChildTurn, Hooks, Io, Turn, TurnResult
 from threadloom.agent.wire import (
     CAPABILITY_OFF,
     INTERNAL_ERROR,
@@ -41,10 +41,10 @@ from threadloom.agent.wire import (
     PARSE_ERROR,
     TURN_RUNNING,
     LineReader,
-    LineWriter,
     Message,
     Peer,
     RpcError,
+    Sink,
 )
 
 log = logging.getLogger("threadloom.agent")
@@ -136,14 +136,15 @@ class SpawnedThread:
 
 
 class Server:
-    def __init__(self, options: Options, writer: LineWriter) -> None:
+    def __init__(self, options: Options, writer: Sink, io: Io | None = None) -> None:
+        """`io`: where turns send and ask (the ACP face passes its translation); else straight to `writer`."""
         self.options = options
         self.writer = writer
         self.store = StateStore(options.state_dir)
-        self.peer = Peer(writer)
         self.sessions: dict[str, Session] = {}
         # Unique across processes too: a resumed thread's new items must not reuse its old items' ids.
-        self.io = Io(writer, self.peer, lambda: f"item-{uuid.uuid4()}")
+        self.io = io or Io(writer, Peer(writer), lambda: f"item-{uuid.uuid4()}")
+        self.hooks: Callable[[ThreadRecord], Hooks] | None = None  # per thread; the ACP face sets it
         self.handlers: dict[str, Callable[[Message], Answer]] = {
             "initialize": self._initialize,
             "thread/start": self._thread_start,
@@ -192,8 +193,8 @@ class Server:
             await self._error(None, INVALID_REQUEST, "a message must be a JSON object")
             return
         if "method" not in message:
-            if "id" in message:
-                self.peer.resolve(message)
+            if "id" in message and isinstance(self.io.peer, Peer):
+                self.io.peer.resolve(message)
             else:
                 log.warning("message without method or id ignored")
             return
@@ -336,6 +337,7 @@ class Server:
             on_finish=finish,
             recall=lambda: recall.render(thread.turns),
             spawn=lambda prompt, turn_id: self._spawn(thread, prompt, turn_id),
+            hooks=self.hooks(thread) if self.hooks is not None else None,
         )
         session.active = turn
         return Answer({"turn": {"id": turn.id, "status": "inProgress"}}, turn.begin)

@@ -68,10 +68,14 @@ class ThreadRecord:
     cwd: str
     turns: list[TurnRecord] = dataclasses.field(default_factory=list)
     runtime_mode: str = DEFAULT_MODE  # what its commands may do; see sandbox.py and docs/scripted-agent.md
+    model: str | None = None  # the ACP face's `model` config option (the Codex face has none)
 
     def to_json(self) -> dict[str, Any]:
         turns = [turn.to_json() for turn in self.turns]
-        return {"id": self.id, "cwd": self.cwd, "runtimeMode": self.runtime_mode, "turns": turns}
+        data = {"id": self.id, "cwd": self.cwd, "runtimeMode": self.runtime_mode, "turns": turns}
+        if self.model is not None:
+            data["model"] = self.model
+        return data
 
     def settle_stale_turns(self) -> bool:
         """Marks turns a dead process left `inProgress` as `interrupted`; True if any changed."""
@@ -96,7 +100,8 @@ class StateStore:
             data = json.loads(path.read_text(encoding="utf-8"))
             turns = [_turn(t) for t in data["turns"]]
             mode = str(data.get("runtimeMode", DEFAULT_MODE))  # files written before modes existed
-            return ThreadRecord(str(data["id"]), str(data["cwd"]), turns, mode)
+            model = data.get("model")
+            return ThreadRecord(str(data["id"]), str(data["cwd"]), turns, mode, None if model is None else str(model))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StateError(f"cannot read thread {thread_id}: {exc}") from exc
 

@@ -13,16 +13,18 @@ import logging
 import os
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from threadloom.agent import shell, workspace
 from threadloom.agent.directives import (
     Approval,
+    Approvals,
     Ask,
     Await,
     AwaitSteer,
+    Config,
     Crash,
     Delay,
     Directive,
@@ -31,16 +33,18 @@ from threadloom.agent.directives import (
     Plan,
     Recall,
     Reply,
+    Stop,
     Subagent,
     Todo,
     Tool,
+    Usage,
     Write,
     chunks,
     parse,
     parse_steer,
 )
 from threadloom.agent.sandbox import Sandbox
-from threadloom.agent.wire import LineWriter, Message, Peer, PeerError
+from threadloom.agent.wire import Message, PeerError, Sink
 
 log = logging.getLogger("threadloom.agent")
 
@@ -57,20 +61,43 @@ class TurnFailed(Exception):
     """`@fail` (or a malformed script): the turn ends with status `failed` and this message."""
 
 
+class TurnStopped(TurnFailed):
+    """`@stop REASON`: the turn ends `failed` with `stopReason` REASON, as a model that stops on its own."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"stopped: {reason}")
+        self.reason = reason
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TurnResult:
     status: str
     error: str | None
     output: str
+    stop_reason: str | None = None  # `@stop REASON`
+
+
+class Asker(Protocol):
+    """Who a turn asks (approvals, questions): `request` returns the answer or raises `PeerError`."""
+
+    async def request(self, method: str, params: Message) -> Message: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Io:
     """What every turn of the process shares: the output stream, the client as a callee, and item ids."""
 
-    writer: LineWriter
-    peer: Peer
+    writer: Sink
+    peer: Asker
     new_item_id: Callable[[], str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hooks:
+    """What only one face does with a directive: `@usage` and `@config` (the ACP face); None ignores it."""
+
+    usage: Callable[[Usage], Awaitable[None]] | None = None
+    config: Callable[[str, str], Awaitable[None]] | None = None
 
 
 class Turn:
@@ -90,8 +117,10 @@ class Turn:
         sandbox: Sandbox | None = None,
         recall: Callable[[], str] = lambda: "",
         spawn: Callable[[str, str], Spawned] | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.io = io
+        self._hooks = hooks or Hooks()
         self._spawn = spawn  # `@subagent`: a native thread of its own for the subagent (server.py)
         self._recall = recall  # the thread's conversation as `@recall` shows it, read when the directive runs
         self.mode = mode  # the thread's runtime mode: read_only writes nothing, approval_required asks first
@@ -147,10 +176,10 @@ class Turn:
         result = self._result(self._work)
         self._on_finish(self, result)
         error = None if result.error is None else {"message": result.error}
-        await self._send(
-            "turn/completed",
-            {"threadId": self.thread_id, "turn": {"id": self.id, "status": result.status, "error": error}},
-        )
+        turn: Message = {"id": self.id, "status": result.status, "error": error}
+        if result.stop_reason is not None:
+            turn["stopReason"] = result.stop_reason
+        await self._send("turn/completed", {"threadId": self.thread_id, "turn": turn})
 
     def _result(self, work: asyncio.Task[None]) -> TurnResult:
         output = "\n".join(self._messages)
@@ -161,7 +190,8 @@ class Turn:
             return TurnResult("completed", None, output)
         if not isinstance(exc, TurnFailed):
             log.error("turn %s broke", self.id, exc_info=exc)
-        return TurnResult("failed", str(exc) or type(exc).__name__, output)
+        reason = exc.reason if isinstance(exc, TurnStopped) else None
+        return TurnResult("failed", str(exc) or type(exc).__name__, output, reason)
 
     async def _execute(self) -> None:
         try:
@@ -203,6 +233,14 @@ class Turn:
                 await self._write(path, text)
             case Approval(command):
                 await self._approval(command)
+            case Approvals(commands):
+                await self._approvals(commands)
+            case Usage() if self._hooks.usage is not None:
+                await self._hooks.usage(directive)
+            case Config(option, value) if self._hooks.config is not None:
+                await self._hooks.config(option, value)
+            case Stop(reason):
+                raise TurnStopped(reason)
             case Ask(question, options):
                 await self._ask(question, options)
             case Todo(steps):
@@ -336,13 +374,27 @@ class Turn:
     async def _approval(self, command: str, turn_id: str | None = None) -> None:
         turn_id = turn_id or self.id
         item_id = self.io.new_item_id()
+        decision = await self._ask_approval(command, item_id, turn_id)
+        await self._act_on(command, item_id, turn_id, decision)
+
+    async def _approvals(self, commands: tuple[str, ...]) -> None:
+        """All the requests go out before any answer is awaited; the accepted commands then run in order."""
+        item_ids = [self.io.new_item_id() for _ in commands]
+        pairs = list(zip(commands, item_ids, strict=True))
+        decisions = await asyncio.gather(*(self._ask_approval(command, item_id, self.id) for command, item_id in pairs))
+        for command, item_id, decision in zip(commands, item_ids, decisions, strict=True):
+            await self._act_on(command, item_id, self.id, decision)
+
+    async def _ask_approval(self, command: str, item_id: str, turn_id: str) -> object:
         params = {"threadId": self.thread_id, "turnId": turn_id, "itemId": item_id, "command": command, "cwd": self.cwd}
         try:
             answer = await self.io.peer.request("item/commandExecution/requestApproval", params)
-            decision = answer.get("decision")
         except PeerError as exc:
             log.warning("approval request failed (%s); treated as declined", exc)
-            decision = "decline"
+            return "decline"
+        return answer.get("decision")
+
+    async def _act_on(self, command: str, item_id: str, turn_id: str, decision: object) -> None:
         if decision in APPROVED:
             await self._tool(command, item_id, turn_id)
             return

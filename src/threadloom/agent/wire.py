@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 log = logging.getLogger("threadloom.agent")
 
@@ -30,6 +30,12 @@ NO_THREAD = -32001
 NOT_RUNNING_TURN = -32002
 CAPABILITY_OFF = -32003
 TURN_RUNNING = -32004
+
+
+class Sink(Protocol):
+    """Where messages go: a LineWriter, or the ACP face's translation of what a turn sends."""
+
+    async def send(self, message: Message) -> None: ...
 
 
 class RpcError(Exception):
@@ -131,7 +137,7 @@ async def _no_drain() -> None:
 class Peer:
     """The agent's own requests to the client (approvals, questions) and the futures awaiting their answers."""
 
-    def __init__(self, writer: LineWriter) -> None:
+    def __init__(self, writer: Sink) -> None:
         self._writer = writer
         self._ids = itertools.count(1)
         self._pending: dict[str, asyncio.Future[Message]] = {}
