@@ -117,6 +117,7 @@ async def test_initialize_advertises_what_the_profile_records(live: Live) -> Non
     capabilities = init["agentCapabilities"]
     assert capabilities["loadSession"] is profile["load_session"]
     assert sorted(capabilities.get("sessionCapabilities", {})) == profile["session_capabilities"]
+    assert sorted(capabilities.get("_meta", {})) == profile["capability_meta"]
     steering = (init.get("_meta") or {}).get("steering", {}).get("supported", False)
     assert steering is profile["meta_steering"]
     assert set(profile["lifecycles"]) == set(LIFECYCLES)

@@ -34,6 +34,7 @@ PROFILES: Final[dict[str, dict[str, Any]]] = {
         "session_capabilities": ["additionalDirectories", "close", "delete", "fork", "list", "resume", "systemPrompt"],
         "load_session": True,
         "meta_steering": True,  # InitializeResponse._meta.steering.supported
+        "capability_meta": ["authStatus", "claudeCode"],  # agentCapabilities._meta keys (claudeCode.promptQueueing)
         "approval_mode": "default",  # the `mode` config option under which ...
         "approval_asks_for": "command",  # ... a command (Bash) asks
         "lifecycles": {
@@ -64,6 +65,7 @@ PROFILES: Final[dict[str, dict[str, Any]]] = {
         ],
         "load_session": True,
         "meta_steering": True,
+        "capability_meta": ["authStatus"],
         "approval_mode": "read-only",
         "approval_asks_for": "edit",  # a command runs in the read-only sandbox without asking
         "lifecycles": {
@@ -84,6 +86,7 @@ PROFILES: Final[dict[str, dict[str, Any]]] = {
         "session_capabilities": ["list", "resume"],
         "load_session": True,
         "meta_steering": False,
+        "capability_meta": ["imageCapability"],
         "approval_mode": "default",
         "approval_asks_for": "command",  # run_shell_command
         "lifecycles": {
