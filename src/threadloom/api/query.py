@@ -112,7 +112,8 @@ class Query:
         first: int = 50,
         before: str | None = None,
     ) -> list[WebhookDelivery] | None:
-        return await webhook_deliveries(info, endpoint_id, status, first, before)
+        shown = None if status is None else enums.member(DeliveryStatus, status)
+        return await webhook_deliveries(info, endpoint_id, shown, first, before)
 
     @strawberry.field
     async def thread(self, info: Info, id: strawberry.ID) -> Thread | None:

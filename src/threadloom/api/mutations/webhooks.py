@@ -11,6 +11,7 @@ import uuid
 
 import strawberry
 
+from threadloom.api import enums
 from threadloom.api import ids as gid
 from threadloom.api.context import Context, Info
 from threadloom.api.errors import UserError
@@ -171,7 +172,7 @@ class WebhookMutation:
             ctx.principal,
             project_id=project,
             url=input.url,
-            events=list(input.events),
+            events=[enums.member(WebhookEvent, e) for e in input.events],
             description=input.description,
             include_subagents=input.include_subagents,
         )
@@ -186,7 +187,7 @@ class WebhookMutation:
             ctx.principal,
             endpoint,
             url=input.url,
-            events=None if input.events is None else list(input.events),
+            events=None if input.events is None else [enums.member(WebhookEvent, e) for e in input.events],
             description=input.description,
             include_subagents=input.include_subagents,
             enabled=input.enabled,
