@@ -138,7 +138,8 @@ async def test_a_completed_run_is_delivered_signed_after_two_failures_and_a_time
     assert len(got) == 4 and len({r.webhook_id for r in got}) == 1 and got[0].webhook_id.startswith("msg_")
     for request in got:
         assert verify(secret, request.headers, request.body), request.headers
-        assert request.path == "/hooks" and request.headers["content-type"] == "application/json"
+        assert (request.method, request.path) == ("POST", "/hooks")
+        assert request.headers["content-type"] == "application/json"
     assert len({r.body for r in got}) == 1  # the same bytes every attempt
     _forged(secret, got[-1])
     body = got[-1].json
@@ -213,13 +214,13 @@ async def test_another_projects_admin_sees_no_endpoint_and_changes_none_while_th
     assert (await client.gql(ENDPOINTS, {"p": a}, token=b_admin))["webhookEndpoints"] is None
     assert (await client.gql(DELIVERIES, {"e": endpoint}, token=b_admin))["webhookDeliveries"] is None
     not_found = [{"code": "NOT_FOUND", "field": "endpointId"}]
-    refused_update = (await client.gql(UPDATE, {"e": endpoint, "enabled": False}, token=b_admin))
+    refused_update = await client.gql(UPDATE, {"e": endpoint, "enabled": False}, token=b_admin)
     assert refused_update["updateWebhookEndpoint"] == {"endpoint": None, "userErrors": not_found}
     refused_rotate = (await client.gql(ROTATE, {"e": endpoint}, token=b_admin))["rotateWebhookSecret"]
     assert refused_rotate == {"endpoint": None, "secret": None, "userErrors": not_found}
     refused_delete = (await client.gql(DELETE, {"e": endpoint}, token=b_admin))["deleteWebhookEndpoint"]
     assert refused_delete == {"deletedEndpointId": None, "userErrors": not_found}
-    into_a = (await client.gql(CREATE, {"p": a, "url": receiver.url, "events": ["RUN_FAILED"]}, token=b_admin))
+    into_a = await client.gql(CREATE, {"p": a, "url": receiver.url, "events": ["RUN_FAILED"]}, token=b_admin)
     assert into_a["createWebhookEndpoint"]["userErrors"] == [{"code": "NOT_FOUND", "field": "projectId"}]
     under = (await client.gql(UPDATE, {"e": endpoint, "enabled": False}, token=a_operate))["updateWebhookEndpoint"]
     assert [e["code"] for e in under["userErrors"]] == ["FORBIDDEN"]
@@ -310,18 +311,18 @@ async def test_egress_refusals_have_stable_codes_and_change_nothing(
         "https://0.0.0.0/hook": "WEBHOOK_TARGET_NOT_ALLOWED",
     }
     for url, code in cases.items():
-        refused = (await client.gql(CREATE, {"p": project, "url": url, "events": ["RUN_COMPLETED"]}))
+        refused = await client.gql(CREATE, {"p": project, "url": url, "events": ["RUN_COMPLETED"]})
         assert refused["createWebhookEndpoint"] == {
             "endpoint": None,
             "secret": None,
             "userErrors": [{"code": code, "field": "url"}],
         }, url
-    no_events = (await client.gql(CREATE, {"p": project, "url": receiver.url, "events": []}))
+    no_events = await client.gql(CREATE, {"p": project, "url": receiver.url, "events": []})
     assert no_events["createWebhookEndpoint"]["userErrors"] == [{"code": "INVALID_INPUT", "field": "events"}]
     assert (await client.gql(ENDPOINTS, {"p": project}))["webhookEndpoints"] == []  # nothing was made
 
     made = await _endpoint(client, project, receiver.url, ["RUN_COMPLETED"])  # the loopback twin (allowed here)
-    moved = (await client.gql(UPDATE, {"e": made["endpoint"]["id"], "url": "https://10.1.2.3/x"}))
+    moved = await client.gql(UPDATE, {"e": made["endpoint"]["id"], "url": "https://10.1.2.3/x"})
     assert moved["updateWebhookEndpoint"]["userErrors"] == [{"code": "WEBHOOK_TARGET_NOT_ALLOWED", "field": "url"}]
     listed = (await client.gql(ENDPOINTS, {"p": project}))["webhookEndpoints"]
     assert listed == [{"id": made["endpoint"]["id"], "url": receiver.url, "status": "ACTIVE"}]
@@ -375,9 +376,7 @@ def _metric(text: str, name: str) -> float:
     return 0.0
 
 
-async def test_a_subagents_run_pages_only_an_endpoint_that_includes_subagents(
-    client: Client, tmp_path: Path
-) -> None:
+async def test_a_subagents_run_pages_only_an_endpoint_that_includes_subagents(client: Client, tmp_path: Path) -> None:
     project, thread = await _thread(client, tmp_path, "subagents")
     plain_receiver, sub_receiver = await Receiver().start(), await Receiver().start()
     try:

@@ -55,6 +55,7 @@ def verify(secret: str, headers: dict[str, str], body: bytes, *, now: float | No
 
 @dataclasses.dataclass
 class Received:
+    method: str
     path: str
     headers: dict[str, str]
     body: bytes
@@ -111,7 +112,7 @@ class Receiver:
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             answer = self.plan.pop(0) if self.plan else self.default
             async with self._changed:
-                self.received.append(Received(path, headers, body, answer))
+                self.received.append(Received(method, path, headers, body, answer))
                 self._changed.notify_all()
             if answer == HOLD:
                 await self._closing.wait()
