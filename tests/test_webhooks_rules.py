@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import orjson
 import pytest
+from graphql import parse as parse_graphql
+from graphql import validate
 
 from tests.support.webhooks import verify
+from threadloom.api.schema import build_schema
 from threadloom.domain import webhook_signing as signing
 from threadloom.domain.activities import ActivityKind, activity
 from threadloom.domain.changes import Change
@@ -221,3 +226,30 @@ def test_a_body_over_the_cap_leaves_the_prompt_out_and_says_so() -> None:
     body = orjson.loads(hook.body)
     assert len(hook.body) < MAX_BODY_BYTES and body["data"]["truncated"] is True
     assert body["data"]["request"]["prompt"] is None and body["data"]["request"]["status"] == "EXPIRED"
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "webhooks.md"
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", DOC.read_text(), re.S | re.M)
+
+
+def test_the_docs_operations_are_valid_against_the_schema() -> None:
+    schema = build_schema()._schema
+    blocks = _blocks("graphql")
+    assert len(blocks) == 5
+    for block in blocks:
+        assert validate(schema, parse_graphql(block)) == [], block
+
+
+def test_the_docs_verify_function_accepts_a_real_signature_and_refuses_a_forged_one() -> None:
+    [code] = _blocks("python")
+    scope: dict[str, object] = {}
+    exec(code, scope)  # the reader's copy, as written
+    doc_verify = scope["verify"]
+    assert callable(doc_verify)
+    secret, body, ts = signing.new_secret(), b'{"type":"run.completed"}', int(time.time())
+    headers = {"webhook-id": "msg_1", "webhook-timestamp": str(ts)}
+    headers["webhook-signature"] = signing.signature_header([signing.new_secret(), secret], "msg_1", ts, body)
+    assert doc_verify(secret, headers, body) and not doc_verify(secret, headers, body + b"\n")
