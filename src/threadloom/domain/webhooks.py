@@ -204,18 +204,16 @@ def body(event: WebhookEvent, occurred_at: datetime, project_id: uuid.UUID | Non
 def hooks_of(
     changes: Sequence[Change], project_id: uuid.UUID | None, now: datetime, new_id: Callable[[], uuid.UUID]
 ) -> list[Hook]:
-    """The webhook events of one command's changes, each at its change's offset (1, 2, ...)."""
-    hooks: list[Hook] = []
-    latest: dict[uuid.UUID, Any] = {}
-    for change in changes:
-        latest[change.entity.id] = change.entity
-    for offset, change in enumerate(changes, start=1):
-        event = _event_of(change)
-        if event is None:
-            continue
-        text = body(event, now, project_id, _data(event, change, latest))
-        hooks.append(Hook(offset, event, message_id(new_id()), text))
-    return hooks
+    """The webhook events of one command's changes, each at its change's offset (1, 2, ...). Asked of every
+    command, so a command without one costs a pass over its changes and nothing else."""
+    found = [(offset, change, event) for offset, change in enumerate(changes, start=1) if (event := _event_of(change))]
+    if not found:
+        return []
+    latest: dict[uuid.UUID, Any] = {change.entity.id: change.entity for change in changes}
+    return [
+        Hook(offset, event, message_id(new_id()), body(event, now, project_id, _data(event, change, latest)))
+        for offset, change, event in found
+    ]
 
 
 # ---- retries and endpoint health ---------------------------------------------------------------------------
