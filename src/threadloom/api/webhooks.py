@@ -182,7 +182,7 @@ async def webhook_deliveries(
     endpoint = gid.maybe_as(endpoint_id, "WebhookEndpoint")
     if endpoint is None:
         return None
-    if before is not None and not before.isdigit():
+    if before is not None and not (before.isascii() and before.isdigit() and len(before) <= 18):
         raise ApiError(DomainError(ErrorCode.INVALID_CURSOR, "before: a `cursor` of a delivery", "before"))
     try:
         found = await info.context.services.webhooks.deliveries(
