@@ -231,7 +231,7 @@ class WebhookSender:
                 claimed: list[uuid.UUID] = []
                 if free > 0:
                     now = self.pipeline.clock.now()
-                    async with self.pipeline.db.transaction() as db:
+                    async with self.pipeline.db.statements() as db:  # one statement: its own transaction
                         claimed = await store.claim(db, self.worker_id, now, free)
                 for delivery_id in claimed:
                     task = asyncio.create_task(self._deliver(delivery_id), name=f"webhook-{delivery_id}")
@@ -239,7 +239,7 @@ class WebhookSender:
                     task.add_done_callback(self._done)
                 if claimed and len(claimed) == free:
                     continue  # more may be due: claim again once a slot frees (a done task wakes the loop)
-                async with self.pipeline.db.read() as db:
+                async with self.pipeline.db.statements() as db:
                     due = await store.next_due(db)
                 if due is not None:
                     wait = min(wait, max(0.0, (due - self.pipeline.clock.now()).total_seconds()))
