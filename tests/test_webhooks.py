@@ -2,7 +2,8 @@
 
 The server runs with `THREADLOOM_WEBHOOK_ALLOW_LOOPBACK=1` (the receiver is http://127.0.0.1), a short retry
 schedule (three retries 0.2 s apart: four attempts a delivery), a 5 s attempt timeout (long enough that a
-loaded machine does not time out an answered attempt), and endpoints disabled after two deliveries in a row used up their schedule. Every delivery the receiver gets is checked with the
+loaded machine does not time out an answered attempt), and endpoints disabled after two deliveries in a row
+used up their schedule. Every delivery the receiver gets is checked with the
 Standard Webhooks reference algorithm, written apart from the server's code; a forged one must fail it. Waits
 are for what the receiver got or what the API shows, never for a time. One server for the module; each test
 makes its own project, endpoint and receiver.
