@@ -37,7 +37,7 @@ from common import bench_tmp, create_database, embedded_postgres  # noqa: E402
 from tests.support.graphql import make_project  # noqa: E402
 from tests.support.server import Client, ServerProcess  # noqa: E402
 
-from threadloom.acp.bridge import SEND, THREAD  # noqa: E402
+from threadloom.acp.documents import SEND, THREAD  # noqa: E402
 from threadloom.acp.graphql_socket import GraphQLSocket  # noqa: E402
 from threadloom.acp.updates import EVENTS, TERMINAL  # noqa: E402
 from threadloom.store import migrate  # noqa: E402
@@ -60,7 +60,8 @@ class Editor:
 async def floor_prompt(socket: GraphQLSocket, thread: str, text: str) -> float:
     started = time.perf_counter()
     after = (await socket.execute(THREAD, {"t": thread}))["thread"]["latestSequence"]
-    run = (await socket.execute(SEND, {"t": thread, "text": text}))["sendMessage"]["run"]["id"]
+    sent = await socket.execute(SEND, {"t": thread, "text": text, "d": {"queueAfterActive": True}})
+    run = sent["sendMessage"]["run"]["id"]
     async for data in socket.subscribe(EVENTS, {"t": thread, "after": after}):
         entity = data["threadEvents"]["entity"] or {}
         if entity.get("id") == run and entity.get("runStatus") in TERMINAL:

@@ -9,26 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import socket
-import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from acp import RequestError, text_block
-from acp.schema import (
-    AllowedOutcome,
-    DeniedOutcome,
-    ImageContentBlock,
-    PermissionOption,
-    RequestPermissionResponse,
-    ToolCallUpdate,
-)
-from acp.stdio import spawn_agent_process
+from acp.schema import ImageContentBlock
 
+from tests.support.acp import Editor, agent
 from tests.support.cli import create_token
 from tests.support.graphql import make_project, workspace
 from tests.support.pg import PgServer
@@ -52,47 +42,6 @@ def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 THREADS = "query($p: ID!) { project(id: $p) { threads { totalCount } } }"
 THREAD = """query($t: ID!) { thread(id: $t) { project { id } runs { nodes { status } }
   messages { nodes { role text } } } }"""
-
-
-class Editor:
-    """What an editor does with the agent's messages: shows the updates, answers permission requests."""
-
-    def __init__(self, choice: str | None = "ACCEPT") -> None:
-        self.choice = choice  # the option id picked; None: the user dismissed the request
-        self.updates: list[tuple[str, dict[str, Any]]] = []
-        self.asked: list[tuple[dict[str, Any], list[str]]] = []
-
-    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
-        self.updates.append((session_id, update.model_dump(by_alias=True, exclude_none=True)))
-
-    async def request_permission(
-        self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption], **_: Any
-    ) -> RequestPermissionResponse:
-        self.asked.append((tool_call.model_dump(by_alias=True, exclude_none=True), [o.kind for o in options]))
-        if self.choice is None:
-            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
-        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=self.choice))
-
-    def on_connect(self, conn: Any) -> None:
-        pass
-
-    def of_kind(self, kind: str) -> list[dict[str, Any]]:
-        return [u for _, u in self.updates if u["sessionUpdate"] == kind]
-
-    def text(self, kind: str = "agent_message_chunk") -> str:
-        return "".join(u["content"]["text"] for u in self.of_kind(kind))
-
-
-@asynccontextmanager
-async def agent(url: str, token: str, editor: Editor, *args: str) -> AsyncIterator[Any]:
-    """`threadloom acp` as an editor starts it, for the server at `url`, initialized."""
-    env = {"PATH": os.environ["PATH"], "THREADLOOM_TOKEN": token}
-    command = (sys.executable, "-m", "threadloom", "acp", "--url", url, *args)
-    async with spawn_agent_process(lambda _agent: editor, *command, env=env) as (conn, process):
-        started = await conn.initialize(protocol_version=1)
-        assert started.protocol_version == 1 and started.agent_capabilities.load_session is True
-        yield conn
-    assert process.returncode is not None  # the bridge ends with the editor's stdin
 
 
 async def project_home(client: Client, tmp_path: Path, name: str) -> str:
@@ -452,9 +401,7 @@ async def test_a_subagents_approval_is_asked_in_the_editor(
     assert [c["kind"] for c in editor.of_kind("tool_call")][:1] == ["other"]  # the subagent, as a tool call
 
 
-async def test_a_prompt_too_far_behind_to_replay_reads_the_run_and_misses_nothing(
-    pg: PgServer, tmp_path: Path
-) -> None:
+async def test_a_prompt_too_far_behind_to_replay_reads_the_run_and_misses_nothing(pg: PgServer, tmp_path: Path) -> None:
     """The bridge is cut off while the run does its work. Back, it is too far behind to replay (the server's
     replay limit is 1 event), so it reads the run as it is, shows the editor what it has not seen, and
     follows on from the thread's newest sequence."""

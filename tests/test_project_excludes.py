@@ -16,7 +16,7 @@ from typing import Any
 from tests.support.cli import create_token
 from tests.support.graphql import make_project, make_thread, workspace
 from tests.support.runs import finished, send
-from tests.support.server import Client
+from tests.support.server import Client, ServerProcess
 
 UPDATE = """mutation($p: ID!, $n: String, $x: [String!]) {
   updateProject(input: {projectId: $p, name: $n, excludes: $x}) {
@@ -69,6 +69,25 @@ async def test_a_project_excluding_build_leaves_build_output_out_while_another_p
         "build/out.bin": "ADDED",  # never captured before: it appears now, as the server's list lets it in
         "src/a.txt": "MODIFIED",
     }
+
+
+async def test_a_restarted_server_applies_the_projects_list_from_its_first_capture(
+    server: ServerProcess, client: Client, database_url: str, data_dir: Path, tmp_path: Path
+) -> None:
+    """The list lives in the database: a new server process applies it without being told again."""
+    own = await make_project(client, "Own list", workspace(tmp_path, "own"))
+    assert (await _update(client, own, ["build/"]))["userErrors"] == []
+    thread = (await make_thread(client, own))["id"]
+    server.stop()
+
+    restarted = ServerProcess(database_url, data_dir).wait_ready()
+    again = Client(restarted.url, server.admin_token)
+    try:
+        assert (await _project(again, own))["excludes"] == ["build/"]
+        assert await _run_files(again, thread, BUILD) == {"src/a.txt": "ADDED"}  # the first capture after start
+    finally:
+        await again.aclose()
+        restarted.stop()
 
 
 def _unknown_project() -> str:

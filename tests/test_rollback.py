@@ -126,6 +126,28 @@ async def test_rollback_to_one_and_to_zero_forgets_the_later_runs(api: Client, h
     assert kinds.count("rollback.completed") == 3
 
 
+NODE_TYPE = """query($id: ID!) { node(id: $id) { __typename id } }"""
+
+
+async def test_the_completed_record_names_every_object_by_a_global_id(api: Client, home: Path) -> None:
+    """Ids nested in `rollback.completed` (its runs, checkpoints, provider threads) resolve through `node`."""
+    thread = await Thread.create(api, home)
+    await thread.run("first")
+    await thread.run("@write notes.txt hello\nsecond")
+    assert (await thread.rollback(1))["userErrors"] == []
+    record = next(a for a in await thread.activities() if a["kind"] == "rollback.completed")["payload"]
+    named = {
+        "targetRunId": ("Run", record["targetRunId"]),
+        "runs[0].id": ("Run", record["runs"][0]["id"]),
+        "staleCheckpoints[0].id": ("Checkpoint", record["staleCheckpoints"][0]["id"]),
+        "providerThreads[0].id": ("ProviderThread", record["providerThreads"][0]["id"]),
+        "previousActiveProviderThreadId": ("ProviderThread", record["previousActiveProviderThreadId"]),
+    }
+    for where, (type_name, value) in named.items():
+        found = (await api.gql(NODE_TYPE, {"id": value}))["node"]
+        assert found == {"__typename": type_name, "id": value}, where
+
+
 @pytest.mark.parametrize("instance", ["forking", "plain"])
 async def test_without_native_rollback_a_fork_or_a_handoff_replaces_the_conversation(
     api: Client, home: Path, instance: str

@@ -1,4 +1,5 @@
-"""The ACP bridge's pure rules: what the editor is told for each thread event of a run."""
+"""The ACP bridge's pure rules: what the editor is told for each thread event of a run, a session's settings as
+config options, and questions as form elicitations."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from threadloom.acp.questions import answers, form
+from threadloom.acp.settings import UnknownSetting, config_options, model_value, modes_state, runtime_mode
 from threadloom.acp.updates import Turn, history, prompt_text, stop_reason
 
 RUN = "UnVuOjE"
@@ -148,3 +151,77 @@ def test_another_runs_approval_is_not_asked() -> None:
     request = {"__typename": "RuntimeRequest", "id": "r1", "requestKind": "COMMAND_APPROVAL"}
     request["requestStatus"] = "PENDING"
     assert Turn(RUN).permission(event(request, run="another run")) is None
+
+
+def test_settings_show_the_threads_mode_and_model_as_config_options() -> None:
+    shown = config_options("APPROVAL_REQUIRED", None, ["model-a"])
+    assert [(o["id"], o["category"], o["currentValue"]) for o in shown] == [
+        ("mode", "mode", "approval_required"),
+        ("model", "model", "default"),
+    ]
+    assert [o["value"] for o in shown[0]["options"]] == [
+        "workspace_write",
+        "approval_required",
+        "read_only",
+        "full_access",
+    ]
+    assert [o["value"] for o in shown[1]["options"]] == ["default", "model-a"]
+    # A model set elsewhere is offered too, so the current value is always one of the options.
+    assert [o["value"] for o in config_options("READ_ONLY", "model-z", ["model-a"])[1]["options"]] == [
+        "default",
+        "model-a",
+        "model-z",
+    ]
+    assert modes_state("READ_ONLY")["currentModeId"] == "read_only"
+    assert runtime_mode("full_access") == "FULL_ACCESS" and model_value("default") is None
+    assert model_value(" gpt-x ") == "gpt-x"
+    with pytest.raises(UnknownSetting):
+        runtime_mode("WORKSPACE_WRITE")  # the option's values, not the enum's names
+    with pytest.raises(UnknownSetting):
+        model_value("  ")
+
+
+def test_questions_become_one_form_field_each_and_its_content_the_answers() -> None:
+    asked = [
+        {"id": "q1", "question": "Which colour?", "options": [{"label": "red"}, {"label": "blue", "description": "b"}]},
+        {"id": "q2", "question": "Which files?", "multiSelect": True, "options": [{"label": "a"}, {"label": "b"}]},
+        {"id": "q3", "question": "Why?", "options": [], "isOther": True},
+        {"id": "q4", "question": "Name?", "options": [{"label": "x"}], "isOther": True},
+    ]
+    message, schema = form(asked)
+    assert message == "The agent asks 4 questions" and schema["required"] == ["q1", "q2", "q3", "q4"]
+    fields = schema["properties"]
+    assert fields["q1"]["oneOf"] == [
+        {"const": "red", "title": "red"},
+        {"const": "blue", "title": "blue", "description": "b"},
+    ]
+    assert fields["q2"]["type"] == "array" and [c["const"] for c in fields["q2"]["items"]["anyOf"]] == ["a", "b"]
+    assert fields["q3"] == {"title": "Why?", "description": "Why?", "type": "string"}
+    assert fields["q4"]["type"] == "string" and "x" in fields["q4"]["description"]  # any answer, x suggested
+    content = {"q1": "blue", "q2": ["a", "b"], "q3": "because", "q4": "y"}
+    assert answers(asked, content) == [
+        {"questionId": "q1", "answers": ["blue"]},
+        {"questionId": "q2", "answers": ["a", "b"]},
+        {"questionId": "q3", "answers": ["because"]},
+        {"questionId": "q4", "answers": ["y"]},
+    ]
+    with pytest.raises(ValueError, match="q3"):
+        answers(asked, {**content, "q3": ""})
+    assert form(asked[:1])[0] == "Which colour?"
+
+
+def test_a_question_is_asked_once_and_withdrawn_when_settled_elsewhere() -> None:
+    turn = Turn(RUN)
+    request = {
+        "__typename": "RuntimeRequest",
+        "id": "r2",
+        "requestKind": "USER_INPUT",
+        "requestStatus": "PENDING",
+        "payload": {"questions": [{"id": "q1", "question": "?"}]},
+    }
+    assert turn.permission(event(request)) is None  # a question is no approval
+    ask = turn.question(event(request))
+    assert ask is not None and ask.questions == [{"id": "q1", "question": "?"}]
+    assert turn.question(event(request)) is None
+    assert turn.settled(event({**request, "requestStatus": "RESOLVED"})) == "r2"
+    assert Turn(RUN).settled(event({**request, "requestStatus": "RESOLVED"})) is None  # never asked here

@@ -402,7 +402,8 @@ def cmd_acp(args: argparse.Namespace) -> int:
     if not token:
         raise CliError("TOKEN_MISSING", "threadloom acp: set THREADLOOM_TOKEN to a token of the server")
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)  # stdout carries the protocol only
-    options = Options(url=args.url, token=token, project_id=args.project, provider=args.provider)
+    models = tuple(args.model or ())
+    options = Options(url=args.url, token=token, project_id=args.project, provider=args.provider, models=models)
     asyncio.run(serve_stdio(options))
     return 0
 
@@ -465,6 +466,9 @@ def parser() -> argparse.ArgumentParser:
     acp.add_argument("--url", default=default_url, help="the server (env THREADLOOM_URL)")
     acp.add_argument("--project", default=None, help="the project of new sessions (default: the one holding cwd)")
     acp.add_argument("--provider", default=None, help="the provider instance of new sessions' threads")
+    acp.add_argument(
+        "--model", action="append", metavar="NAME", help="a model the editor's model option offers (repeatable)"
+    )
     acp.set_defaults(func=cmd_acp)
     prov = sub.add_parser("providers", help="provider instances: probe an ACP agent's capabilities")
     psub = prov.add_subparsers(dest="providers_command", required=True)

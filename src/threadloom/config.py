@@ -13,9 +13,11 @@ and the per-token limits (`THREADLOOM_MAX_CONNECTIONS_PER_TOKEN`, `THREADLOOM_MA
 `THREADLOOM_MUTATIONS_PER_MINUTE`, `THREADLOOM_MUTATION_BURST`, `THREADLOOM_RUN_STARTS_PER_MINUTE`,
 `THREADLOOM_RUN_START_BURST`), and `THREADLOOM_FAST_PATHS` (`0` turns the specialised query and
 subscription execution off, for comparison: the output is the same either way), and
-`THREADLOOM_METRICS_PORT` (/metrics also served without a token on 127.0.0.1 at that port). Per-token limits are
-counted in each process's memory: with several processes behind a load balancer each one enforces them
-on its own share.
+`THREADLOOM_METRICS_PORT` (/metrics also served without a token on 127.0.0.1 at that port), and the webhook
+settings (`THREADLOOM_WEBHOOK_RETRY_SCHEDULE`, `THREADLOOM_WEBHOOK_TIMEOUT_SECONDS`,
+`THREADLOOM_WEBHOOK_ALLOW_LOOPBACK`, `THREADLOOM_WEBHOOK_ALLOW_PRIVATE`, `THREADLOOM_WEBHOOK_DISABLE_AFTER`:
+docs/webhooks.md). Per-token limits are counted in each process's memory: with several processes behind a load
+balancer each one enforces them on its own share.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
+
+from threadloom.domain.webhooks import WebhookPolicy
 
 N = TypeVar("N", int, float)
 
@@ -97,6 +101,7 @@ class Settings:
     # The user agents run as when the server is root (threadloom.unprivileged): never the server's own.
     agent_uid: int = 65534
     agent_gid: int = 65534
+    webhooks: WebhookPolicy = dataclasses.field(default_factory=WebhookPolicy)  # docs/webhooks.md, "Settings"
 
     @property
     def ide(self) -> bool:
@@ -130,6 +135,7 @@ class Settings:
             "agent_gid": int(env.get("THREADLOOM_AGENT_GID") or 65534),
         }
         values["limits"] = Limits.from_env(env)
+        values["webhooks"] = WebhookPolicy.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):
             values["data_dir"] = Path(values["data_dir"]).absolute()

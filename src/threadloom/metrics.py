@@ -48,6 +48,16 @@ REPLAYED = Counter(
     "threadloom_replayed_events", "Log events read to replay a subscription's history after its cursor."
 )
 EFFECTS = Counter("threadloom_effects", "Outbox effects run, by kind and outcome.", ["kind", "outcome"])
+WEBHOOK_ATTEMPTS = Counter(
+    "threadloom_webhook_attempts",
+    "Webhook delivery attempts, by outcome: delivered (a 2xx), or the error (http_status, timeout, "
+    "connection_failed, dns_failed, target_not_allowed, invalid_response).",
+    ["outcome"],
+)
+WEBHOOK_ENDPOINTS_DISABLED = Counter(
+    "threadloom_webhook_endpoints_disabled",
+    "Webhook endpoints the server disabled: deliveries kept failing, or the receiver answered 410 Gone.",
+)
 IO_IN_TRANSACTION = Counter(
     "threadloom_io_in_transaction",
     "git or agent calls made while a database write transaction was open (threadloom.io_guard), by kind.",

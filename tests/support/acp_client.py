@@ -214,7 +214,8 @@ class AcpClient:
         capabilities: Message = {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}
         if elicitation:
             capabilities["elicitation"] = {"form": {}}
-        params = {"protocolVersion": 1, "clientCapabilities": capabilities, "clientInfo": {"name": "tests"}}
+        info = {"name": "tests", "version": "0"}  # ACP's Implementation needs both (Qwen Code refuses less)
+        params = {"protocolVersion": 1, "clientCapabilities": capabilities, "clientInfo": info}
         return await self.request("initialize", params)
 
     async def new_session(self, cwd: str) -> str:

@@ -196,6 +196,22 @@ class FakeModel:
                 raise TimeoutError(f"{path}: {count} requests expected, {len(self.requests)} seen in all")
             return [r["body"] for r in self.requests if r["path"] == path]
 
+    def wait_body(self, text: str, timeout: float = 60.0, tools_only: bool = False) -> dict[str, Any]:
+        """Block until a request (any path) whose body mentions `text` arrived; returns the first such body.
+        `tools_only`: only a request offering tools (an agent's main loop, not its side requests: titles...)."""
+
+        def found() -> list[dict[str, Any]]:
+            return [
+                r["body"]
+                for r in self.requests
+                if text in orjson.dumps(r["body"]).decode() and (r["body"].get("tools") or not tools_only)
+            ]
+
+        with self._lock:
+            if not self._lock.wait_for(found, timeout):
+                raise TimeoutError(f"no request mentions {text!r} ({len(self.requests)} seen in all)")
+            return found()[0]
+
     def fault_for(self, path: str, text: str | None) -> Fault | None:
         """The fault this request gets (counted), or None: `text` is the user's message when the request
         is the first of a turn, else None (never faulted)."""

@@ -1,4 +1,5 @@
-"""The OpenAI Responses API side of the fake model (`POST /v1/responses`, SSE), for Codex.
+"""The OpenAI Responses API side of the fake model (`POST /v1/responses`, SSE), for Codex (and Qwen Code, which
+speaks it too with `--auth-type openai-responses`: a `RUN:` becomes its `run_shell_command`).
 
 Codex resends the whole conversation on every request. The reply is decided by
 `Script.of(last user text, tool output)`: the tool output when the last input item is a
@@ -91,6 +92,15 @@ def _message(item_id: str, text: str) -> dict[str, Any]:
     }
 
 
+def shell_call(body: dict[str, Any], command: str) -> tuple[str, dict[str, Any]]:
+    """The shell tool call for `command` in the form the client offers: Codex's `exec_command` (`cmd`), or
+    Qwen Code's `run_shell_command` (`command`) when the request's tools name that one."""
+    names = {tool.get("name") for tool in body.get("tools") or [] if isinstance(tool, dict)}
+    if "exec_command" not in names and "run_shell_command" in names:
+        return "run_shell_command", {"command": command, "is_background": False}
+    return "exec_command", {"cmd": command}
+
+
 def _patch(path: str, text: str) -> str:
     return f"*** Begin Patch\n*** Add File: {path}\n+{text}\n*** End Patch\n"
 
@@ -112,12 +122,13 @@ async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = No
         raise StreamCut(response_id)
     output: list[dict[str, Any]] = []
     if script.action == "run":
+        name, arguments = shell_call(body, script.arg)
         item = {
             "type": "function_call",
             "id": f"fc_{n}",
             "call_id": f"call_{n}",
-            "name": "exec_command",
-            "arguments": orjson.dumps({"cmd": script.arg}).decode(),
+            "name": name,
+            "arguments": orjson.dumps(arguments).decode(),
             "status": "completed",
         }
         output.append(item)

@@ -2,11 +2,15 @@
 
 Every request the editor sends runs as a task of its own, so `session/cancel` is read while a
 `session/prompt` is still streaming, and a permission request to the editor can wait for the user.
+`$/cancel_request` cancels one of them (a method may say how it is cancelled instead, as a prompt stops its
+run); a request of the bridge's own that is no longer wanted is withdrawn with `$/cancel_request` too. A line
+over the reader's limit is answered as unreadable and the next one is read: one bad line never ends the bridge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -28,6 +32,8 @@ log = logging.getLogger("threadloom.acp")
 # ACP's own codes beside JSON-RPC's standard ones.
 AUTH_REQUIRED = -32000
 RESOURCE_NOT_FOUND = -32002
+REQUEST_CANCELLED = -32800
+CANCEL_REQUEST = "$/cancel_request"
 
 Params = dict[str, Any]
 Handler = Callable[[Params], Awaitable[Any]]
@@ -60,19 +66,32 @@ class Connection:
         writer: LineWriter,
         requests: Mapping[str, Handler],
         notifications: Mapping[str, Handler],
+        cancellers: Mapping[str, Handler] | None = None,
     ) -> None:
+        """`cancellers`: for a method whose request is cancelled its own way, what `$/cancel_request` does
+        (given the request's params) instead of cancelling the handler."""
         self._reader = reader
         self._writer = writer
         self._requests = requests
         self._notifications = notifications
+        self._cancellers = cancellers or {}
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running: dict[str, tuple[asyncio.Task[None], str, Any]] = {}  # the editor's requests being answered
+        self._withdrawn: set[str] = set()
 
     async def serve(self) -> None:
         """Reads until the editor closes stdin, then stops what its requests started."""
         try:
-            while (line := await self._reader.readline()) is not None:
+            while True:
+                try:
+                    line = await self._reader.readline()
+                except ValueError as exc:  # over the line limit: its rest is skipped, the connection goes on
+                    await self._send({"id": None, "error": {"code": PARSE_ERROR, "message": f"unreadable line: {exc}"}})
+                    continue
+                if line is None:
+                    break
                 if line.strip():
                     await self._dispatch(line)
         finally:
@@ -92,6 +111,11 @@ class Connection:
         try:
             await self._send({"id": request_id, "method": method, "params": params})
             return await future
+        except asyncio.CancelledError:
+            if future.cancelled():  # not answered, no longer wanted (answered elsewhere, the prompt ended): withdrawn
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.notify(CANCEL_REQUEST, {"requestId": request_id}))
+            raise
         finally:
             self._pending.pop(request_id, None)
 
@@ -114,16 +138,47 @@ class Connection:
         if method is None:
             self._resolve(message)
         elif request_id is None:
+            if method == CANCEL_REQUEST:
+                await self._cancel(message.get("params"))
+                return
             handler = self._notifications.get(str(method))
             if handler is not None:  # unknown notifications are ignored, as JSON-RPC asks
                 self._spawn(self._notified(handler, message.get("params") or {}))
         else:
-            self._spawn(self._answer(request_id, str(method), message.get("params") or {}))
+            params = message.get("params") or {}
+            key = _key(request_id)
+            task = self._spawn(self._answer(request_id, str(method), params))
+            self._running[key] = (task, str(method), params)
+            task.add_done_callback(lambda done: self._answered(request_id, done))
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _answered(self, request_id: Any, task: asyncio.Task[None]) -> None:
+        key = _key(request_id)
+        self._running.pop(key, None)
+        if key in self._withdrawn:  # cancelled by `$/cancel_request`: its answer says so
+            self._withdrawn.discard(key)
+            error = {"code": REQUEST_CANCELLED, "message": "request cancelled"}
+            self._spawn(self._send({"id": request_id, "error": error}))
+
+    async def _cancel(self, params: Any) -> None:
+        """`$/cancel_request`: the request is cancelled its method's way, else its handler stops and the request
+        is answered with -32800. An unknown or finished request: nothing to do."""
+        key = _key((params or {}).get("requestId") if isinstance(params, dict) else None)
+        running = self._running.get(key)
+        if running is None:
+            return
+        task, method, request_params = running
+        canceller = self._cancellers.get(method)
+        if canceller is not None and isinstance(request_params, dict):
+            self._spawn(self._notified(canceller, request_params))
+            return
+        self._withdrawn.add(key)
+        task.cancel()
 
     def _resolve(self, message: dict[str, Any]) -> None:
         future = self._pending.get(message.get("id"))  # type: ignore[arg-type]
@@ -156,3 +211,8 @@ class Connection:
             await handler(params if isinstance(params, dict) else {})
         except Exception:
             log.exception("a notification's handler failed")
+
+
+def _key(request_id: Any) -> str:
+    """A request id as a dict key (JSON-RPC ids are numbers or strings; 1 and "1" are different ids)."""
+    return json.dumps(request_id)

@@ -58,6 +58,14 @@ class PermissionAsk:
     tool_call: Update
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class QuestionAsk:
+    """Questions the run waits for: asked in the editor as a form (elicitation) when it takes them."""
+
+    request_id: str
+    questions: list[dict[str, Any]]
+
+
 def text_chunk(kind: str, text: str) -> Update:
     return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
 
@@ -123,13 +131,9 @@ class Turn:
 
     def permission(self, event: Mapping[str, Any]) -> PermissionAsk | None:
         """A pending approval of this run not asked yet (another client's run's approvals are not the editor's)."""
-        entity = event.get("entity") or {}
-        if entity.get("__typename") != "RuntimeRequest" or entity.get("requestStatus") != "PENDING":
-            return None
-        if event.get("runId") != self.run_id:
-            return None
-        tool_kind = APPROVALS.get(str(entity.get("requestKind")))
-        if tool_kind is None or entity["id"] in self._asked:
+        entity = self._pending_request(event)
+        tool_kind = APPROVALS.get(str((entity or {}).get("requestKind")))
+        if entity is None or tool_kind is None:
             return None
         self._asked.add(entity["id"])
         payload = entity.get("payload") or {}
@@ -144,12 +148,35 @@ class Turn:
         }
         return PermissionAsk(entity["id"], tool_call)
 
+    def question(self, event: Mapping[str, Any]) -> QuestionAsk | None:
+        """A pending question (`USER_INPUT`) of this run not asked yet."""
+        entity = self._pending_request(event)
+        if entity is None or entity.get("requestKind") != "USER_INPUT":
+            return None
+        self._asked.add(entity["id"])
+        return QuestionAsk(entity["id"], list((entity.get("payload") or {}).get("questions") or []))
+
+    def settled(self, event: Mapping[str, Any]) -> str | None:
+        """The id of a request the editor was asked that is no longer pending (answered elsewhere, expired)."""
+        entity = event.get("entity") or {}
+        if entity.get("__typename") != "RuntimeRequest" or entity.get("requestStatus") == "PENDING":
+            return None
+        return entity["id"] if entity.get("id") in self._asked else None
+
+    def _pending_request(self, event: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        entity = event.get("entity") or {}
+        if entity.get("__typename") != "RuntimeRequest" or entity.get("requestStatus") != "PENDING":
+            return None
+        if event.get("runId") != self.run_id or entity["id"] in self._asked:
+            return None
+        return entity
+
     def _message(self, entity: Mapping[str, Any]) -> list[Update]:
         text, shown = str(entity.get("text") or ""), self._shown.get(entity["id"], "")
         if len(text) <= len(shown) or not text.startswith(shown):
             return []  # nothing new (a text the agent rewrote is not unsaid: the editor keeps what it showed)
         self._shown[entity["id"]] = text
-        return [text_chunk("agent_message_chunk", text[len(shown):])]
+        return [text_chunk("agent_message_chunk", text[len(shown) :])]
 
     def _tool(self, entity: Mapping[str, Any]) -> list[Update]:
         node_id, title = entity["id"], entity.get("title")

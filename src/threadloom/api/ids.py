@@ -7,10 +7,11 @@ import binascii
 import uuid
 
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.ids import global_id
 
 
 def encode(type_name: str, value: uuid.UUID) -> str:
-    return base64.urlsafe_b64encode(f"{type_name}:{value}".encode()).decode().rstrip("=")
+    return global_id(type_name, value)
 
 
 def decode(gid: str) -> tuple[str, uuid.UUID] | None:

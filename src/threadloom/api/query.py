@@ -17,7 +17,9 @@ from threadloom.api.providers import ProviderInstance, provider_instances
 from threadloom.api.tokens import ApiToken
 from threadloom.api.tokens import tokens as list_api_tokens
 from threadloom.api.types import NODE_TYPES, Node, Project, Run, Thread
+from threadloom.api.webhooks import WebhookDelivery, WebhookEndpoint, webhook_deliveries, webhook_endpoints
 from threadloom.domain.errors import DomainError, ErrorCode
+from threadloom.domain.webhooks import DeliveryStatus
 
 
 async def resolve_node(info: Info, global_id: str) -> Any:
@@ -88,6 +90,30 @@ class Query:
         self, info: Info, project_id: strawberry.ID | None = None, include_revoked: bool = False
     ) -> list[ApiToken] | None:
         return await list_api_tokens(info, project_id, include_revoked)
+
+    @strawberry.field(
+        description="A project's webhook endpoints, oldest first, for its admins (docs/webhooks.md). Null when the "
+        "project is unknown or invisible; FORBIDDEN below admin scope."
+    )
+    async def webhook_endpoints(self, info: Info, project_id: strawberry.ID) -> list[WebhookEndpoint] | None:
+        return await webhook_endpoints(info, project_id)
+
+    @strawberry.field(
+        description="A webhook endpoint's deliveries, newest first, each with every attempt (status, answer code, "
+        "latency, error), for its project's admins. `status` keeps those in that status; `first` (1..100, "
+        "default 50) and `before` (a delivery's `cursor`) page back. Null when the endpoint is unknown or "
+        "invisible; FORBIDDEN below admin scope."
+    )
+    async def webhook_deliveries(
+        self,
+        info: Info,
+        endpoint_id: strawberry.ID,
+        status: DeliveryStatus | None = None,
+        first: int = 50,
+        before: str | None = None,
+    ) -> list[WebhookDelivery] | None:
+        shown = None if status is None else enums.member(DeliveryStatus, status)
+        return await webhook_deliveries(info, endpoint_id, shown, first, before)
 
     @strawberry.field
     async def thread(self, info: Info, id: strawberry.ID) -> Thread | None:

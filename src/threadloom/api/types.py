@@ -842,7 +842,8 @@ class PlanArtifact(_InRun, Node, _Entity):
 
 
 # Keys of activity payloads that name an object, and the type of their global id. The log
-# keeps raw UUIDs (it is internal and rebuildable); the API gives ids that node() resolves.
+# keeps raw UUIDs (it is internal and rebuildable); the API gives ids that node() resolves,
+# at any depth of the payload (a rollback's record nests its runs, checkpoints and provider threads).
 _PAYLOAD_IDS: dict[str, str] = {
     "threadId": "Thread",
     "childThreadId": "Thread",
@@ -858,22 +859,60 @@ _PAYLOAD_IDS: dict[str, str] = {
     "requestId": "RuntimeRequest",
     "transferId": "ContextTransfer",
     "handoffId": "ContextHandoff",
+    "rebridgeHandoffId": "ContextHandoff",
     "checkpointId": "Checkpoint",
+    "restoreCheckpointId": "Checkpoint",
     "planId": "PlanArtifact",
+    "providerThreadId": "ProviderThread",
+    "replacementId": "ProviderThread",
+    "previousActiveProviderThreadId": "ProviderThread",
+}
+# Keys holding a list of ids of one type.
+_PAYLOAD_ID_LISTS: dict[str, str] = {
+    "rolledBackRunIds": "Run",
+    "staleCheckpointIds": "Checkpoint",
+    "staleProviderThreadIds": "ProviderThread",
+}
+# Keys holding a list of objects whose own `id` is of one type.
+_PAYLOAD_ID_OWNERS: dict[str, str] = {
+    "runs": "Run",
+    "staleCheckpoints": "Checkpoint",
+    "providerThreads": "ProviderThread",
+    "staleProviderThreads": "ProviderThread",
 }
 
 
+def _global_id(type_name: str, value: object) -> object:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):  # not a UUID (a provider's own reference): left as it is
+            return gid.encode(type_name, uuid.UUID(value))
+    return value
+
+
+def _globalized(value: object, own_id: str | None = None) -> object:
+    """`value` with every object id it names as a global id; `own_id` types a mapping's own `id` key."""
+    if isinstance(value, list):
+        return [_globalized(item, own_id) for item in value]
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[str, object] = {}
+    for key, item in value.items():
+        if key in _PAYLOAD_IDS:
+            out[key] = _global_id(_PAYLOAD_IDS[key], item)
+        elif key in _PAYLOAD_ID_LISTS and isinstance(item, list):
+            out[key] = [_global_id(_PAYLOAD_ID_LISTS[key], one) for one in item]
+        elif key == "id" and own_id is not None:
+            out[key] = _global_id(own_id, item)
+        else:
+            out[key] = _globalized(item, _PAYLOAD_ID_OWNERS.get(key))
+    return out
+
+
 def _global_ids(payload: object) -> JSON | None:
-    """The payload with every object id (see `_PAYLOAD_IDS`) as a global id."""
-    if not isinstance(payload, Mapping):
-        return None if payload is None else JSON(payload)
-    out = dict(payload)
-    for key, type_name in _PAYLOAD_IDS.items():
-        value = out.get(key)
-        if isinstance(value, str):
-            with contextlib.suppress(ValueError):  # not a UUID (a provider's own reference): left as it is
-                out[key] = gid.encode(type_name, uuid.UUID(value))
-    return JSON(out)
+    """The payload with every object id (see `_PAYLOAD_IDS`) as a global id, at any depth."""
+    if payload is None:
+        return None
+    return JSON(_globalized(payload))
 
 
 @_entity(e.Activity)

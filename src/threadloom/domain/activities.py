@@ -66,6 +66,8 @@ class ActivityKind(StrEnum):
     # delegated tasks
     SUBAGENT_STARTED = "subagent.started"
     SUBAGENT_COMPLETED = "subagent.completed"
+    # webhooks (engine/webhooks.py): on the thread whose delivery was the last to fail
+    WEBHOOK_ENDPOINT_DISABLED = "webhook.endpoint_disabled"
 
 
 _RUN_ENDED = {

@@ -6,6 +6,7 @@ B-tree inserts stay append-mostly. Provider ids are never keys; they are stored 
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
 import time
@@ -38,3 +39,9 @@ def new_id() -> uuid.UUID:
     value |= 0b10 << 62
     value |= rand_b
     return uuid.UUID(int=value)
+
+
+def global_id(type_name: str, value: uuid.UUID) -> str:
+    """The API's opaque id of an object: base64url of `Type:uuid`, unpadded (`api.ids` decodes it). Here so a
+    webhook body, built below the API, names objects as the API does."""
+    return base64.urlsafe_b64encode(f"{type_name}:{value}".encode()).decode().rstrip("=")

@@ -20,10 +20,12 @@ from typing import Any, Generic, TypeVar, overload
 
 import orjson
 
+from threadloom.domain import webhooks
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome, Valued
 from threadloom.domain.entities import AppThread
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
+from threadloom.domain.ids import new_id
 from threadloom.domain.rollback_ops import refuse_while_rolling_back
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.clock import Clock
@@ -102,6 +104,7 @@ class Committed:
     project_id: uuid.UUID | None
     sequences: list[int]
     effects: int
+    hooks: int = 0  # webhook events written (each with a delivery per subscribed endpoint)
 
 
 @dataclasses.dataclass(slots=True)
@@ -110,6 +113,7 @@ class _Earlier:
 
     sequences: list[int] = dataclasses.field(default_factory=list)
     effects: int = 0
+    hooks: int = 0
 
 
 CommitListener = Callable[[Committed], Awaitable[None]]
@@ -226,8 +230,15 @@ class Pipeline:
                 (log.thread_of(c.entity) for c in outcome.changes if log.thread_of(c.entity)), None
             )
             rows = outbox.rows(thread_id, outcome.effects, command_id=key, now=now)  # in the same statement
+            hooks = webhooks.hooks_of(outcome.changes, project_id, now, new_id)
             sequences = await log.append(
-                db, outcome.changes, project_id=project_id, command_id=key, now=now, effects=rows
+                db,
+                outcome.changes,
+                project_id=project_id,
+                command_id=key,
+                now=now,
+                effects=rows,
+                hooks=[h.row() for h in hooks],
             )
             if key is not None:
                 await receipts.save(
@@ -242,7 +253,8 @@ class Pipeline:
         if earlier is not None:
             sequences = [*earlier.sequences, *sequences]
         effects = len(outcome.effects) + (earlier.effects if earlier is not None else 0)
-        committed = Committed(thread_id, project_id, sequences, effects)
+        hooked = len(hooks) + (earlier.hooks if earlier is not None else 0)
+        committed = Committed(thread_id, project_id, sequences, effects, hooked)
         for listener in self.listeners:
             await listener(committed)
         return outcome
@@ -252,10 +264,18 @@ class Pipeline:
         now = self.clock.now()
         project_id = outcome.project_id or thread.project_id
         rows = outbox.rows(thread.id, outcome.effects, command_id=None, now=now)
+        hooks = webhooks.hooks_of(outcome.changes, project_id, now, new_id)
         earlier.sequences += await log.append(
-            db, outcome.changes, project_id=project_id, command_id=None, now=now, effects=rows
+            db,
+            outcome.changes,
+            project_id=project_id,
+            command_id=None,
+            now=now,
+            effects=rows,
+            hooks=[h.row() for h in hooks],
         )
         earlier.effects += len(outcome.effects)
+        earlier.hooks += len(hooks)
         if any(isinstance(c.entity, AppThread) for c in outcome.changes):
             thread = await thread_store.get_thread(db, thread.id) or thread
         return thread

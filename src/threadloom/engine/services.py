@@ -46,6 +46,7 @@ from threadloom.engine.retry import RunRetries
 from threadloom.engine.rollback import Rollbacks
 from threadloom.engine.runs import RunEngine
 from threadloom.engine.sessions import LiveSession, SessionManager
+from threadloom.engine.webhooks import WebhookAdmin, WebhookSender
 from threadloom.engine.workers import Worker
 from threadloom.providers.registry import InstanceConfig, build_driver, full_access_instances
 from threadloom.store.db import Database
@@ -79,6 +80,8 @@ class Services:
     retries: RunRetries = dataclasses.field(init=False)  # retryRun
     project_admin: ProjectAdmin = dataclasses.field(init=False)  # updateProject, archive/unarchiveProject
     tokens: TokenAdmin = dataclasses.field(init=False)  # tokens, createToken, revokeToken
+    webhooks: WebhookAdmin = dataclasses.field(init=False)  # endpoints, deliveries (docs/webhooks.md)
+    webhook_sender: WebhookSender = dataclasses.field(init=False)
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
@@ -187,10 +190,14 @@ class Services:
         services.retries = RunRetries(pipeline, run_engine, project_admin.check_runnable)
         services.project_admin = project_admin
         services.tokens = TokenAdmin(pipeline)
+        services.webhooks = WebhookAdmin(pipeline, settings.webhooks)
+        sender = services.webhook_sender = WebhookSender(pipeline, worker.id, settings.webhooks)
 
         async def wake(committed: Committed) -> None:
             if committed.effects:
                 effects.wake()
+            if committed.hooks:
+                sender.wake()
 
         async def open_ingest(session: LiveSession) -> None:
             ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints)
@@ -211,12 +218,14 @@ class Services:
         await self.recovery.recover()
         self.effects.start()
         self.recovery.start()
+        self.webhook_sender.start()
         self.started = True
 
     async def stop(self) -> None:
         if not self.started:
             return
         await self.recovery.stop()
+        await self.webhook_sender.stop()
         await self.effects.stop()
         for session in list(self.sessions.live.values()):
             for binding in list(session.bindings.values()):

@@ -88,7 +88,23 @@ _EFFECT_COLUMNS = (
     "created_at",
     "affinity",
 )
-_APPEND_SQL: dict[tuple[bool, bool, tuple[str, ...], bool], sa.TextClause] = {}
+_APPEND_SQL: dict[tuple[bool, bool, tuple[str, ...], bool, bool], sa.TextClause] = {}
+
+# One delivery per webhook event and subscribed endpoint of the project (domain.webhooks.hooks_of gives the
+# events): a run's end on a subagent's thread only for endpoints that include subagents. A disabled endpoint
+# gets none.
+_HOOKS_CTE = (
+    "wh AS (INSERT INTO webhook_deliveries (endpoint_id, project_id, thread_id, sequence, message_id, event_type, "
+    "body, status, available_at, created_at) "
+    "SELECT e.id, e.project_id, :hook_thread, {base} + w.\"offset\", w.message_id, w.event_type, w.body, 'pending', "
+    ":hook_now, :hook_now "
+    "FROM jsonb_to_recordset(CAST(:hooks AS jsonb)) AS w(\"offset\" bigint, event_type text, message_id text, "
+    "body text, run_event boolean) "
+    "JOIN webhook_endpoints e ON e.project_id = :hook_project AND e.status <> 'disabled' "
+    "AND w.event_type = ANY(e.events) "
+    "WHERE NOT w.run_event OR e.include_subagents OR NOT EXISTS ("
+    "SELECT 1 FROM threads th WHERE th.id = :hook_thread AND th.lineage_relationship = 'subagent'))"
+)
 
 
 def _entity_columns(table: sa.Table) -> list[str]:
@@ -112,15 +128,18 @@ def _upsert_sql(table: sa.Table, base: str | None) -> str:
     )
 
 
-def _append_sql(threaded: bool, thread_row: bool, tables: tuple[str, ...], effects: bool) -> sa.TextClause:
+def _append_sql(
+    threaded: bool, thread_row: bool, tables: tuple[str, ...], effects: bool, hooks: bool = False
+) -> sa.TextClause:
     """The whole append as one statement (one round trip): the thread's sequence counter, every
     projection's upsert and the events, as data-modifying CTEs. Made once per shape and kept.
 
     Foreign keys are checked at the statement's end, so the order of the CTEs does not matter. The
     thread's row is written once: when the command changes the thread itself, its upsert also advances
     the counter (a new thread's starts at the events' count), else one UPDATE does. `effects`: the
-    command's outbox rows go in too (`outbox.rows`), in order (their ids are the outbox's order)."""
-    key = (threaded, thread_row, tables, effects)
+    command's outbox rows go in too (`outbox.rows`), in order (their ids are the outbox's order). `hooks`: the
+    webhook deliveries of its events (threaded commands only), at the events' sequences."""
+    key = (threaded, thread_row, tables, effects, hooks)
     found = _APPEND_SQL.get(key)
     if found is not None:
         return found
@@ -170,6 +189,14 @@ def _append_sql(threaded: bool, thread_row: bool, tables: tuple[str, ...], effec
             "FROM jsonb_populate_recordset(NULL::effects, CAST(:effects AS jsonb)))"
         )
         params.append(sa.bindparam("effects", type_=JSONB()))
+    if hooks and base is not None:
+        parts.append(_HOOKS_CTE.format(base=base))
+        params += [
+            sa.bindparam("hooks", type_=JSONB()),
+            sa.bindparam("hook_thread", type_=sa.Uuid()),
+            sa.bindparam("hook_project", type_=sa.Uuid()),
+            sa.bindparam("hook_now", type_=sa.DateTime(timezone=True)),
+        ]
     final = "SELECT base FROM seq" if threaded else "SELECT NULL::bigint AS base"
     found = sa.text(f"WITH {', '.join(parts)} {final}").bindparams(*params)
     _APPEND_SQL[key] = found
@@ -184,9 +211,11 @@ async def append(
     command_id: str | None,
     now: datetime,
     effects: Sequence[dict[str, Any]] = (),
+    hooks: Sequence[dict[str, Any]] = (),
 ) -> list[int]:
     """Append events for one thread (or for no thread) and update projections, in one statement, with
-    the command's outbox rows when given (`outbox.rows`; written even without changes).
+    the command's outbox rows when given (`outbox.rows`; written even without changes) and the webhook
+    deliveries of its events (`hooks`: `domain.webhooks.Hook.row()`, for a thread's events only).
 
     Returns the sequences assigned (empty for thread-less events). They follow the thread's
     `last_sequence`, advanced in the same statement under the caller's thread lock; until then
@@ -240,7 +269,10 @@ async def append(
             params["thread"] = thread_id
     if effects:
         params["effects"] = list(effects)
-    base = await db.scalar(_append_sql(threaded, thread_row, tuple(names), bool(effects)), params)
+    with_hooks = threaded and bool(hooks)
+    if with_hooks:
+        params.update(hooks=list(hooks), hook_thread=thread_id, hook_project=project_id, hook_now=now)
+    base = await db.scalar(_append_sql(threaded, thread_row, tuple(names), bool(effects), with_hooks), params)
     if not threaded:
         return []
     if base is None:

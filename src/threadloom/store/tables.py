@@ -17,11 +17,12 @@ from enum import Enum
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from threadloom.domain import entities as e
 from threadloom.domain.records import Record
 from threadloom.domain.statuses import ACTIVE_RUN_STATUSES, EffectStatus, TokenScope
+from threadloom.domain.webhooks import DeliveryStatus, EndpointStatus
 
 metadata = sa.MetaData(
     naming_convention={
@@ -267,4 +268,73 @@ workers = sa.Table(
     sa.Column("pid", sa.Integer(), nullable=False),
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("stopped_at", sa.DateTime(timezone=True), nullable=True),
+)
+
+# Webhooks (docs/webhooks.md). Not projections: an endpoint is configuration, a delivery a piece of outbox work
+# written in the same statement as its event (store/log.py), so no foreign key reaches into a projection.
+_endpoint_statuses = ", ".join(f"'{s.value}'" for s in EndpointStatus)
+webhook_endpoints = sa.Table(
+    "webhook_endpoints",
+    metadata,
+    sa.Column("id", sa.Uuid(), primary_key=True),
+    sa.Column("project_id", sa.Uuid(), nullable=False),
+    sa.Column("url", sa.Text(), nullable=False),
+    sa.Column("events", ARRAY(sa.Text()), nullable=False),
+    sa.Column("description", sa.Text(), nullable=False, server_default=""),
+    sa.Column("include_subagents", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("status", sa.Text(), nullable=False),
+    # Deliveries in a row that used up their retries (domain.webhooks.after_attempt); a 2xx resets it.
+    sa.Column("exhausted_in_a_row", sa.Integer(), nullable=False, server_default="0"),
+    # The HMAC secret itself: signing needs it (a hash would not do). Never shown after createWebhookEndpoint
+    # and rotateWebhookSecret.
+    sa.Column("secret", sa.Text(), nullable=False),
+    sa.Column("previous_secret", sa.Text(), nullable=True),
+    sa.Column("previous_secret_expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("disabled_at", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint(f"status IN ({_endpoint_statuses})", name="status_valid"),
+    sa.Index(None, "project_id"),
+)
+
+_delivery_statuses = ", ".join(f"'{s.value}'" for s in DeliveryStatus)
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    metadata,
+    sa.Column("id", sa.Uuid(), primary_key=True, server_default=sa.text("gen_random_uuid()")),
+    sa.Column("position", sa.BigInteger(), sa.Identity(), nullable=False),  # the order they were written in
+    sa.Column("endpoint_id", sa.Uuid(), sa.ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("project_id", sa.Uuid(), nullable=False),
+    sa.Column("thread_id", sa.Uuid(), nullable=False),
+    sa.Column("sequence", sa.BigInteger(), nullable=False),  # the event's in its thread: the order of sending
+    sa.Column("message_id", sa.Text(), nullable=False),  # `webhook-id`: one per event, on every retry
+    sa.Column("event_type", sa.Text(), nullable=False),
+    sa.Column("body", sa.Text(), nullable=False),  # the exact bytes signed and sent, every attempt
+    sa.Column("status", sa.Text(), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("available_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("lease_owner", sa.Uuid(), nullable=True),  # the worker sending it (alive: its advisory lock)
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("completed_at", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint(f"status IN ({_delivery_statuses})", name="status_valid"),
+    sa.UniqueConstraint("endpoint_id", "message_id"),
+    sa.Index("ix_webhook_deliveries_due", "available_at", postgresql_where=sa.text("status = 'pending'")),
+    sa.Index(None, "endpoint_id", "thread_id", "sequence"),
+    sa.Index(None, "endpoint_id", "position"),
+)
+
+webhook_attempts = sa.Table(
+    "webhook_attempts",
+    metadata,
+    sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
+    sa.Column(
+        "delivery_id", sa.Uuid(), sa.ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("number", sa.Integer(), nullable=False),  # 1, 2, ... across redeliveries
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("status_code", sa.Integer(), nullable=True),
+    sa.Column("latency_ms", sa.Integer(), nullable=False),
+    sa.Column("error", sa.Text(), nullable=True),  # domain.webhooks.AttemptError; null: a 2xx
+    sa.Column("message", sa.Text(), nullable=True),
+    sa.Index(None, "delivery_id", "number"),
 )

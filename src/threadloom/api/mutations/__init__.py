@@ -18,6 +18,7 @@ from threadloom.api.mutations.retry import RetryMutation
 from threadloom.api.mutations.rollback import RollbackMutation
 from threadloom.api.mutations.runs import RunMutation
 from threadloom.api.mutations.threads import ThreadMutation
+from threadloom.api.mutations.webhooks import WebhookMutation
 
 Mutation = strawberry.tools.merge_types(
     "Mutation",
@@ -33,6 +34,7 @@ Mutation = strawberry.tools.merge_types(
         ForkMutation,
         RetryMutation,
         ProjectAdminMutation,
+        WebhookMutation,
     ),
 )
 
