@@ -27,6 +27,7 @@ BENCHMARKS = [
     "spread.py",
     "metrics_overhead.py",
     "acp_prompts.py",
+    "acp_turns.py",
     "validation_worst.py",
 ]
 RATIO = re.compile(r"^\s*ratio\s+(median\s+)?[0-9.]+x", re.MULTILINE)

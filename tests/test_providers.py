@@ -90,3 +90,32 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
     env.write_text('[instances.claude]\ndriver = "claude"\nenv = {X = 1}\n')
     with pytest.raises(ConfigError, match="table of strings"):
         load_instances(env)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("", "`command` must be a non-empty list"),
+        ("command = []", "`command` must be a non-empty list"),
+        ('command = "gemini --acp"', "`command` must be a non-empty list"),
+        ('command = ["gemini", 3]', "`command` must be a non-empty list"),
+        ('command = ["gemini"]\nmax_line_bytes = 10', "`max_line_bytes` must be"),
+        ('command = ["gemini"]\ncancel_drain_s = 0', "`cancel_drain_s` must be"),
+        ('command = ["gemini"]\nbinary = "gemini"', r"unknown option.*binary"),
+    ],
+)
+def test_a_bad_acp_instance_is_refused(tmp_path: Path, options: str, message: str) -> None:
+    bad = tmp_path / "acp.toml"
+    bad.write_text(f'[instances.gem]\ndriver = "acp"\n{options}\n')
+    with pytest.raises(ConfigError, match=message):
+        load_instances(bad)
+
+
+def test_the_twin_a_good_acp_instance_is_taken(tmp_path: Path) -> None:
+    good = tmp_path / "acp.toml"
+    good.write_text(
+        '[instances.gem]\ndriver = "acp"\ncommand = ["gemini", "--experimental-acp"]\napi_key_env = "GEMINI_KEY"\n'
+        'env = { A = "b" }\nmodel = "m"\nmax_line_bytes = 2048\ncancel_drain_s = 1.5\n'
+    )
+    found = load_instances(good)["gem"]
+    assert found.driver == "acp" and found.options["command"] == ["gemini", "--experimental-acp"]

@@ -13,17 +13,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.support.acp_scripted import acp_instance
 from tests.support.runs import finished
 from tests.support.scripted import ScriptedThread
 from tests.support.server import Client
 
-PROVIDERS = """
+PROVIDERS = (
+    """
 [instances.a]
 driver = "scripted"
 
 [instances.b]
 driver = "scripted"
+
 """
+    + acp_instance("acp-a")
+    + acp_instance("acp-b")
+)
+# Each scenario on two scripted instances, and on two `acp` instances over the scripted agent's ACP face
+# (rollback there is `_session/rewind`, resume `session/resume`, handoffs embedded resources).
+PAIRS = pytest.mark.parametrize(("a", "b"), [("a", "b"), ("acp-a", "acp-b")])
 
 SEND_ON = """mutation($t: ID!, $text: String!, $i: String) {
   sendMessage(input: {threadId: $t, text: $text, providerInstanceId: $i}) { run { id } userErrors { code } } }"""
@@ -53,45 +64,52 @@ async def _rolled_back(client: Client, thread: ScriptedThread, ordinal: int) -> 
     return done[-1]  # type: ignore[no-any-return]
 
 
-async def test_a_provider_thread_that_ran_an_undone_run_is_retired(client: Client, workspace: Path) -> None:
-    thread = await ScriptedThread.create(client, workspace, "a")
+@PAIRS
+async def test_a_provider_thread_that_ran_an_undone_run_is_retired(
+    client: Client, workspace: Path, a: str, b: str
+) -> None:
+    thread = await ScriptedThread.create(client, workspace, a)
     for text in ("@reply one", "@reply two"):
-        await _on(thread, "a", text)
+        await _on(thread, a, text)
     for text in ("@reply three", "@reply four"):
-        await _on(thread, "b", text)
+        await _on(thread, b, text)
     record = await _rolled_back(client, thread, 1)
-    assert [p["providerInstanceId"] for p in record["staleProviderThreads"]] == ["a"]
+    assert [p["providerInstanceId"] for p in record["staleProviderThreads"]] == [a]
 
-    on_a = await _recall_on(thread, "a")
+    on_a = await _recall_on(thread, a)
     assert "@reply one" in on_a, on_a
     assert not any(word in on_a for word in ("@reply two", "@reply three", "@reply four")), on_a
-    on_b = await _recall_on(thread, "b")
+    on_b = await _recall_on(thread, b)
     assert "@reply one" in on_b, on_b
     assert not any(word in on_b for word in ("@reply two", "@reply three", "@reply four")), on_b
 
 
-async def test_a_provider_thread_that_ran_only_kept_runs_is_not_retired(client: Client, workspace: Path) -> None:
+@PAIRS
+async def test_a_provider_thread_that_ran_only_kept_runs_is_not_retired(
+    client: Client, workspace: Path, a: str, b: str
+) -> None:
     """The twin: `a` ran run 1 only, which the rollback keeps; it is resumed, and holds run 1 as its own."""
-    thread = await ScriptedThread.create(client, workspace, "a")
-    await _on(thread, "a", "@reply one")
+    thread = await ScriptedThread.create(client, workspace, a)
+    await _on(thread, a, "@reply one")
     for text in ("@reply two", "@reply three"):
-        await _on(thread, "b", text)
+        await _on(thread, b, text)
     record = await _rolled_back(client, thread, 2)
     assert record["staleProviderThreads"] == []
-    on_a = await _recall_on(thread, "a")
+    on_a = await _recall_on(thread, a)
     assert on_a.startswith("user: @reply one"), on_a  # its own first turn: the same provider thread
     assert "@reply two" in on_a and "@reply three" not in on_a, on_a
 
 
+@PAIRS
 async def test_kept_runs_a_return_was_told_of_survive_the_rollback_of_that_return(
-    client: Client, workspace: Path
+    client: Client, workspace: Path, a: str, b: str
 ) -> None:
-    thread = await ScriptedThread.create(client, workspace, "a")
+    thread = await ScriptedThread.create(client, workspace, a)
     for text in ("@reply one", "@reply two"):
-        await _on(thread, "a", text)
+        await _on(thread, a, text)
     for text in ("@reply three", "@reply four"):
-        await _on(thread, "b", text)
-    await _on(thread, "a", "@reply five")  # back on a: its first turn carries the delta of runs 3-4
+        await _on(thread, b, text)
+    await _on(thread, a, "@reply five")  # back on a: its first turn carries the delta of runs 3-4
     record = await _rolled_back(client, thread, 4)
     assert record["rebridgeHandoffId"] is not None
     assert [p["strategy"] for p in record["providerThreads"]] == ["native_rollback"]

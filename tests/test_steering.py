@@ -9,8 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
+from tests.support.acp_scripted import acp_instance
 from tests.support.graphql import CREATE_PROJECT, threads_sharing_a_runtime, workspace
 from tests.support.inproc import ADMIN, new_thread
 from tests.support.inproc import send as send_inproc
@@ -21,7 +23,8 @@ from threadloom.engine.services import Services
 from threadloom.providers.child_process import descendants
 from threadloom.store import tables as t
 
-PROVIDERS = """
+PROVIDERS = (
+    """
 [instances.nosteer]
 driver = "scripted"
 supports_active_steering = false
@@ -42,7 +45,13 @@ driver = "scripted"
 supports_active_steering = false
 supports_interrupt = false
 interrupt_unsupported = "stop_session"
+
 """
+    + acp_instance("acp")
+    + acp_instance("acp-nosteer", "--acp-without", "steering")
+)
+# The steering scenarios also run on `acp` instances over the scripted agent's ACP face: `_session/steering`
+# where it is offered, else the restart fallback (session/cancel, then the whole input again).
 INTERRUPT = """mutation($r: ID!, $hold: Boolean!) { interruptRun(input: {runId: $r, holdQueue: $hold}) {
   run { id status interruptRequestedAt } userErrors { code message } } }"""
 
@@ -102,8 +111,9 @@ async def _messages(client: Client, thread: str) -> list[dict[str, Any]]:
     return [e["node"] for e in data["thread"]["messages"]["edges"]]
 
 
-async def test_message_steering(client: Client, tmp_path: Path) -> None:
-    thread = await _thread(client, tmp_path)
+@pytest.mark.parametrize("instance", ["scripted", "acp"])
+async def test_message_steering(client: Client, tmp_path: Path, instance: str) -> None:
+    thread = await _thread(client, tmp_path, instance)
     # The turn holds until the steering message reaches it: however slow the machine, it arrives mid-turn.
     first = await send(client, thread, "@await-steer\n@reply one two three")
     await _running(client, first["run"]["id"])
@@ -122,8 +132,9 @@ async def test_message_steering(client: Client, tmp_path: Path) -> None:
     assert runs["thread"]["runs"]["totalCount"] == 1
 
 
-async def test_steering_restart_fallback(client: Client, tmp_path: Path) -> None:
-    thread = await _thread(client, tmp_path, "nosteer")
+@pytest.mark.parametrize("instance", ["nosteer", "acp-nosteer"])
+async def test_steering_restart_fallback(client: Client, tmp_path: Path, instance: str) -> None:
+    thread = await _thread(client, tmp_path, instance)
     first = await send(client, thread, "@await go\n@reply one two three")  # held until the gate opens
     await _running(client, first["run"]["id"])
     restart = await send(client, thread, "@reply after the restart")

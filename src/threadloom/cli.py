@@ -1,4 +1,4 @@
-"""The `threadloom` command: serve, migrate, export-schema, token create|list|revoke, acp."""
+"""The `threadloom` command: serve, migrate, export-schema, token create|list|revoke, acp, providers probe."""
 
 from __future__ import annotations
 
@@ -408,6 +408,35 @@ def cmd_acp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_providers(args: argparse.Namespace) -> int:
+    """`providers probe INSTANCE`: start an `acp` instance's agent in a scratch folder, try each method it
+    advertised, print what works and store the profile where the server's runtimes read it."""
+    from threadloom.providers.acp.probe import probe_instance
+    from threadloom.providers.registry import ConfigError, load_instances
+
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir is None and not os.environ.get("THREADLOOM_DATA_DIR") and (announced := server_state.read()):
+        data_dir = str(announced.data_dir)  # the running server's, whose runtimes read the stored profile
+    settings = Settings.from_env(data_dir=data_dir)
+    try:
+        instances = load_instances(settings.providers_file)
+    except ConfigError as error:
+        raise CliError("BAD_PROVIDERS", str(error)) from None
+    config = instances.get(args.instance)
+    if config is None:
+        raise CliError("UNKNOWN_PROVIDER_INSTANCE", f"no provider instance {args.instance!r} (THREADLOOM_PROVIDERS)")
+    if config.driver != "acp":
+        raise CliError("NOT_ACP", f"instance {args.instance!r} uses driver {config.driver!r}; only `acp` is probed")
+    from threadloom.providers.contract import ProviderError
+
+    try:
+        report = asyncio.run(probe_instance(config, settings))
+    except ProviderError as error:
+        raise CliError("PROBE_FAILED", f"{error.code}: {error.message}") from None
+    print("\n".join(report.lines()))
+    return 0
+
+
 DATA_DIR_HELP = (
     "data folder (env THREADLOOM_DATA_DIR; else, for commands other than serve, the one the running server "
     "announced in $XDG_STATE_HOME/threadloom/server.json; else ./.threadloom)"
@@ -441,6 +470,13 @@ def parser() -> argparse.ArgumentParser:
         "--model", action="append", metavar="NAME", help="a model the editor's model option offers (repeatable)"
     )
     acp.set_defaults(func=cmd_acp)
+    prov = sub.add_parser("providers", help="provider instances: probe an ACP agent's capabilities")
+    psub = prov.add_subparsers(dest="providers_command", required=True)
+    probe = psub.add_parser(
+        "probe", parents=[data_dir], help="start an acp instance's agent, try each advertised method, store its profile"
+    )
+    probe.add_argument("instance", help="the provider instance (THREADLOOM_PROVIDERS)")
+    prov.set_defaults(func=cmd_providers)
     tok = sub.add_parser("token", help="manage API tokens (ids are the API's global ids; raw UUIDs work too)")
     tsub = tok.add_subparsers(dest="token_command", required=True)
     create = tsub.add_parser("create", parents=[data_dir], help="create a token; prints it as the last line")

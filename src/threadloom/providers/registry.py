@@ -15,6 +15,10 @@ options for these, come from a TOML file named by `THREADLOOM_PROVIDERS`
     model = "gpt-5.5"
     api_key_env = "OPENAI_API_KEY"
 
+    [instances.gemini]
+    driver = "acp"
+    command = ["gemini", "--experimental-acp"]
+
 Threads default to the `workspace_write` runtime mode (sandboxed to the project's workspace).
 `full_access` is accepted only on an instance whose configuration says `allow_full_access = true`.
 """
@@ -26,6 +30,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from threadloom.providers.acp.driver import OPTIONS as ACP_OPTIONS
+from threadloom.providers.acp.driver import AcpDriver, check_options
 from threadloom.providers.claude import ClaudeDriver
 from threadloom.providers.codex import CodexDriver
 from threadloom.providers.contract import ProviderDriver
@@ -67,6 +73,7 @@ DRIVER_OPTIONS: dict[str, frozenset[str]] = {
     ),
     "codex": _CLI_OPTIONS,
     "claude": _CLI_OPTIONS,
+    "acp": ACP_OPTIONS,
 }
 
 
@@ -126,6 +133,8 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
         env = options.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise ConfigError(f"provider instance {name!r}: `env` must be a table of strings")
+        if driver == "acp" and (problem := check_options(name, options)) is not None:
+            raise ConfigError(problem)
         out[name] = InstanceConfig(name, driver, options, eager)
     return out
 
@@ -144,7 +153,11 @@ def _claude(config: InstanceConfig, data_dir: Path, agents_dir: Path) -> Provide
     return ClaudeDriver(config.id, agents_dir / config.id, config.options)
 
 
-DRIVERS = {"scripted": _scripted, "codex": _codex, "claude": _claude}
+def _acp(config: InstanceConfig, data_dir: Path, agents_dir: Path) -> ProviderDriver:
+    return AcpDriver(config.id, agents_dir / config.id, config.options)
+
+
+DRIVERS = {"scripted": _scripted, "codex": _codex, "claude": _claude, "acp": _acp}
 
 
 def full_access_instances(instances: dict[str, InstanceConfig]) -> frozenset[str]:
