@@ -41,6 +41,11 @@ async def test_a_spawned_collab_agent_is_a_subagent_item_whose_own_turn_streams_
     child_turn = spawn.detail["childTurnId"]
     assert (spawn.native_thread, spawn.native_turn, spawn.title) == (thread, turn, "/root/helper")
     assert spawn.detail["tool"] == "spawnAgent" and agent_thread != thread
+    # That thread and turn are the ones the agent's model requests carry (Codex's `client_metadata`).
+    agent_requests = [b["client_metadata"] for b in codex.requests() if "NEW_TASK" in str(b["input"])]
+    assert {(m["thread_id"], m["turn_id"], m["parent_turn_id"]) for m in agent_requests} == {
+        (agent_thread, child_turn, turn)
+    }
 
     # Every event of the agent's turn comes as the parent thread's, in the child turn under the parent's turn.
     child = [e for e in events if getattr(e, "native_turn", None) == child_turn]
