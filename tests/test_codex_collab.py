@@ -12,6 +12,8 @@ from typing import Any
 
 from tests.test_codex_driver import WAIT_S, Codex, codex, of_type, texts  # noqa: F401  (the real app-server)
 from threadloom.providers import contract as ev
+from threadloom.providers.codex import CodexDriver
+from threadloom.providers.codex_events import Translator
 
 
 def _collab_tools(body: dict[str, Any]) -> list[str]:
@@ -99,3 +101,61 @@ async def test_interrupting_the_parent_turn_interrupts_its_running_collab_agent_
     # The agent's held model request was really cancelled by the CLI (not only shown as interrupted).
     abandoned = codex.fake.wait_abandoned("/v1/responses", 1, WAIT_S)
     assert ["NEW_TASK" in str(body["input"][-1]) for body in abandoned] == [True]
+
+
+# ---- what the driver does when a parent's turn ends first (the app-server's own message shapes) --------------
+
+P, T, A, AT = "parent-thread", "parent-turn", "agent-thread", "agent-turn"
+
+
+def _spawned(kind: str = "started") -> dict[str, Any]:
+    item = {"type": "subAgentActivity", "id": "call_1", "kind": kind, "agentThreadId": A, "agentPath": "/root/helper"}
+    return {"method": "item/started", "params": {"threadId": P, "turnId": T, "item": item}}
+
+
+def _turn(method: str, thread: str, turn: str, status: str = "inProgress") -> dict[str, Any]:
+    return {"method": method, "params": {"threadId": thread, "turn": {"id": turn, "rootTurnId": T, "status": status}}}
+
+
+def test_an_agent_still_running_when_its_parents_turn_ends_ends_interrupted_and_is_interrupted_natively() -> None:
+    """Codex lets a collab agent run on after its parent's turn (a model that did not wait for it); nothing of a
+    run may keep working after the run ended, so the driver ends the agent's node and interrupts its turn."""
+    translator = Translator(lambda text: text)
+    assert translator.translate(_spawned()) == []
+    shown = translator.translate(_turn("turn/started", A, AT))
+    assert [type(e).__name__ for e in shown] == ["ItemStarted", "TurnStarted"]
+    events = translator.translate(_turn("turn/completed", P, T, "completed"))
+    assert [(type(e).__name__, e.native_thread, e.native_turn) for e in events] == [
+        ("TurnCompleted", P, AT),
+        ("ItemCompleted", P, T),
+        ("TurnCompleted", P, T),
+    ]
+    agent_end, item, parent_end = events
+    assert isinstance(agent_end, ev.TurnCompleted) and (agent_end.status, agent_end.parent_turn) == ("interrupted", T)
+    assert isinstance(item, ev.ItemCompleted) and (item.kind, item.status) == ("subagent", "interrupted")
+    assert isinstance(parent_end, ev.TurnCompleted) and parent_end.parent_turn is None
+    assert translator.collab.take_interrupts() == [(A, AT)]
+    # What the agent still sends is not shown as the parent's (its thread has no binding: the engine drops it).
+    late = translator.translate(_turn("turn/completed", A, AT, "interrupted"))
+    assert [e.native_thread for e in late] == [A]
+
+
+def test_an_agent_whose_turn_had_not_started_when_its_parent_ended_is_interrupted_as_it_starts() -> None:
+    translator = Translator(lambda text: text)
+    translator.translate(_spawned())
+    events = translator.translate(_turn("turn/completed", P, T, "interrupted"))
+    assert [(type(e).__name__, getattr(e, "status", None)) for e in events] == [
+        ("ItemStarted", None),
+        ("ItemCompleted", "interrupted"),
+        ("TurnCompleted", "interrupted"),
+    ]
+    assert translator.collab.take_interrupts() == []
+    assert [e.native_thread for e in translator.translate(_turn("turn/started", A, AT))] == [A]  # not shown
+    assert translator.collab.take_interrupts() == [(A, AT)]
+
+
+def test_the_generated_config_offers_collab_agents_unless_the_instance_turns_them_off(tmp_path: Any) -> None:
+    on = CodexDriver("c", tmp_path, {}).config_toml()
+    off = CodexDriver("c", tmp_path, {"collab_agents": False}).config_toml()
+    assert "multi_agent_v2 = true" in on.split("[features]")[1].split("[permissions")[0]
+    assert "multi_agent_v2 = false" in off.split("[features]")[1].split("[permissions")[0]

@@ -38,6 +38,8 @@ ROLLBACK_NODE = """mutation($n: ID!, $c: ID!) { rollbackNode(input: {nodeId: $n,
   conversation conversationReason userErrors { code message } } }"""
 MESSAGES = """query($t: ID!) { thread(id: $t) { messages(first: 100) { edges { node { role text } } } } }"""
 STOP = """mutation($t: ID!) { stopThread(input: {threadId: $t}) { userErrors { code } } }"""
+FORK = """mutation($n: ID!) { forkThread(input: {source: {node: $n}, workspace: SHARED}) {
+  thread { id } userErrors { code message } } }"""
 INTERRUPT_NODE = """mutation($n: ID!) { interruptNode(input: {nodeId: $n}) {
   node { id } userErrors { code message } } }"""
 
@@ -116,6 +118,16 @@ async def test_a_collab_agent_is_a_subagent_node_owning_its_codex_thread_and_the
     # The parent's answer, given once the agent's came back, follows in the thread.
     texts = [e["node"]["text"] for e in (await api.gql(MESSAGES, {"t": thread}))["thread"]["messages"]["edges"]]
     assert texts[-1].startswith("child said: ") and texts.index(texts[-1]) > 0
+
+    # A fork of the completed node continues the agent's own conversation (Codex forks its thread natively).
+    forked = (await api.gql(FORK, {"n": node["id"]}))["forkThread"]
+    assert forked["userErrors"] == [], forked
+    asked = await send(api, forked["thread"]["id"], "what did you do?")
+    assert (await finished(api, asked["run"]["id"], within=WAIT_S))["status"] == "COMPLETED"
+    fork_request = fake.bodies("/v1/responses")[-1]
+    assert "WRITE: sub.txt from-the-agent" in str(fork_request["input"])  # the agent's task, its own history
+    assert "SPAWN:" not in str(fork_request["input"])  # not the parent's conversation
+    assert fork_request["client_metadata"]["thread_id"] != agent[0]  # a thread of its own
 
     # rollbackNode: its files go back to its start; its conversation cannot (Codex refuses to revert it).
     edges = (await api.gql(CHECKPOINTS, {"t": thread}))["thread"]["checkpoints"]["edges"]

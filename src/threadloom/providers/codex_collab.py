@@ -118,16 +118,19 @@ class Collab:
         agent = self.agents.get(thread)
         return agent if agent is not None and not agent.ended else None
 
-    def turn_started(self, agent: Agent, thread: str, turn: str) -> list[ProviderEvent] | None:
+    def turn_started(self, agent: Agent, turn: str) -> list[ProviderEvent] | None:
         """The agent's turn began: its first is the subagent's (None: a later turn, not shown)."""
         if agent.turn is not None:
             return None
         agent.turn = turn
-        if agent.stop_on_start:
-            agent.ended = True
-            self.interrupts.append((thread, turn))
-            return []
         return agent.started()
+
+    def started_too_late(self, thread: str, turn: str) -> None:
+        """A turn of an agent whose parent's turn ended before it started: interrupted at once."""
+        agent = self.agents.get(thread)
+        if agent is not None and agent.stop_on_start and agent.turn is None:
+            agent.turn = turn
+            self.interrupts.append((thread, turn))
 
     def parent_ended(self, thread: str, turn: str) -> list[ProviderEvent]:
         """The parent's turn ended: its agents still running are ended with it (and interrupted natively)."""

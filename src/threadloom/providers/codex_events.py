@@ -200,13 +200,15 @@ class Translator:
             return []
         agent = self.collab.live(thread)
         if agent is None:
+            if method == "turn/started":
+                self.collab.started_too_late(thread, str((params.get("turn") or {}).get("id")))
             events = self._translate(message)
             if method == "turn/completed":  # the parent's agents end with its turn, before it
                 ended = self.collab.parent_ended(thread, str((params.get("turn") or {}).get("id")))
                 events = [*ended, *events] if ended else events
             return events
         if method == "turn/started":
-            shown = self.collab.turn_started(agent, thread, str((params.get("turn") or {}).get("id")))
+            shown = self.collab.turn_started(agent, str((params.get("turn") or {}).get("id")))
             return shown if shown is not None else self._translate(message)
         turn = str(params.get("turnId") or (params.get("turn") or {}).get("id") or "")
         if turn != agent.turn:
