@@ -4,7 +4,9 @@
 on <task> in a native thread of its own; the parent then answers `child said: <answer>`. Asserted as an API user
 sees it, as for the scripted `@subagent` and Claude's Task: a SUBAGENT node on the run's graph with the agent's
 own items under it, owning a provider thread whose `nativeThreadRef` is the agent's Codex thread (the one its
-model requests carry), its turn, its status; rollbackNode restores its files and says its conversation is
+model requests carry), its turn, its status, its own approval request (answered through the API; asked before
+the write, so its start checkpoint is captured first); a fork of the node continues the agent's own
+conversation; rollbackNode restores its files and says its conversation is
 NOT_SUPPORTED (Codex refuses to revert an agent's thread); Stop while the agent runs stops both (the model sees
 the agent's request cancelled); interruptNode ends the agent alone while its parent's run goes on.
 """
@@ -20,14 +22,18 @@ import pytest
 from tests.support.agents import cli_api
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import CREATE_PROJECT
-from tests.support.runs import finished, run, send
+from tests.support.runs import TERMINAL, finished, run, send
 from tests.support.server import Client
 from tests.support.waiting import until
 from tests.test_restart_recovery_agents import Restartable
 
 WAIT_S = 60.0
-THREAD = """mutation($p: ID!) { createThread(input: {projectId: $p, providerInstanceId: "codex", title: "t"}) {
-  thread { id } userErrors { code message } } }"""
+THREAD = """mutation($p: ID!, $m: String!) {
+  createThread(input: {projectId: $p, providerInstanceId: "codex", title: "t", runtimeMode: $m}) {
+    thread { id } userErrors { code message } } }"""
+PENDING = """query($t: ID!) { thread(id: $t) { pendingRequests { id kind node { parent { id } } } } }"""
+APPROVE = """mutation($r: ID!) {
+  respondToApproval(input: {requestId: $r, decision: ACCEPT}) { userErrors { code } } }"""
 NODES = """query($r: ID!) { run(id: $r) { status executionGraph { nodes {
   id kind status title parent { id } detail } } } }"""
 PROVIDER_THREADS = """query($t: ID!) { thread(id: $t) { providerThreads {
@@ -50,10 +56,10 @@ async def api(database_url: str, tmp_path: Path, fake: FakeModel) -> AsyncIterat
         yield client
 
 
-async def _thread(api: Client, workspace: Path) -> str:
+async def _thread(api: Client, workspace: Path, mode: str = "workspace_write") -> str:
     workspace.mkdir()  # noqa: ASYNC240
     project = (await api.gql(CREATE_PROJECT, {"name": "collab", "root": str(workspace)}))["createProject"]
-    made = (await api.gql(THREAD, {"p": project["project"]["id"]}))["createThread"]
+    made = (await api.gql(THREAD, {"p": project["project"]["id"], "m": mode}))["createThread"]
     assert made["userErrors"] == [], made
     return str(made["thread"]["id"])
 
@@ -93,18 +99,30 @@ async def test_a_collab_agent_is_a_subagent_node_owning_its_codex_thread_and_the
     api: Client, fake: FakeModel, tmp_path: Path
 ) -> None:
     workspace = tmp_path / "ws"
-    thread = await _thread(api, workspace)
+    # The agent asks before it writes (approval_required): its start checkpoint is captured before anyone answers.
+    thread = await _thread(api, workspace, "approval_required")
     sent = await send(api, thread, "SPAWN: WRITE: sub.txt from-the-agent")
     assert sent["userErrors"] == [], sent
-    done = await finished(api, sent["run"]["id"], within=WAIT_S)
+    asked: list[dict[str, Any]] = []
+
+    async def approved_until_done() -> dict[str, Any] | None:
+        for request in (await api.gql(PENDING, {"t": thread}))["thread"]["pendingRequests"]:
+            asked.append(request)
+            assert (await api.gql(APPROVE, {"r": request["id"]}))["respondToApproval"]["userErrors"] == []
+        found = await run(api, sent["run"]["id"])
+        return found if found["status"] in TERMINAL else None
+
+    done = await until(approved_until_done, within=WAIT_S)
     assert done["status"] == "COMPLETED", done
     assert (workspace / "sub.txt").read_text().strip() == "from-the-agent"
 
     node = await _subagent(api, done["id"])
     assert (node["status"], node["title"]) == ("COMPLETED", "/root/helper")
-    # The agent's own items are its node's children: the file it wrote and its answer.
+    # The agent's own approval request was asked of the user, and answered, under its node.
+    assert [(r["kind"], r["node"]["parent"]["id"]) for r in asked] == [("FILE_CHANGE_APPROVAL", node["id"])]
+    # The agent's own items are its node's children: its approval request, the file it wrote and its answer.
     under = [n for n in await _nodes(api, done["id"]) if (n["parent"] or {}).get("id") == node["id"]]
-    assert sorted(n["kind"] for n in under) == ["ASSISTANT_MESSAGE", "TOOL_CALL"], under
+    assert sorted(n["kind"] for n in under) == ["APPROVAL_REQUEST", "ASSISTANT_MESSAGE", "TOOL_CALL"], under
     [write] = [n for n in under if n["kind"] == "TOOL_CALL"]
     assert write["title"] == str(workspace / "sub.txt") and write["detail"]["changes"][0]["diff"] == "from-the-agent\n"
     assert all(n["status"] == "COMPLETED" for n in under)
