@@ -19,6 +19,8 @@ from threadloom.domain.entities import (
     ContextTransfer,
     ConversationMessage,
     ExecutionNode,
+    ProviderThread,
+    ProviderTurn,
     Run,
     RunAttempt,
 )
@@ -30,6 +32,8 @@ from threadloom.domain.statuses import (
     MessageRole,
     NodeKind,
     NodeStatus,
+    ProviderThreadStatus,
+    ProviderTurnStatus,
     RunStatus,
     TransferStatus,
     TransferType,
@@ -68,6 +72,33 @@ def test_the_barrier_closes_every_open_child_but_a_live_delegated_task(
     assert [nodes[c.id].status if c.id in nodes else c.status for c in children] == [tool, own, task]
     assert children[2].id not in nodes  # not even touched: no event for it
     assert b.latest(outcome.changes, Run)[g.run.id].status == status  # the run ends all the same
+
+
+# run status → how the barrier ends a provider subagent's own turn and provider thread (reason provider_crashed:
+# its agent process is gone, so the thread is NOT_LOADED; otherwise IDLE)
+OWN_THREAD = [
+    (RunStatus.COMPLETED, None, ProviderTurnStatus.COMPLETED, ProviderThreadStatus.IDLE),
+    (RunStatus.INTERRUPTED, None, ProviderTurnStatus.INTERRUPTED, ProviderThreadStatus.IDLE),
+    (RunStatus.FAILED, "provider_lost", ProviderTurnStatus.FAILED, ProviderThreadStatus.IDLE),
+    (RunStatus.FAILED, "provider_crashed", ProviderTurnStatus.FAILED, ProviderThreadStatus.NOT_LOADED),
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "turn", "pt"), [pytest.param(*r, id=f"{r[0]}-{r[1]}") for r in OWN_THREAD]
+)
+def test_the_barrier_ends_a_provider_subagents_own_turn_and_thread_that_never_saw_their_end(
+    status: RunStatus, reason: str | None, turn: ProviderTurnStatus, pt: ProviderThreadStatus
+) -> None:
+    thread = b.thread()
+    g = b.graph(thread, b.run(thread, 1, RunStatus.RUNNING))
+    own = _provider_subagent(g.root)
+    owned = b.provider_thread_of(thread).evolve(owner_node_id=own.id, status=ProviderThreadStatus.ACTIVE)
+    own_turn = b.turn_of(g.attempt, owned).evolve(node_id=own.id, status=ProviderTurnStatus.RUNNING)
+    g = dataclasses.replace(g, open_children=[own], subagent_threads=[owned], subagent_turns=[own_turn])
+    outcome = finish_run(g, status, reason, b.NOW, b.Ids())
+    assert b.latest(outcome.changes, ProviderTurn)[own_turn.id].status == turn
+    assert b.latest(outcome.changes, ProviderThread)[owned.id].status == pt
 
 
 def test_a_steering_restart_leaves_a_live_delegated_task_running() -> None:

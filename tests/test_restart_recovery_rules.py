@@ -8,14 +8,15 @@ from __future__ import annotations
 import pytest
 
 from tests.support import builders as b
-from threadloom.domain.entities import ExecutionNode, ProviderThread, RunAttempt
-from threadloom.domain.recovery import RecoveryAction, after_loss
+from threadloom.domain.entities import ExecutionNode, ProviderThread, ProviderTurn, RunAttempt
+from threadloom.domain.recovery import RecoveryAction, after_loss, first_held, lost_turns
 from threadloom.domain.retries import DEFAULT_RECOVERY, RetryPolicy, retries_so_far, retry
 from threadloom.domain.statuses import (
     AttemptReason,
     AttemptStatus,
     NodeKind,
     ProviderThreadStatus,
+    ProviderTurnStatus,
     ResponseCapability,
     RunStatus,
     RuntimeRequestStatus,
@@ -116,3 +117,59 @@ def test_a_lost_run_gets_a_recovery_attempt_on_its_provider_thread() -> None:
     }
     [start] = outcome.effects
     assert start.delay_s == 1.0 and start.payload["attemptId"] == str(new.id)
+
+
+# ---- the lost turn is dropped before the recovery attempt's own (domain.recovery.lost_turns, first_held) ----
+
+
+def _turns(attempts: list[RunAttempt], pt: ProviderThread, *rows: tuple[int, str | None, str]) -> list[ProviderTurn]:
+    """(attempt index, native ref, status) → provider turns on `pt`, ordinals in order."""
+    return [
+        b.turn_of(attempts[i], pt).evolve(
+            id=b.uid(), ordinal=n + 1, native_turn_ref=ref, status=ProviderTurnStatus[status]
+        )
+        for n, (i, ref, status) in enumerate(rows)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("reasons", "rows", "dropped"),
+    [
+        # the one lost turn of the initial attempt, before the recovery attempt's own
+        ((INITIAL, RECOVERY), [(0, "t1", "FAILED")], ["t1"]),
+        # two losses in a row: both earlier turns (the second recovery attempt's own is not lost)
+        ((INITIAL, RECOVERY, RECOVERY), [(0, "t1", "FAILED"), (1, "t2", "FAILED"), (2, None, "PENDING")], ["t1", "t2"]),
+        # a turn that never reached the provider, or was already rolled back, is not dropped again
+        ((INITIAL, RECOVERY), [(0, None, "FAILED")], []),
+        ((INITIAL, RECOVERY), [(0, "t1", "ROLLED_BACK")], []),
+        # only a recovery attempt drops anything (a retryRun or a steering restart keep their history)
+        ((INITIAL, RETRY_), [(0, "t1", "FAILED")], []),
+        ((INITIAL, STEER), [(0, "t1", "INTERRUPTED")], []),
+    ],
+)
+def test_a_recovery_attempt_drops_the_lost_turns_of_its_run_on_its_provider_thread(
+    reasons: tuple[AttemptReason, ...], rows: list[tuple[int, str | None, str]], dropped: list[str]
+) -> None:
+    attempts = _attempts(*reasons)
+    pt = b.provider_thread_of(b.thread())
+    other = b.provider_thread_of(b.thread())
+    turns = _turns(attempts, pt, *rows) + _turns(attempts, other, (0, "elsewhere", "FAILED"))
+    lost = lost_turns(attempts[-1], attempts, turns, pt.id)
+    assert [t.native_turn_ref for t in lost] == dropped
+
+
+@pytest.mark.parametrize(
+    ("lost", "held", "start"),
+    [
+        (["t1"], ["t0", "t1"], "t1"),
+        (["t1", "t2"], ["t0", "t2"], "t2"),  # t1 never made it into the agent's history
+        (["t1"], ["t0"], None),  # nothing of it is held: nothing to revert
+    ],
+)
+def test_the_revert_starts_at_the_first_lost_turn_the_provider_still_holds(
+    lost: list[str], held: list[str], start: str | None
+) -> None:
+    attempts = _attempts(INITIAL, RECOVERY)
+    pt = b.provider_thread_of(b.thread())
+    turns = _turns(attempts, pt, *((0, ref, "FAILED") for ref in lost))
+    assert first_held(turns, held) == start

@@ -11,6 +11,10 @@ Keywords (one per message, first match wins):
 - `WRITE: <path> <text>`  a file edit (Codex apply_patch / Claude Write).
 - `ASK: <question>`       Codex: a request_user_input tool call (plan mode); Claude: AskUserQuestion.
 - `PLAN: <text>`          Codex: a `<proposed_plan>` reply.
+- `SPAWN: <task>`         Codex (with `multi_agent_v2`): a collab agent. The parent calls `collaboration.spawn_agent`
+                          (task name `helper`, `fork_turns: none`), then `collaboration.wait_agent`; the spawned agent
+                          gets <task> as its own message (so it may RUN, WRITE, HOLD ... itself), and once its final
+                          answer reaches the parent, the parent replies `child said: <answer>` (fake_openai).
 - `HOLD`                  stream one chunk (Codex: the first `HOLD_SHOWN` characters when the reply is that
                           long), then wait until the test calls `release()` (or the client goes away): a turn
                           that is reliably still running.
@@ -56,7 +60,7 @@ from starlette.routing import Route
 class Script:
     """What the fake model does for one request, decided from the conversation it was sent."""
 
-    action: str  # reply | run | write | ask | plan | hold | after_tool
+    action: str  # reply | run | write | ask | plan | spawn | hold | after_tool
     text: str
     arg: str = ""
 
@@ -75,6 +79,8 @@ class Script:
                 return Script("ask", text, m.group(1))
             if m := re.match(r"^PLAN:\s*(.+)$", line):
                 return Script("plan", m.group(1))
+            if m := re.match(r"^SPAWN:\s*(.+)$", line):
+                return Script("spawn", text, m.group(1))
             if line == "HOLD":
                 return Script("hold", text)
         return Script("reply", f"echo: {text}")

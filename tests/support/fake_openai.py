@@ -6,6 +6,13 @@ Codex resends the whole conversation on every request. The reply is decided by
 tool result, else the text of the last user message (its last `input_text`; Codex also
 puts environment context and instructions into user-role items, which come earlier).
 Faults (`FAIL:`, `CUT`, see `fake_model`) apply to a turn's first request: `turn_text`.
+
+Collab agents (`SPAWN:`, Codex with `[features] multi_agent_v2`): Codex 0.171 offers the tools in a `namespace`
+tool named `collaboration`, and the model calls one as a `function_call` with `"namespace": "collaboration"`.
+Agents talk through `agent_message` input items (`author`, `recipient`, content "Message Type: NEW_TASK |
+MESSAGE | FINAL_ANSWER\nTask name: ...\nSender: ...\nPayload:\n<text>", the payload of a task as an
+`encrypted_content` part). A spawned agent's conversation ends with its NEW_TASK, whose payload is scripted like a
+user's message; the parent's ends with the FINAL_ANSWER once the agent finished (after `wait_agent`'s output).
 """
 
 from __future__ import annotations
@@ -36,9 +43,23 @@ def _text_of(item: dict[str, Any]) -> str | None:
     return texts[-1] if texts else None
 
 
+def agent_message(item: dict[str, Any]) -> tuple[str, str] | None:
+    """(message type, payload) of an `agent_message` input item (one collab agent to another), else None."""
+    if item.get("type") != "agent_message":
+        return None
+    parts = [str(c.get("text") or c.get("encrypted_content") or "") for c in item.get("content") or []]
+    header, _, payload = "".join(parts).partition("Payload:\n")
+    kind = header.partition("Message Type:")[2].strip().splitlines()
+    return (kind[0].strip() if kind else "", payload.strip())
+
+
 def last_user_text(body: dict[str, Any]) -> str:
-    """The real user text: the last user message that is not injected context."""
+    """The real user text: the last user message that is not injected context (for a spawned collab agent: the
+    task its parent gave it)."""
     for item in reversed(body.get("input") or []):
+        message = agent_message(item)
+        if message is not None and message[0] == "NEW_TASK":
+            return message[1]
         text = _text_of(item)
         if text is None or text.lstrip().startswith("<"):
             continue  # <environment_context>, <user_instructions>, AGENTS.md ... are not the user speaking
@@ -57,6 +78,13 @@ def tool_output(body: dict[str, Any]) -> str | None:
     if isinstance(output, list):
         output = "".join(str(part.get("text", "")) for part in output if isinstance(part, dict))
     return str(output)
+
+
+def final_answer(body: dict[str, Any]) -> str | None:
+    """The final answer of a collab agent when it is the last input item (it reached its parent), else None."""
+    items = body.get("input") or []
+    message = agent_message(items[-1]) if items else None
+    return message[1] if message is not None and message[0] == "FINAL_ANSWER" else None
 
 
 def turn_text(body: dict[str, Any]) -> str | None:
@@ -101,6 +129,34 @@ def shell_call(body: dict[str, Any], command: str) -> tuple[str, dict[str, Any]]
     return "exec_command", {"cmd": command}
 
 
+def _collab_call(n: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A call of one of Codex's collab tools: a function of the `collaboration` namespace."""
+    return {
+        "type": "function_call",
+        "id": f"fc_{n}",
+        "call_id": f"call_{n}",
+        "namespace": "collaboration",
+        "name": name,
+        "arguments": orjson.dumps(arguments).decode(),
+        "status": "completed",
+    }
+
+
+# How long the parent's wait_agent waits (ms; Codex takes 10 s to an hour): longer than any test's turn.
+WAIT_AGENT_MS = 600_000
+
+
+def _script(body: dict[str, Any]) -> Script:
+    """What to do: the collab steps first (a child's answer, a spawn's result), then the keywords."""
+    answer = final_answer(body)
+    if answer is not None:
+        return Script("reply", f"child said: {answer}")
+    output = tool_output(body)
+    if output is not None and '"task_name"' in output:  # spawn_agent's result: wait for the agent's answer
+        return Script("wait_agent", output)
+    return Script.of(last_user_text(body), output)
+
+
 def _patch(path: str, text: str) -> str:
     return f"*** Begin Patch\n*** Add File: {path}\n+{text}\n*** End Patch\n"
 
@@ -109,7 +165,7 @@ async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = No
     """One scripted response as the SSE events Codex parses."""
     n = next(_ids)
     response_id = f"resp_{n}"
-    script = Script.of(last_user_text(body), tool_output(body))
+    script = _script(body)
     yield _event("response.created", response={"id": response_id, "status": "in_progress", "output": []})
     if fault is not None and fault.kind == "cut":
         item_id = f"msg_{n}"
@@ -142,6 +198,11 @@ async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = No
             "status": "completed",
         }
         output.append(item)
+    elif script.action == "spawn":
+        task = {"task_name": "helper", "message": script.arg, "fork_turns": "none"}
+        output.append(_collab_call(n, "spawn_agent", task))
+    elif script.action == "wait_agent":
+        output.append(_collab_call(n, "wait_agent", {"timeout_ms": WAIT_AGENT_MS}))
     elif script.action == "ask":
         question = {
             "id": "q1",

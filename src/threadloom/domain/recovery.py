@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Any
 
-from threadloom.domain.entities import ExecutionNode, RunAttempt
+from threadloom.domain.entities import ExecutionNode, ProviderTurn, RunAttempt
 from threadloom.domain.retries import RetryPolicy, may_retry
-from threadloom.domain.statuses import RunStatus
+from threadloom.domain.statuses import AttemptReason, ProviderTurnStatus, RunStatus
 
 
 class RecoveryAction(StrEnum):
@@ -60,3 +61,31 @@ def after_loss(policy: RetryPolicy, attempts: Sequence[RunAttempt], nodes: Seque
     else FAIL (`provider_lost`). What the server never recorded it cannot know: a command the agent started in
     the last moment before the loss, whose item never reached the server, is not seen."""
     return RecoveryAction.RETRY if may_retry(policy, attempts, nodes) else RecoveryAction.FAIL
+
+
+def lost_turns(
+    attempt: RunAttempt, attempts: Sequence[RunAttempt], turns: Sequence[ProviderTurn], provider_thread_id: Any
+) -> list[ProviderTurn]:
+    """What a PROVIDER_RECOVERY attempt drops from its provider thread before its own turn: the turns of the run's
+    earlier attempts on that same provider thread that reached the provider (a native ref) and are still held,
+    earliest first. The provider may have recorded a lost turn's message in its own history; resumed as it is,
+    the agent would get the message twice (once in the lost turn, once in the new one)."""
+    if attempt.reason != AttemptReason.PROVIDER_RECOVERY:
+        return []
+    earlier = {a.id for a in attempts if a.id != attempt.id and a.attempt_ordinal < attempt.attempt_ordinal}
+    lost = [
+        t
+        for t in turns
+        if t.run_attempt_id in earlier
+        and t.provider_thread_id == provider_thread_id
+        and t.native_turn_ref is not None
+        and t.status != ProviderTurnStatus.ROLLED_BACK
+    ]
+    return sorted(lost, key=lambda t: t.ordinal)
+
+
+def first_held(lost: Sequence[ProviderTurn], held: Sequence[str]) -> str | None:
+    """The native turn to revert from (it and every later one go): the first lost turn the provider's snapshot
+    still holds; None when it holds none of them (nothing to drop)."""
+    have = set(held)
+    return next((t.native_turn_ref for t in lost if t.native_turn_ref in have), None)

@@ -149,6 +149,10 @@ class RunGraph:
     active_plans: Sequence[PlanArtifact]
     queue: Sequence[Run]
     pending_requests: Sequence[RuntimeRequest] = ()
+    # A provider subagent's own provider thread still ACTIVE, and its turns still RUNNING (`domain.subagents`):
+    # a run ended by a crash, a lost server or a Stop never saw their end events.
+    subagent_threads: Sequence[ProviderThread] = ()
+    subagent_turns: Sequence[ProviderTurn] = ()
 
 
 def finish_run(
@@ -199,6 +203,13 @@ def finish_run(
     child_status = ended.open_child
     for child in closable(graph.open_children):  # a delegated task's node stays open: its child still runs
         out.changes.append(Change.updated(child.evolve(status=child_status, updated_at=now, completed_at=now)))
+    for sub_turn in graph.subagent_turns:  # a subagent's own turn ends with the run that spawned it
+        out.changes.append(
+            Change.updated(sub_turn.evolve(status=ended.turn, completed_at=now), node_id=sub_turn.node_id)
+        )
+    for owned in graph.subagent_threads:
+        idle = ProviderThreadStatus.NOT_LOADED if reason == "provider_crashed" else ProviderThreadStatus.IDLE
+        out.changes.append(Change.updated(owned.evolve(status=idle, updated_at=now), node_id=owned.owner_node_id))
     root = graph.root
     if checkpoint is not None:
         out.changes += checkpoint.changes

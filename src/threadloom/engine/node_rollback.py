@@ -69,7 +69,8 @@ async def roll_back(
         turns = await entities.where(db, ProviderTurn, t.provider_turns.c.provider_thread_id == owned.id)
         driver = sessions.drivers.get(owned.provider_instance_id)
         caps = driver.capabilities() if driver is not None else caps
-    plan = subagents.plan_conversation(node, owned, turns, checkpoint.ordinal, caps.can_rollback_thread)
+    can_rollback = caps.can_rollback_thread and caps.can_rollback_subagent_thread
+    plan = subagents.plan_conversation(node, owned, turns, checkpoint.ordinal, can_rollback)
     if plan.result != subagents.ConversationRollback.ROLLED_BACK:
         return NodeConversation(plan, [])
     assert owned is not None and owned.native_thread_ref is not None and plan.before_turn_ref is not None

@@ -33,6 +33,7 @@ from threadloom.domain.statuses import AttemptStatus, ProviderThreadStatus, RunS
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.forks import NativeFork, consume_merges, fork_resolution, joined
 from threadloom.engine.handoff_delivery import handoff_delivered
+from threadloom.engine.lost_turns import drop_lost_turns
 from threadloom.engine.native_threads import NativeThreads, Target, thread_settings
 from threadloom.engine.pipeline import Pipeline, Step
 from threadloom.engine.run_finish import RunFinish, thread_of_run
@@ -167,6 +168,8 @@ class Turns:
         run_id = prepared.run.id
         # The provider thread's record is written with the turn's, in one transaction.
         provider_thread, ready = await self.native.native_thread(session, prepared.target)
+        # A recovery attempt: the lost turn the resumed thread still holds goes first (its message once).
+        await drop_lost_turns(self.pipeline, session.runtime.capabilities, session, prepared.attempt, provider_thread)
         previous = session.bindings.get(str(provider_thread.native_thread_ref))
         superseded = previous if previous is not None and previous.attempt_id != prepared.attempt.id else None
         # A restart: the superseded attempt's turn must end before the new one starts.

@@ -50,7 +50,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,9 @@ MODE_POLICIES: dict[str, tuple[str, str]] = {
     "full_access": ("never", ":danger-full-access"),
 }
 
-CAPABILITIES = Capabilities.every(pending_requests_survive_restart=False)
+# Codex refuses `thread/revert` on a collab agent's thread ("direct app-server input is not allowed for
+# multi-agent v2 sub-agents"): its conversation is not rolled back with its files (rollbackNode: NOT_SUPPORTED).
+CAPABILITIES = Capabilities.every(pending_requests_survive_restart=False, can_rollback_subagent_thread=False)
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -161,6 +163,7 @@ class CodexRuntime:
         self._translator = Translator(self._redact)
         self._settings: dict[str, ThreadSettings] = {}
         self._models: dict[str, str] = {}  # the model each loaded thread runs with
+        self._tasks: set[asyncio.Task[None]] = set()  # collab agents being interrupted
 
     @property
     def alive(self) -> bool:
@@ -197,6 +200,8 @@ class CodexRuntime:
             except Exception:  # one malformed message must not end the stream of every thread
                 log.exception("codex: could not translate %s", message.get("method"))
                 events = [Warning(str((message.get("params") or {}).get("threadId") or "") or None, "unreadable event")]
+            for agent_thread, agent_turn in self._translator.collab.take_interrupts():
+                self._later(self._interrupt_quietly(agent_thread, agent_turn))
             for event in events:
                 for cleaned in self._redactor.events(event):
                     yield cleaned
@@ -255,7 +260,24 @@ class CodexRuntime:
         await self._request("turn/steer", params)
 
     async def interrupt_turn(self, native_thread: str, native_turn: str) -> None:
+        """The turn, and first the collab agents it spawned that still run: Codex leaves them running when
+        their parent's turn is interrupted (Stop must stop them too)."""
+        for agent_thread, agent_turn in self._translator.collab.running_children(native_thread, native_turn):
+            await self._interrupt_quietly(agent_thread, agent_turn)
         await self._request("turn/interrupt", {"threadId": native_thread, "turnId": native_turn})
+
+    async def _interrupt_quietly(self, native_thread: str, native_turn: str) -> None:
+        """A collab agent's turn interrupted; one that ended meanwhile is no error."""
+        try:
+            await self._request("turn/interrupt", {"threadId": native_thread, "turnId": native_turn}, 10.0)
+        except ProviderError as error:
+            log.info("codex: interrupt of collab agent turn %s: %s", native_turn, error.message)
+
+    def _later(self, step: Coroutine[Any, Any, None]) -> None:
+        """Run `step` beside the event stream (a request awaits an answer read by that same stream)."""
+        task = asyncio.create_task(step)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def respond_to_request(self, request_ref: str, response: dict[str, Any]) -> None:
         request_id, result = self._translator.answer(request_ref, response)
@@ -322,6 +344,7 @@ class CodexDriver:
         self.base_url = cli.base_url
         self.api_key_env = cli.api_key_env
         self.extra_env = cli.env
+        self.collab_agents = options.get("collab_agents", True) is not False
 
     @property
     def state_dir(self) -> Path:
@@ -365,6 +388,7 @@ class CodexDriver:
                 "apps = false",
                 "remote_plugin = false",
                 "default_mode_request_user_input = true",
+                f"multi_agent_v2 = {'true' if self.collab_agents else 'false'}",
                 "",
                 f"[permissions.{WORKSPACE_PROFILE}.filesystem]",
                 '":minimal" = "read"',

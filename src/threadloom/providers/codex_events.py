@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from threadloom.domain.failures import ModelFailure, RunFailureCode, model_failure, of_http_status
+from threadloom.providers.codex_collab import Collab
 from threadloom.providers.contract import (
     ItemCompleted,
     ItemKind,
@@ -74,6 +75,9 @@ ITEM_KINDS: dict[str, ItemKind] = {
     "reasoning": "reasoning",
     "collabAgentToolCall": "subagent",
 }
+# A collab call on an agent spawned earlier (wait, send_message, ...) is a tool call of its own; only a spawn is
+# the subagent (multi_agent_v2 spawns show as `subAgentActivity` items instead, `codex_collab`).
+COLLAB_SPAWN = "spawnAgent"
 SKIPPED_ITEMS = ("userMessage", "hookPrompt")  # the user's own words: the engine already has them
 ITEM_STATUSES: dict[str, ItemStatus] = {
     "completed": "completed",
@@ -139,6 +143,13 @@ def display_command(command: str) -> str:
     return command
 
 
+def item_kind(item: dict[str, Any]) -> ItemKind:
+    kind = ITEM_KINDS.get(str(item.get("type")), "other")
+    if kind == "subagent" and item.get("tool") not in (None, COLLAB_SPAWN):
+        return "tool_call"
+    return kind
+
+
 def item_title(item: dict[str, Any]) -> str | None:
     kind = item.get("type")
     if kind == "commandExecution":
@@ -173,11 +184,44 @@ class Translator:
         self.redact = redact
         self.open_items: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         self.requests: dict[str, tuple[Any, str, str, dict[str, Any]]] = {}  # ref → (id, method, turn, params)
+        self.collab = Collab()
 
     # ---- server → client -------------------------------------------------------------
 
     def translate(self, message: dict[str, Any]) -> list[ProviderEvent]:
-        """One notification or server request → its events (often none)."""
+        """One notification or server request → its events (often none); a collab agent's own events become
+        its parent's (`codex_collab`)."""
+        method = str(message.get("method"))
+        params: dict[str, Any] = message.get("params") or {}
+        thread = str(params.get("threadId", ""))
+        item = params.get("item") or {}
+        if method in ("item/started", "item/completed") and Collab.is_activity(item):
+            self.collab.activity(thread, str(params.get("turnId", "")), item, method == "item/started")
+            return []
+        agent = self.collab.live(thread)
+        if agent is None:
+            if method == "turn/started":
+                self.collab.started_too_late(thread, str((params.get("turn") or {}).get("id")))
+            events = self._translate(message)
+            if method == "turn/completed":  # the parent's agents end with its turn, before it
+                ended = self.collab.parent_ended(thread, str((params.get("turn") or {}).get("id")))
+                events = [*ended, *events] if ended else events
+            return events
+        if method == "turn/started":
+            shown = self.collab.turn_started(agent, str((params.get("turn") or {}).get("id")))
+            return shown if shown is not None else self._translate(message)
+        turn = str(params.get("turnId") or (params.get("turn") or {}).get("id") or "")
+        if turn != agent.turn:
+            return self._translate(message)  # a later turn of the agent: not shown (its thread has no binding)
+        events = self._translate(message)
+        if method != "turn/completed":
+            return [agent.adopt(e) for e in events]
+        done = params.get("turn") or {}
+        closed = [agent.adopt(e) for e in events if not isinstance(e, TurnCompleted)]
+        end = next((e for e in events if isinstance(e, TurnCompleted)), None)
+        return [*closed, *agent.completed(str(done.get("status")), end.error if end else None)]
+
+    def _translate(self, message: dict[str, Any]) -> list[ProviderEvent]:
         method = str(message.get("method"))
         params: dict[str, Any] = message.get("params") or {}
         thread = str(params.get("threadId", ""))
@@ -194,7 +238,7 @@ class Translator:
             if item.get("type") in SKIPPED_ITEMS:
                 return []
             self.open_items.setdefault((thread, turn), {})[str(item.get("id"))] = item
-            kind = ITEM_KINDS.get(str(item.get("type")), "other")
+            kind = item_kind(item)
             return [ItemStarted(thread, turn, str(item.get("id")), kind, item_title(item), item_detail(item))]
         if method == "item/completed":
             item = params.get("item") or {}
@@ -202,7 +246,7 @@ class Translator:
                 return []
             self.open_items.get((thread, turn), {}).pop(str(item.get("id")), None)
             status = ITEM_STATUSES.get(str(item.get("status") or "completed"), "completed")
-            kind = ITEM_KINDS.get(str(item.get("type")), "other")
+            kind = item_kind(item)
             return [ItemCompleted(thread, turn, str(item.get("id")), kind, status, item_text(item), item_detail(item))]
         if method in ("item/agentMessage/delta", "item/plan/delta"):
             return [TextDelta(thread, turn, str(params.get("itemId")), str(params.get("delta", "")))]
@@ -239,13 +283,19 @@ class Translator:
         """ItemCompleted for the items Codex started but will never complete (after an interrupt)."""
         events: list[ProviderEvent] = []
         for item_id, item in (self.open_items.pop((thread, turn), None) or {}).items():
-            kind = ITEM_KINDS.get(str(item.get("type")), "other")
+            kind = item_kind(item)
             events.append(ItemCompleted(thread, turn, item_id, kind, status, None, item_detail(item)))
         return events
 
     def close_all(self, status: ItemStatus) -> list[ProviderEvent]:
-        """Every still-open item closed (the process is gone)."""
+        """Every still-open item closed (the process is gone), a running collab agent's as its parent's."""
         events: list[ProviderEvent] = []
+        for child, agent in self.collab.agents.items():
+            if agent.ended:
+                continue
+            if agent.turn is not None:
+                events += [agent.adopt(e) for e in self._close_items(child, agent.turn, status)]
+            events += agent.completed("interrupted")
         for thread, turn in list(self.open_items):
             events += self._close_items(thread, turn, status)
         self.requests.clear()

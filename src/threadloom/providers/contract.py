@@ -29,6 +29,9 @@ class Capabilities:
     supports_subagents: bool = False
     pending_requests_survive_restart: bool = False
     supports_empty_thread_creation: bool = True
+    # A subagent's own native thread (its node's provider thread) can be rolled back like any thread. Codex
+    # refuses `thread/revert` on a collab agent's thread; engine-only, not in the API's ProviderCapabilities.
+    can_rollback_subagent_thread: bool = False
 
     @classmethod
     def every(cls, **lacking: bool) -> Capabilities:

@@ -71,7 +71,7 @@ DRIVER_OPTIONS: dict[str, frozenset[str]] = {
             "supports_native_rollback",
         }
     ),
-    "codex": _CLI_OPTIONS,
+    "codex": _CLI_OPTIONS | {"collab_agents"},
     "claude": _CLI_OPTIONS,
     "acp": ACP_OPTIONS,
 }
@@ -128,8 +128,9 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
             value = options.get(limit, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"provider instance {name!r}: `{limit}` must be a whole number >= 1")
-        if not isinstance(options.get("allow_full_access", False), bool):
-            raise ConfigError(f"provider instance {name!r}: `allow_full_access` must be true or false")
+        for flag in ("allow_full_access", "collab_agents"):
+            if not isinstance(options.get(flag, False), bool):
+                raise ConfigError(f"provider instance {name!r}: `{flag}` must be true or false")
         env = options.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise ConfigError(f"provider instance {name!r}: `env` must be a table of strings")

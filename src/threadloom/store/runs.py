@@ -31,6 +31,8 @@ from threadloom.domain.statuses import (
     HandoffStatus,
     NodeStatus,
     PlanStatus,
+    ProviderThreadStatus,
+    ProviderTurnStatus,
     RunStatus,
     RuntimeRequestStatus,
     TransferStatus,
@@ -129,6 +131,11 @@ _GRAPH_PARTS = """
     UNION ALL SELECT 'plan', to_jsonb(pa) FROM plan_artifacts pa WHERE pa.run_id = :run AND pa.status = :active_plan
     UNION ALL SELECT 'queued', to_jsonb(q) FROM runs q WHERE q.thread_id = :thread AND q.status = :queued
     UNION ALL SELECT 'request', to_jsonb(r) FROM runtime_requests r WHERE r.run_id = :run AND r.status = :pending
+    UNION ALL SELECT 'subagent_turn', to_jsonb(st) FROM provider_turns st JOIN a ON st.run_attempt_id = a.id
+      WHERE st.node_id <> a.root_node_id AND st.status = :running_turn
+    UNION ALL SELECT 'subagent_thread', to_jsonb(sp) FROM provider_threads sp
+      JOIN execution_nodes sn ON sp.owner_node_id = sn.id JOIN a ON sn.attempt_id = a.id
+      WHERE sp.status = :active_thread
 """
 _GRAPH = sa.text("WITH a AS (SELECT * FROM run_attempts WHERE id = :attempt)" + _GRAPH_PARTS).bindparams(
     sa.bindparam("open_nodes", expanding=True)
@@ -159,6 +166,8 @@ def _graph_params(thread: AppThread, run_id: uuid.UUID) -> dict[str, object]:
         "active_plan": PlanStatus.ACTIVE.value,
         "queued": RunStatus.QUEUED.value,
         "pending": RuntimeRequestStatus.PENDING.value,
+        "running_turn": ProviderTurnStatus.RUNNING.value,
+        "active_thread": ProviderThreadStatus.ACTIVE.value,
     }
 
 
@@ -186,6 +195,8 @@ def _graph(thread: AppThread, run: Run, found: dict[str, list[dict[str, object]]
         active_plans=each("plan", PlanArtifact),
         queue=queued,
         pending_requests=each("request", RuntimeRequest),
+        subagent_threads=each("subagent_thread", ProviderThread),
+        subagent_turns=each("subagent_turn", ProviderTurn),
     )
 
 
