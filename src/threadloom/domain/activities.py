@@ -66,6 +66,10 @@ class ActivityKind(StrEnum):
     # delegated tasks
     SUBAGENT_STARTED = "subagent.started"
     SUBAGENT_COMPLETED = "subagent.completed"
+    # the writer lease (domain/leases.py)
+    LEASE_ACQUIRED = "lease.acquired"
+    LEASE_TAKEN_OVER = "lease.taken_over"
+    LEASE_RELEASED = "lease.released"
 
 
 _RUN_ENDED = {

@@ -36,6 +36,7 @@ from threadloom.engine.effects import EffectWorker
 from threadloom.engine.forks import Forks
 from threadloom.engine.ingest import Ingestor
 from threadloom.engine.interruption import Interruption
+from threadloom.engine.leases import Leases
 from threadloom.engine.pipeline import Committed, Pipeline
 from threadloom.engine.plans import Plans
 from threadloom.engine.project_admin import ProjectAdmin, TokenAdmin
@@ -79,6 +80,7 @@ class Services:
     retries: RunRetries = dataclasses.field(init=False)  # retryRun
     project_admin: ProjectAdmin = dataclasses.field(init=False)  # updateProject, archive/unarchiveProject
     tokens: TokenAdmin = dataclasses.field(init=False)  # tokens, createToken, revokeToken
+    leases: Leases = dataclasses.field(init=False)  # acquire/renew/releaseThreadLease
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
@@ -187,6 +189,7 @@ class Services:
         services.retries = RunRetries(pipeline, run_engine, project_admin.check_runnable)
         services.project_admin = project_admin
         services.tokens = TokenAdmin(pipeline)
+        services.leases = Leases(pipeline)
 
         async def wake(committed: Committed) -> None:
             if committed.effects:
