@@ -27,7 +27,7 @@ from tests.support.ws import WsClient
 
 ACQUIRE = """mutation($t: ID!, $ttl: Int!, $takeover: Boolean!, $device: String) {
   acquireThreadLease(input: {threadId: $t, ttlSeconds: $ttl, takeover: $takeover, deviceId: $device}) {
-    thread { lease { deviceId tokenName expiresAt heldByYou } } userErrors { code message field } } }"""
+    thread { lease { deviceId tokenName expiresAt } } userErrors { code message field } } }"""
 RENEW = """mutation($t: ID!, $ttl: Int!) { renewThreadLease(input: {threadId: $t, ttlSeconds: $ttl}) {
     thread { lease { deviceId expiresAt } } userErrors { code message field } } }"""
 RELEASE = """mutation($t: ID!) { releaseThreadLease(input: {threadId: $t}) {
@@ -37,7 +37,7 @@ RENAME = """mutation($t: ID!, $n: String!) { renameThread(input: {threadId: $t, 
 STOP = """mutation($t: ID!) { stopThread(input: {threadId: $t}) { userErrors { code message } } }"""
 DELEGATE = """mutation($t: ID!) { delegateTask(input: {threadId: $t, text: "@reply sub"}) {
     userErrors { code message } } }"""
-STATE = """query($t: ID!) { thread(id: $t) { title status lease { deviceId tokenName heldByYou }
+STATE = """query($t: ID!) { thread(id: $t) { title status lease { deviceId tokenName }
     runs(first: 20) { nodes { id status } } } }"""
 TOKEN = """mutation($p: ID!, $name: String!, $scope: TokenScope!) {
   createToken(input: {projectId: $p, name: $name, scope: $scope}) { secret userErrors { code } } }"""
@@ -126,7 +126,7 @@ async def test_two_devices_racing_for_a_thread_one_wins_and_the_other_is_refused
     winner, loser = (laptop, phone) if first["userErrors"] == [] else (phone, laptop)
     won, lost = (first, second) if winner is laptop else (second, first)
     assert won["userErrors"] == [] and _codes(lost) == ["WRITER_LEASE_HELD"], (first, second)
-    assert won["thread"]["lease"]["deviceId"] == winner.device and won["thread"]["lease"]["heldByYou"] is True
+    assert won["thread"]["lease"]["deviceId"] == winner.device
     assert f"device {winner.device!r} (token '{winner.device}-token')" in lost["userErrors"][0]["message"]
 
     # The same race for the thread itself: the holder's message starts a run, the other's is refused.
@@ -251,9 +251,9 @@ async def test_observers_read_and_subscribe_while_another_device_holds_the_lease
                 break
     finally:
         await ws.close()
-    for observer, mine in ((scene.reader, False), (scene.phone, False), (laptop, True)):
+    for observer in (scene.reader, scene.phone, laptop):
         seen = await observer.state(thread)
-        assert seen["lease"] == {"deviceId": "laptop", "tokenName": "laptop-token", "heldByYou": mine}
+        assert seen["lease"] == {"deviceId": "laptop", "tokenName": "laptop-token"}
         assert [r["status"] for r in seen["runs"]["nodes"]] == ["COMPLETED"]
 
 

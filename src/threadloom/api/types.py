@@ -339,9 +339,6 @@ class ThreadLease:
     device_id: str = strawberry.field(description="The device the holder named (`Threadloom-Device`, `deviceId`).")
     token_name: str = strawberry.field(description="The name of the holder's API token (never the token itself).")
     expires_at: datetime = strawberry.field(description="When the lease runs out unless `renewThreadLease` extends it.")
-    held_by_you: bool = strawberry.field(
-        description="Whether this request's token and device hold it: true on the device that drives the thread."
-    )
 
 
 _LEASE_FIELDS = ("lease_token_name", "lease_device_id", "lease_expires_at")
@@ -373,13 +370,12 @@ class Thread(Node, _Entity):
         description="The thread's live writer lease: who drives it and until when; null when no one does."
     )
     def lease(self, info: Info) -> ThreadLease | None:
+        # Nothing here depends on who asks: stream cohorts share one execution among subscribers
+        # (api/cohorts.py), so a client tells its own lease by its device id.
         live = leases.holder(self.rec, info.context.services.clock.now())
         if live is None:
             return None
-        mine = leases.holds(live, info.context.principal)
-        return ThreadLease(
-            device_id=live.device_id, token_name=live.token_name, expires_at=live.expires_at, held_by_you=mine
-        )
+        return ThreadLease(device_id=live.device_id, token_name=live.token_name, expires_at=live.expires_at)
 
     @strawberry.field(description="The sequence of the newest event in this thread's log.")
     def latest_sequence(self) -> int:
