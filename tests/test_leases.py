@@ -42,7 +42,8 @@ STATE = """query($t: ID!) { thread(id: $t) { title status lease { deviceId token
 TOKEN = """mutation($p: ID!, $name: String!, $scope: TokenScope!) {
   createToken(input: {projectId: $p, name: $name, scope: $scope}) { secret userErrors { code } } }"""
 EVENTS = """subscription($t: ID!) { threadEvents(threadId: $t) {
-  sequence type entity { __typename ... on Activity { kind summary payload } } } }"""
+  sequence type entity { __typename ... on Activity { kind summary payload }
+    ... on Thread { lease { deviceId tokenName } } } } }"""
 
 
 @pytest.fixture(scope="module")
@@ -178,19 +179,24 @@ async def test_a_takeover_moves_the_lease_and_tells_the_old_holder_on_its_stream
     try:
         await ws.subscribe(EVENTS, {"t": thread})
 
-        async def told() -> dict[str, Any]:
+        async def told() -> tuple[list[Any], dict[str, Any]]:
+            leases: list[Any] = []  # the thread's lease as each `thread.leased` event carried it
             while True:
                 message = await ws.receive()
                 assert message["type"] == "next", message
-                entity = message["payload"]["data"]["threadEvents"]["entity"] or {}
+                event = message["payload"]["data"]["threadEvents"]
+                entity = event["entity"] or {}
+                if event["type"] == "thread.leased":
+                    leases.append(entity["lease"])
                 if entity.get("kind") == "lease.taken_over":
-                    return entity
+                    return leases, entity
 
         listening = asyncio.ensure_future(told())
         assert _codes(await phone.acquire(thread)) == ["WRITER_LEASE_HELD"]  # without takeover
         taken = await phone.acquire(thread, takeover=True)
         assert taken["userErrors"] == [] and taken["thread"]["lease"]["deviceId"] == "phone"
-        notice = await asyncio.wait_for(listening, 30)
+        leases, notice = await asyncio.wait_for(listening, 30)
+        assert leases[-1] == {"deviceId": "phone", "tokenName": "phone-token"}  # the stream carries the new holder
         assert notice["payload"] == {
             "holder": {"deviceId": "phone", "tokenName": "phone-token"},
             "previous": {"deviceId": "laptop", "tokenName": "laptop-token"},
