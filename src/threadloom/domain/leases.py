@@ -138,7 +138,7 @@ def acquire(
         raise _held(lease)
     mine = {"deviceId": device, "tokenName": principal.token_name}
     if lease is not None:
-        summary = f"{mine['deviceId']} took over the thread from {lease.device_id}"
+        summary = f"{device} took over the thread from {lease.device_id}"
         kind, payload = ActivityKind.LEASE_TAKEN_OVER, {"holder": mine, "previous": _who(lease)}
     else:
         summary = f"{device} is driving the thread"
