@@ -146,7 +146,7 @@ async def test_config_options_change_the_threads_mode_and_model(
 ) -> None:
     folder, _ = await home(client, tmp_path, "Settings")
     editor = Editor("ACCEPT")
-    async with agent(server.url, str(client.token), editor, "--model", "model-a") as conn:
+    async with agent(server.url, str(client.token), editor, "--model", "model-a", device="desk") as conn:
         created = await conn.new_session(cwd=folder)
         session = created.session_id
         assert options(created.config_options) == {"mode": "workspace_write", "model": "default"}
@@ -174,11 +174,15 @@ async def test_config_options_change_the_threads_mode_and_model(
         assert unknown.value.data == {"code": "UNKNOWN_CONFIG_OPTION"}
         assert (await thread(client, session))["mode"] == "READ_ONLY"  # refused: unchanged
 
-        # Another client changes the mode: the next prompt tells the editor first.
-        await client.gql(
-            "mutation($t: ID!) { setRuntimeMode(input: {threadId: $t, mode: WORKSPACE_WRITE}) { thread { id } } }",
+        # Another client on the editor's device (the session holds the thread's writer lease) changes the mode:
+        # the next prompt tells the editor first.
+        changed = await client.gql(
+            "mutation($t: ID!) { setRuntimeMode(input: {threadId: $t, mode: WORKSPACE_WRITE})"
+            " { userErrors { code } } }",
             {"t": session},
+            headers={"Threadloom-Device": "desk"},
         )
+        assert changed["setRuntimeMode"]["userErrors"] == []
         await conn.prompt(session_id=session, prompt=prompt("@reply hi"))
         back = await conn.set_config_option(config_id="model", session_id=session, value="default")
 
@@ -352,10 +356,11 @@ async def test_a_question_not_answered_in_the_editor_waits_for_another_client(
     elicitation: bool, server: ServerProcess, client: Client, tmp_path: Path
 ) -> None:
     """The twin of the form: declined in the editor, or with an editor that takes no forms, the question stays
-    in the thread, and the prompt goes on once another client (the dashboard) answers it."""
+    in the thread, and the prompt goes on once another client on the editor's device (the session holds the
+    thread's writer lease, docs/leases.md) answers it."""
     folder, _ = await home(client, tmp_path, "Declined")
     editor = Editor(form=None if elicitation else {"q1": "blue"})
-    async with agent(server.url, str(client.token), editor, elicitation=elicitation) as conn:
+    async with agent(server.url, str(client.token), editor, elicitation=elicitation, device="desk") as conn:
         session = (await conn.new_session(cwd=folder)).session_id
         going = asyncio.create_task(conn.prompt(session_id=session, prompt=prompt("@ask Which colour? | red | blue")))
 
@@ -372,6 +377,7 @@ async def test_a_question_not_answered_in_the_editor_waits_for_another_client(
             """mutation($r: ID!) { respondToUserInput(input: {requestId: $r,
                  answers: [{questionId: "q1", answers: ["red"]}]}) { userErrors { code } } }""",
             {"r": request["id"]},
+            headers={"Threadloom-Device": "desk"},
         )
         assert answered["respondToUserInput"]["userErrors"] == []
         done = await asyncio.wait_for(going, 60)
@@ -464,7 +470,7 @@ async def test_the_bridge_as_a_server_survives_what_an_editor_may_send(
     """Raw lines: an unknown method, a line over the limit, `$/cancel_request` of a prompt (its run stops, the
     prompt ends as cancelled), and an approval answered elsewhere withdrawn from the editor."""
     folder, _ = await home(client, tmp_path, "Raw")
-    async with raw_agent(server.url, str(client.token)) as raw:
+    async with raw_agent(server.url, str(client.token), device="desk") as raw:
         unknown = await raw.call(1, "session/teleport", {})
         assert unknown["error"]["code"] == -32601
         await raw.write(
@@ -498,6 +504,7 @@ async def test_the_bridge_as_a_server_survives_what_an_editor_may_send(
         await client.gql(
             "mutation($r: ID!) { respondToApproval(input: {requestId: $r, decision: ACCEPT}) { userErrors { code } } }",
             {"r": request["id"]},
+            headers={"Threadloom-Device": "desk"},  # the editor's device: the session holds the writer lease
         )
         withdrawn = await raw.wait_for(lambda m: m.get("method") == "$/cancel_request", within=10)
         assert withdrawn["params"] == {"requestId": asked["id"]}

@@ -33,6 +33,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 SEND = """mutation($t: ID!, $text: String!) {
   sendMessage(input: {threadId: $t, text: $text}) { run { id } userErrors { code message } } }"""
 RUN = "query($r: ID!) { run(id: $r) { status } }"
+PROJECT_OF = "query($t: ID!) { thread(id: $t) { project { id } } }"
 TERMINAL = {"COMPLETED", "FAILED", "INTERRUPTED", "CANCELLED", "ROLLED_BACK"}
 EVENTS = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
   sequence type entity { __typename ... on Run { id status } } } }"""
@@ -74,8 +75,10 @@ async def browser() -> AsyncIterator[Browser]:
         await launched.close()
 
 
-async def send(client: Client, thread_id: str, text: str) -> str:
-    data = await client.gql(SEND, {"t": thread_id, "text": text})
+async def send(client: Client, thread_id: str, text: str, device: str | None = None) -> str:
+    """`device`: the `Threadloom-Device` to send as: the page's own, on a thread the page drives (its lease)."""
+    headers = {} if device is None else {"Threadloom-Device": device}
+    data = await client.gql(SEND, {"t": thread_id, "text": text}, headers=headers)
     assert data["sendMessage"]["userErrors"] == [], data
     return str(data["sendMessage"]["run"]["id"])
 
@@ -99,12 +102,14 @@ async def ended(client: Client, run_id: str) -> str:
         await ws.close()
 
 
-async def run_elsewhere(database_url: str, data_dir: Path, token: str, thread: str, text: str) -> None:
+async def run_elsewhere(
+    database_url: str, data_dir: Path, token: str, thread: str, text: str, device: str | None = None
+) -> None:
     """Another server process on the same database runs `text` on the thread to its end, then stops."""
     other = ServerProcess(database_url, data_dir).wait_ready()  # no replay limit: `ended` replays the thread
     away = Client(other.url, token)
     try:
-        assert await ended(away, await send(away, thread, text)) == "COMPLETED"
+        assert await ended(away, await send(away, thread, text, device)) == "COMPLETED"
     finally:
         await away.aclose()
         other.stop()
@@ -223,7 +228,8 @@ async def test_the_dashboard_follows_a_thread_live_across_restarts(
         last_seen = await page.evaluate("state.t.lastSeq")  # the page's cursor when the server went away
         subscribed_before = len(thread_subscriptions(sent_frames))
         missed = "@reply Also fixed the logout test while you were away."
-        await run_elsewhere(database_url, data_dir, token, thread, missed)
+        device = await page.evaluate("DEVICE")  # the page drives the thread (its lease): this is the same device
+        await run_elsewhere(database_url, data_dir, token, thread, missed, device)
 
         # 4. Back at the same address: the page reconnects, replays what it missed from its cursor, then
         # follows live again.
@@ -231,7 +237,7 @@ async def test_the_dashboard_follows_a_thread_live_across_restarts(
         await expect(page.locator("#connection")).to_have_attribute("data-state", "live", timeout=30_000)
         await expect(run_card(page, 3)).to_have_attribute("data-status", "COMPLETED")
         await expect(page.locator("#messages")).to_contain_text("Also fixed the logout test while you were away.")
-        live = await send(api, thread, "@reply Back live after the restart.")
+        live = await send(api, thread, "@reply Back live after the restart.", device)
         assert live
         await expect(run_card(page, 4)).to_have_attribute("data-status", "COMPLETED")
         await expect(page.locator("#messages")).to_contain_text("Back live after the restart.")
@@ -677,10 +683,52 @@ async def test_the_page_shows_the_work_tools_todos_times_and_answers_in_words(
     await page.wait_for_function(AT_BOTTOM)
     await page.locator("#messages").evaluate("(box) => { box.scrollTop = 0; }")
     await page.wait_for_function("() => !messagesPinned")
-    assert await send(client, thread, "@reply Written while you read above.")
+    assert await send(client, thread, "@reply Written while you read above.", await page.evaluate("DEVICE"))
     await expect(page.locator("#messages li[data-role=ASSISTANT]").last).to_contain_text("while you read above")
     assert await page.locator("#messages").evaluate("(box) => box.scrollTop") == 0
     await page.locator("#messages").evaluate("(box) => { box.scrollTop = box.scrollHeight; }")
     await page.wait_for_function("() => messagesPinned")
     assert errors == [], errors
     await page.close()
+
+
+async def test_the_page_takes_the_lease_when_it_sends_shows_who_drives_and_takes_over(
+    browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
+) -> None:
+    """Two tabs (two devices) on one thread: the first to send drives it; the other reads who drives, is refused
+    with WRITER_LEASE_HELD when it sends, and takes over with its button, which the first tab is told of live.
+    Leaving the thread releases the lease."""
+    laptop, errors = await thread_page(browser, server, client, workspace(tmp_path, "lease"), "Driven")
+    thread = await laptop.evaluate("state.t.id")
+    await make_thread(client, (await client.gql(PROJECT_OF, {"t": thread}))["thread"]["project"]["id"], "Other")
+    await send_from_page(laptop, "@reply from the laptop")
+    laptop_device = await laptop.evaluate("DEVICE")
+    await expect(laptop.locator("#lease")).to_have_text("you are driving this thread")
+    refused = await client.post(SEND, {"t": thread, "text": "@reply no device"})  # the API, naming no device
+    assert refused.json()["data"]["sendMessage"]["userErrors"][0]["code"] == "WRITER_LEASE_HELD"
+
+    phone, phone_errors = await open_page(browser)
+    assert client.token
+    await sign_in(phone, server.url, client.token)
+    await phone.click(f"#threads li[data-id='{thread}']")
+    await expect(phone.locator("#lease")).to_contain_text(f"driven by {laptop_device}")
+    await expect(phone.locator("#lease")).to_have_attribute("data-holder", "other")
+    await phone.fill("#message", "@reply from the phone")
+    await phone.click("#send button[type=submit]")
+    await expect(phone.locator("#error")).to_contain_text("WRITER_LEASE_HELD")
+    await expect(phone.locator("#message")).to_have_value("@reply from the phone")  # not sent
+
+    await phone.click("#take-over")
+    await expect(phone.locator("#lease")).to_have_text("you are driving this thread")
+    phone_device = await phone.evaluate("DEVICE")
+    await expect(laptop.locator("#lease")).to_contain_text(f"driven by {phone_device}")  # told on its stream
+    await expect(laptop.locator("#take-over")).to_be_visible()
+    await send_from_page(phone, "@reply from the phone")
+    await expect(run_card(laptop, 2)).to_have_attribute("data-status", "COMPLETED")
+
+    await phone.click("#threads li:has-text('Other')")  # leaving the thread gives the lease up
+    await expect(laptop.locator("#lease")).to_have_text("")
+    await expect(laptop.locator("#take-over")).to_be_hidden()
+    assert errors == [] and phone_errors == [], (errors, phone_errors)
+    await laptop.close()
+    await phone.close()

@@ -403,7 +403,10 @@ def cmd_acp(args: argparse.Namespace) -> int:
         raise CliError("TOKEN_MISSING", "threadloom acp: set THREADLOOM_TOKEN to a token of the server")
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)  # stdout carries the protocol only
     models = tuple(args.model or ())
-    options = Options(url=args.url, token=token, project_id=args.project, provider=args.provider, models=models)
+    device = os.environ.get("THREADLOOM_DEVICE") or None  # the writer lease's device (docs/leases.md)
+    options = Options(
+        url=args.url, token=token, project_id=args.project, provider=args.provider, models=models, device=device
+    )
     asyncio.run(serve_stdio(options))
     return 0
 

@@ -71,10 +71,12 @@ def bridge_command(url: str, *args: str) -> tuple[str, ...]:
 
 
 @asynccontextmanager
-async def agent(url: str, token: str, editor: Editor, *args: str, elicitation: bool = False) -> AsyncIterator[Any]:
+async def agent(
+    url: str, token: str, editor: Editor, *args: str, elicitation: bool = False, device: str | None = None
+) -> AsyncIterator[Any]:
     """`threadloom acp` as an editor starts it, for the server at `url`, initialized (with `elicitation`, the
-    editor says it takes form elicitations)."""
-    env = {"PATH": os.environ["PATH"], "THREADLOOM_TOKEN": token}
+    editor says it takes form elicitations; `device`: its THREADLOOM_DEVICE, the writer lease's device)."""
+    env = {"PATH": os.environ["PATH"], "THREADLOOM_TOKEN": token, **({"THREADLOOM_DEVICE": device} if device else {})}
     capabilities = ClientCapabilities(
         elicitation=ElicitationCapabilities(form=ElicitationFormCapabilities()) if elicitation else None
     )
@@ -132,8 +134,8 @@ class RawEditor:
 
 
 @asynccontextmanager
-async def raw_agent(url: str, token: str) -> AsyncIterator[RawEditor]:
-    env = {"PATH": os.environ["PATH"], "THREADLOOM_TOKEN": token}
+async def raw_agent(url: str, token: str, device: str | None = None) -> AsyncIterator[RawEditor]:
+    env = {"PATH": os.environ["PATH"], "THREADLOOM_TOKEN": token, **({"THREADLOOM_DEVICE": device} if device else {})}
     process = await asyncio.create_subprocess_exec(
         *bridge_command(url),
         env=env,

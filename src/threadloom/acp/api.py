@@ -18,9 +18,10 @@ UNKNOWN_SESSION = "no such session for this token"
 
 
 class Api:
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, device: str | None = None) -> None:
         self.url = url
         self.token = token
+        self.device = device
         self._socket: GraphQLSocket | None = None
         self._connecting = asyncio.Lock()
 
@@ -92,7 +93,7 @@ class Api:
             deadline, pause = loop.time() + within, 0.1
             while True:
                 try:
-                    self._socket = await GraphQLSocket.connect(self.url, self.token)
+                    self._socket = await GraphQLSocket.connect(self.url, self.token, self.device)
                     return self._socket
                 except GraphQLError as exc:
                     if exc.code == "UNAUTHENTICATED":

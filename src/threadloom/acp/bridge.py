@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import socket
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -37,6 +39,7 @@ from threadloom.agent.wire import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUES
 log = logging.getLogger("threadloom.acp")
 
 PROTOCOL_VERSION = 1
+LEASE_TTL_S = 60  # the writer lease a driving session holds, renewed every third of it
 RECONNECT_WITHIN_S = 30.0  # how long a prompt waits for the server to come back before it fails
 # Stream ends a prompt follows on from: the socket dropped, the server stopped, the bridge fell behind.
 RESUMABLE = frozenset({"DISCONNECTED", "SERVER_GOING_AWAY", "SUBSCRIBER_TOO_SLOW"})
@@ -54,12 +57,14 @@ class Options:
     project_id: str | None = None  # sessions go to this project; None: the project whose workspace holds cwd
     provider: str | None = None  # the provider instance of new threads; None: the server's default
     models: tuple[str, ...] = ()  # models offered in the model option, beside the instance's default
+    device: str | None = None  # the writer lease's device (THREADLOOM_DEVICE); None: acp-<host>-<pid>
 
 
 class Bridge:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.api = Api(options.url, options.token)
+        self.device = options.device or f"acp-{socket.gethostname()}-{os.getpid()}"
+        self.api = Api(options.url, options.token, self.device)
         self.conn: Connection | None = None
         self.elicits = False  # the editor takes form elicitations (its clientCapabilities say so)
         self.sessions: dict[str, Session] = {}
@@ -87,6 +92,8 @@ class Bridge:
         return requests, {"session/cancel": self.cancel}, {"session/prompt": self.cancel}
 
     async def close(self) -> None:
+        for session in self.sessions.values():
+            await self.let_go(session)
         await self.api.close()
 
     # ---- methods -----------------------------------------------------------------------------------
@@ -138,7 +145,9 @@ class Bridge:
         session_id = str(params.get("sessionId") or "")
         self.session(session_id)
         await self.cancel(params)
-        self.sessions.pop(session_id, None)
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            await self.let_go(session)
         return {}
 
     async def prompt(self, params: Params) -> dict[str, Any]:
@@ -172,6 +181,7 @@ class Bridge:
         """Sends the message and streams its run to the editor until it ends: `{runId, stopReason}`."""
         thread = await self.api.thread(session.thread_id)
         await self.show_settings(session_id, session, thread)
+        await self.drive(session)
         variables = {"t": session.thread_id, "text": text, "d": dispatch}
         run_id = payload((await self.api.execute(q.SEND, variables))["sendMessage"])["run"]["id"]
         session.followed[run_id] = prompt and session.cancel_requested
@@ -286,6 +296,36 @@ class Bridge:
         stopped = (await self.api.execute(q.INTERRUPT, {"r": run_id}))["interruptRun"]["userErrors"]
         if stopped and stopped[0]["code"] == "RUN_NOT_ACTIVE":
             await self.api.execute(q.CANCEL_QUEUED, {"r": run_id})
+
+    # ---- the writer lease ----------------------------------------------------------------------------
+    async def drive(self, session: Session) -> None:
+        """Takes the thread's lease at the session's first message (another device's live lease refuses it
+        with WRITER_LEASE_HELD, naming that device) and renews it until the session is closed."""
+        if session.lease is not None and not session.lease.done():
+            return
+        payload((await self.api.execute(q.ACQUIRE, {"t": session.thread_id, "ttl": LEASE_TTL_S}))["acquireThreadLease"])
+        session.lease = asyncio.create_task(self._renew(session), name=f"acp-lease-{session.thread_id}")
+
+    async def _renew(self, session: Session) -> None:
+        while True:
+            await asyncio.sleep(LEASE_TTL_S / 3)  # a timer of the bridge's own: renew well before it runs out
+            try:
+                renewed = await self.api.execute(q.RENEW, {"t": session.thread_id, "ttl": LEASE_TTL_S})
+            except AcpError:
+                continue  # the server is away: try again; the lease runs out if it stays away
+            if renewed["renewThreadLease"]["userErrors"]:
+                return  # taken over or run out: the next message acquires it again (or is refused)
+
+    async def let_go(self, session: Session) -> None:
+        """Stops renewing and releases the lease (when the session held it)."""
+        task, session.lease = session.lease, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        with contextlib.suppress(AcpError):
+            await self.api.execute(q.RELEASE, {"t": session.thread_id})
 
     # ---- helpers -----------------------------------------------------------------------------------
     async def _open(self, params: Params) -> tuple[str, dict[str, Any]]:

@@ -27,6 +27,14 @@ RESYNC = """query($r: ID!, $t: ID!) {
     executionGraph { nodes { id nodeKind: kind nodeStatus: status title detail } }
     plans { id planKind: kind items } }
   thread(id: $t) { latestSequence messages(last: 50) { nodes { id role text run { id } } } } }"""
+# The writer lease (docs/leases.md): a session drives its thread from its first message until it is closed.
+ACQUIRE = """mutation($t: ID!, $ttl: Int!) { acquireThreadLease(input: {threadId: $t, ttlSeconds: $ttl}) {
+  thread { id } userErrors { code message } } }"""
+RENEW = """mutation($t: ID!, $ttl: Int!) { renewThreadLease(input: {threadId: $t, ttlSeconds: $ttl}) {
+  thread { id } userErrors { code message } } }"""
+RELEASE = (
+    """mutation($t: ID!) { releaseThreadLease(input: {threadId: $t}) { thread { id } userErrors { code message } } }"""
+)
 INTERRUPT = "mutation($r: ID!) { interruptRun(input: {runId: $r}) { userErrors { code message } } }"
 CANCEL_QUEUED = "mutation($r: ID!) { cancelQueuedRun(input: {runId: $r}) { userErrors { code message } } }"
 RESPOND = """mutation($r: ID!, $d: Decision!) { respondToApproval(input: {requestId: $r, decision: $d}) {

@@ -48,13 +48,15 @@ class GraphQLSocket:
         self._reader = asyncio.create_task(self._read(), name="acp-graphql-reader")
 
     @classmethod
-    async def connect(cls, base_url: str, token: str) -> GraphQLSocket:
+    async def connect(cls, base_url: str, token: str, device: str | None = None) -> GraphQLSocket:
+        """`device`: the device this socket's writes come from (the writer lease's holder, docs/leases.md)."""
         url = websocket_url(base_url)
         try:
             ws = await websockets.connect(url, subprotocols=[PROTOCOL], max_size=None)  # type: ignore[list-item]
         except (OSError, websockets.InvalidHandshake) as exc:
             raise GraphQLError(f"cannot reach Threadloom at {url}: {exc}", "UNREACHABLE") from exc
-        init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
+        init_payload = {"authorization": f"Bearer {token}", **({"deviceId": device} if device else {})}
+        init = {"type": "connection_init", "payload": init_payload}
         try:
             await ws.send(orjson.dumps(init).decode())
             ack = orjson.loads(await asyncio.wait_for(ws.recv(), 30))

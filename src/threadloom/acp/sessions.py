@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 from typing import Any
@@ -21,6 +22,7 @@ class Session:
     cancel_requested: bool = False  # session/cancel while this prompt runs (its run may not be known yet)
     followed: dict[str, bool] = dataclasses.field(default_factory=dict)  # runs followed → cancelled by the editor
     shown: tuple[str, str | None] | None = None  # the (mode, model) the editor was last shown
+    lease: asyncio.Task[None] | None = None  # renews the thread's writer lease while the session drives it
 
 
 def text_of(params: Params) -> str:

@@ -8,6 +8,7 @@ counted at the same place.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -18,6 +19,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from threadloom import metrics
 from threadloom.api import graphiql
+from threadloom.domain.access import Principal
+from threadloom.domain.errors import DomainError
+from threadloom.domain.leases import clean_device_id
 from threadloom.engine.services import Services
 from threadloom.store import tokens
 from threadloom.store.db import StatementCounter
@@ -30,6 +34,15 @@ def _header(scope: Scope, name: bytes) -> str:
         if key == name:
             return str(value.decode("latin-1"))
     return ""
+
+
+DEVICE_HEADER = b"threadloom-device"  # names the device a request comes from (domain/leases.py)
+
+
+def with_device(principal: Principal, raw: str | None, field: str) -> Principal:
+    """The principal with the device its request names (checked); unchanged when it names none."""
+    device = clean_device_id(raw, field)
+    return principal if device is None else dataclasses.replace(principal, device_id=device)
 
 
 def bearer(authorization: str) -> str | None:
@@ -141,6 +154,12 @@ class Gate:
             reason = "missing bearer token" if token is None else "invalid or revoked token"
             await _reply(send, 401, "UNAUTHENTICATED", reason, [(b"www-authenticate", b'Bearer realm="threadloom"')])
             return
+        if principal is not None:
+            try:
+                principal = with_device(principal, _header(scope, DEVICE_HEADER) or None, "Threadloom-Device")
+            except DomainError as error:
+                await _reply(send, 400, error.code.value, error.message, [])
+                return
         state["principal"] = principal
         delivered = False
 

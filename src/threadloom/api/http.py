@@ -52,10 +52,11 @@ from strawberry.types.unset import UNSET, UnsetType
 from threadloom.api import graphiql
 from threadloom.api.compiled import with_fast_paths
 from threadloom.api.context import NOBODY, Context
-from threadloom.api.gate import bearer
+from threadloom.api.gate import bearer, with_device
 from threadloom.api.persisted import PersistedQueries, PersistedQueryError
 from threadloom.api.row_pages import compile_threads
 from threadloom.api.token_guard import STATE_KEY, GuardedTransportWSHandler, TokenGuard
+from threadloom.domain.errors import DomainError
 from threadloom.engine.services import Services
 from threadloom.streams.live import Live
 
@@ -256,6 +257,12 @@ class GraphQLView(GraphQL[Context, None]):
             client = context.request.client
             log.info("websocket refused", extra={"fields": {"reason": reason, "client": client and client.host}})
             raise ConnectionRejectionError()
+        device = params.get("deviceId") or context.request.headers.get("threadloom-device")
+        try:
+            principal = with_device(principal, None if device is None else str(device), "deviceId")
+        except DomainError:
+            log.info("websocket refused", extra={"fields": {"reason": "invalid deviceId"}})
+            raise ConnectionRejectionError() from None
         self.token_guard.admit(context, principal)  # TooManyConnections → close 4429
         context.principal = principal
         return cast(UnsetType, UNSET)

@@ -32,6 +32,7 @@ from threadloom.api.pagination import paged
 from threadloom.api.providers import ProviderInstance, provider_instances
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain import entities as e
+from threadloom.domain import leases
 from threadloom.domain.activities import ActivityKind
 from threadloom.domain.errors import DomainError
 from threadloom.domain.projects import WorkspaceStatus
@@ -330,7 +331,20 @@ class Lineage:
         return {"type": enums.TransferType.MERGE_BACK.value}
 
 
-@_entity(e.AppThread, hide=("lineage_relationship",))  # shown in `lineage`
+@strawberry.type(
+    description="Who drives a thread (its writer lease): while it is live, writes from anyone else are refused with "
+    "WRITER_LEASE_HELD; watching is open to all (docs/leases.md)."
+)
+class ThreadLease:
+    device_id: str = strawberry.field(description="The device the holder named (`Threadloom-Device`, `deviceId`).")
+    token_name: str = strawberry.field(description="The name of the holder's API token (never the token itself).")
+    expires_at: datetime = strawberry.field(description="When the lease runs out unless `renewThreadLease` extends it.")
+
+
+_LEASE_FIELDS = ("lease_token_name", "lease_device_id", "lease_expires_at")
+
+
+@_entity(e.AppThread, hide=("lineage_relationship", *_LEASE_FIELDS))  # `lineage`, `lease`
 class Thread(Node, _Entity):
     _row_extras = ("last_sequence",)
     rec: strawberry.Private[e.AppThread]
@@ -351,6 +365,17 @@ class Thread(Node, _Entity):
     @paged("thread.checkpoints", "Checkpoint", description="Every checkpoint of the thread's files, oldest first.")
     def checkpoints(self, info: Info) -> dict[str, Any]:
         return {}
+
+    @strawberry.field(
+        description="The thread's live writer lease: who drives it and until when; null when no one does."
+    )
+    def lease(self, info: Info) -> ThreadLease | None:
+        # Nothing here depends on who asks: stream cohorts share one execution among subscribers
+        # (api/cohorts.py), so a client tells its own lease by its device id.
+        live = leases.holder(self.rec, info.context.services.clock.now())
+        if live is None:
+            return None
+        return ThreadLease(device_id=live.device_id, token_name=live.token_name, expires_at=live.expires_at)
 
     @strawberry.field(description="The sequence of the newest event in this thread's log.")
     def latest_sequence(self) -> int:

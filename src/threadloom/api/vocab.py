@@ -31,6 +31,7 @@ class ThreadEventType(StrEnum):
     THREAD_RENAMED = "thread.renamed"
     THREAD_ARCHIVED = "thread.archived"
     THREAD_UNARCHIVED = "thread.unarchived"
+    THREAD_LEASED = "thread.leased"
     PROJECT_CREATED = "project.created"
     PROJECT_UPDATED = "project.updated"
     RUN_CREATED = "run.created"

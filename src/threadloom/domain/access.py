@@ -21,6 +21,10 @@ class Principal:
     token_id: uuid.UUID
     scope: TokenScope
     project_id: uuid.UUID | None  # None: every project
+    # What the writer lease names (domain/leases.py): the token's name, and the device the request says it
+    # comes from (`Threadloom-Device` header, `deviceId` in a socket's connection_init); None: no device.
+    token_name: str = ""
+    device_id: str | None = None
 
     def sees(self, project_id: uuid.UUID) -> bool:
         return self.project_id is None or self.project_id == project_id

@@ -68,6 +68,10 @@ class ActivityKind(StrEnum):
     SUBAGENT_COMPLETED = "subagent.completed"
     # webhooks (engine/webhooks.py): on the thread whose delivery was the last to fail
     WEBHOOK_ENDPOINT_DISABLED = "webhook.endpoint_disabled"
+    # the writer lease (domain/leases.py)
+    LEASE_ACQUIRED = "lease.acquired"
+    LEASE_TAKEN_OVER = "lease.taken_over"
+    LEASE_RELEASED = "lease.released"
 
 
 _RUN_ENDED = {

@@ -28,6 +28,7 @@ class EventVerb(StrEnum):
     RENAMED = "renamed"
     ARCHIVED = "archived"
     UNARCHIVED = "unarchived"
+    LEASED = "leased"  # a thread's writer lease was taken, renewed, moved or given up (domain/leases.py)
 
 
 # The public prefix of an entity's events where it is not the entity type itself: clients see

@@ -115,6 +115,12 @@ class AppThread(Timestamps, Record):
     queue_hold_reason: str | None = None
     archived_at: datetime | None = None
     rollback_operation_id: uuid.UUID | None = None  # set: a rollback is being carried out (ROLLING_BACK)
+    # The writer lease (domain/leases.py): who drives the thread, until when. Live while `lease_expires_at`
+    # is in the future; a release clears it, an expired one is left as it was and read as no lease.
+    lease_token_id: uuid.UUID | None = None
+    lease_token_name: str | None = None
+    lease_device_id: str | None = None
+    lease_expires_at: datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,6 +12,7 @@ from threadloom.domain.effects import DeliverToParent
 from threadloom.domain.entities import AppThread, ContextTransfer, ConversationMessage, ExecutionNode, Run
 from threadloom.domain.errors import not_found
 from threadloom.domain.ids import new_id
+from threadloom.domain.leases import refuse_other_writer
 from threadloom.domain.statuses import TokenScope, TransferStatus, TransferType
 from threadloom.domain.threads import ThreadState
 from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
@@ -39,6 +40,8 @@ class Delegation:
             if parent is None or not principal.sees(parent.project_id):
                 raise not_found("threadId")
             principal.require(TokenScope.OPERATE)
+            # It writes to the parent (its subagent node), so it is a writer there: the parent's lease holds.
+            refuse_other_writer(parent, principal, "delegateTask", now)
             child = delegation.child_thread(parent, child_id, title or text.strip().splitlines()[0][:80], now)
             state = ThreadState(thread=child, active=None, queue=(), last_ordinal=0)
             first = rules.new_run(

@@ -26,6 +26,7 @@ from threadloom.domain.changes import Outcome, Valued
 from threadloom.domain.entities import AppThread
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
+from threadloom.domain.leases import refuse_other_writer
 from threadloom.domain.rollback_ops import refuse_while_rolling_back
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.clock import Clock
@@ -166,8 +167,12 @@ class Pipeline:
             on_thread = command
 
             async def guarded(db: Reader, thread: AppThread) -> Outcome:
-                if on_thread.principal is not None:  # a client's command: not while a rollback is under way
+                principal = on_thread.principal
+                if principal is not None:  # a client's command: not while a rollback is under way, nor from
+                    if not principal.sees(thread.project_id):  # another lease holder; neither told to strangers
+                        raise not_found(on_thread.target_field)
                     refuse_while_rolling_back(thread, on_thread.command_type)
+                    refuse_other_writer(thread, principal, on_thread.command_type, self.clock.now())
                 return await on_thread.decide(db, thread)
 
             async def decide_on_thread(db: Reader) -> Outcome:

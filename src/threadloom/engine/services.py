@@ -36,6 +36,7 @@ from threadloom.engine.effects import EffectWorker
 from threadloom.engine.forks import Forks
 from threadloom.engine.ingest import Ingestor
 from threadloom.engine.interruption import Interruption
+from threadloom.engine.leases import Leases
 from threadloom.engine.pipeline import Committed, Pipeline
 from threadloom.engine.plans import Plans
 from threadloom.engine.project_admin import ProjectAdmin, TokenAdmin
@@ -82,6 +83,7 @@ class Services:
     tokens: TokenAdmin = dataclasses.field(init=False)  # tokens, createToken, revokeToken
     webhooks: WebhookAdmin = dataclasses.field(init=False)  # endpoints, deliveries (docs/webhooks.md)
     webhook_sender: WebhookSender = dataclasses.field(init=False)
+    leases: Leases = dataclasses.field(init=False)  # acquire/renew/releaseThreadLease
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
@@ -192,6 +194,7 @@ class Services:
         services.tokens = TokenAdmin(pipeline)
         services.webhooks = WebhookAdmin(pipeline, settings.webhooks)
         sender = services.webhook_sender = WebhookSender(pipeline, worker.id, settings.webhooks)
+        services.leases = Leases(pipeline)
 
         async def wake(committed: Committed) -> None:
             if committed.effects:

@@ -118,9 +118,9 @@ async def revoke_token(db: Reader, token_id: uuid.UUID, now: datetime) -> bool:
 
 # Built once: every HTTP request and socket authenticates, and building the select costs
 # more than the lookup itself. Still one statement per request, so a revocation counts at once.
-_AUTHENTICATE = sa.select(t.api_tokens.c.id, t.api_tokens.c.scope, t.api_tokens.c.project_id).where(
-    t.api_tokens.c.token_hash == sa.bindparam("token_hash"), _usable()
-)
+_AUTHENTICATE = sa.select(
+    t.api_tokens.c.id, t.api_tokens.c.scope, t.api_tokens.c.project_id, t.api_tokens.c.name
+).where(t.api_tokens.c.token_hash == sa.bindparam("token_hash"), _usable())
 
 
 async def authenticate(db: Reader, token: str) -> Principal | None:
@@ -133,8 +133,8 @@ async def authenticate_hash(db: Reader, token_hash: str) -> Principal | None:
     rows = await db.tuples(_AUTHENTICATE, {"token_hash": token_hash})
     if not rows:
         return None
-    token_id, scope, project_id = rows[0]
-    return Principal(token_id=token_id, scope=TokenScope(scope), project_id=project_id)
+    token_id, scope, project_id, name = rows[0]
+    return Principal(token_id=token_id, scope=TokenScope(scope), project_id=project_id, token_name=name)
 
 
 async def still_usable(db: Reader, token_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:

@@ -10,6 +10,7 @@ import strawberry.tools
 from threadloom.api.mutations.delegation import DelegationMutation
 from threadloom.api.mutations.forks import ForkMutation
 from threadloom.api.mutations.interruption import InterruptionMutation
+from threadloom.api.mutations.leases import LeaseMutation
 from threadloom.api.mutations.plans import PlanMutation
 from threadloom.api.mutations.project_admin import ProjectAdminMutation
 from threadloom.api.mutations.queue import QueueMutation
@@ -35,6 +36,7 @@ Mutation = strawberry.tools.merge_types(
         RetryMutation,
         ProjectAdminMutation,
         WebhookMutation,
+        LeaseMutation,
     ),
 )
 

@@ -10,6 +10,12 @@
 "use strict";
 
 const TOKEN_KEY = "threadloom.token";
+// This tab's device name for the writer lease (docs/leases.md): sent as `Threadloom-Device` and as `deviceId` in
+// connection_init, kept for the tab's life so a reload is still the same device.
+const DEVICE_KEY = "threadloom.device";
+const DEVICE = sessionStorage.getItem(DEVICE_KEY) || `dashboard-${Math.random().toString(36).slice(2, 10)}`;
+sessionStorage.setItem(DEVICE_KEY, DEVICE);
+const LEASE_TTL = 60; // seconds; renewed every LEASE_TTL / 3 while this tab drives the open thread
 const GRAPHQL = new URL("/graphql", location.href);
 const SOCKET_URL = GRAPHQL.href.replace(/^http/, "ws");
 
@@ -27,7 +33,8 @@ fragment Q on RuntimeRequest { id requestKind: kind requestStatus: status payloa
 fragment A on Activity { id activityKind: kind summary sequence runId nodeId createdAt }
 fragment C on Checkpoint { id ordinal checkpointStatus: status checkpointRun: run { id ordinal }
   checkpointScope: scope { kind node { id nodeTitle: title } } }
-fragment TH on Thread { id threadTitle: title threadStatus: status queueHeld queueHoldReason activeRun { id } }`;
+fragment TH on Thread { id threadTitle: title threadStatus: status queueHeld queueHoldReason activeRun { id }
+  lease { deviceId tokenName expiresAt } }`;
 const SUMMARY_FRAGMENT = `
 fragment S on Thread {
   ...TH latestSequence todoList { ...P } queue { ...R } pendingRequests { ...Q } checkpoints(last: 30) { nodes { ...C } }
@@ -66,6 +73,12 @@ const MUTATIONS = {
   rollbackNode: `mutation($n: ID!, $c: ID!) { rollbackNode(input: {nodeId: $n, checkpointId: $c}) { node { id } ${ERRORS} } }`,
   undoRollback: `mutation($t: ID!) { undoRollback(input: {threadId: $t}) { thread { id } ${ERRORS} } }`,
   forkThread: `mutation($r: ID!) { forkThread(input: {source: {run: $r}}) { thread { id } ${ERRORS} } }`,
+  acquireThreadLease: `mutation($t: ID!, $ttl: Int!, $takeover: Boolean!) {
+    acquireThreadLease(input: {threadId: $t, ttlSeconds: $ttl, takeover: $takeover}) {
+      thread { id lease { deviceId tokenName expiresAt } } ${ERRORS} } }`,
+  renewThreadLease: `mutation($t: ID!, $ttl: Int!) { renewThreadLease(input: {threadId: $t, ttlSeconds: $ttl}) {
+    thread { id lease { deviceId tokenName expiresAt } } ${ERRORS} } }`,
+  releaseThreadLease: `mutation($t: ID!) { releaseThreadLease(input: {threadId: $t}) { thread { id } ${ERRORS} } }`,
 };
 
 // ---- small DOM helper: text only ---------------------------------------------------------------------
@@ -108,7 +121,7 @@ class AuthError extends Error {}
 async function gql(query, variables) {
   const response = await fetch(GRAPHQL, {
     method: "POST",
-    headers: { "content-type": "application/json", authorization: `Bearer ${state.token}` },
+    headers: { "content-type": "application/json", authorization: `Bearer ${state.token}`, "threadloom-device": DEVICE },
     body: JSON.stringify({ query, variables: variables || {} }),
   });
   if (response.status === 401 || response.status === 403) throw new AuthError("the server refused this token");
@@ -167,7 +180,8 @@ class Socket {
     const ws = new WebSocket(this.url, "graphql-transport-ws");
     this.ws = ws;
     this.acked = false;
-    ws.onopen = () => this.send({ type: "connection_init", payload: { authorization: `Bearer ${this.token}` } });
+    ws.onopen = () =>
+      this.send({ type: "connection_init", payload: { authorization: `Bearer ${this.token}`, deviceId: DEVICE } });
     ws.onmessage = (event) => this.receive(JSON.parse(event.data));
     ws.onclose = (event) => {
       if (this.ws !== ws || this.stopped) return;
@@ -307,6 +321,7 @@ async function signIn(token) {
 }
 
 function signOut(message) {
+  if (state.t) stopDriving(state.t);
   if (state.socket) state.socket.stop();
   Object.assign(state, { socket: null, token: null, projectId: null, threadId: null, t: null, stopFeed: null, stopEvents: null });
   state.threads.clear();
@@ -364,6 +379,7 @@ function renderThreads() {
 
 // ---- thread: snapshot, then events after its sequence ------------------------------------------------
 async function selectThread(threadId) {
+  if (state.t && state.t.id !== threadId) stopDriving(state.t);
   if (state.stopEvents) state.stopEvents();
   state.stopEvents = null;
   state.threadId = threadId;
@@ -477,7 +493,8 @@ function refreshSummary(t) {
 function applySummary(t, thread) {
   const current = (map, id) => ((map.get(id) || {}).seenAt || 0) <= thread.latestSequence;
   t.info = { ...(t.info || {}), id: thread.id, threadTitle: thread.threadTitle, threadStatus: thread.threadStatus,
-    queueHeld: thread.queueHeld, queueHoldReason: thread.queueHoldReason, activeRun: thread.activeRun };
+    queueHeld: thread.queueHeld, queueHoldReason: thread.queueHoldReason, activeRun: thread.activeRun,
+    lease: thread.lease };
   t.queue = thread.queue.map((run) => run.id);
   if (thread.todoList && current(t.plans, thread.todoList.id)) upsert(t, { __typename: "PlanArtifact", ...thread.todoList });
   for (const run of thread.queue) if (current(t.runs, run.id)) upsert(t, { __typename: "Run", ...run });
@@ -517,6 +534,7 @@ function render() {
   $("thread-status").dataset.status = info.threadStatus || "";
   $("queue-held").textContent = info.queueHeld ? `queue held${info.queueHoldReason ? ` (${info.queueHoldReason})` : ""}` : "";
   $("resume-queue").hidden = !info.queueHeld;
+  renderLease(t);
   renderLineage(t);
   renderRequests(t);
   renderTodo(t);
@@ -733,6 +751,64 @@ function renderActivities(t) {
       clock(a.createdAt), " ", h("span", { className: "kind" }, a.activityKind), a.summary)));
 }
 
+// ---- the writer lease: this tab drives the open thread from its first message on ------------------------
+// Another device's live lease makes the server refuse this tab's writes (WRITER_LEASE_HELD, naming it); the
+// header says who drives, and "Take over" moves the lease here (the other device is told on its stream).
+function leaseOf(t) {
+  const lease = t.info && t.info.lease;
+  return lease && Date.parse(lease.expiresAt) > Date.now() ? lease : null;
+}
+
+async function drive(t, takeover = false) {
+  const lease = leaseOf(t);
+  if (lease && lease.deviceId === DEVICE && t.leaseTimer) return true;
+  const payload = await mutate("acquireThreadLease", { t: t.id, ttl: LEASE_TTL, takeover });
+  if (!payload) return false;
+  t.info = { ...(t.info || {}), lease: payload.thread.lease };
+  clearInterval(t.leaseTimer);
+  t.leaseTimer = setInterval(() => renewLease(t), (LEASE_TTL / 3) * 1000);
+  scheduleRender();
+  return true;
+}
+
+async function renewLease(t) {
+  const lease = leaseOf(t);
+  if (state.t !== t || !lease || lease.deviceId !== DEVICE) return stopDriving(t, false); // taken over, or ran out
+  try {
+    const payload = (await gql(MUTATIONS.renewThreadLease, { t: t.id, ttl: LEASE_TTL })).renewThreadLease;
+    if (payload.userErrors.length) stopDriving(t, false);
+    else t.info = { ...(t.info || {}), lease: payload.thread.lease };
+  } catch (error) {
+    // offline for now: the next renewal tries again, and the lease runs out if it stays so
+  }
+  scheduleRender();
+}
+
+function stopDriving(t, release = true) {
+  clearInterval(t.leaseTimer);
+  t.leaseTimer = null;
+  const lease = leaseOf(t);
+  if (release && lease && lease.deviceId === DEVICE && state.token) {
+    // keepalive: a release sent while the tab closes still reaches the server
+    fetch(GRAPHQL, {
+      method: "POST",
+      keepalive: true,
+      headers: { "content-type": "application/json", authorization: `Bearer ${state.token}`, "threadloom-device": DEVICE },
+      body: JSON.stringify({ query: MUTATIONS.releaseThreadLease, variables: { t: t.id } }),
+    }).catch(() => {});
+  }
+}
+
+function renderLease(t) {
+  const lease = leaseOf(t);
+  const mine = lease && lease.deviceId === DEVICE;
+  const box = $("lease");
+  box.dataset.holder = lease ? (mine ? "you" : "other") : "none";
+  box.textContent = !lease ? "" : mine ? "you are driving this thread"
+    : `driven by ${lease.deviceId} (${lease.tokenName}) until ${clock(lease.expiresAt)}`;
+  $("take-over").hidden = !lease || mine;
+}
+
 // ---- wiring ------------------------------------------------------------------------------------------
 function dispatchInput(mode) {
   const active = state.t && state.t.info && state.t.info.activeRun;
@@ -778,10 +854,13 @@ document.addEventListener("DOMContentLoaded", () => {
     if (!text.trim() || !state.t) return;
     const d = dispatchInput($("dispatch").value);
     if (d === undefined) return showError("No active run to steer or restart.");
+    if (!(await drive(state.t))) return; // another device drives it: the error names it
     const payload = await mutate("sendMessage", { t: state.t.id, text, d });
     if (payload) $("message").value = "";
   });
   $("stop").addEventListener("click", () => state.t && mutate("stopThread", { t: state.t.id }));
+  $("take-over").addEventListener("click", () => state.t && drive(state.t, true));
+  window.addEventListener("pagehide", () => state.t && stopDriving(state.t));
   $("resume-queue").addEventListener("click", () => state.t && mutate("resumeQueue", { t: state.t.id }));
   $("undo-rollback").addEventListener("click", () => state.t && mutate("undoRollback", { t: state.t.id }));
   if (state.token) signIn(state.token);
