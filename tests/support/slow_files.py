@@ -132,13 +132,16 @@ TESTS: dict[str, float] = {
 
 def record(path: str, report: Any) -> None:
     """Append one phase of one test (`report`, a pytest TestReport) to the JSON-lines file at `path`."""
-    line = json.dumps({"id": report.nodeid, "when": report.when, "s": round(report.duration, 3)})
+    entry = {"id": report.nodeid, "when": report.when, "s": round(report.duration, 3), "outcome": report.outcome}
+    line = json.dumps(entry)
     with open(path, "a") as out:
         out.write(line + "\n")
 
 
 def table(path: Path) -> str:
-    """The SECONDS and TESTS tables of a THREADLOOM_TEST_TIMES file, as Python to paste above."""
+    """The SECONDS and TESTS tables of a THREADLOOM_TEST_TIMES file, as Python to paste above (TESTS: the
+    tests of split files that take at least twice their file's average)."""
+    from tests.support.schedule import splittable  # it imports this module
     files: collections.Counter[str] = collections.Counter()
     tests: collections.Counter[str] = collections.Counter()
     for line in path.read_text().splitlines():
@@ -151,7 +154,7 @@ def table(path: Path) -> str:
     out += ["}", "", "TESTS: dict[str, float] = {"]
     for test, seconds in tests.most_common():
         file = test.split("::", 1)[0]
-        if files[file] >= SPLIT_ABOVE and seconds >= 2 * files[file] / count[file] and seconds >= 5:
+        if seconds >= 2 * files[file] / count[file] and seconds >= 5 and splittable(Path.cwd(), file):
             out.append(f'    "{test}": {seconds:.0f},')
     out.append("}")
     return "\n".join(out)
