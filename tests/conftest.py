@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import slow_files
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import workspace as workspace_folder
 from tests.support.pg import PgServer, postgres_servers
+from tests.support.schedule import LongestFirst
 from tests.support.server import Client, ServerProcess
 from tests.support.spare import ServerPool, Spare, Wanted
 from threadloom import unprivileged
@@ -36,6 +38,7 @@ def no_postgres_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 _OWN_BASE = "threadloom-pytest-"
+_TIMES = os.environ.get("THREADLOOM_TEST_TIMES")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -121,6 +124,20 @@ def server_pool(pg: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 _OWN_SERVER = ("server", "database_url", "data_dir")
 _NEXT = pytest.StashKey["pytest.Item | None"]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LongestFirst | None:
+    """`--dist loadfile` (scripts/test) hands out the longest files first and splits long files whose tests
+    share no fixture (tests/support/schedule.py)."""
+    return LongestFirst(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With THREADLOOM_TEST_TIMES=<file>, each test's wall time (setup, call and teardown) is appended to it,
+    the input of `python -m tests.support.slow_files` (the table the scheduler orders by)."""
+    if _TIMES and not hasattr(report, "node"):  # in the process that ran it, not again in xdist's controller
+        slow_files.record(_TIMES, report)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -10,7 +10,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cli import create_token
-from tests.support.graphql import make_project, make_thread
+from tests.support.graphql import make_project, make_thread, workspace
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, free_port, serving
 from tests.support.waiting import until
@@ -129,21 +129,26 @@ async def test_slow_consumers_dropped_events_and_replays_are_counted(
     with serving(database_url, data_dir, {"THREADLOOM_SUBSCRIBER_QUEUE": "20"}) as server:
         client = Client(server.url, server.admin_token)
         try:
-            thread = (await make_thread(client, await make_project(client, "slow"), "slow"))["id"]
+            root = workspace()
+            thread = (await make_thread(client, await make_project(client, "slow", root), "slow"))["id"]
             before = await scrape(client)
             ws = await slow_socket(server.url)  # reads as little as the kernel allows
             await ws.send(orjson.dumps({"type": "connection_init", "payload": {"token": client.token}}).decode())
             assert orjson.loads(await ws.recv())["type"] == "connection_ack"
             payload = {"query": BIG, "variables": {"t": thread, "after": 0}}
             await ws.send(orjson.dumps({"id": "slow", "type": "subscribe", "payload": payload}).decode())
-            await send(client, thread, "@delay 30000\n@reply done")  # keeps the next messages queued
+            await send(client, thread, "@await go\n@reply done")  # held: the next messages stay queued
             for _ in range(40):  # ~6 MB: more than the socket buffers and the queue of 20 hold
                 await send(client, thread, "x" * 150_000, d={"queueAfterActive": True})
+            (Path(root) / "go").touch()  # the queued runs now run one after another, and their events pile up
             while True:  # what the server managed to send, then its verdict
                 message = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
                 if message["type"] == "next" and message["payload"].get("errors"):
                     assert message["payload"]["errors"][0]["extensions"]["code"] == "SUBSCRIBER_TOO_SLOW"
                     break
+            # Its `complete` read too: a socket closed with a frame unread waits out websockets' 10 s close
+            # timeout (it stops reading while its queue of one frame is full).
+            assert orjson.loads(await asyncio.wait_for(ws.recv(), 30)) == {"id": "slow", "type": "complete"}
             await ws.close()
             again = await WsClient.connect(server.url, client.token)  # a replay of the whole thread
             await again.subscribe(BIG, {"t": thread, "after": 0})
