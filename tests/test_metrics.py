@@ -139,7 +139,7 @@ async def test_slow_consumers_dropped_events_and_replays_are_counted(
             await ws.send(orjson.dumps({"id": "slow", "type": "subscribe", "payload": payload}).decode())
             await send(client, thread, "@await go\n@reply done")  # held: the next messages stay queued
             for _ in range(40):  # ~6 MB: more than the socket buffers and the queue of 20 hold
-                await send(client, thread, "x" * 150_000, d={"queueAfterActive": True})
+                last = await send(client, thread, "x" * 150_000, d={"queueAfterActive": True})
             (Path(root) / "go").touch()  # the queued runs now run one after another, and their events pile up
             while True:  # what the server managed to send, then its verdict
                 message = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -150,6 +150,9 @@ async def test_slow_consumers_dropped_events_and_replays_are_counted(
             # timeout (it stops reading while its queue of one frame is full).
             assert orjson.loads(await asyncio.wait_for(ws.recv(), 30)) == {"id": "slow", "type": "complete"}
             await ws.close()
+            # The replay below starts once the queued runs are over: live events arriving during a replay
+            # are held for at most the queue's 20 frames, and a starved reader would be cut a second time.
+            await finished(client, last["run"]["id"])
             again = await WsClient.connect(server.url, client.token)  # a replay of the whole thread
             await again.subscribe(BIG, {"t": thread, "after": 0})
             while (await again.receive())["payload"]["data"]["threadEvents"]["type"] != "synchronized":
