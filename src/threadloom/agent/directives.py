@@ -75,6 +75,15 @@ class Recall:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """`@usage IN OUT [COST_USD]`: one model call with exactly these figures (no cost: the cost is unknown)."""
+
+    input: int
+    output: int
+    cost_usd: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Fail:
     message: str
 
@@ -85,7 +94,21 @@ class Crash:
 
 
 Directive = (
-    Reply | Delay | Await | AwaitSteer | Tool | Write | Approval | Ask | Todo | Plan | Subagent | Recall | Fail | Crash
+    Reply
+    | Delay
+    | Await
+    | AwaitSteer
+    | Tool
+    | Write
+    | Approval
+    | Ask
+    | Todo
+    | Plan
+    | Subagent
+    | Recall
+    | Usage
+    | Fail
+    | Crash
 )
 
 
@@ -172,6 +195,8 @@ def _directive(name: str, arg: str) -> Directive:
             if arg:
                 raise DirectiveError(f"@recall takes no argument, got {arg!r}")
             return Recall()
+        case "usage":
+            return usage(arg)
         case "fail":
             return Fail(arg or "failed")
         case "crash":
@@ -180,6 +205,22 @@ def _directive(name: str, arg: str) -> Directive:
             return Crash(once=arg == "once")
         case _:
             raise DirectiveError(f"unknown directive @{name}")
+
+
+def usage(arg: str) -> Usage:
+    """`IN OUT [COST_USD]`: two whole token counts and an optional cost in USD (a decimal >= 0)."""
+    parts = arg.split()
+    if len(parts) not in (2, 3) or not all(p.isascii() and p.isdigit() for p in parts[:2]):
+        raise DirectiveError(f"@usage needs IN OUT [COST_USD] (whole token counts), got {arg!r}")
+    cost: float | None = None
+    if len(parts) == 3:
+        try:
+            cost = float(parts[2])
+        except ValueError:
+            cost = -1.0
+        if not cost >= 0 or cost == float("inf"):
+            raise DirectiveError(f"@usage cost must be a number of USD >= 0, got {parts[2]!r}")
+    return Usage(int(parts[0]), int(parts[1]), cost)
 
 
 def _required(name: str, arg: str, what: str) -> str:

@@ -34,10 +34,12 @@ from threadloom.agent.directives import (
     Subagent,
     Todo,
     Tool,
+    Usage,
     Write,
     chunks,
     parse,
     parse_steer,
+    usage,
 )
 from threadloom.agent.sandbox import Sandbox
 from threadloom.agent.wire import LineWriter, Message, Peer, PeerError
@@ -51,6 +53,9 @@ APPROVED = {"accept", "acceptForSession"}
 # How long `@await` and `@await-steer` hold a turn before failing it: a gate nobody opens must not hang a test.
 AWAIT_BOUND_S = 60.0
 AWAIT_POLL_S = 0.02
+
+# What a turn that said no `@usage` reports: one model call of this many tokens, its cost unknown.
+DEFAULT_USAGE = Usage(input=10, output=5)
 
 
 class TurnFailed(Exception):
@@ -111,6 +116,8 @@ class Turn:
         self._messages: list[str] = []
         self._work: asyncio.Task[None] | None = None
         self._interrupted = False
+        self._calls: dict[str, int] = {}  # model calls reported, by turn id (the subagents' own turns too)
+        self._totals: dict[str, tuple[int, int]] = {}  # their input and output token sums, by turn id
         try:
             self._planned.extend(parse(text))
         except DirectiveError as exc:
@@ -145,6 +152,8 @@ class Turn:
             raise
         self.closed = True
         result = self._result(self._work)
+        if not self._calls.get(self.id) and self._parse_error is None:  # a malformed script ran nothing
+            await self._usage(self.id, DEFAULT_USAGE)
         self._on_finish(self, result)
         error = None if result.error is None else {"message": result.error}
         await self._send(
@@ -213,12 +222,28 @@ class Turn:
                 await self._subagent(prompt)
             case Recall():
                 await self._reply(self.id, self._recall())
+            case Usage():
+                await self._usage(self.id, directive)
             case Fail(message):
                 raise TurnFailed(message)
             case Crash(once):
                 if once and not await asyncio.to_thread(_first_crash, self.thread_id):
                     return
                 os._exit(CRASH_EXIT_CODE)
+
+    async def _usage(self, turn_id: str, call: Usage) -> None:
+        """One model call's usage, as Codex reports it (`thread/tokenUsage/updated`: this call's figures in
+        `last`, the turn's running sum in `total`), plus what Codex never sends: `callId`, the call's stable
+        name, and `costUsd` when the directive gave one."""
+        number = self._calls[turn_id] = self._calls.get(turn_id, 0) + 1
+        last = _breakdown(call.input, call.output)
+        sums = self._totals.get(turn_id, (0, 0))
+        sums = self._totals[turn_id] = (sums[0] + call.input, sums[1] + call.output)
+        params: Message = {"tokenUsage": {"last": last, "total": _breakdown(*sums), "modelContextWindow": None}}
+        params["callId"] = f"{turn_id}/{number}"
+        if call.cost_usd is not None:
+            params["costUsd"] = call.cost_usd
+        await self._notify("thread/tokenUsage/updated", turn_id, **params)
 
     async def _await_file(self, path: str) -> None:
         """Holds the turn until `path` exists inside the cwd (a test's gate), failing it after AWAIT_BOUND_S.
@@ -440,9 +465,17 @@ class Turn:
             await self._write(path, text.strip(), child_id)
         elif prompt.startswith("@await "):  # a gate: the subagent is provably running until it opens
             await self._await_file(prompt.removeprefix("@await ").strip())
+        elif prompt.startswith("@usage "):  # the subagent's own model call
+            try:
+                call = usage(prompt.removeprefix("@usage ").strip())
+            except DirectiveError as exc:
+                raise TurnFailed(str(exc)) from None
+            await self._usage(child_id, call)
         reply = f"Subagent: {prompt}"
         await self._reply(child_id, reply)
         replies.append(reply)
+        if not self._calls.get(child_id):
+            await self._usage(child_id, DEFAULT_USAGE)
 
     async def _end_child(
         self,
@@ -464,6 +497,18 @@ class Turn:
 
     async def _send(self, method: str, params: Message) -> None:
         await self.io.writer.send({"method": method, "params": params})
+
+
+def _breakdown(input_tokens: int, output_tokens: int) -> Message:
+    """Codex's TokenUsageBreakdown of a call of these figures (nothing cached, no reasoning)."""
+    return {
+        "inputTokens": input_tokens,
+        "cachedInputTokens": 0,
+        "cacheWriteInputTokens": 0,
+        "outputTokens": output_tokens,
+        "reasoningOutputTokens": 0,
+        "totalTokens": input_tokens + output_tokens,
+    }
 
 
 def _answer_labels(answer: Message) -> list[str]:

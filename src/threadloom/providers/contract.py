@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 from threadloom.domain.failures import ModelFailure
 from threadloom.domain.settings_compat import InPlace
+from threadloom.domain.usage import Figures
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -162,6 +163,21 @@ class TurnCompleted(_InTurn):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class UsageReported(_InTurn):
+    """One model call's usage, as the agent reported it: every driver emits exactly one per call it learns of
+    (docs/usage.md says how each reduces its agent's reports to that), on the native turn that made the call
+    (a subagent's own turn for a subagent's call). `call_ref` names the call within the native thread, stable
+    across restarts, so a call reported again is recorded once. `cost_usd` is the provider's own figure;
+    None: it gave none (the engine prices it from the instance's table, or it stays unknown). `model` None:
+    the run's model."""
+
+    call_ref: str
+    figures: Figures
+    model: str | None = None
+    cost_usd: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Warning:
     native_thread: str | None
     message: str
@@ -184,6 +200,7 @@ ProviderEvent = (
     | TodoUpdated
     | RequestOpened
     | TurnCompleted
+    | UsageReported
     | Warning
     | RuntimeExited
 )

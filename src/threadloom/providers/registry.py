@@ -26,6 +26,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from threadloom.domain.usage import parse_prices
 from threadloom.providers.claude import ClaudeDriver
 from threadloom.providers.codex import CodexDriver
 from threadloom.providers.contract import ProviderDriver
@@ -51,6 +52,7 @@ ENGINE_OPTIONS = frozenset(
         "recovery_backoff_s",
         "handoff_max_runs_behind",
         "handoff_max_deltas",
+        "prices",
     }
 )
 _CLI_OPTIONS = frozenset({"binary", "model", "base_url", "api_key_env", "env"})
@@ -123,6 +125,10 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
                 raise ConfigError(f"provider instance {name!r}: `{limit}` must be a whole number >= 1")
         if not isinstance(options.get("allow_full_access", False), bool):
             raise ConfigError(f"provider instance {name!r}: `allow_full_access` must be true or false")
+        try:
+            parse_prices(options.get("prices"))
+        except ValueError as error:
+            raise ConfigError(f"provider instance {name!r}: {error}") from None
         env = options.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise ConfigError(f"provider instance {name!r}: `env` must be a table of strings")
