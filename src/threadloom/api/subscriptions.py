@@ -136,7 +136,7 @@ class ThreadEvent:
 @strawberry.enum(
     description="What an `executionGraph` item is: SNAPSHOT, a node as it is when the subscription starts; CHANGE, "
     "a node was made or its status, kind, parent or times moved; SYNCHRONIZED, the client holds the whole graph; "
-    "USAGE, a model call of the node was recorded (its `usage` has grown)."
+    "USAGE, a model call of the node was recorded (its `usage` has grown; sent only when `usage` is selected)."
 )
 class ExecutionGraphItemType(enum.StrEnum):
     SNAPSHOT = "snapshot"
@@ -223,7 +223,10 @@ async def _execution_graph(info: Info, run_id: str, after_sequence: int | None) 
     if snapshot:
         for rec in ordered_graph(_entity(row).rec for row in states):
             yield _graph_item(upto, ExecutionGraphItemType.SNAPSHOT, by_id[rec.id])
-    match = ViewMatch(principal.sees, run=run, home=place.project_id)
+    # Other rows of the run are read only when items for recorded calls are wanted (`usage` selected).
+    match = ViewMatch(
+        principal.sees, entity_type=None if _selects_usage(info) else "execution_node", run=run, home=place.project_id
+    )
     stream = thread_stream(
         live.hub, live.db, place.thread_id, upto, match, max_replay=live.limits.max_replay, token=principal.token_id
     )
@@ -254,11 +257,23 @@ class RunStatusUpdate:
     status: enums.RunStatus
 
     @strawberry.field(
-        description="What the run has used and cost so far (read when the item is sent): an item is sent whenever "
-        "a model call of the run is recorded, with the status unchanged."
+        description="What the run has used and cost so far (read when the item is sent). A subscription that selects "
+        "it also gets an item whenever a model call of the run is recorded, with the status unchanged."
     )
     async def usage(self, info: Info) -> Usage:
         return await load_usage(info, "runs", self.run.rec.id)
+
+
+def _selects_usage(info: Info) -> bool:
+    """Whether the subscription's document selects `usage` on its items: only then are items sent for recorded
+    model calls (a client following statuses alone sees the statuses as before)."""
+    pending = [s for field in info.selected_fields for s in field.selections]
+    while pending:
+        selection = pending.pop()
+        if getattr(selection, "name", None) == "usage":
+            return True
+        pending.extend(getattr(selection, "selections", None) or [])
+    return False
 
 
 def _uuid_of(value: object) -> uuid.UUID | None:
@@ -529,6 +544,7 @@ class Subscription:
                 current = []
 
         runs: dict[uuid.UUID, Run] = {}  # each run as last seen, for the items a usage record sends
+        wanted = ("run", "usage_record") if _selects_usage(info) else ("run",)
 
         def update(row: LogEvent) -> RunStatusUpdate | None:
             if row.entity_type == "usage_record":
@@ -555,7 +571,7 @@ class Subscription:
                 live.db,
                 thread,
                 after,
-                lambda row: row.entity_type in ("run", "usage_record"),
+                lambda row: row.entity_type in wanted,
                 max_replay=max_replay,
                 token=info.context.principal.token_id,
             ):
