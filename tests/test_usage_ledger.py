@@ -219,9 +219,10 @@ async def test_a_thread_counts_its_delegated_tasks_and_its_forks_apart(
 async def test_each_roll_up_costs_the_same_statements_for_2_and_8_parents(
     client: Client, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    project = await _project(client, tmp_path_factory.mktemp("statements"), "statements")
+    root = tmp_path_factory.mktemp("statements")
     runs: list[dict[str, Any]] = []
-    threads = [await _thread(client, project) for _ in range(8)]
+    projects = [await _project(client, root, f"statements-{n}") for n in range(8)]
+    threads = [await _thread(client, project) for project in projects]
     for thread in threads:
         runs.append(await _completed(client, thread, "@usage 5 5\n@subagent @usage 1 1"))
 
@@ -235,6 +236,7 @@ async def test_each_roll_up_costs_the_same_statements_for_2_and_8_parents(
         "Run": ("... on Run { " + USAGE + " attempts { " + USAGE + " } }", [r["id"] for r in runs]),
         "ExecutionNode": ("... on ExecutionNode { " + USAGE + " }", [r["rootNode"]["id"] for r in runs]),
         "Thread": ("... on Thread { " + USAGE + " forksUsage { calls } }", threads),
+        "Project": ("... on Project { " + USAGE + " }", projects),
     }
     for name, (selection, ids) in shapes.items():
         query = "query($ids: [ID!]!) { nodes(ids: $ids) { " + selection + " } }"

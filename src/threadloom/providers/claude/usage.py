@@ -123,7 +123,7 @@ class Meter:
         """A query's `result`: per model, what the query used beyond the calls already reported, with the
         query's cost (the difference of the process's cumulative `modelUsage` since the last result)."""
         by_model = message.get("modelUsage")
-        if not isinstance(by_model, dict) or not turn:
+        if not isinstance(by_model, dict):
             return []
         ref = str(message.get("uuid") or message.get("session_id") or "")
         out: list[ProviderEvent] = []
@@ -144,4 +144,4 @@ class Meter:
                 continue
             # Without a cost the remainder is an ordinary call; with one, it carries the query's cost.
             out.append(UsageReported(self.thread, turn, f"{ref}:{model}", rest, model, spent))
-        return out
+        return out if turn else []  # a query of no turn: nobody to bill, but the baselines moved past it
