@@ -130,7 +130,7 @@ async def test_a_steer_into_a_running_codex_turn_adds_its_calls_to_the_same_run(
     thread = await _thread(client, tmp_path_factory.mktemp("codex-steer") / "ws", "codex")
     model.reset_hold()
     before = len(model.bodies("/v1/responses"))
-    abandoned = len([r for r in model.abandoned if r["path"] == "/v1/responses"])
+    ended = _ended(model)
     held = await send(client, thread, "HOLD")
 
     async def holding() -> bool:
@@ -143,13 +143,25 @@ async def test_a_steer_into_a_running_codex_turn_adds_its_calls_to_the_same_run(
     model.release()
     assert (await finished(client, held["run"]["id"], within=120))["status"] == "COMPLETED"
     served = len(model.bodies("/v1/responses")) - before
-    # Codex drops the held response to take the steer in (the fake notes the reply abandoned): no usage came
-    # for it, so nothing is recorded for it; every response that completed is one call.
-    dropped = len(await asyncio.to_thread(model.wait_abandoned, "/v1/responses", abandoned + 1))
-    completed = served - (dropped - abandoned)
+
+    async def settled() -> tuple[int, int] | None:  # each reply sent to its end, or dropped by Codex
+        sent, dropped = (now - then for now, then in zip(_ended(model), ended, strict=True))
+        return (sent, dropped) if sent + dropped == served else None
+
+    # Codex may drop the held reply to take the steer in: no usage came for it, and none is recorded. Every
+    # reply sent to its end carried its usage, and is one call.
+    completed, dropped = await until(settled)
     found = (await client.gql(RUN, {"id": held["run"]["id"]}))["run"]
-    assert completed >= 1 and found["usage"]["calls"] == completed, (served, dropped, found["usage"])
+    assert served >= 2 and found["usage"]["calls"] == completed, (served, dropped, found["usage"])
     assert found["usage"]["inputTokens"] == completed * CODEX_IN
+
+
+def _ended(model: FakeModel) -> tuple[int, int]:
+    """Codex replies the fake sent to their end, and those the client dropped first."""
+    return (
+        len([r for r in model.streamed if r["path"] == "/v1/responses"]),
+        len([r for r in model.abandoned if r["path"] == "/v1/responses"]),
+    )
 
 
 async def test_claude_records_each_call_once_on_its_node_and_the_querys_reported_cost(
