@@ -26,7 +26,8 @@ ONE_OF_EACH = """query($t: ID!) { thread(id: $t) {
   contextTransfers(first: 1) { nodes { id } }
   providerThreads { id session { id } turns(first: 1) { nodes { id } } }
   last: runs(last: 1) { nodes { contextHandoff { id } } }
-  runs(first: 1) { nodes { id attempts { id } rootNode { id } plans { id } runtimeRequests { id } } }
+  runs(first: 1) { nodes { id attempts { id } rootNode { id } plans { id } runtimeRequests { id }
+    usageRecords { id } } }
 } }"""
 
 NODE = """query($id: ID!) { node(id: $id) { __typename id } }"""
@@ -55,6 +56,7 @@ def _one_of_each(thread: dict[str, Any]) -> dict[str, str]:
         "RuntimeRequest": run["runtimeRequests"][0]["id"],
         "PlanArtifact": run["plans"][0]["id"],
         "Activity": thread["activities"]["nodes"][0]["id"],
+        "UsageRecord": run["usageRecords"][0]["id"],
     }
 
 

@@ -364,6 +364,7 @@ async def test_echo_reply(agent: AgentProcess, cwd: Path) -> None:
         "item/agentMessage/delta",
         "item/agentMessage/delta",
         "item/completed",
+        "thread/tokenUsage/updated",  # a turn without `@usage` reports the default call
         "turn/completed",
     ]
     assert messages[0]["params"] == {"threadId": thread_id, "turn": {"id": turn_id}}
@@ -374,6 +375,9 @@ async def test_echo_reply(agent: AgentProcess, cwd: Path) -> None:
     assert all(m["params"]["itemId"] == item_id for m in messages[2:5])
     assert "".join(m["params"]["delta"] for m in messages[2:5]) == "You said: hello"
     assert messages[5]["params"]["item"] == {"type": "agentMessage", "id": item_id, "text": "You said: hello"}
+    default = messages[6]["params"]
+    assert default["tokenUsage"]["last"]["inputTokens"] == 10 and default["tokenUsage"]["last"]["outputTokens"] == 5
+    assert "costUsd" not in default  # its cost is unknown
     assert completion(messages) == {"id": turn_id, "status": "completed", "error": None}
 
 

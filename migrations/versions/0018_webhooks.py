@@ -1,7 +1,7 @@
 """webhook endpoints, their deliveries and every attempt
 
 Revision ID: 0018_webhooks
-Revises: 0016_project_excludes
+Revises: 0017_usage_records
 Create Date: 2026-12-02 16:40:00.000000
 
 `webhook_endpoints` (a project's receivers and their signing secrets), `webhook_deliveries` (one per event and
@@ -16,7 +16,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import ARRAY
 
 revision = "0018_webhooks"
-down_revision = "0016_project_excludes"
+down_revision = "0017_usage_records"
 branch_labels = None
 depends_on = None
 

@@ -1,7 +1,7 @@
 """a thread's writer lease
 
 Revision ID: 0021_thread_writer_lease
-Revises: 0016_project_excludes
+Revises: 0018_webhooks
 Create Date: 2026-12-02 17:10:00.000000
 
 `threads.lease_token_id`, `lease_token_name`, `lease_device_id`, `lease_expires_at`: who drives the thread

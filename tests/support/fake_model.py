@@ -165,6 +165,7 @@ class FakeModel:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []  # {"path": ..., "body": ...} in arrival order
         self.abandoned: list[dict[str, Any]] = []  # streamed replies the client closed before their end
+        self.streamed: list[dict[str, Any]] = []  # streamed replies sent to their end (usage included)
         self._lock = threading.Condition()
         self._released = threading.Event()
         self._faulted: dict[tuple[str, str], int] = {}  # (path, message) -> requests failed so far
@@ -243,10 +244,14 @@ class FakeModel:
     # ---- the server -----------------------------------------------------------------
 
     async def _watched(self, path: str, body: dict[str, Any], stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """`stream`, noting in `abandoned` when the client goes away before its end (the response is cancelled)."""
+        """`stream`, noting in `abandoned` when the client goes away before its end (the response is cancelled),
+        in `streamed` when it was sent to its end."""
         try:
             async for chunk in stream:
                 yield chunk
+            with self._lock:
+                self.streamed.append({"path": path, "body": body})
+                self._lock.notify_all()
         except (asyncio.CancelledError, GeneratorExit):
             with self._lock:
                 self.abandoned.append({"path": path, "body": body})

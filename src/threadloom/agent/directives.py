@@ -76,6 +76,21 @@ class Recall:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """`@usage IN OUT [COST_USD]`: one model call with exactly these figures (no cost: the cost is unknown)."""
+
+    input: int
+    output: int
+    cost_usd: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageAgain:
+    """`@usage-again`: the turn's last usage report sent once more, as it was (same call): a provider that
+    reports a call twice, which must still be one call in the ledger."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Fail:
     message: str
 
@@ -86,15 +101,6 @@ class Approvals:
     the accepted ones in order."""
 
     commands: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Usage:
-    """`@usage IN OUT [COST_USD]`: one model call with exactly these figures (no cost: the cost is unknown)."""
-
-    input: int
-    output: int
-    cost_usd: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,6 +141,7 @@ Directive = (
     | Usage
     | Stop
     | Config
+    | UsageAgain
     | Fail
     | Crash
 )
@@ -241,6 +248,12 @@ def _directive(name: str, arg: str) -> Directive:
             if arg:
                 raise DirectiveError(f"@recall takes no argument, got {arg!r}")
             return Recall()
+        case "usage":
+            return usage(arg)
+        case "usage-again":
+            if arg:
+                raise DirectiveError(f"@usage-again takes no argument, got {arg!r}")
+            return UsageAgain()
         case "fail":
             return Fail(arg or "failed")
         case "crash":

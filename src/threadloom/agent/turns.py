@@ -38,10 +38,12 @@ from threadloom.agent.directives import (
     Todo,
     Tool,
     Usage,
+    UsageAgain,
     Write,
     chunks,
     parse,
     parse_steer,
+    usage,
 )
 from threadloom.agent.sandbox import Sandbox
 from threadloom.agent.wire import Message, PeerError, Sink
@@ -55,6 +57,9 @@ APPROVED = {"accept", "acceptForSession"}
 # How long `@await` and `@await-steer` hold a turn before failing it: a gate nobody opens must not hang a test.
 AWAIT_BOUND_S = 60.0
 AWAIT_POLL_S = 0.02
+
+# What a turn that said no `@usage` reports: one model call of this many tokens, its cost unknown.
+DEFAULT_USAGE = Usage(input=10, output=5)
 
 
 class TurnFailed(Exception):
@@ -141,6 +146,7 @@ class Turn:
         self._interrupted = False
         self._calls: dict[str, int] = {}  # model calls reported, by turn id (the subagents' own turns too)
         self._totals: dict[str, tuple[int, int]] = {}  # their input and output token sums, by turn id
+        self._last_usage: Message | None = None  # the last report's params, for `@usage-again`
         try:
             self._planned.extend(parse(text))
         except DirectiveError as exc:
@@ -175,6 +181,8 @@ class Turn:
             raise
         self.closed = True
         result = self._result(self._work)
+        if not self._calls.get(self.id) and self._parse_error is None:  # a malformed script ran nothing
+            await self._usage(self.id, DEFAULT_USAGE)
         self._on_finish(self, result)
         error = None if result.error is None else {"message": result.error}
         turn: Message = {"id": self.id, "status": result.status, "error": error}
@@ -252,6 +260,12 @@ class Turn:
                 await self._subagent(prompt)
             case Recall():
                 await self._reply(self.id, self._recall())
+            case Usage():
+                await self._usage(self.id, directive)
+            case UsageAgain():
+                if self._last_usage is None:
+                    raise TurnFailed("@usage-again: no usage reported yet in this turn")
+                await self._send("thread/tokenUsage/updated", self._last_usage)
             case Fail(message):
                 raise TurnFailed(message)
             case Crash(once):
@@ -271,7 +285,8 @@ class Turn:
         params["callId"] = f"{turn_id}/{number}"
         if call.cost_usd is not None:
             params["costUsd"] = call.cost_usd
-        await self._notify("thread/tokenUsage/updated", turn_id, **params)
+        self._last_usage = {"threadId": self.thread_id, "turnId": turn_id, **params}
+        await self._send("thread/tokenUsage/updated", self._last_usage)
 
     async def _await_file(self, path: str) -> None:
         """Holds the turn until `path` exists inside the cwd (a test's gate), failing it after AWAIT_BOUND_S.
@@ -507,9 +522,17 @@ class Turn:
             await self._write(path, text.strip(), child_id)
         elif prompt.startswith("@await "):  # a gate: the subagent is provably running until it opens
             await self._await_file(prompt.removeprefix("@await ").strip())
+        elif prompt.startswith("@usage "):  # the subagent's own model call
+            try:
+                call = usage(prompt.removeprefix("@usage ").strip())
+            except DirectiveError as exc:
+                raise TurnFailed(str(exc)) from None
+            await self._usage(child_id, call)
         reply = f"Subagent: {prompt}"
         await self._reply(child_id, reply)
         replies.append(reply)
+        if not self._calls.get(child_id):
+            await self._usage(child_id, DEFAULT_USAGE)
 
     async def _end_child(
         self,

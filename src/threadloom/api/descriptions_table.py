@@ -38,6 +38,10 @@ TYPES: dict[str, str] = {
         "structured question. The run waits until it is answered or expires with its turn."
     ),
     "PlanArtifact": "An agent's todo list (live progress), proposed plan (start it with `implementPlan`) or questions.",
+    "UsageRecord": (
+        "One model call an agent reported (docs/usage.md), on the attempt and node that made it: tokens by kind, "
+        "the model and the cost with its source. Made once, never changed."
+    ),
     "Activity": (
         "One line of a thread's history written for people (`run.started`, `approval.resolved` …), with the run "
         "and node it is about. Kinds are listed in docs/activities.md."
@@ -137,6 +141,16 @@ TYPES: dict[str, str] = {
 }
 
 FIELDS: dict[str, str] = {
+    "UsageRecord.attempt": "The attempt whose turn made the call.",
+    "UsageRecord.callRef": "The provider's name for the call within its thread: a call reported twice is one.",
+    "UsageRecord.model": "The model the call went to (the run's when the provider did not say); null: not named.",
+    "UsageRecord.providerInstanceId": "The provider instance the run ran on.",
+    "UsageRecord.inputTokens": "Input tokens of the call, cached and cache-write ones included.",
+    "UsageRecord.cachedInputTokens": "Input tokens read from the prompt cache (part of inputTokens).",
+    "UsageRecord.cacheWriteTokens": "Input tokens written to the prompt cache (part of inputTokens).",
+    "UsageRecord.outputTokens": "Output tokens of the call, reasoning included.",
+    "UsageRecord.reasoningTokens": "Reasoning tokens (part of outputTokens).",
+    "UsageRecord.costSource": "REPORTED by the provider, PRICED from the price table, or UNKNOWN.",
     "Activity.sequence": "The thread event that wrote it: its place in the thread's history.",
     "Activity.summary": "One line for people, in words (`Approved: npm test`, `2/3 steps done`).",
     "ApiToken.name": "The name given when the token was made.",
@@ -176,7 +190,7 @@ FIELDS: dict[str, str] = {
     "ConversationMessage.text": "The message's text, as written so far.",
     "CreateProjectInput.name": "The project's name.",
     "CreateThreadInput.model": "The model of the thread's runs; absent: the provider instance's default.",
-    "CreateThreadInput.title": "Absent: \"New thread\", until the first message titles it.",
+    "CreateThreadInput.title": 'Absent: "New thread", until the first message titles it.',
     "DelegateTaskInput.title": "The child thread's title.",
     "DispatchInput.auto": "The default: start now, steer or restart the active run if the agent can, else queue.",
     "DispatchInput.queueAfterActive": "Queue the message as the last run.",
@@ -284,7 +298,7 @@ FIELDS: dict[str, str] = {
     "Run.runtimeRequests": "Every approval and question its turns asked.",
     "Run.startedAt": "When it left the queue; null while queued.",
     "Run.status": "Where it is.",
-    "Run.statusReason": "Why it ended as it did, in words (the agent's error, \"stopped by the user\" …).",
+    "Run.statusReason": 'Why it ended as it did, in words (the agent\'s error, "stopped by the user" …).',
     "Run.supersedesRun": "The run this one restarts (instances that restart as a new run).",
     "Run.userMessage": "The message that started it.",
     "RunAttempt.attemptOrdinal": "Its number in the run: 1, 2 …",
@@ -325,7 +339,7 @@ FIELDS: dict[str, str] = {
     "Thread.queueHeld": "True when queued runs wait for `resumeQueue` (after a failure or a Stop).",
     "Thread.queueHoldReason": "Why the queue is held.",
     "Thread.runs": "Its runs, by ordinal.",
-    "Thread.title": "Its title; \"New thread\" until given one or titled by its first message.",
+    "Thread.title": 'Its title; "New thread" until given one or titled by its first message.',
     "Thread.workspacePath": "A fork's own folder, relative to the data dir; null: the project's workspace.",
     "ThreadEvent.entity": "The entity as it was right after the change; null for markers.",
     "ThreadEvent.occurredAt": "When the change was committed; null for markers.",

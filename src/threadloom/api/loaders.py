@@ -20,10 +20,12 @@ import sqlalchemy as sa
 from strawberry.dataloader import DataLoader
 
 from threadloom.domain.statuses import RunStatus, RuntimeRequestStatus
+from threadloom.domain.usage import Totals
 from threadloom.store import links as link_reads
 from threadloom.store import reads
 from threadloom.store import runs as run_reads
 from threadloom.store import tables as t
+from threadloom.store import usage as usage_reads
 from threadloom.store.db import Database, Reader, Snapshot, StatementCounter
 
 Filters = tuple[tuple[str, Any], ...]
@@ -111,6 +113,7 @@ LISTS: dict[str, tuple[sa.Table, str, str, list[sa.ColumnElement[bool]]]] = {
     "run.plans": (t.plan_artifacts, "run_id", "id", []),
     "run.requests": (t.runtime_requests, "run_id", "id", []),
     "run.checkpoints": (t.checkpoints, "run_id", "ordinal", []),
+    "run.usageRecords": (t.usage_records, "run_id", "id", []),
     "node.children": (t.execution_nodes, "parent_node_id", "id", []),
     "attempt.turns": (t.provider_turns, "run_attempt_id", "ordinal", []),
     "thread.transfersIn": (t.context_transfers, "thread_id", "created_at", []),
@@ -124,6 +127,16 @@ LISTS: dict[str, tuple[sa.Table, str, str, list[sa.ColumnElement[bool]]]] = {
 
 PageKey = tuple[Hashable, reads.PageArgs, Filters]
 CountKey = tuple[Hashable, Filters]
+
+
+USAGE_SCOPES = {
+    "runs": usage_reads.of_runs,
+    "attempts": usage_reads.of_attempts,
+    "nodes": usage_reads.of_nodes,
+    "threads": usage_reads.of_threads,
+    "forks": usage_reads.forks_of_threads,
+    "projects": usage_reads.of_projects,
+}
 
 
 class Loaders:
@@ -232,6 +245,18 @@ class Loaders:
             return [found[i] for i in run_ids]
 
         return self._get("forks_of_runs", lambda: DataLoader(load_fn=load))
+
+    def usage(self, scope: str) -> DataLoader[uuid.UUID, Totals]:
+        """By key of `scope` (runs, attempts, nodes, threads, forks, projects): its usage totals, one statement
+        for every key asked (`store.usage`)."""
+        read = USAGE_SCOPES[scope]
+
+        async def load(keys: list[uuid.UUID]) -> list[Totals]:
+            async with self.reader() as db:
+                found = await read(db, keys)
+            return [found[k] for k in keys]
+
+        return self._get(("usage", scope), lambda: DataLoader(load_fn=load))
 
     def queue_positions(self) -> DataLoader[uuid.UUID, dict[uuid.UUID, int]]:
         """By thread: each queued run's place in the queue (one statement for all the threads asked)."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any
 
 import strawberry
 
@@ -17,6 +18,7 @@ from threadloom.api.providers import ProviderInstance, provider_instances
 from threadloom.api.tokens import ApiToken
 from threadloom.api.tokens import tokens as list_api_tokens
 from threadloom.api.types import NODE_TYPES, Node, Project, Run, Thread
+from threadloom.api.usage import GroupByArgument, UsageGroup, project_usage
 from threadloom.api.webhooks import WebhookDelivery, WebhookEndpoint, webhook_deliveries, webhook_endpoints
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.webhooks import DeliveryStatus
@@ -135,6 +137,28 @@ class Query:
             return None
         page = {"first": first, "after": after, "last": last, "before": before}
         return await project.threads(info, **page, include_archived=include_archived)  # type: ignore[no-any-return]
+
+    @strawberry.field(
+        description="A project's usage in [from, to) (either may be left out), broken down by `groupBy`, ordered by "
+        "the groups (docs/usage.md). Null when the project is unknown or invisible; INVALID_INPUT when `to` is not "
+        "after `from`."
+    )
+    async def usage(
+        self,
+        info: Info,
+        project_id: Annotated[strawberry.ID, strawberry.argument(description="The project.")],
+        from_: Annotated[
+            datetime | None, strawberry.argument(name="from", description="The first instant counted (inclusive).")
+        ] = None,
+        to: Annotated[datetime | None, strawberry.argument(description="The end of the range (exclusive).")] = None,
+        group_by: GroupByArgument = None,
+    ) -> list[UsageGroup] | None:
+        project = await _typed(info, Project, project_id)
+        if project is None:
+            return None
+        if from_ is not None and to is not None and to <= from_:
+            raise ApiError(DomainError(ErrorCode.INVALID_INPUT, "`to` must be after `from`", "to"))
+        return await project_usage(info, project.rec.id, from_, to, group_by or [])
 
     @strawberry.field
     async def run(self, info: Info, id: strawberry.ID) -> Run | None:

@@ -27,6 +27,7 @@ from threadloom.api.query import Query
 from threadloom.api.subscriptions import Subscription
 from threadloom.api.token_guard import RateLimits
 from threadloom.api.types import NODE_TYPES
+from threadloom.api.usage import BIG_INT, BigInt
 from threadloom.api.validation import limited_rules
 from threadloom.config import Limits
 from threadloom.store.db import Snapshot
@@ -160,7 +161,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
             RecordOperation,
             RateLimits,  # per-token mutation and run-start buckets
         ],
-        config=StrawberryConfig(sort_schema=True, disable_field_suggestions=not dev),
+        config=StrawberryConfig(sort_schema=True, disable_field_suggestions=not dev, scalar_map={BigInt: BIG_INT}),
     )
     describe(schema._schema)  # what the definitions leave undescribed (api.descriptions)
     return schema

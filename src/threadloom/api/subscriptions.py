@@ -25,6 +25,7 @@ from threadloom.api.errors import ApiError
 from threadloom.api.feed_cursor import decode_feed_cursor, encode_feed_cursor
 from threadloom.api.stream_scopes import ViewArgs, resolve_view, stream_view
 from threadloom.api.types import NODE_TYPES, Activity, ExecutionNode, Run, Thread, link
+from threadloom.api.usage import Usage, load_usage
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.store import events as log_reader
 from threadloom.store import graph_reads
@@ -134,12 +135,14 @@ class ThreadEvent:
 
 @strawberry.enum(
     description="What an `executionGraph` item is: SNAPSHOT, a node as it is when the subscription starts; CHANGE, "
-    "a node was made or its status, kind, parent or times moved; SYNCHRONIZED, the client holds the whole graph."
+    "a node was made or its status, kind, parent or times moved; SYNCHRONIZED, the client holds the whole graph; "
+    "USAGE, a model call of the node was recorded (its `usage` has grown; sent only when `usage` is selected)."
 )
 class ExecutionGraphItemType(enum.StrEnum):
     SNAPSHOT = "snapshot"
     CHANGE = "change"
     SYNCHRONIZED = "synchronized"
+    USAGE = "usage"
 
 
 @strawberry.type(
@@ -160,6 +163,13 @@ class ExecutionGraphEvent:
     updated_at: datetime | None = strawberry.field(description="When the node last changed (as of this item).")
     completed_at: datetime | None = strawberry.field(description="When the node ended; null while it runs.")
     node: ExecutionNode | None = strawberry.field(description="The whole node as of this item.")
+    node_uuid: strawberry.Private[uuid.UUID | None] = None
+
+    @strawberry.field(
+        description="What the node's subtree has used and cost so far (read when the item is sent); null on the marker."
+    )
+    async def usage(self, info: Info) -> Usage | None:
+        return None if self.node_uuid is None else await load_usage(info, "nodes", self.node_uuid)
 
 
 def _graph_item(sequence: int, kind: ExecutionGraphItemType, row: LogEvent | None) -> ExecutionGraphEvent:
@@ -189,6 +199,7 @@ def _graph_item(sequence: int, kind: ExecutionGraphItemType, row: LogEvent | Non
         updated_at=rec.updated_at,
         completed_at=rec.completed_at,
         node=node,
+        node_uuid=rec.id,
     )
 
 
@@ -212,7 +223,10 @@ async def _execution_graph(info: Info, run_id: str, after_sequence: int | None) 
     if snapshot:
         for rec in ordered_graph(_entity(row).rec for row in states):
             yield _graph_item(upto, ExecutionGraphItemType.SNAPSHOT, by_id[rec.id])
-    match = ViewMatch(principal.sees, entity_type="execution_node", run=run, home=place.project_id)
+    # Other rows of the run are read only when items for recorded calls are wanted (`usage` selected).
+    match = ViewMatch(
+        principal.sees, entity_type=None if _selects_usage(info) else "execution_node", run=run, home=place.project_id
+    )
     stream = thread_stream(
         live.hub, live.db, place.thread_id, upto, match, max_replay=live.limits.max_replay, token=principal.token_id
     )
@@ -222,7 +236,12 @@ async def _execution_graph(info: Info, run_id: str, after_sequence: int | None) 
                 yield _graph_item(item.sequence, ExecutionGraphItemType.SYNCHRONIZED, None)
             elif isinstance(item, ReloadRequired):  # more than the bound committed since the read above
                 raise TooSlow(upto)
-            else:
+            elif item.entity_type == "usage_record":  # a call of a node: its usage grew
+                made_by = by_id.get(_uuid_of(item.payload.get("node_id")) or uuid.UUID(int=0))
+                if made_by is not None:
+                    yield _graph_item(item.sequence, ExecutionGraphItemType.USAGE, made_by)
+            elif item.entity_type == "execution_node":
+                by_id[item.entity_id] = item
                 shape = NodeShape.of(_entity(item).rec)
                 if graph_change(known, item.entity_id, shape):
                     known[item.entity_id] = shape
@@ -236,6 +255,32 @@ class RunStatusUpdate:
     sequence: int
     run: Run
     status: enums.RunStatus
+
+    @strawberry.field(
+        description="What the run has used and cost so far (read when the item is sent). A subscription that selects "
+        "it also gets an item whenever a model call of the run is recorded, with the status unchanged."
+    )
+    async def usage(self, info: Info) -> Usage:
+        return await load_usage(info, "runs", self.run.rec.id)
+
+
+def _selects_usage(info: Info) -> bool:
+    """Whether the subscription's document selects `usage` on its items: only then are items sent for recorded
+    model calls (a client following statuses alone sees the statuses as before)."""
+    pending = [s for field in info.selected_fields for s in field.selections]
+    while pending:
+        selection = pending.pop()
+        if getattr(selection, "name", None) == "usage":
+            return True
+        pending.extend(getattr(selection, "selections", None) or [])
+    return False
+
+
+def _uuid_of(value: object) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 @strawberry.type(description="A change of a thread in the project, in feed order.")
@@ -498,14 +543,22 @@ class Subscription:
             else:
                 current = []
 
+        runs: dict[uuid.UUID, Run] = {}  # each run as last seen, for the items a usage record sends
+        wanted = ("run", "usage_record") if _selects_usage(info) else ("run",)
+
         def update(row: LogEvent) -> RunStatusUpdate | None:
+            if row.entity_type == "usage_record":
+                known = runs.get(row.run_id) if row.run_id is not None else None
+                if impossible or known is None or (run_filter is not None and row.run_id != run_filter):
+                    return None
+                return RunStatusUpdate(sequence=row.sequence, run=known, status=known.rec.status)
             if impossible or (run_filter is not None and row.entity_id != run_filter):
                 return None  # a runId of another type matches nothing
+            run_obj = runs[row.entity_id] = Run.from_row(row.payload)
             status = str(row.payload["status"])
             if seen.get(row.entity_id) == status:
                 return None
             seen[row.entity_id] = status
-            run_obj = Run.from_row(row.payload)
             return RunStatusUpdate(sequence=row.sequence, run=run_obj, status=run_obj.rec.status)
 
         for row in current:
@@ -518,7 +571,7 @@ class Subscription:
                 live.db,
                 thread,
                 after,
-                lambda row: row.entity_type == "run",
+                lambda row: row.entity_type in wanted,
                 max_replay=max_replay,
                 token=info.context.principal.token_id,
             ):

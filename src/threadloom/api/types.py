@@ -30,6 +30,7 @@ from threadloom.api.errors import ApiError
 from threadloom.api.feed_cursor import encode_feed_cursor
 from threadloom.api.pagination import paged
 from threadloom.api.providers import ProviderInstance, provider_instances
+from threadloom.api.usage import Usage, load_usage
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain import entities as e
 from threadloom.domain import leases
@@ -289,6 +290,13 @@ class Project(Node, _Entity):
     def threads(self, info: Info, include_archived: bool = False) -> dict[str, Any]:
         return {"include_archived": include_archived}
 
+    @strawberry.field(
+        description="What every model call of the project's threads used and cost (docs/usage.md); by day, thread, "
+        "model or instance: `usage(projectId:)`."
+    )
+    async def usage(self, info: Info) -> Usage:
+        return await load_usage(info, "projects", self.rec.id)
+
     @strawberry.field(description="The projectThreads position now: query, then subscribe with after: feedCursor.")
     async def feed_cursor(self, info: Info) -> str:
         async with info.context.loaders.reader() as db:  # the query's snapshot: agrees with its data
@@ -361,6 +369,20 @@ class Thread(Node, _Entity):
         "RuntimeRequest", "thread.pendingRequests", description="Approvals and questions waiting for an answer."
     )
     provider_threads: list[ProviderThread] = _many("ProviderThread", "thread.providerThreads")
+
+    @strawberry.field(
+        description="What the thread's model calls used and cost, its delegated tasks' (and theirs) included; its "
+        "forks are counted apart, in `forksUsage`."
+    )
+    async def usage(self, info: Info) -> Usage:
+        return await load_usage(info, "threads", self.rec.id)
+
+    @strawberry.field(
+        description="What the threads forked from this one used and cost: its forks, their forks and their delegated "
+        "tasks (not in `usage`)."
+    )
+    async def forks_usage(self, info: Info) -> Usage:
+        return await load_usage(info, "forks", self.rec.id)
 
     @paged("thread.checkpoints", "Checkpoint", description="Every checkpoint of the thread's files, oldest first.")
     def checkpoints(self, info: Info) -> dict[str, Any]:
@@ -489,6 +511,9 @@ class Run(Node, _Entity):
     provider_instance: ProviderInstance | None = _provider_instance()
     plans: list[PlanArtifact] = _many("PlanArtifact", "run.plans")
     runtime_requests: list[RuntimeRequest] = _many("RuntimeRequest", "run.requests")
+    usage_records: list[UsageRecord] = _many(
+        "UsageRecord", "run.usageRecords", description="The run's model calls, one record each, oldest first."
+    )
     context_transfers: list[ContextTransfer] = _many(
         "ContextTransfer", "run.contextTransfers", description="The transfers this run resolved or consumed."
     )
@@ -531,6 +556,13 @@ class Run(Node, _Entity):
             code=self.rec.failure_code, http_status=self.rec.failure_http_status, message=self.rec.status_reason
         )
 
+    @strawberry.field(
+        description="What the run's model calls used and cost, every attempt's, the tasks it delegated included "
+        "(docs/usage.md)."
+    )
+    async def usage(self, info: Info) -> Usage:
+        return await load_usage(info, "runs", self.rec.id)
+
     @strawberry.field(description="Every node of every attempt of this run, and the parent→child edges.")
     async def execution_graph(self, info: Info) -> ExecutionGraph:
         rows = await info.context.loaders.children("run.nodes").load(self.rec.id)
@@ -559,6 +591,10 @@ class RunAttempt(Node, _Entity):
         "ProviderTurn", "provider_turn_id", description="The attempt's own provider turn (its root turn)."
     )
 
+    @strawberry.field(description="What this attempt's model calls used and cost (its subagents' included).")
+    async def usage(self, info: Info) -> Usage:
+        return await load_usage(info, "attempts", self.rec.id)
+
 
 @_entity(e.ExecutionNode)
 class ExecutionNode(Node, _Entity):
@@ -580,6 +616,13 @@ class ExecutionNode(Node, _Entity):
     child_thread: Thread | None = _one(
         "Thread", "child_thread_id", visible=True, description="The delegated child thread of a subagent node."
     )
+
+    @strawberry.field(
+        description="What the model calls of this node and every node below it used and cost, a delegated task's "
+        "thread included when this node started it."
+    )
+    async def usage(self, info: Info) -> Usage:
+        return await load_usage(info, "nodes", self.rec.id)
 
 
 @_entity(e.ConversationMessage)
@@ -970,6 +1013,23 @@ class Activity(Node, _Entity):
     def node_id(self) -> strawberry.ID | None:
         rid = self.rec.node_id
         return None if rid is None else strawberry.ID(gid.encode("ExecutionNode", rid))
+
+
+@_entity(e.UsageRecord, hide=("cost_nano_usd",))
+class UsageRecord(Node, _Entity):
+    rec: strawberry.Private[e.UsageRecord]
+    thread: Thread = _one("Thread", "thread_id", required=True)
+    run: Run = _one("Run", "run_id", required=True)
+    attempt: RunAttempt = _one("RunAttempt", "attempt_id", required=True)
+    node: ExecutionNode = _one(
+        "ExecutionNode", "node_id", required=True, description="The node whose turn made the call."
+    )
+    provider_instance: ProviderInstance | None = _provider_instance()
+
+    @strawberry.field(description="The call's cost in USD; null when its cost is UNKNOWN (never 0 for unknown).")
+    def cost_usd(self) -> float | None:
+        nano = self.rec.cost_nano_usd
+        return None if nano is None else nano / 1_000_000_000
 
 
 # One GraphQL type per entity, in the entities' order (`_entity` set each type's record).

@@ -61,6 +61,7 @@ class ThreadEventType(StrEnum):
     PLAN_CREATED = "plan.created"
     PLAN_UPDATED = "plan.updated"
     ACTIVITY_RECORDED = "activity.recorded"
+    USAGE_CREATED = "usage.created"  # a model call's usage record (docs/usage.md)
     SYNCHRONIZED = "synchronized"  # marker: the replay is over, live events follow
     RELOAD_REQUIRED = "reload_required"  # marker: the replay would be too long
 

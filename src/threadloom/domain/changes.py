@@ -41,6 +41,7 @@ EVENT_PREFIX: dict[str, str] = {
     "context_transfer": "transfer",
     "runtime_request": "request",
     "plan_artifact": "plan",
+    "usage_record": "usage",
 }
 
 

@@ -18,6 +18,7 @@ from threadloom.domain.statuses import (
     AttemptStatus,
     CheckpointScopeKind,
     CheckpointStatus,
+    CostSource,
     HandoffStatus,
     HandoffStrategy,
     InputIntent,
@@ -318,6 +319,32 @@ class Activity(Created, MaybeInRun):
     payload: Json = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class UsageRecord(Created, InRun):
+    """One model call an agent reported, on the attempt and node that made it (domain/usage.py). Append-only:
+    made once, never changed. `call_ref` is the provider's own name for the call, unique per thread, so a
+    report that arrives twice (a restart, a resumed thread) is recorded once.
+
+    Tokens by kind, each a part of the one before it: `input_tokens` counts every input token, cache reads
+    (`cached_input_tokens`) and cache writes (`cache_write_tokens`) included; `output_tokens` counts every
+    output token, `reasoning_tokens` included. `cost_nano_usd` is the cost in billionths of a dollar (exact
+    sums), None when `cost_source` is UNKNOWN."""
+
+    entity_type: ClassVar[str] = "usage_record"
+    attempt_id: uuid.UUID
+    node_id: uuid.UUID
+    provider_instance_id: str
+    model: str | None = None
+    call_ref: str
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_nano_usd: int | None = None
+    cost_source: CostSource
+
+
 ENTITY_TYPES: tuple[type[Record], ...] = (
     Project,
     AppThread,
@@ -335,5 +362,6 @@ ENTITY_TYPES: tuple[type[Record], ...] = (
     RuntimeRequest,
     PlanArtifact,
     Activity,
+    UsageRecord,
 )
 ENTITY_BY_TYPE: dict[str, type[Record]] = {cls.entity_type: cls for cls in ENTITY_TYPES}

@@ -34,6 +34,8 @@ ResponseCapability = StrEnum("ResponseCapability", "LIVE NOT_RESUMABLE")
 PlanKind = StrEnum("PlanKind", "TODO_LIST PROPOSED_PLAN QUESTIONS")
 PlanStatus = StrEnum("PlanStatus", "ACTIVE FINALIZED IMPLEMENTED SUPERSEDED")
 TokenScope = StrEnum("TokenScope", "READ OPERATE ADMIN")
+# Where a usage record's cost comes from (domain.usage): the provider said it, our price table, or nobody.
+CostSource = StrEnum("CostSource", "REPORTED PRICED UNKNOWN")
 EffectStatus = StrEnum("EffectStatus", "PENDING RUNNING DONE FAILED CANCELLED")
 NodeKind = StrEnum(
     "NodeKind",

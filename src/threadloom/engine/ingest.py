@@ -20,6 +20,7 @@ from typing import Any
 
 from threadloom.aio import cancel_all
 from threadloom.domain.statuses import RunStatus
+from threadloom.domain.usage import Pricing
 from threadloom.engine import provider_events
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import Pipeline, Step
@@ -101,8 +102,10 @@ class Ingestor:
         finish: Callable[..., Any],
         on_exit: Callable[[LiveSession, str], Any],
         checkpoints: Checkpoints | None = None,
+        pricing: Pricing | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.pricing = pricing  # how the instance's model calls are priced (domain.usage)
         self.session = session
         self.finish = finish
         self.on_exit = on_exit
@@ -296,4 +299,6 @@ class Ingestor:
 
     def _decision(self, binding: TurnBinding, events: list[Any]) -> provider_events.Decision:
         """What `events` change (`engine.provider_events`), decided under the thread lock."""
-        return provider_events.decision(binding, events, self.pipeline.clock.now(), self.structured_questions)
+        return provider_events.decision(
+            binding, events, self.pipeline.clock.now(), self.structured_questions, self.pricing
+        )

@@ -23,7 +23,7 @@ import orjson
 from threadloom.domain import webhooks
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome, Valued
-from threadloom.domain.entities import AppThread
+from threadloom.domain.entities import AppThread, UsageRecord
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.ids import new_id
 from threadloom.domain.leases import refuse_other_writer
@@ -106,6 +106,9 @@ class Committed:
     sequences: list[int]
     effects: int
     hooks: int = 0  # webhook events written (each with a delivery per subscribed endpoint)
+    # The model calls the transaction recorded (docs/usage.md): counted for /metrics after the commit, and
+    # where a listener learns that usage arrived.
+    usage: tuple[UsageRecord, ...] = ()
 
 
 @dataclasses.dataclass(slots=True)
@@ -115,9 +118,14 @@ class _Earlier:
     sequences: list[int] = dataclasses.field(default_factory=list)
     effects: int = 0
     hooks: int = 0
+    usage: list[UsageRecord] = dataclasses.field(default_factory=list)
 
 
 CommitListener = Callable[[Committed], Awaitable[None]]
+
+
+def _usage_of(outcome: Outcome) -> list[UsageRecord]:
+    return [c.entity for c in outcome.changes if isinstance(c.entity, UsageRecord)]
 
 
 def fingerprint(command_type: str, data: dict[str, Any]) -> str:
@@ -259,7 +267,8 @@ class Pipeline:
             sequences = [*earlier.sequences, *sequences]
         effects = len(outcome.effects) + (earlier.effects if earlier is not None else 0)
         hooked = len(hooks) + (earlier.hooks if earlier is not None else 0)
-        committed = Committed(thread_id, project_id, sequences, effects, hooked)
+        usage = (*(earlier.usage if earlier is not None else ()), *_usage_of(outcome))
+        committed = Committed(thread_id, project_id, sequences, effects, hooked, usage)
         for listener in self.listeners:
             await listener(committed)
         return outcome
@@ -281,6 +290,7 @@ class Pipeline:
         )
         earlier.effects += len(outcome.effects)
         earlier.hooks += len(hooks)
+        earlier.usage += _usage_of(outcome)
         if any(isinstance(c.entity, AppThread) for c in outcome.changes):
             thread = await thread_store.get_thread(db, thread.id) or thread
         return thread

@@ -16,6 +16,7 @@ from typing import Any
 from threadloom.domain import items
 from threadloom.domain import requests as request_rules
 from threadloom.domain import runs as rules
+from threadloom.domain import usage as usage_rules
 from threadloom.domain.activities import ActivityKind, activity
 from threadloom.domain.changes import Change, EventVerb, Outcome, Valued
 from threadloom.domain.entities import (
@@ -34,6 +35,7 @@ from threadloom.engine import subagent_threads
 from threadloom.engine.sessions import TurnBinding
 from threadloom.providers import contract as ev
 from threadloom.store import entities
+from threadloom.store import usage as ledger
 from threadloom.store.db import Reader
 
 Decision = Callable[[Reader, AppThread], Awaitable[Valued[tuple[str, ...]]]]
@@ -47,9 +49,11 @@ class Batch:
     of its first change.
     """
 
-    def __init__(self, db: Reader, structured_questions: bool) -> None:
+    def __init__(self, db: Reader, structured_questions: bool, pricing: usage_rules.Pricing | None = None) -> None:
         self.db = db
         self.structured_questions = structured_questions  # the runtime can ask the user a structured question
+        self.pricing = pricing or usage_rules.Pricing()
+        self.recorded_calls: set[str] = set()  # provider call refs already in the ledger (read once a batch)
         self.unanswerable: list[str] = []  # provider requests to release with an empty answer after the commit
         self.cache: dict[uuid.UUID, Record] = {}
         self.outcome = Outcome()
@@ -112,16 +116,29 @@ class Batch:
         self.outcome.changes.append(change)
 
 
-def decision(binding: TurnBinding, events: list[Any], now: Any, structured_questions: bool) -> Decision:
-    """What `events` change, decided under the thread lock (nothing for an attempt no longer live); its
-    value: the provider requests to release with an empty answer once it is written."""
+def decision(
+    binding: TurnBinding,
+    events: list[Any],
+    now: Any,
+    structured_questions: bool,
+    pricing: usage_rules.Pricing | None = None,
+) -> Decision:
+    """What `events` change, decided under the thread lock (nothing for an attempt no longer live but its
+    model calls' usage: spent is spent); its value: the provider requests to release with an empty answer
+    once it is written."""
 
     async def decide(db: Reader, thread: AppThread) -> Valued[tuple[str, ...]]:
-        batch = Batch(db, structured_questions)
+        batch = Batch(db, structured_questions, pricing)
         await batch.prefetch(binding, events)
+        calls = [e.call_ref for e in events if isinstance(e, ev.UsageReported)]
+        batch.recorded_calls = await ledger.recorded_refs(db, binding.thread_id, calls)
         attempt = await batch.get(RunAttempt, binding.attempt_id)
         if attempt is None or attempt.status not in (AttemptStatus.PENDING, AttemptStatus.RUNNING):
-            return Outcome().carrying(())  # late events of a superseded or finished attempt
+            # late events of a superseded or finished attempt: only what its calls cost is still recorded
+            for event in events:
+                if isinstance(event, ev.UsageReported) and attempt is not None:
+                    await _usage(batch, binding, event, now)
+            return batch.outcome.carrying(())
         for event in events:
             structural = not isinstance(event, ev.TextDelta | ev.OutputDelta)
             if structural:
@@ -300,6 +317,34 @@ async def _todo(b: Batch, binding: TurnBinding, event: ev.TodoUpdated, now: Any)
     )
 
 
+async def _usage(b: Batch, binding: TurnBinding, event: ev.UsageReported, now: Any) -> None:
+    """One model call into the ledger, on the node whose turn made it; a call already recorded is skipped."""
+    if event.call_ref in b.recorded_calls:
+        return
+    b.recorded_calls.add(event.call_ref)
+    run = await b.get(Run, binding.run_id)
+    model = event.model or run.model or b.pricing.default_model
+    call = usage_rules.Call(
+        thread_id=binding.thread_id,
+        run_id=binding.run_id,
+        attempt_id=binding.attempt_id,
+        node_id=_parent_of(binding, event.native_turn),
+        provider_instance_id=run.provider_instance_id,
+    )
+    found = usage_rules.record(
+        call,
+        event.call_ref,
+        event.figures,
+        model,
+        event.cost_usd,
+        b.pricing.prices,
+        now,
+        new_id(),
+        in_turn_total=event.cost_in_turn_total,
+    )
+    b.put(EventVerb.CREATED, found, node_id=found.node_id)
+
+
 def _activity(
     thread_id: uuid.UUID,
     kind: ActivityKind,
@@ -323,4 +368,5 @@ _HANDLERS: dict[type, Callable[[Batch, TurnBinding, Any, Any], Awaitable[None]]]
     ev.TodoUpdated: _todo,
     ev.RequestOpened: _request,
     ev.Warning: _warning,
+    ev.UsageReported: _usage,
 }

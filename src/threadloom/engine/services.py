@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from threadloom import tracing, unprivileged
+from threadloom import metrics, tracing, unprivileged
 from threadloom.checkpoints.store import CHECKPOINTS_DIR
 from threadloom.config import Settings
 from threadloom.domain import checkpoints as checkpoint_rules
@@ -27,6 +27,7 @@ from threadloom.domain.interruption import UnsupportedPolicy
 from threadloom.domain.retries import DEFAULT_RECOVERY, RetryPolicy
 from threadloom.domain.statuses import RunStatus
 from threadloom.domain.threads import WORKSPACES_DIR
+from threadloom.domain.usage import Pricing, parse_prices
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.clock import Clock
@@ -131,6 +132,10 @@ class Services:
             )
             for name, config in instances.items()
         }
+        pricings = {
+            name: Pricing(parse_prices(config.options.get("prices")), config.options.get("model"))
+            for name, config in instances.items()
+        }
         run_engine = RunEngine(pipeline, sessions, checkpoints, retry_policies, switch_policies)
         project_admin = ProjectAdmin(pipeline, checkpoints)
         dispatcher = Dispatcher(pipeline, run_engine, restart_as_run, project_admin.check_runnable)
@@ -201,9 +206,12 @@ class Services:
                 effects.wake()
             if committed.hooks:
                 sender.wake()
+            if committed.usage and committed.project_id is not None:
+                metrics.usage(str(committed.project_id), committed.usage)
 
         async def open_ingest(session: LiveSession) -> None:
-            ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints)
+            pricing = pricings.get(session.instance_id)
+            ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints, pricing)
             with tracing.detached():  # the session outlives the request that opened it
                 session.task = asyncio.create_task(ingestor.run(), name=f"ingest-{session.instance_id}")
 

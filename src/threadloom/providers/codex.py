@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -74,6 +75,7 @@ from threadloom.providers.contract import (
     RuntimeExited,
     SessionScope,
     ThreadSettings,
+    UsageReported,
     Warning,
 )
 from threadloom.providers.jsonlines import JsonLinesProcess
@@ -203,6 +205,8 @@ class CodexRuntime:
             for agent_thread, agent_turn in self._translator.collab.take_interrupts():
                 self._later(self._interrupt_quietly(agent_thread, agent_turn))
             for event in events:
+                if isinstance(event, UsageReported) and event.model is None:  # Codex names no model: ours
+                    event = dataclasses.replace(event, model=self._models.get(event.native_thread))
                 for cleaned in self._redactor.events(event):
                     yield cleaned
         for event in self._translator.close_all("interrupted"):

@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from threadloom.domain.failures import ModelFailure, RunFailureCode, model_failure, of_http_status
+from threadloom.domain.usage import Figures
 from threadloom.providers.codex_collab import Collab
 from threadloom.providers.contract import (
     ItemCompleted,
@@ -31,14 +32,16 @@ from threadloom.providers.contract import (
     TurnCompleted,
     TurnStarted,
     TurnStatus,
+    UsageReported,
     Warning,
 )
 
 ItemStatus = Literal["completed", "failed", "declined", "interrupted"]
 
-# Notifications translated into events (everything else — token usage, rate limits, diffs,
-# thread status, thread/started — is noise for the engine).
+# Notifications translated into events (everything else — rate limits, diffs, thread status,
+# thread/started — is noise for the engine).
 SERVER_NOTIFICATIONS = (
+    "thread/tokenUsage/updated",
     "turn/started",
     "turn/completed",
     "item/started",
@@ -130,6 +133,38 @@ def turn_failure(error: Any) -> ModelFailure | None:
     if kind in STATUS_ERRORS and of_http_status(status) is not None:
         return model_failure(status)
     return None
+
+
+def usage_event(thread: str, turn: str, params: dict[str, Any]) -> list[ProviderEvent]:
+    """`thread/tokenUsage/updated` → the one model call it reports.
+
+    Codex 0.171 sends it after each model response of a turn: `last` is that response's usage, `total` the
+    thread's running sum (every turn, restored when the thread is resumed). Only `last` is recorded; `total`
+    names the call (`<turn>/<total tokens>`), so the same report sent again (a resumed thread) is the same
+    call, and is recorded once. Codex's `inputTokens` already holds `cachedInputTokens`, and `outputTokens`
+    holds `reasoningOutputTokens`, as the ledger counts them. Codex sends no cost and no model (the run's is
+    used). The scripted agent speaks the same notification, adding `callId` and, when given, `costUsd`."""
+    usage = params.get("tokenUsage")
+    if not isinstance(usage, dict) or not isinstance(usage.get("last"), dict):
+        return []
+    last: dict[str, Any] = usage["last"]
+    total: dict[str, Any] = usage["total"] if isinstance(usage.get("total"), dict) else {}
+
+    def count(part: dict[str, Any], key: str) -> int:
+        value = part.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+    figures = Figures(
+        input=count(last, "inputTokens"),
+        cached_input=count(last, "cachedInputTokens"),
+        cache_write=count(last, "cacheWriteInputTokens"),
+        output=count(last, "outputTokens"),
+        reasoning=count(last, "reasoningOutputTokens"),
+    )
+    call_ref = params.get("callId") or f"{turn}/{count(total, 'totalTokens')}"
+    cost = params.get("costUsd")
+    cost_usd = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0 else None
+    return [UsageReported(thread, turn, str(call_ref), figures, None, cost_usd)]
 
 
 def display_command(command: str) -> str:
@@ -255,6 +290,8 @@ class Translator:
         if method == "turn/plan/updated":
             steps = [{"step": str(s.get("step")), "status": str(s.get("status"))} for s in params.get("plan") or []]
             return [TodoUpdated(thread, turn, steps)]
+        if method == "thread/tokenUsage/updated":
+            return usage_event(thread, turn, params)
         if method == "serverRequest/resolved":
             self.requests.pop(str(params.get("requestId")), None)
             return []

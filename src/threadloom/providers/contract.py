@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 from threadloom.domain.failures import ModelFailure
 from threadloom.domain.settings_compat import InPlace
+from threadloom.domain.usage import Figures
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,6 +166,26 @@ class TurnCompleted(_InTurn):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class UsageReported(_InTurn):
+    """One model call's usage, as the agent reported it: every driver emits exactly one per call it learns of
+    (docs/usage.md says how each reduces its agent's reports to that), on the native turn that made the call
+    (a subagent's own turn for a subagent's call). `call_ref` names the call within the native thread, stable
+    across restarts, so a call reported again is recorded once. `cost_usd` is the provider's own figure;
+    None: it gave none (the engine prices it from the instance's table, or it stays unknown). `model` None:
+    the run's model.
+
+    `cost_in_turn_total`: the provider reports no cost per call but one for its whole turn (Claude Code), and
+    will send it as a later report with `cost_usd` set: this call's cost is part of that (recorded as REPORTED
+    with no figure of its own; docs/usage.md)."""
+
+    call_ref: str
+    figures: Figures
+    model: str | None = None
+    cost_usd: float | None = None
+    cost_in_turn_total: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Warning:
     native_thread: str | None
     message: str
@@ -187,6 +208,7 @@ ProviderEvent = (
     | TodoUpdated
     | RequestOpened
     | TurnCompleted
+    | UsageReported
     | Warning
     | RuntimeExited
 )

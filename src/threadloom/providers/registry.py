@@ -30,6 +30,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from threadloom.domain.usage import parse_prices
 from threadloom.providers.acp.driver import OPTIONS as ACP_OPTIONS
 from threadloom.providers.acp.driver import AcpDriver, check_options
 from threadloom.providers.claude import ClaudeDriver
@@ -57,6 +58,7 @@ ENGINE_OPTIONS = frozenset(
         "recovery_backoff_s",
         "handoff_max_runs_behind",
         "handoff_max_deltas",
+        "prices",
     }
 )
 _CLI_OPTIONS = frozenset({"binary", "model", "base_url", "api_key_env", "env"})
@@ -131,6 +133,10 @@ def load_instances(path: Path | None) -> dict[str, InstanceConfig]:
         for flag in ("allow_full_access", "collab_agents"):
             if not isinstance(options.get(flag, False), bool):
                 raise ConfigError(f"provider instance {name!r}: `{flag}` must be true or false")
+        try:
+            parse_prices(options.get("prices"))
+        except ValueError as error:
+            raise ConfigError(f"provider instance {name!r}: {error}") from None
         env = options.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise ConfigError(f"provider instance {name!r}: `env` must be a table of strings")

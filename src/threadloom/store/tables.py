@@ -51,6 +51,7 @@ TABLE_NAMES: dict[type[Record], str] = {
     e.RuntimeRequest: "runtime_requests",
     e.PlanArtifact: "plan_artifacts",
     e.Activity: "activities",
+    e.UsageRecord: "usage_records",
 }
 
 # Parent links only; "current pointer" columns (active_run_id, root_node_id …) carry no
@@ -75,6 +76,12 @@ FOREIGN_KEYS: dict[str, dict[str, str]] = {
     "runtime_requests": {"thread_id": "threads.id", "run_id": "runs.id", "node_id": "execution_nodes.id"},
     "plan_artifacts": {"thread_id": "threads.id", "run_id": "runs.id"},
     "activities": {"thread_id": "threads.id"},
+    "usage_records": {
+        "thread_id": "threads.id",
+        "run_id": "runs.id",
+        "attempt_id": "run_attempts.id",
+        "node_id": "execution_nodes.id",
+    },
 }
 
 # The columns queries look rows up by; the graph links (a thread's forks, a provider thread's runs, the handoffs
@@ -92,6 +99,8 @@ INDEXES: dict[str, list[tuple[str, ...]]] = {
     "checkpoints": [("run_id",)],
     "context_transfers": [("thread_id",), ("source_thread_id",)],
     "context_handoffs": [("target_run_id",)],
+    # Roll-ups: a run's, an attempt's, a node subtree's records; a project's over a time window by thread.
+    "usage_records": [("run_id",), ("attempt_id",), ("node_id",), ("thread_id", "created_at")],
 }
 
 UNIQUES: dict[str, list[tuple[str, ...]]] = {
@@ -100,6 +109,7 @@ UNIQUES: dict[str, list[tuple[str, ...]]] = {
     "provider_turns": [("provider_thread_id", "ordinal")],
     "checkpoints": [("scope_id", "ordinal")],
     "activities": [("thread_id", "sequence")],
+    "usage_records": [("thread_id", "call_ref")],  # one record per provider call: a report seen twice is one
 }
 
 
@@ -161,6 +171,7 @@ checkpoints = PROJECTIONS[e.Checkpoint]
 runtime_requests = PROJECTIONS[e.RuntimeRequest]
 plan_artifacts = PROJECTIONS[e.PlanArtifact]
 activities = PROJECTIONS[e.Activity]
+usage_records = PROJECTIONS[e.UsageRecord]
 
 # The per-thread sequence counter, advanced under the thread's row lock.
 threads.append_column(sa.Column("last_sequence", sa.BigInteger(), nullable=False, server_default="0"))
