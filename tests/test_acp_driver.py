@@ -458,3 +458,42 @@ async def test_an_oversized_line_an_orphan_update_and_trailing_usage_do_not_brea
     assert any("over the 1048576-byte limit; skipped" in w for w in warnings), warnings
     again = await thread.run("@reply and again")  # the reader went on: the same agent answers
     assert await _texts(client, thread.id, again["id"]) == ["and again"]
+
+
+# ---- usage -----------------------------------------------------------------------------------------------
+
+USAGE = """query($r: ID!) { run(id: $r) { usage { inputTokens outputTokens costUsd costSource } } }"""
+THREAD_USAGE = """query($t: ID!) { thread(id: $t) { usage { inputTokens outputTokens costUsd costSource } } }"""
+
+
+async def test_an_acp_agents_tokens_and_cumulative_cost_reach_the_ledger_once_per_turn(
+    client: Client, tmp_path: Path
+) -> None:
+    """The prompt answer's tokens are the turn's; `usage_update`'s cost is the session's running sum, so the
+    second run is charged only what the session spent since the first."""
+    thread = await _thread(client, tmp_path, "acp")
+    first = await send(client, thread.id, "@usage 100 50 0.25\n@reply one")
+    assert (await finished(client, first["run"]["id"]))["status"] == "COMPLETED"
+    second = await send(client, thread.id, "@usage 10 5 0.05\n@reply two")
+    assert (await finished(client, second["run"]["id"]))["status"] == "COMPLETED"
+
+    async def usage(run_id: str) -> dict[str, Any]:
+        return (await client.gql(USAGE, {"r": run_id}))["run"]["usage"]  # type: ignore[no-any-return]
+
+    assert await usage(first["run"]["id"]) == {
+        "inputTokens": 100, "outputTokens": 50, "costUsd": 0.25, "costSource": "REPORTED",
+    }  # fmt: skip
+    assert await usage(second["run"]["id"]) == {
+        "inputTokens": 10, "outputTokens": 5, "costUsd": 0.05, "costSource": "REPORTED",
+    }  # fmt: skip
+    whole = (await client.gql(THREAD_USAGE, {"t": thread.id}))["thread"]["usage"]
+    assert (whole["inputTokens"], whole["outputTokens"], whole["costUsd"]) == (110, 55, 0.3)
+
+
+async def test_an_acp_turn_without_a_reported_cost_keeps_its_cost_unknown(client: Client, tmp_path: Path) -> None:
+    """Its twin: tokens without any `cost` are recorded, and the cost is unknown, never zero."""
+    thread = await _thread(client, tmp_path, "acp")
+    sent = await send(client, thread.id, "@usage 7 3\n@reply no cost")
+    assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"
+    found = (await client.gql(USAGE, {"r": sent["run"]["id"]}))["run"]["usage"]
+    assert found == {"inputTokens": 7, "outputTokens": 3, "costUsd": None, "costSource": "UNKNOWN"}

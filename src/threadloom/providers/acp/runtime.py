@@ -41,6 +41,7 @@ from threadloom.providers.acp.requests import (
 from threadloom.providers.acp.rpc import METHOD_NOT_FOUND, AcpProcess, Oversized, PromptDone, RpcError
 from threadloom.providers.acp.sessions import SessionRecord, SessionRecords
 from threadloom.providers.acp.updates import AcpUsage, SessionUpdates, usage_of_prompt, usage_of_update
+from threadloom.providers.acp.usage import CostMeter, prompt_report
 from threadloom.providers.agent_cli import StreamRedactor, redact_event
 from threadloom.providers.contract import (
     Capabilities,
@@ -138,6 +139,7 @@ class AcpRuntime:
         self._prompts: dict[int, str] = {}  # prompt request id -> native thread
         self._requests: dict[str, Pending] = {}
         self._last_turn: dict[str, str] = {}  # native thread -> its last turn (for a trailing usage_update)
+        self._costs = CostMeter()  # each session's last cumulative cost (usage_update), for the ledger
 
     @property
     def alive(self) -> bool:
@@ -182,8 +184,10 @@ class AcpRuntime:
             update = params.get("update") or {}
             if update.get("sessionUpdate") == "usage_update":
                 turn = self._live[thread].turn or self._last_turn.get(thread)  # a trailing one: the last turn's
-                self._record_usage(thread, turn, usage_of_update(update))
-                return []
+                reported = usage_of_update(update)
+                self._record_usage(thread, turn, reported)
+                grew = self._costs.grew(thread, turn, reported) if turn is not None else None
+                return [grew] if grew is not None else []
             return self._live[thread].updates.translate(update)
         return []
 
@@ -199,10 +203,14 @@ class AcpRuntime:
             if gone is not None and not gone.done():
                 gone.set_result(None)  # the agent is done with it: the session takes a prompt again
             return []  # a prompt the driver already ended (its cancel drained out)
+        spent: list[ProviderEvent] = []
         if done.result is not None:
             usage = usage_of_prompt(done.result)
             if usage is not None:
                 self._record_usage(live.record.alias, live.turn, usage)
+                alias = live.record.alias
+                call = prompt_report(alias, live.turn, usage, self._costs.reports_cost(alias)) if live.turn else None
+                spent += [call] if call is not None else []
             self._note_message_id(live, done.result)
         if live.drain is not None:
             live.drain.cancel()
@@ -210,14 +218,14 @@ class AcpRuntime:
         cancelling, live.cancelling = live.cancelling, False
         if done.error is not None:
             if cancelling or done.error.rpc_code == REQUEST_CANCELLED:  # `$/cancel_request` ends it this way
-                return live.updates.end("interrupted")
-            return live.updates.end("failed", self._scrub(done.error.message))
+                return spent + live.updates.end("interrupted")
+            return spent + live.updates.end("failed", self._scrub(done.error.message))
         reason = str((done.result or {}).get("stopReason") or "end_turn")
         if reason == "cancelled":
-            return live.updates.end("interrupted")
+            return spent + live.updates.end("interrupted")
         if reason in STOPPED_SHORT:  # the agent gave up before the work was done: the run says why
-            return live.updates.end("failed", f"the agent stopped: {reason}")
-        return live.updates.end("completed")
+            return spent + live.updates.end("failed", f"the agent stopped: {reason}")
+        return spent + live.updates.end("completed")
 
     def _note_message_id(self, live: _Live, result: dict[str, Any]) -> None:
         """The agent's id for the turn's user message, when its answer names one (`userMessageId`, or under
