@@ -79,10 +79,13 @@ async def test_an_editor_prompts_and_sees_the_run_as_it_happens(
     editor = Editor()
     async with agent(server.url, str(client.token), editor) as conn:
         session = await conn.new_session(cwd=str(Path(home) / "src"))  # a folder inside the workspace
-        script = "@todo read; answer\n@reply hello there world\n@tool echo from-the-tool"
+        script = "@todo read; answer\n@reply hello there world\n@tool echo from-the-tool\n@usage 12 6"
         done = await conn.prompt(session_id=session.session_id, prompt=[text_block(script)])
 
     assert done.stop_reason == "end_turn"
+    # The run's tokens, as the ledger recorded the agent's one model call.
+    assert done.usage is not None
+    assert (done.usage.input_tokens, done.usage.output_tokens, done.usage.total_tokens) == (12, 6, 18)
     # The session is a thread of the project whose workspace holds cwd, with the run the prompt started.
     seen = await thread(client, session.session_id)
     assert seen["project"]["id"] == project and [r["status"] for r in seen["runs"]["nodes"]] == ["COMPLETED"]

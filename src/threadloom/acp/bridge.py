@@ -31,6 +31,7 @@ from threadloom.acp.updates import (
     QuestionAsk,
     Turn,
     history,
+    prompt_usage,
     stop_reason,
 )
 from threadloom.acp.verbs import Verbs
@@ -161,7 +162,11 @@ class Bridge:
             ended = await self.send_and_follow(session_id, session, text, {"queueAfterActive": True}, prompt=True)
         finally:
             session.prompting = False
-        return {"stopReason": ended["stopReason"]}
+        answer: dict[str, Any] = {"stopReason": ended["stopReason"]}
+        used = (await self.api.execute(q.RUN_USAGE, {"r": ended["runId"]}))["run"]
+        if used is not None:
+            answer["usage"] = prompt_usage(used["usage"])
+        return answer
 
     async def cancel(self, params: Params) -> None:
         """Stops what the session runs for the editor: the prompt's run, and queued runs it waits for."""

@@ -57,3 +57,5 @@ ROLLBACK = """mutation($t: ID!, $o: Int!, $dry: Boolean!, $token: String, $files
     preview { rolledBackRunOrdinals restorePaths deletePaths previewToken
       conflicts { path thread { id } run { ordinal } } providerSteps { strategy } }
     userErrors { code message } } }"""
+RUN_USAGE = """query($r: ID!) { run(id: $r) {
+  usage { inputTokens cachedInputTokens outputTokens reasoningTokens } } }"""

@@ -77,6 +77,19 @@ def stop_reason(run_status: str, cancel_requested: bool) -> str | None:
     return "end_turn" if run_status == "COMPLETED" else None
 
 
+def prompt_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+    """A run's token usage (docs/usage.md) as an ACP prompt answer's `usage`. Threadloom's input includes cached
+    input and its output includes reasoning, as ACP's totals do; the parts are told beside them."""
+    input_tokens, output_tokens = int(usage["inputTokens"]), int(usage["outputTokens"])
+    return {
+        "inputTokens": input_tokens,
+        "outputTokens": output_tokens,
+        "totalTokens": input_tokens + output_tokens,
+        "cachedReadTokens": int(usage["cachedInputTokens"]),
+        "thoughtTokens": int(usage["reasoningTokens"]),
+    }
+
+
 def history(messages: Iterable[Mapping[str, Any]]) -> list[Update]:
     """A loaded session's conversation, as the updates that would have shown it live."""
     kinds = {"USER": "user_message_chunk", "ASSISTANT": "agent_message_chunk"}
