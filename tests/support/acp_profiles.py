@@ -101,3 +101,56 @@ PROFILES: Final[dict[str, dict[str, Any]]] = {
         },
     },
 }
+
+# What `threadloom providers probe` prints for each agent (method -> status), checked by
+# tests/test_acp_real_agents_served.py; docs/providers.md's conformance table is generated from it.
+_ALL_WORK: Final = {
+    "session/new": "works",
+    "session/load": "works",
+    "session/resume": "works",
+    "session/list": "works",
+    "session/fork": "works",
+    "session/set_config_option": "works",
+    "_session/steering": "works",
+    "_session/rewind": "not_advertised",
+    "session/close": "works",
+}
+PROBED: Final[dict[str, dict[str, str]]] = {
+    "claude": dict(_ALL_WORK),  # its fork refuses the probe's turnless session (-32002): the method is there
+    "codex": dict(_ALL_WORK),
+    "qwen": _ALL_WORK  # its load and resume refuse a session its own process holds (-32023): they are there
+    | {m: "not_advertised" for m in ("session/fork", "_session/steering", "session/close")},
+}
+
+
+# ---- the conformance table (docs/providers.md), derived from the probe data ---------------------------------
+
+CONFORMANCE_LIFECYCLES: Final = ("conversation", "resume", "steer", "interrupt", "approval", "fork", "rollback")
+NAMES: Final = {"claude": "claude-agent-acp", "codex": "codex-acp", "qwen": "Qwen Code"}
+
+
+def probed_profile(name: str) -> Any:
+    """The `AcpProfile` the driver plans with after `threadloom providers probe` printed `PROBED[name]`."""
+    from threadloom.providers.acp.profile import AcpProfile
+
+    statuses = PROBED[name]
+    advertised = {method: status != "not_advertised" for method, status in statuses.items()}
+    probed = {method: status for method, status in statuses.items() if status != "not_advertised"}
+    return AcpProfile(PROFILES[name]["agent_name"], PROFILES[name]["version"], 1, advertised, probed)  # type: ignore[arg-type]
+
+
+def conformance(name: str) -> dict[str, str]:
+    """Per lifecycle, how Threadloom does it on agent `name` (planned from the probed profile, as the driver
+    does): `native` (the agent's own method), `fallback` (Threadloom's declared fallback), `unsupported`."""
+    profile = probed_profile(name)
+    caps = profile.capabilities()
+    resumable = profile.works("session/resume") or profile.works("session/load")
+    return {
+        "conversation": "native" if profile.works("session/new") else "unsupported",
+        "resume": "native" if resumable else "fallback",
+        "steer": "native" if caps.supports_active_steering else "fallback",
+        "interrupt": "native" if caps.supports_interrupt else "unsupported",
+        "approval": "native",  # session/request_permission comes from the agent: every ACP agent may ask
+        "fork": "native" if caps.can_fork_from_turn else "fallback",
+        "rollback": "native" if caps.can_rollback_thread else "fallback",
+    }

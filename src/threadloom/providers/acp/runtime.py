@@ -58,12 +58,12 @@ STOPPED_SHORT = frozenset({"refusal", "max_tokens", "max_turn_requests"})  # sto
 REQUEST_CANCELLED = -32800  # the error a request cancelled by `$/cancel_request` answers with
 CANCEL_REQUEST_AFTER_S = 1.0  # how long `session/cancel` alone may take before the request itself is cancelled
 # A runtime mode → the values of an agent's `mode` config option that stand for it, best first (its own name,
-# then those of claude-code-acp and codex-acp).
+# then those of claude-code-acp, codex-acp and Qwen Code).
 MODE_VALUES = {
-    "workspace_write": ["workspace_write", "acceptEdits", "auto", "default"],
+    "workspace_write": ["workspace_write", "acceptEdits", "auto", "auto-edit", "default"],
     "approval_required": ["approval_required", "default", "read-only-ask", "ask"],
     "read_only": ["read_only", "plan", "read-only"],
-    "full_access": ["full_access", "bypassPermissions", "full-access"],
+    "full_access": ["full_access", "bypassPermissions", "full-access", "yolo"],
 }
 
 
