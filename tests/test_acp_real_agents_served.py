@@ -80,6 +80,7 @@ class Agent:
     client: Client
     project: str
     workspace: Path
+    home: Path
 
     @property
     def instance(self) -> str:
@@ -133,7 +134,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(database_url: str, base: Path, fake: FakeModel) -> Iterator[ServerProcess]:
-    providers = "".join(acp_real_instance(name, fake, base / f"home-{name}") for name in AGENTS)
+    providers = "".join(acp_real_instance(name, fake, base / f"home-{name}") for name in AGENTS)  # Agent.home
     with serving(database_url, base / "data", providers_env(base, providers)) as proc:
         yield proc
 
@@ -151,7 +152,7 @@ async def agent(request: pytest.FixtureRequest, client: Client, base: Path) -> A
     workspace = base / f"ws-{name}"
     workspace.mkdir()
     made = await client.gql(CREATE_PROJECT, {"name": name, "root": str(workspace)})
-    return Agent(name, client, made["createProject"]["project"]["id"], workspace)
+    return Agent(name, client, made["createProject"]["project"]["id"], workspace, base / f"home-{name}")
 
 
 async def model_request_with(fake: FakeModel, text: str) -> dict[str, Any]:
@@ -174,18 +175,23 @@ async def running(agent: Agent, thread: str, fake: FakeModel, text: str) -> dict
     return sent
 
 
-def agent_pids(name: str) -> list[int]:
-    """The pids of the agent `name`'s main process (the adapter, or Qwen's cli.js), seen from here."""
-    script = str(MODULES / "@qwen-code" / "qwen-code" / "cli.js") if name == "qwen" else str(MODULES / ".bin" / BINS[name])
+def agent_pids(agent: Agent) -> list[int]:
+    """The pids of `agent`'s main process (the adapter, or Qwen's cli.js): a node process running its script
+    with this module's HOME for it (another test file may run the same agents at the same time)."""
+    script = str(
+        MODULES / "@qwen-code" / "qwen-code" / "cli.js" if agent.name == "qwen" else MODULES / ".bin" / BINS[agent.name]
+    )
+    home = f"HOME={agent.home}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if script.encode() in argv and argv[0].endswith(b"node"):
+        if argv[0].endswith(b"node") and script.encode() in argv and home in env:
             found.append(int(entry))
     return found
 
@@ -209,7 +215,7 @@ async def test_a_conversation_goes_on_in_a_new_agent_process_after_the_agent_is_
     second = await agent.turn(thread, f"{agent.name} second words")
     assert f"echo: {agent.name} second words" in await agent.texts(thread, second["id"])
     held = await running(agent, thread, fake, f"{agent.name} a turn the kill ends")
-    pids = agent_pids(agent.name)
+    pids = agent_pids(agent)
     assert len(pids) == 1, pids  # one agent process serves the project
     os.kill(pids[0], signal.SIGKILL)
     crashed = await finished(agent.client, held["run"]["id"], within=WITHIN)
@@ -218,7 +224,8 @@ async def test_a_conversation_goes_on_in_a_new_agent_process_after_the_agent_is_
     words = f"{agent.name} words after the kill"
     after = await agent.turn(thread, words)
     assert f"echo: {words}" in await agent.texts(thread, after["id"])
-    assert agent_pids(agent.name) not in ([], pids)  # a new process
+    again = agent_pids(agent)
+    assert len(again) == 1 and again != pids, again  # a new process
     # The new process resumed the same session: the model is sent the turns before the kill.
     body = json.dumps(await model_request_with(fake, words))
     assert f"{agent.name} first words" in body and f"{agent.name} second words" in body

@@ -6,7 +6,8 @@ Threadloom must use its declared fallback (`fallback`: restart or queue for a st
 a handoff for a fork, Threadloom's checkpoints plus a handoff for a rollback). The test checks every entry
 against the running agent: a `native` lifecycle is carried out and its effect seen at the fake model, a
 `fallback` one is shown to be missing (not advertised, and the method answers -32601). The conformance table
-in docs/providers.md ("ACP agents we test against") is this data in words.
+in docs/providers.md (its "Conformance" section) is generated from `PROBED` below
+(scripts/acp_conformance.py).
 """
 
 from __future__ import annotations

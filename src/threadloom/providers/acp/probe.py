@@ -7,8 +7,9 @@ rewind of a session with no turn). A result counts as `works`; -32601 as `unsupp
 `failed` for the methods that should have succeeded, and as `works` for the ones an agent may refuse the
 probe's own idle, turnless session (steering, rewind: nothing to steer or rewind; fork, load, resume:
 claude-agent-acp has no transcript to fork before a turn, Qwen Code will not load a session its own process
-holds open): any answer but -32601 shows the method is there, and the note says what the agent answered. The profile is stored under the agent's name and
-version, where the instance's runtimes (on every replica) read it.
+holds open): any answer but -32601 shows the method is there, and the note says what the agent answered.
+The profile is stored under the agent's name and version, where the instance's runtimes (on every replica)
+read it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,43 @@
+"""docs/providers.md's ACP conformance table is what scripts/acp_conformance.py generates from the probe data
+(tests/support/acp_profiles.py, checked against the running agents by tests/test_acp_real_agents_served.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.acp_profiles import PROBED, conformance
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "acp_conformance.py"
+
+
+def test_the_conformance_table_in_the_docs_is_the_one_the_probe_data_gives() -> None:
+    out = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_check_fails_when_a_cell_of_the_table_is_edited(tmp_path: Path) -> None:
+    """The twin: the same check on a copy of the doc with one cell changed by hand reports it stale."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import acp_conformance  # type: ignore[import-not-found]
+
+    doc = (ROOT / "docs" / "providers.md").read_text()
+    start = doc.index(acp_conformance.BEGIN)
+    edited = doc[:start] + doc[start:].replace("| fallback |", "| native |", 1)
+    assert edited != doc
+    assert acp_conformance.rendered(edited) == doc  # regenerating restores the table
+    assert acp_conformance.rendered(doc) == doc
+
+
+def test_a_method_the_probe_finds_missing_turns_its_lifecycle_into_the_fallback() -> None:
+    """The table follows the probe data: codex steers natively; with `_session/steering` found -32601 it is
+    planned as the fallback."""
+    assert conformance("codex")["steer"] == "native"
+    saved = PROBED["codex"]["_session/steering"]
+    PROBED["codex"]["_session/steering"] = "unsupported"
+    try:
+        assert conformance("codex")["steer"] == "fallback"
+    finally:
+        PROBED["codex"]["_session/steering"] = saved
