@@ -362,5 +362,9 @@ async def test_the_probe_of_each_real_agent_prints_what_its_profile_records(agen
     lines = out.stdout.splitlines()
     assert lines[0].startswith(f"agent {agent.profile['agent_name']} {agent.profile['version']} (ACP v1)"), lines
     printed = {line.split()[0]: line.split()[1] for line in lines[1:] if not line.strip().startswith("plan:")}
-    assert printed == PROBED.get(agent.name), out.stdout
+    assert printed == PROBED[agent.name], out.stdout
+    plans = dict(line.strip().removeprefix("plan: ").split(" = ", 1) for line in lines if "plan: " in line)
+    expected = conformance(agent.name)
+    for lifecycle in ("steer", "fork", "rollback"):  # the plan printed is the table's
+        assert plans[lifecycle].startswith("native") == (expected[lifecycle] == "native"), plans
     assert FAKE_KEY not in out.stdout + out.stderr

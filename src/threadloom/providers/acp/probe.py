@@ -49,7 +49,7 @@ class ProbeReport:
         caps = p.capabilities()
         plan = {
             "steer": "native" if caps.supports_active_steering else "restart (interrupt, then the turn again)",
-            "fork": "native" if caps.can_fork_thread else "new session with a handoff",
+            "fork": _fork_plan(caps.can_fork_thread, caps.can_fork_from_turn),
             "rollback": "native" if caps.can_rollback_thread else "new session from context (files: checkpoints)",
             "resume": ", then ".join(
                 [x for x in (m.SESSION_RESUME, m.SESSION_LOAD) if p.works(x)] + ["a new session with a handoff"]
@@ -57,6 +57,15 @@ class ProbeReport:
         }
         out += [f"  plan: {name} = {how}" for name, how in plan.items()]
         return out
+
+
+def _fork_plan(can_fork: bool, at_a_turn: bool) -> str:
+    """A fork is native only at a turn (`domain.forks.resolve`): `session/fork`, then the copy rewound."""
+    if at_a_turn:
+        return "native (session/fork, then _session/rewind to the run)"
+    if can_fork:
+        return "new session with a handoff (session/fork works, but without _session/rewind not at a run)"
+    return "new session with a handoff"
 
 
 async def probe_instance(config: InstanceConfig, settings: Settings) -> ProbeReport:
