@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.acp_profiles import PROBED, conformance
+from tests.support.acp_profiles import MODE_CHOSEN, PROBED, PROFILES, conformance
+from threadloom.providers.acp.runtime import mode_value
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "acp_conformance.py"
@@ -41,3 +42,11 @@ def test_a_method_the_probe_finds_missing_turns_its_lifecycle_into_the_fallback(
         assert conformance("codex")["steer"] == "fallback"
     finally:
         PROBED["codex"]["_session/steering"] = saved
+
+
+def test_each_runtime_mode_selects_the_agents_own_mode_of_that_meaning() -> None:
+    """Over the modes each real agent offers (checked against the agents by tests/test_acp_real_agents.py):
+    codex-acp's `workspace-write` and `agent-full-access`, Qwen Code's `auto-edit` and `yolo`."""
+    for name, chosen in MODE_CHOSEN.items():
+        offered = set(PROFILES[name]["modes"])
+        assert {mode: mode_value(mode, offered) for mode in chosen} == chosen, name

@@ -38,6 +38,7 @@ PROFILES: Final[dict[str, dict[str, Any]]] = {
         "capability_meta": ["authStatus", "claudeCode"],  # agentCapabilities._meta keys (claudeCode.promptQueueing)
         "approval_mode": "default",  # the `mode` config option under which ...
         "approval_asks_for": "command",  # ... a command (Bash) asks
+        "modes": ["default", "acceptEdits", "plan", "auto"],  # the values its `mode` config option offers
         "lifecycles": {
             "conversation": "native",
             "resume": "native",
@@ -69,6 +70,7 @@ PROFILES: Final[dict[str, dict[str, Any]]] = {
         "capability_meta": ["authStatus"],
         "approval_mode": "read-only",
         "approval_asks_for": "edit",  # a command runs in the read-only sandbox without asking
+        "modes": ["read-only", "workspace-write", "agent", "agent-full-access"],
         "lifecycles": {
             "conversation": "native",
             "resume": "native",
@@ -90,6 +92,7 @@ PROFILES: Final[dict[str, dict[str, Any]]] = {
         "capability_meta": ["imageCapability"],
         "approval_mode": "default",
         "approval_asks_for": "command",  # run_shell_command
+        "modes": ["plan", "default", "auto-edit", "auto", "yolo"],
         "lifecycles": {
             "conversation": "native",
             "resume": "native",
@@ -125,6 +128,17 @@ PROBED: Final[dict[str, dict[str, str]]] = {
 
 
 # ---- the conformance table (docs/providers.md), derived from the probe data ---------------------------------
+
+# The value of each agent's `mode` option a thread's runtime mode selects (None: the agent keeps its default,
+# `auto` for claude-agent-acp and Qwen Code, `agent` for codex-acp).
+MODE_CHOSEN: Final = {
+    "claude": {"workspace_write": "acceptEdits", "approval_required": "default", "read_only": "plan",
+               "full_access": None},  # no bypassPermissions offered
+    "codex": {"workspace_write": "workspace-write", "approval_required": None, "read_only": "read-only",
+              "full_access": "agent-full-access"},
+    "qwen": {"workspace_write": "auto-edit", "approval_required": "default", "read_only": "plan",
+             "full_access": "yolo"},
+}  # fmt: skip
 
 CONFORMANCE_LIFECYCLES: Final = ("conversation", "resume", "steer", "interrupt", "approval", "fork", "rollback")
 NAMES: Final = {"claude": "claude-agent-acp", "codex": "codex-acp", "qwen": "Qwen Code"}
