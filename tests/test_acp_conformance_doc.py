@@ -50,3 +50,5 @@ def test_each_runtime_mode_selects_the_agents_own_mode_of_that_meaning() -> None
     for name, chosen in MODE_CHOSEN.items():
         offered = set(PROFILES[name]["modes"])
         assert {mode: mode_value(mode, offered) for mode in chosen} == chosen, name
+    # claude-agent-acp offers bypassPermissions unless it runs as root, as Threadloom runs it (the agent user)
+    assert mode_value("full_access", {*PROFILES["claude"]["modes"], "bypassPermissions"}) == "bypassPermissions"

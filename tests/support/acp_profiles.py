@@ -133,7 +133,7 @@ PROBED: Final[dict[str, dict[str, str]]] = {
 # `auto` for claude-agent-acp and Qwen Code, `agent` for codex-acp).
 MODE_CHOSEN: Final = {
     "claude": {"workspace_write": "acceptEdits", "approval_required": "default", "read_only": "plan",
-               "full_access": None},  # no bypassPermissions offered
+               "full_access": None},  # as root (these tests) it offers no bypassPermissions; as the agent user it does
     "codex": {"workspace_write": "workspace-write", "approval_required": None, "read_only": "read-only",
               "full_access": "agent-full-access"},
     "qwen": {"workspace_write": "auto-edit", "approval_required": "default", "read_only": "plan",
