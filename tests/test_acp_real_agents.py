@@ -125,6 +125,12 @@ async def test_initialize_advertises_what_the_profile_records(live: Live) -> Non
     assert package[profile["package"]] == profile["version"]
 
 
+async def test_a_new_session_offers_the_modes_the_profile_records(live: Live) -> None:
+    made = await live.client.request("session/new", {"cwd": str(live.workspace), "mcpServers": []}, WITHIN)
+    modes = [o for o in made.get("configOptions") or [] if o.get("category") == "mode"]
+    assert [[v["value"] for v in o["options"]] for o in modes] == [live.profile["modes"]], modes
+
+
 async def test_a_conversation_of_several_turns_keeps_its_history(live: Live, fake: FakeModel) -> None:
     assert f"echo: {live.name} first words" in live.client.texts(live.session)
     for words in (f"{live.name} second words", f"{live.name} third words"):

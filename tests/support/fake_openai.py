@@ -1,5 +1,6 @@
 """The OpenAI Responses API side of the fake model (`POST /v1/responses`, SSE), for Codex (and Qwen Code, which
-speaks it too with `--auth-type openai-responses`: a `RUN:` becomes its `run_shell_command`).
+speaks it too with `--auth-type openai-responses`: a `RUN:` becomes its `run_shell_command`, a `WRITE:` its
+`write_file` when it offers no `apply_patch`).
 
 Codex resends the whole conversation on every request. The reply is decided by
 `Script.of(last user text, tool output)`: the tool output when the last input item is a
@@ -167,6 +168,10 @@ def _script(body: dict[str, Any]) -> Script:
     return Script.of(last_user_text(body), output)
 
 
+def _offers(body: dict[str, Any], tool: str) -> bool:
+    return any(isinstance(t, dict) and t.get("name") == tool for t in body.get("tools") or [])
+
+
 def _patch(path: str, text: str) -> str:
     return f"*** Begin Patch\n*** Add File: {path}\n+{text}\n*** End Patch\n"
 
@@ -195,6 +200,16 @@ async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = No
             "call_id": f"call_{n}",
             "name": name,
             "arguments": orjson.dumps(arguments).decode(),
+            "status": "completed",
+        }
+        output.append(item)
+    elif script.action == "write" and _offers(body, "write_file") and not _offers(body, "apply_patch"):
+        item = {  # Qwen Code's own file tool (absolute paths only)
+            "type": "function_call",
+            "id": f"fc_{n}",
+            "call_id": f"call_{n}",
+            "name": "write_file",
+            "arguments": orjson.dumps({"file_path": script.arg, "content": script.text + "\n"}).decode(),
             "status": "completed",
         }
         output.append(item)

@@ -4,9 +4,12 @@ Agents advertise methods they do not implement, so the profile the engine plans 
 scratch workspace (a new session, nothing prompted), each advertised method is called on targets that
 cannot lose anything (the probe's own sessions, a config option set to its current value, a steer or a
 rewind of a session with no turn). A result counts as `works`; -32601 as `unsupported`; any other error as
-`failed` for the methods that should have succeeded, and as `works` for the ones expected to refuse an
-idle session (steering, rewind: the method is there). The profile is stored under the agent's name and
-version, where the instance's runtimes (on every replica) read it.
+`failed` for the methods that should have succeeded, and as `works` for the ones an agent may refuse the
+probe's own idle, turnless session (steering, rewind: nothing to steer or rewind; fork, load, resume:
+claude-agent-acp has no transcript to fork before a turn, Qwen Code will not load a session its own process
+holds open): any answer but -32601 shows the method is there, and the note says what the agent answered.
+The profile is stored under the agent's name and version, where the instance's runtimes (on every replica)
+read it.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from threadloom.providers.contract import ProviderError, SessionScope
 from threadloom.providers.registry import InstanceConfig, build_driver
 
 PROBE_WAIT_S = 30.0
-# Methods a probe expects to refuse (an idle session): any answer but -32601 shows the method is there.
-REFUSALS_EXPECTED = frozenset({m.STEERING, m.REWIND})
+# Methods an agent may refuse the probe's idle session: any answer but -32601 shows the method is there.
+REFUSALS_EXPECTED = frozenset({m.STEERING, m.REWIND, m.SESSION_FORK, m.SESSION_LOAD, m.SESSION_RESUME})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,7 +49,7 @@ class ProbeReport:
         caps = p.capabilities()
         plan = {
             "steer": "native" if caps.supports_active_steering else "restart (interrupt, then the turn again)",
-            "fork": "native" if caps.can_fork_thread else "new session with a handoff",
+            "fork": _fork_plan(caps.can_fork_thread, caps.can_fork_from_turn),
             "rollback": "native" if caps.can_rollback_thread else "new session from context (files: checkpoints)",
             "resume": ", then ".join(
                 [x for x in (m.SESSION_RESUME, m.SESSION_LOAD) if p.works(x)] + ["a new session with a handoff"]
@@ -54,6 +57,15 @@ class ProbeReport:
         }
         out += [f"  plan: {name} = {how}" for name, how in plan.items()]
         return out
+
+
+def _fork_plan(can_fork: bool, at_a_turn: bool) -> str:
+    """A fork is native only at a turn (`domain.forks.resolve`): `session/fork`, then the copy rewound."""
+    if at_a_turn:
+        return "native (session/fork, then _session/rewind to the run)"
+    if can_fork:
+        return "new session with a handoff (session/fork works, but without _session/rewind not at a run)"
+    return "new session with a handoff"
 
 
 async def probe_instance(config: InstanceConfig, settings: Settings) -> ProbeReport:
@@ -102,7 +114,7 @@ async def _try_all(
             if error.rpc_code == METHOD_NOT_FOUND:
                 statuses[method], notes[method] = "unsupported", "advertised, but answered -32601"
             elif method in REFUSALS_EXPECTED:
-                statuses[method], notes[method] = "works", f"refused an idle session: {error.message}"
+                statuses[method], notes[method] = "works", f"refused an idle session: {error.rpc_code} {error.message}"
             else:
                 statuses[method], notes[method] = "failed", f"error {error.rpc_code}: {error.message}"
             return None

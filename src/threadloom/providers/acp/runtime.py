@@ -58,14 +58,23 @@ HIDDEN_SESSION = "<acp session>"
 STOPPED_SHORT = frozenset({"refusal", "max_tokens", "max_turn_requests"})  # stop reasons that fail the turn
 REQUEST_CANCELLED = -32800  # the error a request cancelled by `$/cancel_request` answers with
 CANCEL_REQUEST_AFTER_S = 1.0  # how long `session/cancel` alone may take before the request itself is cancelled
-# A runtime mode → the values of an agent's `mode` config option that stand for it, best first (its own name,
-# then those of claude-code-acp and codex-acp).
+# A runtime mode → the values of an agent's `mode` config option that stand for it, best first: its own name,
+# then those of claude-agent-acp (`acceptEdits`, `default`, `plan`, `bypassPermissions`), codex-acp 2.x
+# (`workspace-write`, `read-only`, `agent-full-access`; the Rust 0.x: `auto`, `full-access`) and Qwen Code
+# (`auto-edit`, `default`, `plan`, `yolo`). codex-acp has no mode that asks before every command: an
+# approval_required thread keeps its default mode (`agent`: asks for what it finds unsafe).
 MODE_VALUES = {
-    "workspace_write": ["workspace_write", "acceptEdits", "auto", "default"],
+    "workspace_write": ["workspace_write", "workspace-write", "acceptEdits", "auto-edit", "auto", "default"],
     "approval_required": ["approval_required", "default", "read-only-ask", "ask"],
     "read_only": ["read_only", "plan", "read-only"],
-    "full_access": ["full_access", "bypassPermissions", "full-access"],
+    "full_access": ["full_access", "bypassPermissions", "agent-full-access", "full-access", "yolo"],
 }
+
+
+def mode_value(runtime_mode: str, offered: set[str]) -> str | None:
+    """The value of an agent's `mode` option standing for `runtime_mode` among those it `offered` (any of
+    ours when it lists none), or None: the agent keeps its own."""
+    return next((v for v in MODE_VALUES.get(runtime_mode, []) if v in offered or not offered), None)
 
 
 class Scrubber:
@@ -312,7 +321,7 @@ class AcpRuntime:
         if not isinstance(options, list):
             return
         settings = live.settings
-        wanted = {"model": [settings.model or self.model or ""], "mode": MODE_VALUES.get(settings.runtime_mode, [])}
+        wanted = {"model": [settings.model or self.model or ""], "mode": []}
         for option in options:
             if not isinstance(option, dict):
                 continue
@@ -320,7 +329,10 @@ class AcpRuntime:
             if category not in wanted or option.get("type", "select") != "select":
                 continue
             offered = {str(o.get("value")) for o in option.get("options") or [] if isinstance(o, dict)}
-            value = next((v for v in wanted[str(category)] if v and (v in offered or not offered)), None)
+            if category == "mode":
+                value = mode_value(settings.runtime_mode, offered)
+            else:
+                value = next((v for v in wanted["model"] if v and (v in offered or not offered)), None)
             if value is None or option.get("currentValue") == value:
                 continue
             params = {"sessionId": live.record.session_id, "configId": option.get("id"), "value": value}
