@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,6 +44,8 @@ def _immediate(event: ev.ProviderEvent) -> bool:
         return True
     if isinstance(event, ev.ItemStarted | ev.ItemCompleted):
         return event.kind == "subagent"
+    if isinstance(event, ev.UsageReported):
+        return True  # a model call: budgets are checked right after it is recorded
     return isinstance(event, ev.TurnCompleted)  # a child turn's end (the run's own end goes with the run)
 
 
@@ -103,9 +106,11 @@ class Ingestor:
         on_exit: Callable[[LiveSession, str], Any],
         checkpoints: Checkpoints | None = None,
         pricing: Pricing | None = None,
+        on_usage: Callable[[uuid.UUID, uuid.UUID], Awaitable[None]] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.pricing = pricing  # how the instance's model calls are priced (domain.usage)
+        self.on_usage = on_usage  # after a model call is recorded: the budgets' check (engine.budgets)
         self.session = session
         self.finish = finish
         self.on_exit = on_exit
@@ -236,6 +241,8 @@ class Ingestor:
             await self._write(pending)
             await self._scope_step(binding, event)
             await self._release_unanswerable()
+            if isinstance(event, ev.UsageReported) and self.on_usage is not None:
+                await self._guarded(self.on_usage(binding.thread_id, binding.run_id))
 
     async def _release_unanswerable(self) -> None:
         while self.unanswerable:  # release the provider: it asked something nobody can answer here

@@ -28,6 +28,7 @@ from threadloom.domain.retries import DEFAULT_RECOVERY, RetryPolicy
 from threadloom.domain.statuses import RunStatus
 from threadloom.domain.threads import WORKSPACES_DIR
 from threadloom.domain.usage import Pricing, parse_prices
+from threadloom.engine.budgets import Budgets
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.clock import Clock
@@ -80,6 +81,7 @@ class Services:
     retries: RunRetries = dataclasses.field(init=False)  # retryRun
     project_admin: ProjectAdmin = dataclasses.field(init=False)  # updateProject, archive/unarchiveProject
     tokens: TokenAdmin = dataclasses.field(init=False)  # tokens, createToken, revokeToken
+    budgets: Budgets = dataclasses.field(init=False)  # setBudget, clearBudget, and their checks
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
@@ -193,13 +195,27 @@ class Services:
         services.project_admin = project_admin
         services.tokens = TokenAdmin(pipeline)
 
+        def knows_cost(instance: str, model: str | None) -> bool:
+            """A call's cost can be known: the agent reports it, or the instance prices the model."""
+            driver, pricing = drivers.get(instance), pricings.get(instance)
+            if driver is not None and driver.capabilities().reports_cost:
+                return True
+            named = model or (pricing.default_model if pricing else None)
+            return pricing is not None and named is not None and named in pricing.prices
+
+        budgets = services.budgets = Budgets(pipeline, run_engine, interruption, knows_cost)
+        run_engine.turns.gate = budgets.gate
+        requests.budgets = budgets
+
         async def wake(committed: Committed) -> None:
             if committed.effects:
                 effects.wake()
 
         async def open_ingest(session: LiveSession) -> None:
             pricing = pricings.get(session.instance_id)
-            ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints, pricing)
+            ingestor = Ingestor(
+                pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints, pricing, budgets.after_usage
+            )
             with tracing.detached():  # the session outlives the request that opened it
                 session.task = asyncio.create_task(ingestor.run(), name=f"ingest-{session.instance_id}")
 

@@ -113,7 +113,7 @@ MODE_POLICIES: dict[str, tuple[str, str]] = {
     "full_access": ("never", ":danger-full-access"),
 }
 
-CAPABILITIES = Capabilities.every(pending_requests_survive_restart=False)
+CAPABILITIES = Capabilities.every(pending_requests_survive_restart=False, reports_cost=False)  # tokens only
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -30,6 +30,7 @@ class Capabilities:
     supports_subagents: bool = False
     pending_requests_survive_restart: bool = False
     supports_empty_thread_creation: bool = True
+    reports_cost: bool = False  # the agent reports what its model calls cost (else only a price table knows)
 
     @classmethod
     def every(cls, **lacking: bool) -> Capabilities:
