@@ -308,3 +308,59 @@ async def test_another_projects_token_can_neither_see_nor_set_budgets(
     assert (await client.gql(CLEAR, {"b": budget["id"]}, token=admin))["clearBudget"]["userErrors"] == []
     listed = (await client.gql(PROJECT_BUDGETS, {"p": mine}, token=admin))["project"]["budgets"]
     assert [b["window"] for b in listed] == ["TOTAL"]
+
+
+async def test_a_restart_mid_run_counts_each_call_once_against_the_budget(pg: PgServer, tmp_path: Path) -> None:
+    """The server is killed (-9) while a run that made a $0.60 call holds at a gate; after the restart the
+    budget has spent that call once: $0.35 more stays under the $1 budget, $0.10 after that crosses it."""
+    database_url = await pg.fresh()
+    (tmp_path / "data").mkdir()
+    env = providers_env(tmp_path, PROVIDERS)
+    first = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    second: ServerProcess | None = None
+    assert first.admin_token is not None
+    client = Client(first.url, first.admin_token)
+    try:
+        project, _ = await _project(client, tmp_path, "restart")
+        thread = await _thread(client, project)
+        budget = (await _set(client, threadId=thread, maxCostUsd=1.0, window="TOTAL", action="STOP"))["budget"]
+        # A command before the gate: the lost turn did something, so recovery fails the run rather than
+        # running its script (and its call) again.
+        sent = await send(client, thread, "@usage 10 10 0.6\n@tool true\n@await gate-restart\n@reply never")
+
+        async def ran() -> bool:
+            state = await _state(client, thread)
+            return bool(_kinds(state, "tool.completed")) and state["budgets"][0]["spent"]["calls"] == 1
+
+        await until(ran)
+        first.kill()
+        second = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+        await client.aclose()
+        client = Client(second.url, first.admin_token)
+        assert (await finished(client, sent["run"]["id"]))["status"] == "FAILED"
+        state = await _state(client, thread)
+        [shown] = state["budgets"]
+        assert (shown["id"], shown["spent"]["calls"], shown["spent"]["costUsd"], shown["exceeded"]) == (
+            budget["id"],
+            1,
+            0.6,
+            False,
+        )
+        assert _kinds(state, "budget.exceeded") == []
+        assert (await client.gql(RESUME, {"t": thread}))["resumeQueue"]["userErrors"] == []  # held by the failure
+        under = await send(client, thread, "@usage 10 10 0.35\n@reply under")
+        assert (await finished(client, under["run"]["id"]))["status"] == "COMPLETED"
+        assert (await _state(client, thread))["queueHeld"] is False  # $0.95: not past $1
+        over = await send(client, thread, "@usage 10 10 0.1\n@reply over")
+        await finished(client, over["run"]["id"])
+        await until(lambda: _held(client, thread))
+        state = await _state(client, thread)
+        assert state["queueHoldReason"] == "BUDGET_EXCEEDED"
+        [note] = _kinds(state, "budget.exceeded")
+        assert note["payload"]["spentCostUsd"] == pytest.approx(1.05)
+    finally:
+        await client.aclose()
+        for server in (first, second):
+            if server is not None:
+                server.stop()
+                print("\n".join(server.log[-40:]))
