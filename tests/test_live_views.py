@@ -164,9 +164,14 @@ async def test_execution_graph_starts_with_the_whole_graph_then_each_change_and_
         changes = await take(ws, op, lambda i: i["nodeId"] == root and i["status"] == "COMPLETED")
     finally:
         await ws.close()
-    assert {i["type"] for i in changes} == {"CHANGE"}
+    # CHANGE items, and a USAGE item for each model call recorded (docs/usage.md): the root's and the subagent's
+    assert {i["type"] for i in changes} == {"CHANGE", "USAGE"}
+    usage_rows = {
+        r["sequence"] for r in await log(database_url, run_id=uid(run_id)) if r["entity_type"] == "usage_record"
+    }
+    assert {i["sequence"] for i in changes if i["type"] == "USAGE"} == usage_rows
     held: dict[str, dict[str, Any]] = {i["nodeId"]: drawing(i) for i in snapshot[:-1]}
-    for item in changes:
+    for item in (i for i in changes if i["type"] == "CHANGE"):
         assert held.get(item["nodeId"]) != drawing(item), f"an item that changes nothing: {item}"
         held[item["nodeId"]] = drawing(item)
     assert held == final  # every node, each as it ended: nothing missed
@@ -175,7 +180,7 @@ async def test_execution_graph_starts_with_the_whole_graph_then_each_change_and_
     node_rows = {
         r["sequence"] for r in await log(database_url, run_id=uid(run_id)) if r["entity_type"] == "execution_node"
     }
-    assert {i["sequence"] for i in changes} <= node_rows
+    assert {i["sequence"] for i in changes if i["type"] == "CHANGE"} <= node_rows
     # Resumed after any item: exactly the changes that followed it, then the marker.
     cut = changes[len(changes) // 2]["sequence"]
     again = await WsClient.connect(server.url, client.token)
@@ -226,7 +231,10 @@ async def test_run_status_by_run_alone_and_streams_by_run_resume_by_cursor_exact
     assert all(i["runId"] == run_id for i in events)
     assert [i for i in whole if i["runId"] == run_id] == events  # the same items, cursors included
     assert 0 < len(replayed) - 1 < len(rows)  # its start replayed, its end live
-    assert [s["status"] for s in statuses][-1] == "COMPLETED" and "RUNNING" not in [s["status"] for s in statuses]
+    # The status as it changed; a RUNNING item after the first is a model call recorded (its usage grew)
+    usage_rows = {r["sequence"] for r in rows if r["entity_type"] == "usage_record"}
+    assert [s["status"] for s in statuses if s["sequence"] not in usage_rows] == ["COMPLETED"]
+    assert {s["sequence"] for s in statuses if s["status"] == "RUNNING"} <= usage_rows
     assert [uid(a["id"]) for a in activities] == [r["entity_id"] for r in activity_rows]
     # Resumed by cursor (a ThreadEvent's, an Activity's id): exactly what followed it.
     k = len(events) // 2

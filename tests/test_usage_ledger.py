@@ -20,6 +20,8 @@ from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess, providers_env, serving
 from tests.support.waiting import until
 from tests.support.ws import WsClient
+from tests.test_metrics import scrape, value
+from threadloom.api import ids as gid
 
 PROVIDERS = """
 [instances.priced]
@@ -134,6 +136,14 @@ async def test_usage_calls_are_recorded_on_their_attempt_and_node_and_roll_up(
     assert subagent["usage"] == _usage(1, 7, 3, 0.000013, "PRICED")
     assert (await client.gql(THREAD_USAGE, {"id": thread}))["thread"]["usage"] == whole
     assert (await client.gql(PROJECT_USAGE, {"id": project}))["project"]["usage"] == whole
+
+
+async def test_a_call_reported_twice_is_recorded_once(client: Client, tmp_path_factory: pytest.TempPathFactory) -> None:
+    project = await _project(client, tmp_path_factory.mktemp("twice"), "twice")
+    thread = await _thread(client, project)
+    run = await _completed(client, thread, "@usage 4 4 0.4\n@usage-again\n@usage 1 1 0.1")
+    assert run["usage"] == _usage(2, 5, 5, 0.5, "REPORTED")
+    assert len(run["usageRecords"]) == 2
 
 
 async def test_an_unknown_cost_stays_unknown_through_every_roll_up(
@@ -302,3 +312,22 @@ async def test_run_status_and_the_graph_carry_growing_usage(
         return (await client.gql(RUN, {"id": run_id}))["run"]["usage"]["calls"] == 2
 
     await until(recorded)
+
+
+async def test_metrics_count_tokens_and_cost_by_project_and_instance(
+    client: Client, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    project = await _project(client, tmp_path_factory.mktemp("metrics"), "metrics")
+    thread = await _thread(client, project)
+    await _completed(client, thread, "@usage 7 3 0.5\n@usage 100 10")
+    samples = await scrape(client)
+    label = str(gid.decode_as(project, "Project", "projectId"))
+
+    def counted(name: str, **labels: str) -> float:
+        return value(samples, name, project=label, instance="priced", **labels)
+
+    assert counted("threadloom_usage_tokens_total", kind="input") == 107
+    assert counted("threadloom_usage_tokens_total", kind="output") == 13
+    assert counted("threadloom_usage_cost_usd_total") == pytest.approx(0.5 + 0.00012)
+    assert counted("threadloom_usage_records_total", cost_source="reported") == 1
+    assert counted("threadloom_usage_records_total", cost_source="priced") == 1

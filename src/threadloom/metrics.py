@@ -8,6 +8,9 @@ objects of the API (runs by status, outbox backlog, open sockets …) are not ke
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from prometheus_client import Counter, Histogram
 
 # Operation names come from clients: past this many distinct names, new ones count as "other",
@@ -53,6 +56,45 @@ IO_IN_TRANSACTION = Counter(
     "git or agent calls made while a database write transaction was open (threadloom.io_guard), by kind.",
     ["kind"],
 )
+
+# Usage the agents reported (docs/usage.md), counted after each commit that records it.
+USAGE_TOKENS = Counter(
+    "threadloom_usage_tokens",
+    "Tokens of the model calls agents reported, by project, provider instance and kind: input (every input "
+    "token), cached_input and cache_write (parts of input), output (every output token), reasoning (part of "
+    "output).",
+    ["project", "instance", "kind"],
+)
+USAGE_COST = Counter(
+    "threadloom_usage_cost_usd",
+    "USD of the recorded model calls whose cost is known (REPORTED or PRICED), by project and provider instance.",
+    ["project", "instance"],
+)
+USAGE_RECORDS = Counter(
+    "threadloom_usage_records",
+    "Usage records written (a call, or a query's reported cost), by project, provider instance and cost source.",
+    ["project", "instance", "cost_source"],
+)
+_KINDS = (
+    ("input", "input_tokens"),
+    ("cached_input", "cached_input_tokens"),
+    ("cache_write", "cache_write_tokens"),
+    ("output", "output_tokens"),
+    ("reasoning", "reasoning_tokens"),
+)
+
+
+def usage(project: str, records: Iterable[Any]) -> None:
+    """Count usage records (`domain.entities.UsageRecord`) of a project, once each, after their commit."""
+    for record in records:
+        instance = record.provider_instance_id
+        for kind, field in _KINDS:
+            value = getattr(record, field)
+            if value:
+                USAGE_TOKENS.labels(project, instance, kind).inc(value)
+        if record.cost_nano_usd is not None:
+            USAGE_COST.labels(project, instance).inc(record.cost_nano_usd / 1e9)
+        USAGE_RECORDS.labels(project, instance, str(record.cost_source)).inc()
 
 
 def operation_label(name: object) -> str:

@@ -162,8 +162,13 @@ def plan(body: dict[str, Any]) -> tuple[Script, list[dict[str, Any]]]:
     return script, [{"type": "text", "text": script.text}]
 
 
-def _usage() -> dict[str, int]:
-    return {"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+# Every reply's `usage`, as the Messages API reports it: `input_tokens` leaves out the cache's reads and writes,
+# and a stream's `message_start` carries the output so far (1) while `message_delta` carries the final count.
+USAGE = {"input_tokens": 12, "cache_creation_input_tokens": 30, "cache_read_input_tokens": 200, "output_tokens": 7}
+
+
+def _usage(final: bool = True) -> dict[str, int]:
+    return {**USAGE, "output_tokens": USAGE["output_tokens"] if final else 1}
 
 
 async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = None) -> AsyncIterator[bytes]:
@@ -184,7 +189,7 @@ async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = No
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": _usage(),
+                "usage": _usage(final=False),
             },
         },
     )
@@ -220,7 +225,7 @@ async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = No
         {
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-            "usage": {"output_tokens": 5},
+            "usage": {"output_tokens": USAGE["output_tokens"]},
         },
     )
     yield sse("message_stop", {"type": "message_stop"})

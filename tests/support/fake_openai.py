@@ -77,6 +77,16 @@ def error_body(status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
+# Every response's `usage`, in the Responses API's shape: input counts the cached tokens, output the reasoning ones.
+USAGE = {
+    "input_tokens": 120,
+    "input_tokens_details": {"cached_tokens": 80},
+    "output_tokens": 30,
+    "output_tokens_details": {"reasoning_tokens": 12},
+    "total_tokens": 150,
+}
+
+
 def _event(kind: str, **data: Any) -> bytes:
     return sse(kind, {"type": kind, **data})
 
@@ -170,13 +180,7 @@ async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = No
         if item["type"] != "message":
             yield _event("response.output_item.added", output_index=index, item=item)
         yield _event("response.output_item.done", output_index=index, item=item)
-    usage = {
-        "input_tokens": 10,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": 5,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": 15,
-    }
+    usage = USAGE
     yield _event(
         "response.completed", response={"id": response_id, "status": "completed", "output": output, "usage": usage}
     )

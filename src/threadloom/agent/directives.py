@@ -84,6 +84,12 @@ class Usage:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class UsageAgain:
+    """`@usage-again`: the turn's last usage report sent once more, as it was (same call): a provider that
+    reports a call twice, which must still be one call in the ledger."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Fail:
     message: str
 
@@ -107,6 +113,7 @@ Directive = (
     | Subagent
     | Recall
     | Usage
+    | UsageAgain
     | Fail
     | Crash
 )
@@ -197,6 +204,10 @@ def _directive(name: str, arg: str) -> Directive:
             return Recall()
         case "usage":
             return usage(arg)
+        case "usage-again":
+            if arg:
+                raise DirectiveError(f"@usage-again takes no argument, got {arg!r}")
+            return UsageAgain()
         case "fail":
             return Fail(arg or "failed")
         case "crash":

@@ -35,6 +35,7 @@ from threadloom.agent.directives import (
     Todo,
     Tool,
     Usage,
+    UsageAgain,
     Write,
     chunks,
     parse,
@@ -118,6 +119,7 @@ class Turn:
         self._interrupted = False
         self._calls: dict[str, int] = {}  # model calls reported, by turn id (the subagents' own turns too)
         self._totals: dict[str, tuple[int, int]] = {}  # their input and output token sums, by turn id
+        self._last_usage: Message | None = None  # the last report's params, for `@usage-again`
         try:
             self._planned.extend(parse(text))
         except DirectiveError as exc:
@@ -224,6 +226,10 @@ class Turn:
                 await self._reply(self.id, self._recall())
             case Usage():
                 await self._usage(self.id, directive)
+            case UsageAgain():
+                if self._last_usage is None:
+                    raise TurnFailed("@usage-again: no usage reported yet in this turn")
+                await self._send("thread/tokenUsage/updated", self._last_usage)
             case Fail(message):
                 raise TurnFailed(message)
             case Crash(once):
@@ -243,7 +249,8 @@ class Turn:
         params["callId"] = f"{turn_id}/{number}"
         if call.cost_usd is not None:
             params["costUsd"] = call.cost_usd
-        await self._notify("thread/tokenUsage/updated", turn_id, **params)
+        self._last_usage = {"threadId": self.thread_id, "turnId": turn_id, **params}
+        await self._send("thread/tokenUsage/updated", self._last_usage)
 
     async def _await_file(self, path: str) -> None:
         """Holds the turn until `path` exists inside the cwd (a test's gate), failing it after AWAIT_BOUND_S.

@@ -103,12 +103,19 @@ def parse_prices(raw: Any) -> dict[str, Price]:
 
 
 def cost_of(
-    figures: Figures, reported_usd: float | None, model: str | None, prices: PriceTable
+    figures: Figures,
+    reported_usd: float | None,
+    model: str | None,
+    prices: PriceTable,
+    in_turn_total: bool = False,
 ) -> tuple[int | None, CostSource]:
     """A call's cost and where it comes from: the provider's own figure wins, then the price table's row for
-    its model; neither is UNKNOWN (None, never 0)."""
+    its model; neither is UNKNOWN (None, never 0). A call whose cost the provider reports with its turn's
+    total (`in_turn_total`) is REPORTED with no figure of its own: the turn's record carries it."""
     if reported_usd is not None:
         return usd_to_nano(reported_usd), CostSource.REPORTED
+    if in_turn_total:
+        return None, CostSource.REPORTED
     price = prices.get(model) if model is not None else None
     if price is not None:
         return price.cost_nano(figures), CostSource.PRICED
@@ -135,8 +142,9 @@ def record(
     prices: PriceTable,
     now: datetime,
     record_id: uuid.UUID,
+    in_turn_total: bool = False,
 ) -> UsageRecord:
-    nano, source = cost_of(figures, reported_usd, model, prices)
+    nano, source = cost_of(figures, reported_usd, model, prices, in_turn_total)
     return UsageRecord(
         id=record_id,
         thread_id=call.thread_id,
@@ -160,7 +168,8 @@ def record(
 @dataclasses.dataclass(frozen=True, slots=True)
 class Totals:
     """A sum of usage records (`store.usage` adds them in SQL): tokens by kind, the known costs' sum, and how
-    many records were priced by us or had no cost at all."""
+    many records were priced by us or had no cost at all. A call REPORTED as part of its turn's total counts as
+    unknown unless that total's record is in the same sum (an attempt's calls without it: `store.usage`)."""
 
     calls: int = 0
     input_tokens: int = 0
@@ -171,11 +180,13 @@ class Totals:
     known_cost_nano: int = 0
     priced: int = 0
     unknown: int = 0
+    records: int = 0  # the calls, and the records carrying only a turn's cost (no tokens)
 
     @property
     def cost_source(self) -> CostSource | None:
-        """UNKNOWN if any record's cost is; else PRICED if any was priced by us; else REPORTED; None: no calls."""
-        if self.calls == 0:
+        """UNKNOWN if any record's cost is; else PRICED if any was priced by us; else REPORTED; None: no
+        records."""
+        if self.records == 0:
             return None
         if self.unknown:
             return CostSource.UNKNOWN
@@ -183,7 +194,7 @@ class Totals:
 
     @property
     def cost_nano(self) -> int | None:
-        """The cost in billionths of a dollar; None when any part is unknown (0 only for no calls at all)."""
+        """The cost in billionths of a dollar; None when any part is unknown (0 only for no records at all)."""
         return None if self.unknown else self.known_cost_nano
 
     @property

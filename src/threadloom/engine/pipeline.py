@@ -22,7 +22,7 @@ import orjson
 
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome, Valued
-from threadloom.domain.entities import AppThread
+from threadloom.domain.entities import AppThread, UsageRecord
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
 from threadloom.domain.rollback_ops import refuse_while_rolling_back
 from threadloom.domain.statuses import TokenScope
@@ -102,6 +102,9 @@ class Committed:
     project_id: uuid.UUID | None
     sequences: list[int]
     effects: int
+    # The model calls the transaction recorded (docs/usage.md): counted for /metrics after the commit, and
+    # where a listener learns that usage arrived.
+    usage: tuple[UsageRecord, ...] = ()
 
 
 @dataclasses.dataclass(slots=True)
@@ -110,9 +113,14 @@ class _Earlier:
 
     sequences: list[int] = dataclasses.field(default_factory=list)
     effects: int = 0
+    usage: list[UsageRecord] = dataclasses.field(default_factory=list)
 
 
 CommitListener = Callable[[Committed], Awaitable[None]]
+
+
+def _usage_of(outcome: Outcome) -> list[UsageRecord]:
+    return [c.entity for c in outcome.changes if isinstance(c.entity, UsageRecord)]
 
 
 def fingerprint(command_type: str, data: dict[str, Any]) -> str:
@@ -242,7 +250,8 @@ class Pipeline:
         if earlier is not None:
             sequences = [*earlier.sequences, *sequences]
         effects = len(outcome.effects) + (earlier.effects if earlier is not None else 0)
-        committed = Committed(thread_id, project_id, sequences, effects)
+        usage = (*(earlier.usage if earlier is not None else ()), *_usage_of(outcome))
+        committed = Committed(thread_id, project_id, sequences, effects, usage)
         for listener in self.listeners:
             await listener(committed)
         return outcome
@@ -256,6 +265,7 @@ class Pipeline:
             db, outcome.changes, project_id=project_id, command_id=None, now=now, effects=rows
         )
         earlier.effects += len(outcome.effects)
+        earlier.usage += _usage_of(outcome)
         if any(isinstance(c.entity, AppThread) for c in outcome.changes):
             thread = await thread_store.get_thread(db, thread.id) or thread
         return thread

@@ -332,7 +332,15 @@ async def _usage(b: Batch, binding: TurnBinding, event: ev.UsageReported, now: A
         provider_instance_id=run.provider_instance_id,
     )
     found = usage_rules.record(
-        call, event.call_ref, event.figures, model, event.cost_usd, b.pricing.prices, now, new_id()
+        call,
+        event.call_ref,
+        event.figures,
+        model,
+        event.cost_usd,
+        b.pricing.prices,
+        now,
+        new_id(),
+        in_turn_total=event.cost_in_turn_total,
     )
     b.put(EventVerb.CREATED, found, node_id=found.node_id)
 

@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from threadloom import tracing, unprivileged
+from threadloom import metrics, tracing, unprivileged
 from threadloom.checkpoints.store import CHECKPOINTS_DIR
 from threadloom.config import Settings
 from threadloom.domain import checkpoints as checkpoint_rules
@@ -210,6 +210,8 @@ class Services:
         async def wake(committed: Committed) -> None:
             if committed.effects:
                 effects.wake()
+            if committed.usage and committed.project_id is not None:
+                metrics.usage(str(committed.project_id), committed.usage)
 
         async def open_ingest(session: LiveSession) -> None:
             pricing = pricings.get(session.instance_id)

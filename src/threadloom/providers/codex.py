@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -74,6 +75,7 @@ from threadloom.providers.contract import (
     RuntimeExited,
     SessionScope,
     ThreadSettings,
+    UsageReported,
     Warning,
 )
 from threadloom.providers.jsonlines import JsonLinesProcess
@@ -198,6 +200,8 @@ class CodexRuntime:
                 log.exception("codex: could not translate %s", message.get("method"))
                 events = [Warning(str((message.get("params") or {}).get("threadId") or "") or None, "unreadable event")]
             for event in events:
+                if isinstance(event, UsageReported) and event.model is None:  # Codex names no model: ours
+                    event = dataclasses.replace(event, model=self._models.get(event.native_thread))
                 for cleaned in self._redactor.events(event):
                     yield cleaned
         for event in self._translator.close_all("interrupted"):

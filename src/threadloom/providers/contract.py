@@ -170,12 +170,17 @@ class UsageReported(_InTurn):
     (a subagent's own turn for a subagent's call). `call_ref` names the call within the native thread, stable
     across restarts, so a call reported again is recorded once. `cost_usd` is the provider's own figure;
     None: it gave none (the engine prices it from the instance's table, or it stays unknown). `model` None:
-    the run's model."""
+    the run's model.
+
+    `cost_in_turn_total`: the provider reports no cost per call but one for its whole turn (Claude Code), and
+    will send it as a later report with `cost_usd` set: this call's cost is part of that (recorded as REPORTED
+    with no figure of its own; docs/usage.md)."""
 
     call_ref: str
     figures: Figures
     model: str | None = None
     cost_usd: float | None = None
+    cost_in_turn_total: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

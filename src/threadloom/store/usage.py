@@ -23,7 +23,9 @@ import sqlalchemy as sa
 from threadloom.domain.usage import Totals
 from threadloom.store.db import Reader
 
-_SUMS = """count(*) AS calls,
+# Per (key, attempt): its records' sums, and whether it holds calls whose cost is in a turn's total
+# (REPORTED without a figure) but not that total (a REPORTED figure): then that part of its cost is unknown.
+_INNER = """count(*) FILTER (WHERE u.input_tokens + u.output_tokens > 0) AS calls,
     coalesce(sum(u.input_tokens), 0) AS input_tokens,
     coalesce(sum(u.cached_input_tokens), 0) AS cached_input_tokens,
     coalesce(sum(u.cache_write_tokens), 0) AS cache_write_tokens,
@@ -31,7 +33,13 @@ _SUMS = """count(*) AS calls,
     coalesce(sum(u.reasoning_tokens), 0) AS reasoning_tokens,
     coalesce(sum(u.cost_nano_usd), 0) AS known_cost_nano,
     count(*) FILTER (WHERE u.cost_source = 'priced') AS priced,
-    count(*) FILTER (WHERE u.cost_source = 'unknown') AS unknown"""
+    count(*) FILTER (WHERE u.cost_source = 'unknown') AS unknown,
+    count(*) FILTER (WHERE u.cost_source = 'reported' AND u.cost_nano_usd IS NULL) AS in_total,
+    count(*) FILTER (WHERE u.cost_source = 'reported' AND u.cost_nano_usd IS NOT NULL) AS totals,
+    count(*) AS records"""
+_OUTER = """sum(g.calls), sum(g.input_tokens), sum(g.cached_input_tokens), sum(g.cache_write_tokens),
+    sum(g.output_tokens), sum(g.reasoning_tokens), sum(g.known_cost_nano), sum(g.priced),
+    sum(g.unknown) + count(*) FILTER (WHERE g.in_total > 0 AND g.totals = 0), sum(g.records)"""
 
 _WINDOW = (
     "(CAST(:since AS timestamptz) IS NULL OR u.created_at >= :since) AND "
@@ -42,47 +50,60 @@ _WINDOW = (
 _DELEGATED_STEP = """SELECT tree.k, th.id FROM threads th JOIN tree
       ON th.parent_thread_id = tree.thread_id AND th.lineage_relationship = 'subagent'"""
 
-_BY = {
+# Each scope: its CTEs and the (k, record id) pairs it counts.
+_SCOPES: dict[str, tuple[str, str]] = {
     # A run's own records, and those of the tasks its nodes delegated.
-    "runs": f"""WITH RECURSIVE tree(k, thread_id) AS (
+    "runs": (
+        f"""WITH RECURSIVE tree(k, thread_id) AS (
       SELECT n.run_id, n.child_thread_id FROM execution_nodes n
        WHERE n.run_id = ANY(:keys) AND n.child_thread_id IS NOT NULL
-      UNION {_DELEGATED_STEP})
-    SELECT x.k, {_SUMS} FROM (
-      SELECT u.run_id AS k, u.id FROM usage_records u WHERE u.run_id = ANY(:keys)
-      UNION ALL SELECT tree.k, u.id FROM tree JOIN usage_records u ON u.thread_id = tree.thread_id
-    ) x JOIN usage_records u ON u.id = x.id WHERE {_WINDOW} GROUP BY x.k""",
+      UNION {_DELEGATED_STEP})""",
+        """SELECT u.run_id AS k, u.id FROM usage_records u WHERE u.run_id = ANY(:keys)
+      UNION ALL SELECT tree.k, u.id FROM tree JOIN usage_records u ON u.thread_id = tree.thread_id""",
+    ),
     # An attempt's own model calls (its subagents' included: they are nodes of its turn).
-    "attempts": f"""SELECT u.attempt_id AS k, {_SUMS} FROM usage_records u
-     WHERE u.attempt_id = ANY(:keys) AND {_WINDOW} GROUP BY u.attempt_id""",
+    "attempts": ("", "SELECT u.attempt_id AS k, u.id FROM usage_records u WHERE u.attempt_id = ANY(:keys)"),
     # A node's subtree, and the tasks delegated from it.
-    "nodes": f"""WITH RECURSIVE sub(k, node_id, child_thread_id) AS (
+    "nodes": (
+        f"""WITH RECURSIVE sub(k, node_id, child_thread_id) AS (
       SELECT n.id, n.id, n.child_thread_id FROM execution_nodes n WHERE n.id = ANY(:keys)
       UNION ALL SELECT sub.k, n.id, n.child_thread_id FROM execution_nodes n
         JOIN sub ON n.parent_node_id = sub.node_id),
     tree(k, thread_id) AS (
       SELECT sub.k, sub.child_thread_id FROM sub WHERE sub.child_thread_id IS NOT NULL
-      UNION {_DELEGATED_STEP})
-    SELECT x.k, {_SUMS} FROM (
-      SELECT sub.k, u.id FROM sub JOIN usage_records u ON u.node_id = sub.node_id
-      UNION ALL SELECT tree.k, u.id FROM tree JOIN usage_records u ON u.thread_id = tree.thread_id
-    ) x JOIN usage_records u ON u.id = x.id WHERE {_WINDOW} GROUP BY x.k""",
+      UNION {_DELEGATED_STEP})""",
+        """SELECT sub.k, u.id FROM sub JOIN usage_records u ON u.node_id = sub.node_id
+      UNION ALL SELECT tree.k, u.id FROM tree JOIN usage_records u ON u.thread_id = tree.thread_id""",
+    ),
     # A thread and its delegated tasks, forks left out.
-    "threads": f"""WITH RECURSIVE tree(k, thread_id) AS (
+    "threads": (
+        f"""WITH RECURSIVE tree(k, thread_id) AS (
       SELECT th.id, th.id FROM threads th WHERE th.id = ANY(:keys)
-      UNION {_DELEGATED_STEP})
-    SELECT tree.k, {_SUMS} FROM tree JOIN usage_records u ON u.thread_id = tree.thread_id
-     WHERE {_WINDOW} GROUP BY tree.k""",
+      UNION {_DELEGATED_STEP})""",
+        "SELECT tree.k, u.id FROM tree JOIN usage_records u ON u.thread_id = tree.thread_id",
+    ),
     # Every thread descending from a thread through at least one fork (forks of forks, their tasks too).
-    "forks": f"""WITH RECURSIVE tree(k, thread_id, forked) AS (
+    "forks": (
+        """WITH RECURSIVE tree(k, thread_id, forked) AS (
       SELECT th.id, th.id, false FROM threads th WHERE th.id = ANY(:keys)
       UNION SELECT tree.k, th.id, tree.forked OR th.lineage_relationship = 'fork' FROM threads th
-        JOIN tree ON th.parent_thread_id = tree.thread_id)
-    SELECT tree.k, {_SUMS} FROM tree JOIN usage_records u ON u.thread_id = tree.thread_id
-     WHERE tree.forked AND {_WINDOW} GROUP BY tree.k""",
+        JOIN tree ON th.parent_thread_id = tree.thread_id)""",
+        "SELECT tree.k, u.id FROM tree JOIN usage_records u ON u.thread_id = tree.thread_id WHERE tree.forked",
+    ),
     # Everything of a project's threads.
-    "projects": f"""SELECT th.project_id AS k, {_SUMS} FROM usage_records u JOIN threads th ON th.id = u.thread_id
-     WHERE th.project_id = ANY(:keys) AND {_WINDOW} GROUP BY th.project_id""",
+    "projects": (
+        "",
+        """SELECT th.project_id AS k, u.id FROM usage_records u JOIN threads th ON th.id = u.thread_id
+      WHERE th.project_id = ANY(:keys)""",
+    ),
+}
+_BY = {
+    name: f"""{ctes}
+    SELECT g.k, {_OUTER} FROM (
+      SELECT x.k, u.attempt_id, {_INNER} FROM ({pairs}) x JOIN usage_records u ON u.id = x.id
+       WHERE {_WINDOW} GROUP BY x.k, u.attempt_id
+    ) g GROUP BY g.k"""
+    for name, (ctes, pairs) in _SCOPES.items()
 }
 _STATEMENTS: dict[str, sa.TextClause] = {
     name: sa.text(sql).bindparams(
@@ -95,7 +116,7 @@ _STATEMENTS: dict[str, sa.TextClause] = {
 
 
 def _totals(row: Sequence[Any]) -> Totals:
-    return Totals(*(int(v) for v in row))
+    return Totals(*(int(v or 0) for v in row))
 
 
 async def _by(
@@ -221,14 +242,19 @@ async def grouped(
     chosen = list(dict.fromkeys(GroupBy(g) for g in group_by))
     columns = [f"{_GROUP_COLUMNS[g] if g in chosen else 'NULL'} AS g_{g.value}" for g in GroupBy]
     keys = [f"g_{g.value}" for g in chosen]
-    group = f"GROUP BY {', '.join(keys)} ORDER BY {', '.join(f'{k} NULLS FIRST' for k in keys)}" if keys else ""
-    sql = f"""SELECT {", ".join(columns)}, {_SUMS} FROM usage_records u JOIN threads th ON th.id = u.thread_id
-      WHERE th.project_id = :project AND {_WINDOW} {group}"""
+    inner_keys = ", ".join([*keys, "u.attempt_id"])
+    outer_keys = ", ".join(f"g.{k}" for k in keys)
+    group = f"GROUP BY {outer_keys} ORDER BY {', '.join(f'g.{k} NULLS FIRST' for k in keys)}" if keys else ""
+    shown = ", ".join(f"g.g_{g.value}" if g in chosen else "NULL" for g in GroupBy)
+    sql = f"""SELECT {shown}, {_OUTER} FROM (
+      SELECT {", ".join(columns)}, u.attempt_id, {_INNER} FROM usage_records u JOIN threads th ON th.id = u.thread_id
+       WHERE th.project_id = :project AND {_WINDOW} GROUP BY {inner_keys}
+    ) g {group}"""
     stmt = sa.text(sql).bindparams(
         sa.bindparam("project", type_=sa.Uuid()),
         sa.bindparam("since", type_=sa.DateTime(timezone=True)),
         sa.bindparam("until", type_=sa.DateTime(timezone=True)),
     )
     rows = await db.tuples(stmt, {"project": project_id, "since": since, "until": until})
-    found = [Group(r[0], r[1], r[2], r[3], _totals(r[4:])) for r in rows]
-    return [g for g in found if g.totals.calls] or ([] if keys else [Group(None, None, None, None, Totals())])
+    found = [Group(r[0], r[1], r[2], r[3], _totals(r[4:])) for r in rows if r[4] is not None]
+    return [g for g in found if g.totals.records] or ([] if keys else [Group(None, None, None, None, Totals())])

@@ -16,6 +16,7 @@ import dataclasses
 import re
 from typing import Any, Literal
 
+from threadloom.providers.claude.usage import Meter
 from threadloom.providers.contract import (
     ItemCompleted,
     ItemKind,
@@ -87,6 +88,7 @@ class ThreadTranslator:
         self._stream_count: dict[str, int] = {}
         self._tasks: dict[str, dict[str, str]] = {}
         self._spoke: set[str] = set()  # child turns whose own assistant messages were seen
+        self.meter = Meter(thread)  # the process's usage (made anew with each process: claude/usage.py)
 
     # ---- helpers ---------------------------------------------------------------------
 
@@ -118,7 +120,10 @@ class ThreadTranslator:
         kind = event.get("type")
         if kind == "message_start":
             self._stream_msg[parent] = str((event.get("message") or {}).get("id"))
+            self.meter.started(parent, event.get("message") or {})
             return []
+        if kind == "message_delta":
+            return self.meter.ended(parent, turn, event.get("usage"))
         msg_id = self._stream_msg.get(parent)
         if msg_id is None:
             return []
@@ -252,6 +257,8 @@ class ThreadTranslator:
                 out.append(
                     ItemCompleted(self.thread, tool.child_turn, item_id, "assistant_message", "completed", answer)
                 )
+        if tool.child_turn:
+            out += self.meter.subagent(tool.child_turn, tool_id, extra)
         out.append(ItemCompleted(self.thread, tool.turn, tool_id, tool_kind(tool.name), status, None, detail))
         if tool.child_turn:
             child_status: Literal["completed", "failed", "interrupted"] = (

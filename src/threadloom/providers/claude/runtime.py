@@ -33,6 +33,7 @@ from threadloom.providers.claude.permissions import judge, reply_to_approval, re
 from threadloom.providers.claude.process import ClaudeProcess, claude_argv
 from threadloom.providers.claude.sessions import Record, SessionStore
 from threadloom.providers.claude.turns import Turn
+from threadloom.providers.claude.usage import Meter
 from threadloom.providers.contract import (
     Capabilities,
     ProviderError,
@@ -198,6 +199,7 @@ class ClaudeRuntime:
     # ---- processes -------------------------------------------------------------------
 
     async def _spawn(self, thread: _Thread) -> ClaudeProcess:
+        thread.tr.meter = Meter(thread.sid)  # a new process counts its usage from zero
         mode = thread.settings.runtime_mode
         argv = claude_argv(
             self._binary,
@@ -367,6 +369,7 @@ class ClaudeRuntime:
             else:
                 self._emit(*thread.tr.on_user(message))
         elif kind == "result":
+            self._emit(*thread.tr.meter.result(thread.tr.turn or "", message))  # before the turn's end
             outcome = thread.turn.outcome(message) if thread.turn is not None else None
             if outcome is not None:
                 status, error, failure = outcome
