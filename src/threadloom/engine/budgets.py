@@ -190,14 +190,16 @@ class Budgets:
 
     async def after_usage(self, thread_id: uuid.UUID, run_id: uuid.UUID) -> None:
         """After a model call was recorded: past a budget, STOP interrupts the tree at once (the call that
-        crossed it is the overshoot) and ASK asks, once per run and budget."""
+        crossed it is the overshoot) and ASK asks, once per run and budget. A run whose turn ended with that
+        call is asked nothing (its next turn is), but a STOP still holds the queue and stops the tasks."""
         async with self.pipeline.db.read() as db:
             thread = await entities.get(db, AppThread, thread_id)
             run = await entities.get(db, Run, run_id)
-            if thread is None or run is None or run.status not in (RunStatus.RUNNING, RunStatus.WAITING):
+            if thread is None or run is None:
                 return
             found = await self._breach(db, thread, run)
-        if found is not None:
+        live = run.status in (RunStatus.RUNNING, RunStatus.WAITING)
+        if found is not None and (live or found.breach.budget.action == BudgetAction.STOP):
             await self._act(found, run)
 
     async def _act(self, found: _Found, run: Run) -> None:

@@ -44,8 +44,6 @@ def _immediate(event: ev.ProviderEvent) -> bool:
         return True
     if isinstance(event, ev.ItemStarted | ev.ItemCompleted):
         return event.kind == "subagent"
-    if isinstance(event, ev.UsageReported):
-        return True  # a model call: budgets are checked right after it is recorded
     return isinstance(event, ev.TurnCompleted)  # a child turn's end (the run's own end goes with the run)
 
 
@@ -235,14 +233,14 @@ class Ingestor:
                 thread_id=binding.thread_id,
                 model_failure=event.failure if status == RunStatus.FAILED else None,
             )
+            if self.on_usage is not None and any(isinstance(e, ev.UsageReported) for e in events):
+                await self._guarded(self.on_usage(binding.thread_id, binding.run_id))  # its last calls
             return
         pending.add(event)
         if _immediate(event):
             await self._write(pending)
             await self._scope_step(binding, event)
             await self._release_unanswerable()
-            if isinstance(event, ev.UsageReported) and self.on_usage is not None:
-                await self._guarded(self.on_usage(binding.thread_id, binding.run_id))
 
     async def _release_unanswerable(self) -> None:
         while self.unanswerable:  # release the provider: it asked something nobody can answer here
@@ -298,6 +296,9 @@ class Ingestor:
             log.exception("ingest batch of %d events failed; applying them one by one", len(events))
             for event in events:
                 await self._guarded(self._apply(binding, [event]))
+        if self.on_usage is not None and any(isinstance(e, ev.UsageReported) for e in events):
+            # Model calls were recorded: budgets are checked now, before the partition's next batch.
+            await self._guarded(self.on_usage(binding.thread_id, binding.run_id))
 
     async def _apply(self, binding: TurnBinding, events: list[Any]) -> None:
         step = Step(command_type="ingest", thread_id=binding.thread_id, decide=self._decision(binding, events))
