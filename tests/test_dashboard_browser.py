@@ -732,3 +732,29 @@ async def test_the_page_takes_the_lease_when_it_sends_shows_who_drives_and_takes
     assert errors == [] and phone_errors == [], (errors, phone_errors)
     await laptop.close()
     await phone.close()
+
+
+async def test_the_page_shows_what_runs_and_the_thread_cost_and_a_budgets_state(
+    browser: Browser, server: ServerProcess, client: Client, tmp_path: Path
+) -> None:
+    """Each run's cost and the thread's, then a thread budget's state: spent of its limit, and once a call
+    crosses it, exceeded, with the queue held BUDGET_EXCEEDED (docs/dashboard.md)."""
+    page, errors = await thread_page(browser, server, client, workspace(tmp_path, "costs"), "Costs")
+    thread = await page.evaluate("sessionStorage.getItem('threadloom.thread')")
+    budget = """mutation($t: ID!) { setBudget(input: {threadId: $t, maxCostUsd: 1.0, window: TOTAL, action: STOP}) {
+      userErrors { code } } }"""
+    assert (await client.gql(budget, {"t": thread}))["setBudget"]["userErrors"] == []
+    shown = page.locator("#budgets .budget")
+    await expect(shown).to_have_text("total budget: $0 of $1 · stop")
+    await send_from_page(page, "@usage 100 20 0.5\n@reply first")
+    await expect(run_card(page, 1).locator(".cost")).to_have_text("cost $0.50")
+    await expect(page.locator("#thread-cost")).to_have_text("cost $0.50")
+    await expect(shown).to_have_attribute("data-exceeded", "false")
+    await send_from_page(page, "@usage 100 20 0.75\n@await never-cost\n@reply second")
+    await expect(shown).to_have_attribute("data-exceeded", "true")
+    await expect(shown).to_have_text("total budget: $1.25 of $1 · stop · exceeded")
+    await expect(page.locator("#queue-held")).to_have_text("queue held (BUDGET_EXCEEDED)")
+    await expect(run_card(page, 2)).to_have_attribute("data-status", "INTERRUPTED")
+    await expect(run_card(page, 2).locator(".cost")).to_have_text("cost $0.75")
+    assert errors == []
+    await page.close()

@@ -55,7 +55,7 @@ class Context:
         """The project an object belongs to (None for global objects such as provider sessions)."""
         if table is t.projects:
             return uuid.UUID(str(row["id"]))
-        if table is t.threads:
+        if table is t.threads or table is t.budgets:
             return uuid.UUID(str(row["project_id"]))
         thread_id = row.get("thread_id")
         if thread_id is None:

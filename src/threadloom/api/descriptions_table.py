@@ -38,6 +38,10 @@ TYPES: dict[str, str] = {
         "structured question. The run waits until it is answered or expires with its turn."
     ),
     "PlanArtifact": "An agent's todo list (live progress), proposed plan (start it with `implementPlan`) or questions.",
+    "Budget": (
+        "A spending limit on a project, or on a thread with its delegated tasks (docs/usage.md, \"Budgets\"): "
+        "checked before every turn the engine starts and after every model call recorded."
+    ),
     "UsageRecord": (
         "One model call an agent reported (docs/usage.md), on the attempt and node that made it: tokens by kind, "
         "the model and the cost with its source. Made once, never changed."
@@ -141,6 +145,8 @@ TYPES: dict[str, str] = {
 }
 
 FIELDS: dict[str, str] = {
+    "Budget.action": "What passing it does: STOP, or ASK a person (a BUDGET runtime request).",
+    "ClearBudgetInput.budgetId": "The budget to clear.",
     "UsageRecord.attempt": "The attempt whose turn made the call.",
     "UsageRecord.callRef": "The provider's name for the call within its thread: a call reported twice is one.",
     "UsageRecord.model": "The model the call went to (the run's when the provider did not say); null: not named.",

@@ -53,6 +53,17 @@ for _enum in (
     strawberry.enum(_enum)
 
 strawberry.enum(
+    s.BudgetWindow,
+    description="A budget's window: RUN (one run, with the tasks it delegated), DAY and MONTH (UTC, from their "
+    "start), TOTAL (everything ever).",
+)
+strawberry.enum(
+    s.BudgetAction,
+    description="What passing a budget does: STOP (the tree is stopped at once, the queue held BUDGET_EXCEEDED) "
+    "or ASK (a BUDGET request a person approves, letting the run go on, or declines, as STOP).",
+)
+
+strawberry.enum(
     f.RunFailureCode,
     description="Why a FAILED run failed. MODEL_*: the model API refused or broke the agent's request, as the "
     "agent's CLI reported it, after the CLI's own retries (if any): MODEL_AUTH_FAILED (401/403, the API key was "

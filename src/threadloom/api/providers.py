@@ -29,6 +29,10 @@ class ProviderCapabilities:
     emits_todo_list: bool
     supports_subagents: bool
     pending_requests_survive_restart: bool
+    reports_cost: bool = strawberry.field(
+        description="The agent reports what its model calls cost; else only the instance's price table can tell "
+        "(a USD budget needs one or the other)."
+    )
 
     @classmethod
     def of(cls, caps: Capabilities) -> ProviderCapabilities:

@@ -30,7 +30,8 @@ from threadloom.api.errors import ApiError
 from threadloom.api.feed_cursor import encode_feed_cursor
 from threadloom.api.pagination import paged
 from threadloom.api.providers import ProviderInstance, provider_instances
-from threadloom.api.usage import Usage, load_usage
+from threadloom.api.usage import BigInt, Usage, load_usage, usage_of
+from threadloom.domain import budgets as budget_rules
 from threadloom.domain import checkpoints as checkpoint_rules
 from threadloom.domain import entities as e
 from threadloom.domain import leases
@@ -38,10 +39,13 @@ from threadloom.domain.activities import ActivityKind
 from threadloom.domain.errors import DomainError
 from threadloom.domain.projects import WorkspaceStatus
 from threadloom.domain.records import Record
-from threadloom.domain.statuses import RunStatus
+from threadloom.domain.statuses import BudgetWindow, RunStatus
 from threadloom.domain.threads import thread_status
+from threadloom.domain.usage import Totals
 from threadloom.engine.project_admin import probe_workspace
+from threadloom.store import entities as store_entities
 from threadloom.store import tables as t
+from threadloom.store import usage as ledger
 from threadloom.store.events import project_head
 
 E = TypeVar("E", bound="_Entity")
@@ -297,6 +301,10 @@ class Project(Node, _Entity):
     async def usage(self, info: Info) -> Usage:
         return await load_usage(info, "projects", self.rec.id)
 
+    @strawberry.field(description="The project's own budgets (`setBudget(projectId:)`), not cleared, oldest first.")
+    async def budgets(self, info: Info) -> list[Budget]:
+        return await budgets_of(info, self.rec.id, None)
+
     @strawberry.field(description="The projectThreads position now: query, then subscribe with after: feedCursor.")
     async def feed_cursor(self, info: Info) -> str:
         async with info.context.loaders.reader() as db:  # the query's snapshot: agrees with its data
@@ -376,6 +384,13 @@ class Thread(Node, _Entity):
     )
     async def usage(self, info: Info) -> Usage:
         return await load_usage(info, "threads", self.rec.id)
+
+    @strawberry.field(
+        description="The thread's own budgets (`setBudget(threadId:)`), not cleared, oldest first; the project's "
+        "are on `project.budgets`."
+    )
+    async def budgets(self, info: Info) -> list[Budget]:
+        return await budgets_of(info, self.rec.project_id, self.rec.id)
 
     @strawberry.field(
         description="What the threads forked from this one used and cost: its forks, their forks and their delegated "
@@ -903,6 +918,13 @@ class Checkpoint(Node, _Entity):
 class RuntimeRequest(_InRun, Node, _Entity):
     rec: strawberry.Private[e.RuntimeRequest]
 
+    @strawberry.field(
+        description="What was asked: the command, path or questions; for a BUDGET request the budget (`budgetId`, "
+        "`window`, `maxCostUsd`, `maxTokens`), what was spent against it (`spentCostUsd`, `spentTokens`) and why."
+    )
+    def payload(self) -> JSON | None:
+        return _global_ids(self.rec.payload)
+
 
 @_entity(e.PlanArtifact)
 class PlanArtifact(_InRun, Node, _Entity):
@@ -925,6 +947,7 @@ _PAYLOAD_IDS: dict[str, str] = {
     "nodeId": "ExecutionNode",
     "messageId": "ConversationMessage",
     "requestId": "RuntimeRequest",
+    "budgetId": "Budget",
     "transferId": "ContextTransfer",
     "handoffId": "ContextHandoff",
     "rebridgeHandoffId": "ContextHandoff",
@@ -1030,6 +1053,67 @@ class UsageRecord(Node, _Entity):
     def cost_usd(self) -> float | None:
         nano = self.rec.cost_nano_usd
         return None if nano is None else nano / 1_000_000_000
+
+
+@_entity(e.Budget, hide=("time_window", "max_cost_nano_usd", "max_tokens"))
+class Budget(Node, _Entity):
+    rec: strawberry.Private[e.Budget]
+    project: Project = _one("Project", "project_id", required=True)
+    thread: Thread | None = _one(
+        "Thread", "thread_id", description="The thread it limits, with its delegated tasks; null: a project budget."
+    )
+    cleared_at: datetime | None = strawberry.field(description="Set once `clearBudget` cleared it: checked no more.")
+
+    @strawberry.field(description="The window it counts spending over.")
+    def window(self) -> BudgetWindow:
+        return self.rec.time_window
+
+    @strawberry.field(description="The limit in USD; null: no cost limit.")
+    def max_cost_usd(self) -> float | None:
+        nano = self.rec.max_cost_nano_usd
+        return None if nano is None else nano / 1_000_000_000
+
+    @strawberry.field(description="The limit in tokens (input and output); null: no token limit.")
+    def max_tokens(self) -> BigInt | None:
+        return None if self.rec.max_tokens is None else BigInt(self.rec.max_tokens)
+
+    @strawberry.field(
+        description="What was spent against it in its window now: the UTC day or month so far, or everything; for "
+        "a RUN budget of a thread, its active run (null while idle; a project's RUN budget: null)."
+    )
+    async def spent(self, info: Info) -> Usage | None:
+        totals = await _budget_spent(info, self.rec)
+        return None if totals is None else usage_of(totals)
+
+    @strawberry.field(description="True when `spent` is past a limit: its action has fired or is about to.")
+    async def exceeded(self, info: Info) -> bool:
+        totals = await _budget_spent(info, self.rec)
+        return totals is not None and budget_rules.past(self.rec, totals)
+
+
+async def _budget_spent(info: Info, budget: e.Budget) -> Totals | None:
+    now = info.context.services.pipeline.clock.now()
+    async with info.context.loaders.reader() as db:
+        if budget.time_window == BudgetWindow.RUN:
+            if budget.thread_id is None:
+                return None
+            thread = await store_entities.get(db, e.AppThread, budget.thread_id)
+            if thread is None or thread.active_run_id is None:
+                return None
+            return await ledger.totals(db, run_id=thread.active_run_id)
+        since = budget_rules.since(budget.time_window, now)
+        if budget.thread_id is None:
+            return await ledger.totals(db, project_id=budget.project_id, since=since)
+        return await ledger.totals(db, thread_id=budget.thread_id, since=since)
+
+
+async def budgets_of(info: Info, project_id: uuid.UUID, thread_id: uuid.UUID | None) -> list[Budget]:
+    """A project's own budgets (thread_id None) or a thread's, not cleared, oldest first."""
+    scope = t.budgets.c.thread_id.is_(None) if thread_id is None else t.budgets.c.thread_id == thread_id
+    stmt = sa.select(t.budgets).where(t.budgets.c.project_id == project_id, scope, t.budgets.c.cleared_at.is_(None))
+    async with info.context.loaders.reader() as db:
+        rows = await db.rows(stmt.order_by(t.budgets.c.id))
+    return [Budget.from_row(row) for row in rows]
 
 
 # One GraphQL type per entity, in the entities' order (`_entity` set each type's record).

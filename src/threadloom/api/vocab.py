@@ -62,6 +62,8 @@ class ThreadEventType(StrEnum):
     PLAN_UPDATED = "plan.updated"
     ACTIVITY_RECORDED = "activity.recorded"
     USAGE_CREATED = "usage.created"  # a model call's usage record (docs/usage.md)
+    BUDGET_CREATED = "budget.created"  # a thread's budget was set (docs/usage.md, "Budgets")
+    BUDGET_UPDATED = "budget.updated"  # a thread's budget was changed or cleared
     SYNCHRONIZED = "synchronized"  # marker: the replay is over, live events follow
     RELOAD_REQUIRED = "reload_required"  # marker: the replay would be too long
 

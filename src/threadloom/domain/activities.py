@@ -50,6 +50,7 @@ class ActivityKind(StrEnum):
     LINEAGE_PROVIDER_THREAD_REPLACED = "lineage.provider_thread_replaced"  # settings it cannot change live
     # the queue
     QUEUE_HELD = "queue.held"
+    BUDGET_EXCEEDED = "budget.exceeded"
     QUEUE_RESUMED = "queue.resumed"
     QUEUE_REORDERED = "queue.reordered"
     QUEUE_EDITED = "queue.edited"

@@ -124,6 +124,7 @@ class StopTasks(_OnThread):
     """interruption: Stop's cascade, stopping the thread's delegated tasks deepest first."""
 
     KIND: ClassVar[str] = "delegated-tasks.stop"
+    reason: str | None = None  # the tasks' queue hold reason (None: a person's Stop; BUDGET_EXCEEDED: a budget's)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

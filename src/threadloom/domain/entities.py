@@ -16,6 +16,8 @@ from threadloom.domain.records import Record
 from threadloom.domain.statuses import (
     AttemptReason,
     AttemptStatus,
+    BudgetAction,
+    BudgetWindow,
     CheckpointScopeKind,
     CheckpointStatus,
     CostSource,
@@ -345,6 +347,24 @@ class UsageRecord(Created, InRun):
     cost_source: CostSource
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Budget(Timestamps, Record):
+    """A spending limit on a project, or on a thread with its delegated tasks (domain/budgets.py).
+
+    At least one of `max_cost_nano_usd` (billionths of a dollar) and `max_tokens` is set. A thread budget's
+    events are in its thread's log, a project budget's in the project's (`thread_id` None). One budget per
+    scope and window: setting it again changes its limits; `cleared_at` set: cleared, checked no more."""
+
+    entity_type: ClassVar[str] = "budget"
+    project_id: uuid.UUID
+    thread_id: uuid.UUID | None = None
+    time_window: BudgetWindow  # `window` is a reserved word in SQL
+    action: BudgetAction
+    max_cost_nano_usd: int | None = None
+    max_tokens: int | None = None
+    cleared_at: datetime | None = None
+
+
 ENTITY_TYPES: tuple[type[Record], ...] = (
     Project,
     AppThread,
@@ -363,5 +383,6 @@ ENTITY_TYPES: tuple[type[Record], ...] = (
     PlanArtifact,
     Activity,
     UsageRecord,
+    Budget,
 )
 ENTITY_BY_TYPE: dict[str, type[Record]] = {cls.entity_type: cls for cls in ENTITY_TYPES}

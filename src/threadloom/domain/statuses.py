@@ -44,8 +44,12 @@ NodeKind = StrEnum(
 )
 RuntimeRequestKind = StrEnum(
     "RuntimeRequestKind",
-    "COMMAND_APPROVAL FILE_CHANGE_APPROVAL PERMISSION USER_INPUT ELICITATION",
+    "COMMAND_APPROVAL FILE_CHANGE_APPROVAL PERMISSION USER_INPUT ELICITATION BUDGET",
 )
+# A budget's time window (domain.budgets): one run (with the tasks it delegated), the UTC day, the UTC month, ever.
+BudgetWindow = StrEnum("BudgetWindow", "RUN DAY MONTH TOTAL")
+# What passing a budget does: stop the tree at once, or ask a person (a BUDGET runtime request).
+BudgetAction = StrEnum("BudgetAction", "STOP ASK")
 
 ACTIVE_RUN_STATUSES = frozenset({RunStatus.PREPARING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.WAITING})
 TERMINAL_RUN_STATUSES = frozenset(

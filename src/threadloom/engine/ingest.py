@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -103,9 +104,11 @@ class Ingestor:
         on_exit: Callable[[LiveSession, str], Any],
         checkpoints: Checkpoints | None = None,
         pricing: Pricing | None = None,
+        on_usage: Callable[[uuid.UUID, uuid.UUID], Awaitable[None]] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.pricing = pricing  # how the instance's model calls are priced (domain.usage)
+        self.on_usage = on_usage  # after a model call is recorded: the budgets' check (engine.budgets)
         self.session = session
         self.finish = finish
         self.on_exit = on_exit
@@ -230,6 +233,8 @@ class Ingestor:
                 thread_id=binding.thread_id,
                 model_failure=event.failure if status == RunStatus.FAILED else None,
             )
+            if self.on_usage is not None and any(isinstance(e, ev.UsageReported) for e in events):
+                await self._guarded(self.on_usage(binding.thread_id, binding.run_id))  # its last calls
             return
         pending.add(event)
         if _immediate(event):
@@ -291,6 +296,9 @@ class Ingestor:
             log.exception("ingest batch of %d events failed; applying them one by one", len(events))
             for event in events:
                 await self._guarded(self._apply(binding, [event]))
+        if self.on_usage is not None and any(isinstance(e, ev.UsageReported) for e in events):
+            # Model calls were recorded: budgets are checked now, before the partition's next batch.
+            await self._guarded(self.on_usage(binding.thread_id, binding.run_id))
 
     async def _apply(self, binding: TurnBinding, events: list[Any]) -> None:
         step = Step(command_type="ingest", thread_id=binding.thread_id, decide=self._decision(binding, events))

@@ -8,6 +8,7 @@ import logging
 import uuid
 from typing import Any
 
+from threadloom.domain import budgets as budget_rules
 from threadloom.domain import delegation, interruption, subagents
 from threadloom.domain import queue as queue_rules
 from threadloom.domain import runs as rules
@@ -65,21 +66,40 @@ class Interruption:
             raise interruption.unsupported_error()  # after the refusal was recorded
         return run_id
 
-    async def _stop(self, db: Reader, thread: AppThread, run: Run | None, *, now: Any, cascade: bool) -> Outcome:
-        """Stop, the one path of stopThread, interruptRun(holdQueue) and the cascade: hold the queue,
-        interrupt `run` (the active one for stopThread), drop the wakes its delegated tasks still owe, and
-        with `cascade` stop those tasks after commit, deepest first. A provider that cannot interrupt leaves
-        the run going, on record."""
+    async def _stop(
+        self,
+        db: Reader,
+        thread: AppThread,
+        run: Run | None,
+        *,
+        now: Any,
+        cascade: bool,
+        reason: str = interruption.STOP_HOLD_REASON,
+    ) -> Outcome:
+        """Stop, the one path of stopThread, interruptRun(holdQueue), the cascade and a budget's stop: hold the
+        queue (with `reason`), interrupt `run` (the active one for stopThread), drop the wakes its delegated
+        tasks still owe, and with `cascade` stop those tasks after commit, deepest first. A provider that
+        cannot interrupt leaves the run going, on record."""
         if run is not None:
-            outcome = await self._interrupt(db, thread, run, hold_queue=True, now=now)
+            outcome = await self._interrupt(db, thread, run, hold_queue=True, now=now, reason=reason)
         else:
-            outcome = Outcome(interruption.hold(thread, now, new_id))
+            outcome = Outcome(interruption.hold(thread, now, new_id, reason))
         if cascade:
-            outcome.effects.append(StopTasks(thread_id=thread.id).envelope())
+            told = None if reason == interruption.STOP_HOLD_REASON else reason
+            outcome.effects.append(StopTasks(thread_id=thread.id, reason=told).envelope())
         outcome.changes += delegation.drop_wakes(await owed_results(db, thread.id), now)  # nothing restarts it
         return outcome
 
-    async def _interrupt(self, db: Reader, thread: AppThread, run: Run, *, hold_queue: bool, now: Any) -> Outcome:
+    async def _interrupt(
+        self,
+        db: Reader,
+        thread: AppThread,
+        run: Run,
+        *,
+        hold_queue: bool,
+        now: Any,
+        reason: str = interruption.STOP_HOLD_REASON,
+    ) -> Outcome:
         attempt = await entities.get(db, RunAttempt, run.active_attempt_id)
         instance = run.provider_instance_id
         driver = self.sessions.drivers.get(instance)
@@ -89,11 +109,11 @@ class Interruption:
             supports_interrupt=bool(driver and driver.capabilities().supports_interrupt),
             policy=self.policies.get(instance, interruption.UnsupportedPolicy.REJECT),
         )
-        hold = interruption.STOP_HOLD_REASON if hold_queue else None
+        hold = reason if hold_queue else None
         if plan == interruption.Plan.UNSUPPORTED:
             outcome = interruption.unsupported(thread, run, now, new_id)
             if hold:
-                outcome.changes += interruption.hold(thread, now, new_id)
+                outcome.changes += interruption.hold(thread, now, new_id, hold)
             return outcome
         if plan == interruption.Plan.CANCEL_QUEUED:
             assert attempt is not None
@@ -109,12 +129,12 @@ class Interruption:
                 reason="interrupted before it started",
             )
             if hold:
-                outcome.changes += interruption.hold(thread, now, new_id)
+                outcome.changes += interruption.hold(thread, now, new_id, hold)
             return outcome
         if plan == interruption.Plan.ASK_PROVIDER:
             outcome = interruption.requested(thread, run, now, new_id)
             if hold:
-                outcome.changes += interruption.hold(thread, now, new_id)
+                outcome.changes += interruption.hold(thread, now, new_id, hold)
             return outcome
         graph = await runs.run_graph(db, thread, run)
         if plan == interruption.Plan.END_NOW:
@@ -200,14 +220,20 @@ class Interruption:
             log.warning("interrupt of subagent turn %s refused: %s", running[0].native_turn_ref, error)
 
     async def stop_thread(
-        self, principal: Principal, thread_id: uuid.UUID, key: str | None, *, cascade: bool = True
+        self,
+        principal: Principal,
+        thread_id: uuid.UUID,
+        key: str | None,
+        *,
+        cascade: bool = True,
+        reason: str = interruption.STOP_HOLD_REASON,
     ) -> uuid.UUID:
         """Stop: hold the queue, interrupt the active run, then stop every delegated task (after commit)."""
         now = self.pipeline.clock.now()
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
             active = await entities.get(db, Run, thread.active_run_id)
-            return await self._stop(db, thread, active, now=now, cascade=cascade)
+            return await self._stop(db, thread, active, now=now, cascade=cascade, reason=reason)
 
         command_type = "stopThread" if cascade else "thread.stop"
         return await self.runs.execute_on_thread(principal, command_type, thread_id, key, decide)
@@ -249,13 +275,32 @@ class Interruption:
     async def stop_tasks_effect(self, effect: StopTasks) -> None:
         """Stop every delegated task under the thread, deepest first: a task's own tasks stop before it,
         so no task is left running under one that has already stopped."""
+        reason = effect.reason or interruption.STOP_HOLD_REASON
         for child in await self._tasks_of(effect.thread_id):
-            await self._stop_tree(child)
+            await self._stop_tree(child, reason)
 
-    async def _stop_tree(self, thread_id: uuid.UUID) -> None:
+    async def _stop_tree(self, thread_id: uuid.UUID, reason: str) -> None:
         for child in await self._tasks_of(thread_id):
-            await self._stop_tree(child)
-        await self.stop_thread(SYSTEM, thread_id, None, cascade=False)  # the internal thread.stop
+            await self._stop_tree(child, reason)
+        await self.stop_thread(SYSTEM, thread_id, None, cascade=False, reason=reason)  # the internal thread.stop
+
+    async def stop_for_budget(self, thread_id: uuid.UUID, found: budget_rules.Breach, trigger: Run | None) -> None:
+        """A budget's STOP (or a declined ASK): the Stop path on the budget's thread, held BUDGET_EXCEEDED,
+        its tasks stopped deepest first, with a `budget.exceeded` activity. Once stopped so, a later report of
+        the same tree writes nothing more."""
+        now = self.pipeline.clock.now()
+        reason = budget_rules.HOLD_REASON
+
+        async def decide(db: Reader, thread: AppThread) -> Outcome:
+            active = await entities.get(db, Run, thread.active_run_id)
+            settled = active is None or active.interrupt_requested_at is not None
+            if thread.queue_held and thread.queue_hold_reason == reason and settled:
+                return Outcome()
+            outcome = await self._stop(db, thread, active, now=now, cascade=True, reason=reason)
+            outcome.changes.append(budget_rules.exceeded(thread.id, found, trigger, now, new_id))
+            return outcome
+
+        await self.runs.execute_on_thread(SYSTEM, "budget.stop", thread_id, None, decide)
 
     async def _tasks_of(self, parent: uuid.UUID) -> list[uuid.UUID]:
         async with self.pipeline.db.read() as db:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from threadloom.domain import budgets as budget_rules
 from threadloom.domain import requests as rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Outcome
@@ -23,6 +24,9 @@ from threadloom.store import entities
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
+if TYPE_CHECKING:
+    from threadloom.engine.budgets import Budgets
+
 log = logging.getLogger("threadloom.requests")
 Answer = tuple[dict[str, Any], dict[str, Any], bool]
 
@@ -32,6 +36,7 @@ class Requests:
         self.pipeline = pipeline
         self.sessions = sessions
         self.runs = run_engine
+        self.budgets: Budgets | None = None  # answers BUDGET requests (set once the budgets engine is made)
 
     async def respond_to_approval(
         self, principal: Principal, request_id: uuid.UUID, decision: rules.Decision, key: str | None
@@ -91,12 +96,25 @@ class Requests:
                 t.runtime_requests.c.status == RuntimeRequestStatus.PENDING.value,
                 t.runtime_requests.c.id != request.id,
             )
-            outcome = rules.respond(thread, run, request, node, len(others), response, native, accepted, now, new_id)
+            if request.kind == RuntimeRequestKind.BUDGET and self.budgets is not None:
+                summary = rules.resolution_summary(request, response)
+                outcome = await self.budgets.answer(
+                    db, thread, run, request, node, len(others), response, accepted, summary, now
+                )
+            else:
+                outcome = rules.respond(
+                    thread, run, request, node, len(others), response, native, accepted, now, new_id
+                )
             await self.runs.route(db, thread, outcome)
             return outcome
 
         asked = {"command_type": command_type, "principal": principal, "key": key, "decide": decide}
         await self.pipeline.execute(Command.naming("requestId", request_id, data, thread_id=found.thread_id, **asked))
+        if found.kind == RuntimeRequestKind.BUDGET and self.budgets is not None:
+            async with self.pipeline.db.read() as db:
+                answered = await entities.require(db, RuntimeRequest, request_id)
+            if not budget_rules.granted(answered):
+                await self.budgets.declined(request_id)  # declined: as STOP (after the answer's commit)
         return request_id
 
     async def respond_effect(self, effect: RespondToRequest) -> None:

@@ -50,6 +50,7 @@ class RunEngine:
         self.finish = ending.finish  # a run's end through the completion barrier
         self.session_lost = ending.session_lost  # a runtime died: its live turns are retried or fail
         self.start_turn = turns.start_turn  # the `provider-turn.start` effect
+        self.turns = turns
         self.ensure_thread = native.ensure_thread  # the `provider-thread.ensure` effect
 
     # ---- commands ---------------------------------------------------------------------

@@ -28,6 +28,7 @@ from threadloom.domain.retries import DEFAULT_RECOVERY, RetryPolicy
 from threadloom.domain.statuses import RunStatus
 from threadloom.domain.threads import WORKSPACES_DIR
 from threadloom.domain.usage import Pricing, parse_prices
+from threadloom.engine.budgets import Budgets
 from threadloom.engine.catalog import Catalog
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.clock import Clock
@@ -85,6 +86,7 @@ class Services:
     webhooks: WebhookAdmin = dataclasses.field(init=False)  # endpoints, deliveries (docs/webhooks.md)
     webhook_sender: WebhookSender = dataclasses.field(init=False)
     leases: Leases = dataclasses.field(init=False)  # acquire/renew/releaseThreadLease
+    budgets: Budgets = dataclasses.field(init=False)  # setBudget, clearBudget, and their checks
 
     @classmethod
     def build(cls, settings: Settings, db: Database, clock: Clock, instances: dict[str, InstanceConfig]) -> Services:
@@ -201,6 +203,18 @@ class Services:
         sender = services.webhook_sender = WebhookSender(pipeline, worker.id, settings.webhooks)
         services.leases = Leases(pipeline)
 
+        def knows_cost(instance: str, model: str | None) -> bool:
+            """A call's cost can be known: the agent reports it, or the instance prices the model."""
+            driver, pricing = drivers.get(instance), pricings.get(instance)
+            if driver is not None and driver.capabilities().reports_cost:
+                return True
+            named = model or (pricing.default_model if pricing else None)
+            return pricing is not None and named is not None and named in pricing.prices
+
+        budgets = services.budgets = Budgets(pipeline, run_engine, interruption, knows_cost)
+        run_engine.turns.gate = budgets.gate
+        requests.budgets = budgets
+
         async def wake(committed: Committed) -> None:
             if committed.effects:
                 effects.wake()
@@ -211,7 +225,9 @@ class Services:
 
         async def open_ingest(session: LiveSession) -> None:
             pricing = pricings.get(session.instance_id)
-            ingestor = Ingestor(pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints, pricing)
+            ingestor = Ingestor(
+                pipeline, session, run_engine.finish, run_engine.session_lost, checkpoints, pricing, budgets.after_usage
+            )
             with tracing.detached():  # the session outlives the request that opened it
                 session.task = asyncio.create_task(ingestor.run(), name=f"ingest-{session.instance_id}")
 

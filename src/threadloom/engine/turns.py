@@ -126,6 +126,8 @@ class Turns:
         self.native = native
         self.finish = ending.finish  # a turn that cannot start fails its run through the barrier
         self.switch_policies = switch_policies  # per instance: when a returning provider thread is too stale
+        # Asked before a turn is sent (engine.budgets): False holds it (a budget stopped or asks about it).
+        self.gate: Callable[[uuid.UUID, uuid.UUID], Awaitable[bool]] | None = None
 
     @property
     def now(self) -> Any:
@@ -137,7 +139,10 @@ class Turns:
         A follow-up turn on a native thread its live runtime already holds (nothing to create, resume,
         fork, capture first or wait for) is prepared and recorded in one transaction (`_prepare`); the
         turn's row still commits before the provider is asked to start it."""
-        prepared = await self._prepare(effect.run_id, effect.input, effect.thread_id)
+        thread_id = effect.thread_id or await thread_of_run(self.pipeline, effect.run_id)
+        if self.gate is not None and thread_id is not None and not await self.gate(effect.run_id, thread_id):
+            return  # past a budget: stopped, or held behind its question
+        prepared = await self._prepare(effect.run_id, effect.input, thread_id)
         if prepared is None:
             return
         if prepared.recorded is not None:

@@ -117,7 +117,9 @@ MODE_POLICIES: dict[str, tuple[str, str]] = {
 
 # Codex refuses `thread/revert` on a collab agent's thread ("direct app-server input is not allowed for
 # multi-agent v2 sub-agents"): its conversation is not rolled back with its files (rollbackNode: NOT_SUPPORTED).
-CAPABILITIES = Capabilities.every(pending_requests_survive_restart=False, can_rollback_subagent_thread=False)
+CAPABILITIES = Capabilities.every(
+    pending_requests_survive_restart=False, can_rollback_subagent_thread=False, reports_cost=False
+)  # tokens only, no cost
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -33,6 +33,7 @@ class Capabilities:
     # A subagent's own native thread (its node's provider thread) can be rolled back like any thread. Codex
     # refuses `thread/revert` on a collab agent's thread; engine-only, not in the API's ProviderCapabilities.
     can_rollback_subagent_thread: bool = False
+    reports_cost: bool = False  # the agent reports what its model calls cost (else only a price table knows)
 
     @classmethod
     def every(cls, **lacking: bool) -> Capabilities:

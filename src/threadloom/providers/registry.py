@@ -71,6 +71,7 @@ DRIVER_OPTIONS: dict[str, frozenset[str]] = {
             "supports_structured_questions",
             "supports_native_fork",
             "supports_native_rollback",
+            "reports_cost",
         }
     ),
     "codex": _CLI_OPTIONS | {"collab_agents"},

@@ -112,6 +112,7 @@ _OPTIONAL: dict[str, tuple[str, ...]] = {
     "fork": ("can_fork_thread", "can_fork_from_turn"),
     "rollback": ("can_rollback_thread",),
     "questions": ("supports_structured_questions",),
+    "cost": ("reports_cost",),
 }
 
 
@@ -135,6 +136,7 @@ class ScriptedDriver:
         self.questions = bool(options.get("supports_structured_questions", True))
         self.fork = bool(options.get("supports_native_fork", True))
         self.rollback = bool(options.get("supports_native_rollback", True))
+        self.cost = bool(options.get("reports_cost", True))  # false: stands for an agent reporting tokens only
 
     def capabilities(self) -> Capabilities:
         flags = {cap: bool(getattr(self, option)) for option, caps in _OPTIONAL.items() for cap in caps}

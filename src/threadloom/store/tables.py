@@ -52,6 +52,7 @@ TABLE_NAMES: dict[type[Record], str] = {
     e.PlanArtifact: "plan_artifacts",
     e.Activity: "activities",
     e.UsageRecord: "usage_records",
+    e.Budget: "budgets",
 }
 
 # Parent links only; "current pointer" columns (active_run_id, root_node_id …) carry no
@@ -82,6 +83,7 @@ FOREIGN_KEYS: dict[str, dict[str, str]] = {
         "attempt_id": "run_attempts.id",
         "node_id": "execution_nodes.id",
     },
+    "budgets": {"project_id": "projects.id", "thread_id": "threads.id"},
 }
 
 # The columns queries look rows up by; the graph links (a thread's forks, a provider thread's runs, the handoffs
@@ -101,6 +103,8 @@ INDEXES: dict[str, list[tuple[str, ...]]] = {
     "context_handoffs": [("target_run_id",)],
     # Roll-ups: a run's, an attempt's, a node subtree's records; a project's over a time window by thread.
     "usage_records": [("run_id",), ("attempt_id",), ("node_id",), ("thread_id", "created_at")],
+    # The budgets a check reads: a project's, a thread's.
+    "budgets": [("project_id",), ("thread_id",)],
 }
 
 UNIQUES: dict[str, list[tuple[str, ...]]] = {
@@ -172,6 +176,7 @@ runtime_requests = PROJECTIONS[e.RuntimeRequest]
 plan_artifacts = PROJECTIONS[e.PlanArtifact]
 activities = PROJECTIONS[e.Activity]
 usage_records = PROJECTIONS[e.UsageRecord]
+budgets = PROJECTIONS[e.Budget]
 
 # The per-thread sequence counter, advanced under the thread's row lock.
 threads.append_column(sa.Column("last_sequence", sa.BigInteger(), nullable=False, server_default="0"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import strawberry.tools
 
+from threadloom.api.mutations.budgets import BudgetMutation
 from threadloom.api.mutations.delegation import DelegationMutation
 from threadloom.api.mutations.forks import ForkMutation
 from threadloom.api.mutations.interruption import InterruptionMutation
@@ -37,6 +38,7 @@ Mutation = strawberry.tools.merge_types(
         ProjectAdminMutation,
         WebhookMutation,
         LeaseMutation,
+        BudgetMutation,
     ),
 )
 

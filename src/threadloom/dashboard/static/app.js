@@ -23,8 +23,9 @@ const SOCKET_URL = GRAPHQL.href.replace(/^http/, "ws");
 // Fields of the same name but another type on different entities are aliased (GraphQL merges them).
 const FRAGMENTS = `
 fragment T on RunAttempt { id attemptOrdinal attemptStatus: status reason }
+fragment U on Usage { calls costUsd costSource inputTokens outputTokens }
 fragment R on Run { id ordinal status statusReason queuePosition userMessage { id text } attempts { ...T }
-  requestedAt startedAt completedAt }
+  requestedAt startedAt completedAt runUsage: usage { ...U } }
 fragment N on ExecutionNode { id nodeKind: kind nodeStatus: status nodeTitle: title nodeRun: run { id } parent { id } attempt { id }
   createdAt completedAt detail }
 fragment P on PlanArtifact { id planKind: kind planStatus: status items planText: text updatedAt node { id } }
@@ -39,6 +40,8 @@ const SUMMARY_FRAGMENT = `
 fragment S on Thread {
   ...TH latestSequence todoList { ...P } queue { ...R } pendingRequests { ...Q } checkpoints(last: 30) { nodes { ...C } }
   lineage { relationship parentThread { id title } forks(first: 30) { nodes { id title status } } }
+  threadUsage: usage { ...U }
+  budgets { id window action maxCostUsd maxTokens exceeded budgetSpent: spent { ...U } }
 }`;
 
 const VIEWER = `query { viewer { scope project { id name } } }`;
@@ -54,7 +57,8 @@ const SUMMARY = `query($t: ID!) { thread(id: $t) { ...S } }` + FRAGMENTS.replace
   .replace(/fragment N on [^\n]*\n[^\n]*\n/, "") + SUMMARY_FRAGMENT;
 const EVENTS = `subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
   sequence type runId nodeId
-  entity { __typename ...TH ...R ...T ...N ...M ...Q ...A ...C ...P } } }` + FRAGMENTS;
+  entity { __typename ...TH ...R ...T ...N ...M ...Q ...A ...C ...P ...UR } } }` + FRAGMENTS + `
+fragment UR on UsageRecord { id usageRun: run { id runUsage: usage { ...U } } }`;
 
 const ERRORS = "userErrors { code message }";
 const MUTATIONS = {
@@ -283,7 +287,7 @@ function emptyThread(id) {
   return {
     id, info: null, lastSeq: 0, synchronized: false,
     runs: new Map(), nodes: new Map(), messages: new Map(), requests: new Map(), activities: new Map(),
-    checkpoints: new Map(), plans: new Map(), queue: [], lineage: null,
+    checkpoints: new Map(), plans: new Map(), queue: [], lineage: null, usage: null, budgets: [],
   };
 }
 
@@ -433,7 +437,7 @@ function followThread(t) {
       t.lastSeq = event.sequence;
       // seenAt: the summary read later must not undo this with an older snapshot (applySummary)
       if (event.entity) upsert(t, { ...event.entity, __typename: event.entity.__typename, seenAt: event.sequence });
-      if (/^(thread|run|request|queue|checkpoint|rollback|transfer)\./.test(event.type)) refreshSummary(t);
+      if (/^(thread|run|request|queue|checkpoint|rollback|transfer|usage|budget)\./.test(event.type)) refreshSummary(t);
       scheduleRender();
     },
     error: (errors) => showError(errors.map((e) => e.message).join("; ")),
@@ -452,6 +456,10 @@ function upsert(t, entity) {
     if (t.activities.size > 500) t.activities.delete(t.activities.keys().next().value); // keep memory bounded
   }
   else if (kind === "Checkpoint") merge(t.checkpoints);
+  else if (kind === "UsageRecord" && entity.usageRun) {
+    const run = t.runs.get(entity.usageRun.id); // a model call: its run's cost grew
+    if (run) run.runUsage = entity.usageRun.runUsage;
+  }
   else if (kind === "PlanArtifact") merge(t.plans);
   else if (kind === "RunAttempt") {
     for (const run of t.runs.values()) {
@@ -510,6 +518,8 @@ function applySummary(t, thread) {
     if (current(t.checkpoints, checkpoint.id)) upsert(t, { __typename: "Checkpoint", ...checkpoint });
   }
   t.lineage = thread.lineage;
+  t.usage = thread.threadUsage;
+  t.budgets = thread.budgets || [];
   const listed = state.threads.get(t.id);
   if (listed) listed.status = thread.threadStatus;
 }
@@ -535,6 +545,8 @@ function render() {
   $("queue-held").textContent = info.queueHeld ? `queue held${info.queueHoldReason ? ` (${info.queueHoldReason})` : ""}` : "";
   $("resume-queue").hidden = !info.queueHeld;
   renderLease(t);
+  $("thread-cost").textContent = t.usage && t.usage.calls ? `cost ${cost(t.usage)}` : "";
+  renderBudgets(t);
   renderLineage(t);
   renderRequests(t);
   renderTodo(t);
@@ -544,6 +556,26 @@ function render() {
   renderCheckpoints(t);
   renderActivities(t);
   renderThreads();
+}
+
+// A cost in words: dollars, or "unknown" (a call nobody priced), never a zero standing for unknown.
+function cost(usage) {
+  if (!usage || !usage.calls) return "$0";
+  if (usage.costUsd === null || usage.costUsd === undefined) return "unknown";
+  return `$${usage.costUsd < 0.01 ? usage.costUsd.toPrecision(2) : usage.costUsd.toFixed(2)}`;
+}
+
+function renderBudgets(t) {
+  $("budgets").replaceChildren(...t.budgets.map((b) => {
+    const spent = b.budgetSpent;
+    const limits = [];
+    if (b.maxCostUsd !== null) limits.push(`${spent ? cost(spent) : "—"} of $${b.maxCostUsd}`);
+    if (b.maxTokens !== null) limits.push(`${spent ? spent.inputTokens + spent.outputTokens : "—"} of ${b.maxTokens} tokens`);
+    return h("li", { className: "budget", "data-id": b.id, "data-exceeded": b.exceeded ? "true" : "false" },
+      `${b.window.toLowerCase()} budget: ${limits.join(", ")} · ${b.action.toLowerCase()}`,
+      b.exceeded ? h("strong", { className: "exceeded" }, " · exceeded") : null);
+  }));
+  $("budgets").hidden = !t.budgets.length;
 }
 
 function renderLineage(t) {
@@ -665,6 +697,7 @@ function renderRuns(t) {
       h("div", { className: "run-head" },
         h("strong", {}, `Run ${run.ordinal}`), statusBadge(run.status),
         run.statusReason ? h("span", { className: "muted" }, run.statusReason) : null,
+        run.runUsage && run.runUsage.calls ? h("span", { className: "cost muted" }, `cost ${cost(run.runUsage)}`) : null,
         h("span", { className: "when muted" }, clock(run.startedAt || run.requestedAt),
           run.completedAt ? h("span", { className: "took" }, ` · ${duration(run.startedAt || run.requestedAt, run.completedAt)}`) : null),
         h("span", { className: "spacer" }),

@@ -1,7 +1,7 @@
 """a thread's writer lease
 
-Revision ID: 0021_thread_writer_lease
-Revises: 0018_webhooks
+Revision ID: 0020_thread_writer_lease
+Revises: 0019_budgets
 Create Date: 2026-12-02 17:10:00.000000
 
 `threads.lease_token_id`, `lease_token_name`, `lease_device_id`, `lease_expires_at`: who drives the thread
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0021_thread_writer_lease"
-down_revision = "0018_webhooks"
+revision = "0020_thread_writer_lease"
+down_revision = "0019_budgets"
 branch_labels = None
 depends_on = None
 
