@@ -148,12 +148,14 @@ async def test_a_steer_into_a_running_codex_turn_adds_its_calls_to_the_same_run(
         sent, dropped = (now - then for now, then in zip(_ended(model), ended, strict=True))
         return (sent, dropped) if sent + dropped == served else None
 
-    # Codex may drop the held reply to take the steer in: no usage came for it, and none is recorded. Every
-    # reply sent to its end carried its usage, and is one call.
+    # Codex may drop the held reply to take the steer in, before or after reading it to its end (measured:
+    # both happen, as the steer lands), and then reports no usage for it. So the run holds one call per reply
+    # Codex kept: at least the steered one, never more than the replies sent to their end, each exactly once.
     completed, dropped = await until(settled)
     found = (await client.gql(RUN, {"id": held["run"]["id"]}))["run"]
-    assert served >= 2 and found["usage"]["calls"] == completed, (served, dropped, found["usage"])
-    assert found["usage"]["inputTokens"] == completed * CODEX_IN
+    calls = found["usage"]["calls"]
+    assert served >= 2 and completed - 1 <= calls <= completed, (served, dropped, found["usage"])
+    assert found["usage"]["inputTokens"] == calls * CODEX_IN
 
 
 def _ended(model: FakeModel) -> tuple[int, int]:
