@@ -397,3 +397,29 @@ async def test_a_subagents_run_pages_only_an_endpoint_that_includes_subagents(cl
     finally:
         await plain_receiver.close()
         await sub_receiver.close()
+
+
+SET_BUDGET = """mutation($t: ID!) { setBudget(input: {threadId: $t, maxTokens: 100, window: TOTAL, action: STOP}) {
+  budget { id } userErrors { code } } }"""
+
+
+async def test_a_budget_passed_pages_with_its_limit_and_what_was_spent(
+    client: Client, receiver: Receiver, tmp_path: Path
+) -> None:
+    project, thread = await _thread(client, tmp_path, "budget")
+    made = await _endpoint(client, project, receiver.url, ["BUDGET_EXCEEDED"])
+    budget = (await client.gql(SET_BUDGET, {"t": thread}))["setBudget"]
+    assert budget["userErrors"] == []
+
+    sent = await send(client, thread, "@usage 150 30\n@reply over the limit")
+    await finished(client, sent["run"]["id"])
+    [paged] = await receiver.until(lambda r: len(r) == 1)
+    assert verify(made["secret"], paged.headers, paged.body)
+    assert paged.json["type"] == "budget.exceeded"
+    data = paged.json["data"]
+    assert data["threadId"] == thread and data["run"]["id"] == sent["run"]["id"]
+    assert data["budget"] == {
+        "id": budget["budget"]["id"], "window": "TOTAL", "action": "STOP", "maxCostUsd": None, "maxTokens": 100,
+        "spentCostUsd": 0.0, "spentTokens": 180,
+    }  # fmt: skip
+    assert data["requestId"] is None

@@ -28,7 +28,7 @@ from threadloom.domain.statuses import RuntimeRequestStatus
 
 class WebhookEvent(StrEnum):
     """What an endpoint can subscribe to; the value is the body's `type`. A new event is one line here and its
-    trigger below (`budget.exceeded` comes with budgets)."""
+    trigger below."""
 
     RUN_COMPLETED = "run.completed"
     RUN_FAILED = "run.failed"
@@ -39,6 +39,7 @@ class WebhookEvent(StrEnum):
     THREAD_STOPPED = "thread.stopped"
     ROLLBACK_COMPLETED = "rollback.completed"
     FORK_CREATED = "fork.created"
+    BUDGET_EXCEEDED = "budget.exceeded"
 
 
 class EndpointStatus(StrEnum):
@@ -80,7 +81,10 @@ _BY_ACTIVITY: dict[str, WebhookEvent] = {
     ActivityKind.QUESTION_ASKED: WebhookEvent.QUESTION_ASKED,
     ActivityKind.ROLLBACK_COMPLETED: WebhookEvent.ROLLBACK_COMPLETED,
     ActivityKind.LINEAGE_FORKED: WebhookEvent.FORK_CREATED,
+    ActivityKind.BUDGET_EXCEEDED: WebhookEvent.BUDGET_EXCEEDED,
 }
+
+_BUDGET_FIELDS = ("window", "action", "maxCostUsd", "maxTokens", "spentCostUsd", "spentTokens")
 
 MAX_BODY_BYTES = 64 * 1024  # a body over this drops its request's prompt (`truncated: true`)
 MESSAGE_PREFIX = "msg_"
@@ -182,6 +186,14 @@ def _data(event: WebhookEvent, change: Change, latest: Mapping[uuid.UUID, Any]) 
             for r in runs
             if isinstance(r, dict) and isinstance(r.get("id"), str)
         ]
+    elif event == WebhookEvent.BUDGET_EXCEEDED:
+        budget_id = payload.get("budgetId")
+        data["budget"] = {
+            "id": global_id("Budget", uuid.UUID(budget_id)) if isinstance(budget_id, str) else None,
+            **{k: payload.get(k) for k in _BUDGET_FIELDS},
+        }
+        request_id = payload.get("requestId")  # ASK: the BUDGET request a person answers
+        data["requestId"] = global_id("RuntimeRequest", uuid.UUID(request_id)) if isinstance(request_id, str) else None
     elif event == WebhookEvent.THREAD_STOPPED:
         thread = latest.get(thread_id)
         data["queueHeld"] = thread.queue_held if isinstance(thread, AppThread) else True
