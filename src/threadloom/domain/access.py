@@ -45,3 +45,12 @@ class Principal:
     def require_global_admin(self) -> None:
         if self.scope != TokenScope.ADMIN or self.project_id is not None:
             raise DomainError(ErrorCode.FORBIDDEN, "creating projects needs an admin token for all projects")
+
+
+# The server acting on its own (a budget's stop, a delegated task stopped with its parent): not a client, so
+# the guards on clients' commands (a rollback under way, another device's writer lease) do not apply to it.
+SERVER = Principal(uuid.UUID(int=1), TokenScope.ADMIN, None, token_name="server")
+
+
+def is_server(principal: Principal) -> bool:
+    return principal.token_id == SERVER.token_id

@@ -12,7 +12,7 @@ from threadloom.domain import budgets as budget_rules
 from threadloom.domain import delegation, interruption, subagents
 from threadloom.domain import queue as queue_rules
 from threadloom.domain import runs as rules
-from threadloom.domain.access import Principal
+from threadloom.domain.access import SERVER, Principal
 from threadloom.domain.activities import ActivityKind, activity
 from threadloom.domain.changes import Outcome
 from threadloom.domain.effects import InterruptTurn, StopSession, StopTasks
@@ -282,7 +282,7 @@ class Interruption:
     async def _stop_tree(self, thread_id: uuid.UUID, reason: str) -> None:
         for child in await self._tasks_of(thread_id):
             await self._stop_tree(child, reason)
-        await self.stop_thread(SYSTEM, thread_id, None, cascade=False, reason=reason)  # the internal thread.stop
+        await self.stop_thread(SERVER, thread_id, None, cascade=False, reason=reason)  # the internal thread.stop
 
     async def stop_for_budget(self, thread_id: uuid.UUID, found: budget_rules.Breach, trigger: Run | None) -> None:
         """A budget's STOP (or a declined ASK): the Stop path on the budget's thread, held BUDGET_EXCEEDED,
@@ -300,7 +300,7 @@ class Interruption:
             outcome.changes.append(budget_rules.exceeded(thread.id, found, trigger, now, new_id))
             return outcome
 
-        await self.runs.execute_on_thread(SYSTEM, "budget.stop", thread_id, None, decide)
+        await self.runs.execute_on_thread(SERVER, "budget.stop", thread_id, None, decide)
 
     async def _tasks_of(self, parent: uuid.UUID) -> list[uuid.UUID]:
         async with self.pipeline.db.read() as db:
@@ -309,5 +309,3 @@ class Interruption:
             )
         return [child.id for child in children]
 
-
-SYSTEM = Principal(uuid.UUID(int=1), TokenScope.ADMIN, None)

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar, overload
 import orjson
 
 from threadloom.domain import webhooks
-from threadloom.domain.access import Principal
+from threadloom.domain.access import Principal, is_server
 from threadloom.domain.changes import Outcome, Valued
 from threadloom.domain.entities import AppThread, UsageRecord
 from threadloom.domain.errors import DomainError, ErrorCode, not_found
@@ -176,8 +176,10 @@ class Pipeline:
 
             async def guarded(db: Reader, thread: AppThread) -> Outcome:
                 principal = on_thread.principal
-                if principal is not None:  # a client's command: not while a rollback is under way, nor from
-                    if not principal.sees(thread.project_id):  # another lease holder; neither told to strangers
+                # A client's command: not while a rollback is under way, nor from another lease holder; neither
+                # told to strangers. The server's own commands (a budget's stop) are not a client's.
+                if principal is not None and not is_server(principal):
+                    if not principal.sees(thread.project_id):
                         raise not_found(on_thread.target_field)
                     refuse_while_rolling_back(thread, on_thread.command_type)
                     refuse_other_writer(thread, principal, on_thread.command_type, self.clock.now())
