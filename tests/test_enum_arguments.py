@@ -7,8 +7,9 @@ an internal error or ignored the choice for one of the two forms. The fields, fo
 (`test_the_enum_arguments_covered_here_are_all_the_schema_has` fails when one is added without a case
 here): `Thread.contextTransfers(type:)`, `Thread.transfers(type:)`, `ForkThreadInput.workspace`,
 `RollbackToRunInput.onConflict`, `RespondToApprovalInput.decision`, `ImplementPlanInput.target`,
-`CreateTokenInput.scope`; `CreateThreadInput.mode` and `SetRuntimeModeInput.mode` in both forms are in
-tests/test_runtime_mode_input.py.
+`CreateTokenInput.scope`, `Query.usage(groupBy:)`, `SetBudgetInput.window` and `.action`, the webhook
+endpoints' `events` and `Query.webhookDeliveries(status:)`; `CreateThreadInput.mode` and
+`SetRuntimeModeInput.mode` in both forms are in tests/test_runtime_mode_input.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ COVERED = {
     "CreateTokenInput.scope",
     "CreateThreadInput.mode",  # both forms: tests/test_runtime_mode_input.py
     "SetRuntimeModeInput.mode",  # both forms: tests/test_runtime_mode_input.py
+    "Query.usage(groupBy)",
+    "SetBudgetInput.window",
+    "SetBudgetInput.action",
+    "CreateWebhookEndpointInput.events",
+    "UpdateWebhookEndpointInput.events",
+    "Query.webhookDeliveries(status)",
 }
 
 FORK_BY = """mutation($run: ID!, $key: String) {
@@ -243,3 +250,77 @@ async def test_a_token_scope_is_the_same_inline_and_through_a_variable(api: Clie
     inline = (await api.gql(TOKEN_WITH.format(scope=scope)))["createToken"]
     through_variable = (await api.gql(TOKEN_VARIABLE, {"s": scope}))["createToken"]
     assert inline == through_variable == {"token": {"scope": scope, "state": "ACTIVE"}, "userErrors": []}
+
+
+async def _project_of(api: Client, thread: ScriptedThread) -> str:
+    found = await api.gql("query($t: ID!) { thread(id: $t) { project { id } } }", {"t": thread.id})
+    return found["thread"]["project"]["id"]  # type: ignore[no-any-return]
+
+
+USAGE_WITH = """query($p: ID!) {{ usage(projectId: $p, groupBy: [{group}]) {{ day threadId usage {{ calls }} }} }}"""
+USAGE_VARIABLE = """query($p: ID!, $g: [UsageGroupBy!]) { usage(projectId: $p, groupBy: $g) {
+  day threadId usage { calls } } }"""
+
+
+@pytest.mark.parametrize("group", ["DAY", "THREAD"])
+async def test_a_usage_grouping_is_the_same_inline_and_through_a_variable(
+    api: Client, tmp_path: Path, group: str
+) -> None:
+    thread = await ScriptedThread.create(api, _folder(tmp_path / "ws"))
+    await thread.run("@usage 3 2\n@reply counted")
+    project = await _project_of(api, thread)
+    inline = (await api.gql(USAGE_WITH.format(group=group), {"p": project}))["usage"]
+    through_variable = (await api.gql(USAGE_VARIABLE, {"p": project, "g": [group]}))["usage"]
+    assert inline == through_variable and len(inline) == 1 and inline[0]["usage"]["calls"] == 1
+    assert (inline[0]["threadId"] is None) == (group == "DAY")
+
+
+BUDGET_WITH = """mutation($p: ID!) {{
+  setBudget(input: {{projectId: $p, maxTokens: 5, window: {window}, action: {action}}}) {{
+  budget {{ window action }} userErrors {{ code }} }} }}"""
+BUDGET_VARIABLE = """mutation($p: ID!, $w: BudgetWindow!, $a: BudgetAction!) {
+  setBudget(input: {projectId: $p, maxTokens: 5, window: $w, action: $a}) {
+  budget { window action } userErrors { code } } }"""
+
+
+@pytest.mark.parametrize(("window", "action"), [("DAY", "ASK"), ("TOTAL", "STOP")])
+async def test_a_budget_window_and_action_are_the_same_inline_and_through_a_variable(
+    api: Client, tmp_path: Path, window: str, action: str
+) -> None:
+    thread = await ScriptedThread.create(api, _folder(tmp_path / "ws"))
+    inline = (await api.gql(BUDGET_WITH.format(window=window, action=action), {"p": await _project_of(api, thread)}))
+    again = await api.gql(BUDGET_VARIABLE, {"p": await _project_of(api, thread), "w": window, "a": action})
+    expected = {"budget": {"window": window, "action": action}, "userErrors": []}
+    assert inline["setBudget"] == again["setBudget"] == expected  # set again: the same budget, changed
+
+
+HOOK_WITH = """mutation($p: ID!) {{ createWebhookEndpoint(input: {{projectId: $p, url: "https://hooks.example.invalid/x",
+  events: [{event}]}}) {{ endpoint {{ id events }} userErrors {{ code }} }} }}"""
+HOOK_VARIABLE = """mutation($p: ID!, $e: [WebhookEvent!]!) { createWebhookEndpoint(input: {projectId: $p,
+  url: "https://hooks.example.invalid/x", events: $e}) { endpoint { id events } userErrors { code } } }"""
+HOOK_UPDATE_WITH = """mutation($id: ID!) {{ updateWebhookEndpoint(input: {{endpointId: $id, events: [{event}]}}) {{
+  endpoint {{ events }} userErrors {{ code }} }} }}"""
+HOOK_UPDATE_VARIABLE = """mutation($id: ID!, $e: [WebhookEvent!]) { updateWebhookEndpoint(input: {endpointId: $id,
+  events: $e}) { endpoint { events } userErrors { code } } }"""
+DELIVERIES_WITH = """query($id: ID!) {{ webhookDeliveries(endpointId: $id, status: {status}) {{ id }} }}"""
+DELIVERIES_VARIABLE = """query($id: ID!, $s: WebhookDeliveryStatus) {
+  webhookDeliveries(endpointId: $id, status: $s) { id } }"""
+
+
+async def test_webhook_events_and_a_delivery_status_are_the_same_inline_and_through_a_variable(
+    api: Client, tmp_path: Path
+) -> None:
+    thread = await ScriptedThread.create(api, _folder(tmp_path / "ws"))
+    p = await _project_of(api, thread)
+    inline = (await api.gql(HOOK_WITH.format(event="FORK_CREATED"), {"p": p}))["createWebhookEndpoint"]
+    through_variable = (await api.gql(HOOK_VARIABLE, {"p": p, "e": ["FORK_CREATED"]}))["createWebhookEndpoint"]
+    for made in (inline, through_variable):
+        assert made["userErrors"] == [] and made["endpoint"]["events"] == ["FORK_CREATED"]
+    endpoint = inline["endpoint"]["id"]
+    updated = (await api.gql(HOOK_UPDATE_WITH.format(event="RUN_FAILED"), {"id": endpoint}))["updateWebhookEndpoint"]
+    assert updated == {"endpoint": {"events": ["RUN_FAILED"]}, "userErrors": []}
+    updated = (await api.gql(HOOK_UPDATE_VARIABLE, {"id": endpoint, "e": ["BUDGET_EXCEEDED"]}))["updateWebhookEndpoint"]
+    assert updated == {"endpoint": {"events": ["BUDGET_EXCEEDED"]}, "userErrors": []}
+    for status in ("PENDING", "DELIVERED", "FAILED"):
+        listed = await api.gql(DELIVERIES_WITH.format(status=status), {"id": endpoint})
+        assert listed == await api.gql(DELIVERIES_VARIABLE, {"id": endpoint, "s": status}) == {"webhookDeliveries": []}

@@ -10,7 +10,6 @@ own in front of the user's words, in the model request exactly as the API record
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -128,7 +127,8 @@ async def test_undo_rollback_after_a_restart_from_context_brings_the_undone_runs
     thread = await _switched_then_rolled_back(api, workspace, first)
     [step] = (await _rollback_record(api, thread))["providerThreads"]
     assert step["handoffId"] is not None  # the replacement's restart from context, pending until its next turn
-    restart = ids.encode("ContextHandoff", uuid.UUID(step["handoffId"]))  # a nested id: not made global
+    restart = step["handoffId"]  # a global id, as every id in a payload
+    assert (ids.decode(restart) or ("",))[0] == "ContextHandoff"
     undone = (await api.gql(UNDO, {"t": thread}))["undoRollback"]
     assert undone["userErrors"] == [], undone
 
