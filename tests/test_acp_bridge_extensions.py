@@ -489,7 +489,7 @@ async def test_the_bridge_as_a_server_survives_what_an_editor_may_send(
         )
         await running(client, session)
         await raw.send({"method": "$/cancel_request", "params": {"requestId": 4}})
-        assert (await raw.answer(4))["result"] == {"stopReason": "cancelled"}
+        assert (await raw.answer(4))["result"]["stopReason"] == "cancelled"
         assert await statuses(client, session) == ["INTERRUPTED"]
 
         await raw.send(

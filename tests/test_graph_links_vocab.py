@@ -18,7 +18,7 @@ from threadloom.api.cost import operation_cost
 from threadloom.api.schema import build_schema
 from threadloom.domain.activities import ActivityKind
 from threadloom.domain.changes import EventVerb, event_type
-from threadloom.domain.entities import ENTITY_TYPES, Activity, AppThread
+from threadloom.domain.entities import ENTITY_TYPES, Activity, AppThread, UsageRecord
 from threadloom.domain.threads import RUNTIME_MODES
 
 SCHEMA = build_schema()._schema
@@ -31,10 +31,13 @@ def test_runtime_mode_names_every_mode_the_domain_accepts() -> None:
 
 
 def test_thread_event_type_names_every_event_the_log_can_hold() -> None:
+    appended_once = {Activity, UsageRecord}  # never updated: activities are recorded, usage records created
     possible = {
-        event_type(e, v) for e in ENTITY_TYPES if e is not Activity for v in (EventVerb.CREATED, EventVerb.UPDATED)
+        event_type(e, v) for e in ENTITY_TYPES if e not in appended_once for v in (EventVerb.CREATED, EventVerb.UPDATED)
     }
-    possible |= {event_type(AppThread, v) for v in (EventVerb.RENAMED, EventVerb.ARCHIVED, EventVerb.UNARCHIVED)}
+    possible |= {event_type(UsageRecord, EventVerb.CREATED)}
+    thread_verbs = (EventVerb.RENAMED, EventVerb.ARCHIVED, EventVerb.UNARCHIVED, EventVerb.LEASED)
+    possible |= {event_type(AppThread, v) for v in thread_verbs}
     possible |= {event_type(Activity, EventVerb.RECORDED), "synchronized", "reload_required"}
     assert possible == {t.value for t in vocab.ThreadEventType}
     assert vocab.thread_event_type("run.updated") is vocab.ThreadEventType.RUN_UPDATED

@@ -19,7 +19,7 @@ from threadloom.api.types import NODE_TYPES
 PROVIDERS = graph_scene.PROVIDERS
 
 ONE_OF_EACH = """query($t: ID!) { thread(id: $t) {
-  id project { id }
+  id project { id } budgets { id }
   messages(first: 1) { nodes { id } }
   activities(first: 1) { nodes { id } }
   checkpoints(first: 1) { nodes { id scope { id } } }
@@ -30,6 +30,8 @@ ONE_OF_EACH = """query($t: ID!) { thread(id: $t) {
     usageRecords { id } } }
 } }"""
 
+SET_BUDGET = """mutation($t: ID!) { setBudget(input: {threadId: $t, maxTokens: 1000000000, window: TOTAL,
+  action: STOP}) { userErrors { code } } }"""
 NODE = """query($id: ID!) { node(id: $id) { __typename id } }"""
 NODES = """query($ids: [ID!]!) { nodes(ids: $ids) { __typename id } }"""
 
@@ -57,6 +59,7 @@ def _one_of_each(thread: dict[str, Any]) -> dict[str, str]:
         "PlanArtifact": run["plans"][0]["id"],
         "Activity": thread["activities"]["nodes"][0]["id"],
         "UsageRecord": run["usageRecords"][0]["id"],
+        "Budget": thread["budgets"][0]["id"],
     }
 
 
@@ -64,6 +67,8 @@ async def test_node_and_nodes_resolve_every_node_type_for_its_owner_and_null_for
     client: Client, server: ServerProcess, database_url: str
 ) -> None:
     scene = await graph_scene.build(client, 1)
+    budget = await client.gql(SET_BUDGET, {"t": scene.units[0].source})  # far above what the scene spends
+    assert budget["setBudget"]["userErrors"] == []
     ids = _one_of_each((await client.gql(ONE_OF_EACH, {"t": scene.units[0].source}))["thread"])
     assert set(ids) == set(NODE_TYPES), set(NODE_TYPES) ^ set(ids)  # the table covers every Node type
 
