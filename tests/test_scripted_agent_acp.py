@@ -786,3 +786,23 @@ async def test_a_session_outside_the_agents_workspace_is_refused(spawn: Spawner,
     # The twin: a folder inside the workspace is fine.
     (work / "sub").mkdir()
     assert await agent.new_session(str(work / "sub"))
+
+
+async def test_files_revert_leaves_a_folder_swapped_for_a_link_out_of_the_workspace_alone(
+    spawn: Spawner, work: Path, tmp_path: Path
+) -> None:
+    """A folder the turn wrote into, swapped for a link to outside since, is not followed: the file outside
+    keeps its content. The twin in the same revert: a file still inside is put back."""
+    agent, sid = await session(spawn, work, own=True)
+    (work / "sub").mkdir()
+    (work / "inside.txt").write_text("before")
+    await agent.prompt(sid, "@write sub/a.txt written\n@write inside.txt changed")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a.txt").write_text("not yours")
+    (work / "sub" / "a.txt").unlink()
+    (work / "sub").rmdir()
+    (work / "sub").symlink_to(outside, target_is_directory=True)
+    reverted = await agent.revert_files(sid, 1)
+    assert reverted["reverted"] == [str(work / "inside.txt")]
+    assert (outside / "a.txt").read_text() == "not yours" and (work / "inside.txt").read_text() == "before"
