@@ -147,7 +147,11 @@ async def test_everything_an_agent_started_dies_with_threadloom_killed(tmp_path:
 async def test_a_killed_child_is_not_alive_before_the_event_loop_reaps_it() -> None:
     """Between a child's death and the event loop noticing it, a turn sent to it would be lost with it: a
     killed agent must read as dead at once, so the next turn starts a new process instead."""
-    proc = await child_process.spawn_process(["sleep", "60"], env={"PATH": os.environ["PATH"]})
+    # The agent says it is up first: a kill that lands while `unshare` is still setting up its child's death
+    # signal (microseconds after the start, seen under load) would leave the sleep holding the pipes for 60 s.
+    argv = ["sh", "-c", "echo up; exec sleep 60"]
+    proc = await child_process.spawn_process(argv, env={"PATH": os.environ["PATH"]})
+    assert proc.stdout is not None and await asyncio.wait_for(proc.stdout.readline(), 30) == b"up\n"
     child = child_process.ChildProcess(proc, "sleeper")
     child.start()
     assert child.alive

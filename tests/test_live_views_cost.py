@@ -6,6 +6,7 @@ views are replayed in this process on the same database, counting every statemen
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,10 +36,14 @@ def uid(gid: str) -> uuid.UUID:
 
 @contextmanager
 def counted(db: Database) -> Iterator[list[str]]:
+    """The statements this task sends: the view's own reads. The hub's feed polls the log on a timer in a task of
+    its own (every 0.25 s without a wake-up channel), so on a slow machine a poll could land in either replay."""
     statements: list[str] = []
+    mine = asyncio.current_task()
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
+        if asyncio.current_task() is mine:
+            statements.append(statement)
 
     sa.event.listen(db.engine.sync_engine, "before_cursor_execute", count)
     try:
@@ -109,4 +114,4 @@ async def test_a_subtree_view_costs_the_same_statements_for_2_and_20_tool_calls(
             assert len(asked) == 1  # one project, asked about once for all its rows
     finally:
         await db.dispose()
-    assert costs[2] == costs[20], costs
+    assert costs[2] == costs[20] >= 3, costs  # the parents, the start, and the replay's reads
