@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -16,7 +18,7 @@ from tests.support.fake_model import FakeModel
 from tests.support.graphql import workspace as workspace_folder
 from tests.support.pg import PgServer, postgres_servers
 from tests.support.schedule import LongestFirst
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, providers_env, serving
 from tests.support.spare import ServerPool, Spare, Wanted
 from threadloom import unprivileged
 from threadloom.config import Settings
@@ -152,7 +154,7 @@ def _server_wanted(item: pytest.Item | None) -> Wanted | None:
     if item is None or "server" not in getattr(item, "fixturenames", ()):
         return None
     module = getattr(item, "module", None)
-    if any(hasattr(module, name) for name in _OWN_SERVER):
+    if any(hasattr(module, name) for name in _OWN_SERVER) or _shares_a_server(module):
         return None
     providers = getattr(module, "PROVIDERS", None)
     return Wanted(providers if isinstance(providers, str) else None)
@@ -170,19 +172,58 @@ def spare(request: pytest.FixtureRequest) -> Spare | None:
     return pool.take(now, ahead)
 
 
+def _shares_a_server(module: object) -> bool:
+    """A module that says `SHARED_SERVER = True`: its tests share one server (`module_server`)."""
+    return getattr(module, "SHARED_SERVER", False) is True
+
+
+@pytest.fixture(scope="module")
+def module_server(
+    request: pytest.FixtureRequest, pg: PgServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """One server for a whole module that says `SHARED_SERVER = True`, with its `PROVIDERS` and `SERVER_ENV`.
+
+    A per-test server costs a start (about a second of CPU) and a stop: a module of twenty short tests spent
+    more time waiting for servers than testing. Such a module's tests each work in a project of their own
+    (their own workspace under `tmp_path`); they never stop the server, nor count rows across projects."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a module fixture may be set up inside a test's loop
+        url = pool.submit(asyncio.run, pg.fresh()).result(60)
+    folder = tmp_path_factory.mktemp("module-server")
+    providers = getattr(request.module, "PROVIDERS", None)
+    extra = dict(getattr(request.module, "SERVER_ENV", {}))
+    env = providers_env(folder, providers, **extra) if isinstance(providers, str) else extra
+    with serving(url, folder / "data", env) as proc:
+        yield proc
+
+
 @pytest.fixture
-async def database_url(pg: PgServer, spare: Spare | None) -> str:
+async def database_url(request: pytest.FixtureRequest, pg: PgServer, spare: Spare | None) -> str:
+    if _shares_a_server(request.module):
+        return str(request.getfixturevalue("module_server").database_url)
     return spare.database_url if spare is not None else await pg.fresh()
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path, spare: Spare | None) -> Path:
+def data_dir(request: pytest.FixtureRequest, tmp_path: Path, spare: Spare | None) -> Path:
+    if _shares_a_server(request.module):
+        return Path(request.getfixturevalue("module_server").data_dir)
     return spare.data_dir if spare is not None else tmp_path / "data"
 
 
 @pytest.fixture
-async def services(database_url: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Services]:
+async def services(
+    request: pytest.FixtureRequest,
+    pg: PgServer,
+    database_url: str,
+    data_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Services]:
+    """In-process services on the test's database; in a module sharing a server, on a database of their own
+    (two engines on one database would adopt each other's runs)."""
     monkeypatch.setenv("THREADLOOM_STRICT_TRANSACTIONS", "1")  # as every test server (threadloom.io_guard)
+    if _shares_a_server(request.module):
+        database_url, data_dir = await pg.fresh(), tmp_path / "services-data"
     settings = Settings.from_env(data_dir=str(data_dir))
     db = Database.from_url(database_url)
     services = Services.build(settings, db, SystemClock(), load_instances(None))
@@ -198,9 +239,15 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def server(spare: Spare | None, database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
+def server(
+    request: pytest.FixtureRequest, spare: Spare | None, database_url: str, data_dir: Path
+) -> Iterator[ServerProcess]:
     """A real server of its own for the test, started ahead (tests/support/spare.py); a test module's
-    `PROVIDERS` (the text of a providers.toml) sets its provider instances."""
+    `PROVIDERS` (the text of a providers.toml) sets its provider instances. In a module that says
+    `SHARED_SERVER = True`, the module's one server."""
+    if _shares_a_server(request.module):
+        yield request.getfixturevalue("module_server")
+        return
     assert spare is not None and spare.database_url == database_url
     proc = spare.proc.wait_ready()
     yield proc

@@ -21,6 +21,8 @@ from tests.support.runs import finished, send
 from tests.support.server import Client
 from tests.support.waiting import until
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 CHECKPOINT = """
 query($id: ID!, $path: String!) {
   run(id: $id) {

@@ -25,6 +25,8 @@ from tests.support.server import Client
 from tests.support.waiting import until
 from threadloom.api.schema import build_schema
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 COVERED = {
     "Thread.contextTransfers(type)",
     "Thread.transfers(type)",
@@ -288,7 +290,7 @@ async def test_a_budget_window_and_action_are_the_same_inline_and_through_a_vari
     api: Client, tmp_path: Path, window: str, action: str
 ) -> None:
     thread = await ScriptedThread.create(api, _folder(tmp_path / "ws"))
-    inline = (await api.gql(BUDGET_WITH.format(window=window, action=action), {"p": await _project_of(api, thread)}))
+    inline = await api.gql(BUDGET_WITH.format(window=window, action=action), {"p": await _project_of(api, thread)})
     again = await api.gql(BUDGET_VARIABLE, {"p": await _project_of(api, thread), "w": window, "a": action})
     expected = {"budget": {"window": window, "action": action}, "userErrors": []}
     assert inline["setBudget"] == again["setBudget"] == expected  # set again: the same budget, changed

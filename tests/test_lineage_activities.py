@@ -14,6 +14,8 @@ from tests.support.server import Client
 from tests.support.waiting import until
 from tests.support.ws import WsClient
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 PROVIDERS = """
 [instances.a]
 driver = "scripted"

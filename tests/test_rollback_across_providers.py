@@ -20,6 +20,8 @@ from tests.support.runs import finished
 from tests.support.scripted import ScriptedThread
 from tests.support.server import Client
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 PROVIDERS = (
     """
 [instances.a]

@@ -17,6 +17,8 @@ from tests.support.scripted import CREATE_THREAD, ScriptedThread
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 ROLLBACK = """mutation($t: ID!, $n: Int!, $dry: Boolean, $token: String, $on: RollbackConflictPolicy) {
   rollbackToRun(input: {threadId: $t, runOrdinal: $n, dryRun: $dry, previewToken: $token, onConflict: $on}) {
     rolledBackRuns { ordinal }

@@ -17,6 +17,8 @@ from tests.support.graphql import make_project, workspace
 from tests.support.runs import finished, send
 from tests.support.server import Client
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 CREATE_INLINE = """mutation($p: ID!) { createThread(input: {projectId: $p, mode: READ_ONLY}) {
   thread { id mode runtimeMode } userErrors { code field } } }"""
 CREATE_WITH = """mutation($p: ID!, $mode: RuntimeMode, $s: String) {

@@ -18,6 +18,8 @@ from tests.support.runs import finished
 from tests.support.scripted import ScriptedThread
 from tests.support.server import Client
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 SEND = """mutation($t: ID!, $text: String!, $m: String) {
   sendMessage(input: {threadId: $t, text: $text, model: $m}) { run { id } userErrors { code message field } } }"""
 SWITCH = """mutation($t: ID!, $i: String!, $m: String) {

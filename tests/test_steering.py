@@ -23,6 +23,7 @@ from threadloom.engine.services import Services
 from threadloom.providers.child_process import descendants
 from threadloom.store import tables as t
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 PROVIDERS = (
     """
 [instances.nosteer]
@@ -285,7 +286,8 @@ async def test_interrupt_unsupported_stop_session(client: Client, tmp_path: Path
         db = Database.from_url(database_url, pool_size=1)
         try:
             async with db.read() as r:
-                db_sessions[:] = await r.rows(sa.select(t.provider_sessions.c.status))
+                sessions = sa.select(t.provider_sessions.c.status)  # this test's instance: the server is the module's
+                db_sessions[:] = await r.rows(sessions.where(t.provider_sessions.c.provider_instance_id == "stopper"))
         finally:
             await db.dispose()
         return [s["status"] for s in db_sessions] == ["stopped"]

@@ -17,6 +17,8 @@ from threadloom.api.ids import decode
 from threadloom.store import tables as t
 from threadloom.store.db import Database
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 EVENTS = """subscription($t: ID!, $after: Int, $run: ID, $node: ID) {
   threadEvents(threadId: $t, afterSequence: $after, runId: $run, nodeId: $node) {
     sequence type runId nodeId entity { __typename ... on Run { status } }

@@ -17,6 +17,8 @@ from tests.support.scripted import ScriptedThread
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 PROVIDERS = """
 [instances.a]
 driver = "scripted"

@@ -38,6 +38,7 @@ class ServerProcess:
         """`fork`: forked from a process that imported the server already (tests/support/zygote.py); by
         default for a server on a given database. False: the real `python -m threadloom serve`."""
         self.port = port or free_port()  # a given port: a restart clients reconnect to at the same address
+        self.database_url, self.data_dir = database_url, data_dir
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_token: str | None = None
         self.lines: queue.Queue[str] = queue.Queue()
