@@ -177,9 +177,14 @@ CLOCK_AFTER = CLOCK_BEFORE.replace(
 NOTES = "# How the clock is read\n\nThrough `time.time()`, never a sleep of its own.\n"
 README = "An old project.\n"
 LOGO = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06"
-BEFORE_RUN_1 = {"README.md": README, "tests/test_clock.py": CLOCK_BEFORE, "docs/old.md": NOTES}
+BEFORE_RUN_1: dict[str, str | bytes] = {"README.md": README, "tests/test_clock.py": CLOCK_BEFORE, "docs/old.md": NOTES}
 QUEUED_FILE, QUEUED_TEXT = "notes/queued.txt", "written-by-the-queued-run"
-AFTER_RUN_1 = {"README.md": README, "tests/test_clock.py": CLOCK_AFTER, "docs/new.md": NOTES, "logo.png": LOGO}
+AFTER_RUN_1: dict[str, str | bytes] = {
+    "README.md": README,
+    "tests/test_clock.py": CLOCK_AFTER,
+    "docs/new.md": NOTES,
+    "logo.png": LOGO,
+}
 
 
 def tree_of(folder: Path) -> dict[str, str | bytes]:
@@ -331,7 +336,7 @@ async def fill(old: OldRelease, workspace: Path, data_dir: Path) -> dict[str, An
         "kind": "root_run", "advances_run_count": True, "created_at": old.now(),
     }  # fmt: skip
     await old.write("checkpoint_scope", scope, thread=A, project=P)
-    c0 = {
+    c0: dict[str, Any] = {
         "id": new_id(), "thread_id": A, "scope_id": scope["id"], "run_id": None, "ordinal": 0,
         "ref": shadow.capture(A, 0, "baseline before run 1"), "status": "ready", "files": [], "created_at": old.now(),
     }  # fmt: skip
