@@ -169,7 +169,9 @@ async def test_approvals_decide_whether_the_command_runs(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-async def test_steer_then_interrupt(api: Client, fake: FakeModel, tmp_path: Path, provider: str) -> None:
+async def test_real_cli_takes_a_steer_mid_turn_then_an_interrupt(
+    api: Client, fake: FakeModel, tmp_path: Path, provider: str
+) -> None:
     thread, _ = await _thread(api, tmp_path, provider)
     held = await send(api, thread, "HOLD")
     await _running(api, held["run"]["id"])

@@ -6,7 +6,7 @@ from tests.support.graphql import THREADS_PAGE, make_project, make_thread
 from tests.support.server import Client
 
 
-async def test_create_and_browse(client: Client) -> None:
+async def test_a_created_thread_is_listed_in_its_project_page(client: Client) -> None:
     project_id = await make_project(client)
     thread = await make_thread(client, project_id, "Hello")
     assert thread["title"] == "Hello"

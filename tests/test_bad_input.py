@@ -49,7 +49,7 @@ async def test_undecodable_and_wrong_type_ids(client: Client, database_url: str)
     assert await _writes(database_url) == before
 
 
-async def test_invalid_field_values(client: Client, database_url: str) -> None:
+async def test_invalid_title_root_or_provider_is_refused_and_writes_nothing(client: Client, database_url: str) -> None:
     project = await make_project(client)
     before = await _writes(database_url)
     blank = await client.gql(CREATE_THREAD, {"projectId": project, "title": "   "})

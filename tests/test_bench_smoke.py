@@ -41,7 +41,7 @@ def test_every_benchmark_is_smoked() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", BENCHMARKS)
-def test_benchmark_smoke(script: str) -> None:
+def test_each_benchmark_smoke_run_prints_its_ratio(script: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), "--smoke"],

@@ -469,7 +469,7 @@ async def test_restore_refuses_to_remove_a_folder_holding_a_repository(store: Ch
     assert (workspace / "vendor" / ".git" / "HEAD").exists()
 
 
-async def test_projects_are_isolated(store: CheckpointStore, tmp_path: Path) -> None:
+async def test_projects_share_no_refs_or_commits(store: CheckpointStore, tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     for root in (one, two):
         root.mkdir()
@@ -487,7 +487,7 @@ async def test_projects_are_isolated(store: CheckpointStore, tmp_path: Path) -> 
     assert (two / "f.txt").read_text() == "two"
 
 
-async def test_refs(store: CheckpointStore, workspace: Path) -> None:
+async def test_refs_are_listed_by_ordinal_and_kept_by_update_ref(store: CheckpointStore, workspace: Path) -> None:
     repo = store.repo("p1", workspace)
     assert await repo.resolve(ref(0)) is None  # nothing captured yet: no repository, no ref
     assert await repo.list_refs("refs/threadloom/t1") == []
@@ -621,7 +621,7 @@ async def test_another_process_holding_the_lock_delays_capture(store: Checkpoint
     assert "made-while-waiting.txt" in tree_paths(repo, capture.commit)
 
 
-async def test_unusual_file_names(store: CheckpointStore, workspace: Path) -> None:
+async def test_unusual_file_names_are_captured_diffed_and_restored(store: CheckpointStore, workspace: Path) -> None:
     names = ["with space.txt", "-leading-dash", "new\nline", "tab\tname", "ünïcode.txt", 'quote"s', "git~1", ".gitx"]
     raw_name = b"latin1-\xe9.bin"  # not UTF-8
     repo = store.repo("p1", workspace)

@@ -142,7 +142,7 @@ def _uuid(gid: str) -> str:
     return str(found[1])
 
 
-async def test_interrupt_by_node(client: Client, tmp_path: Path) -> None:
+async def test_interrupting_a_subagent_node_stops_the_child_not_the_parent(client: Client, tmp_path: Path) -> None:
     parent = await _parent(client, tmp_path)
     busy = await send(client, parent, "@delay 20000\n@reply never")
     await _running(client, busy["run"]["id"])

@@ -116,7 +116,9 @@ async def test_auto_falls_back_to_queue(client: Client, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["steerActive", "restartActive"])
-async def test_not_steerable(client: Client, tmp_path: Path, mode: str) -> None:
+async def test_steer_or_restart_refused_as_not_steerable_changes_nothing(
+    client: Client, tmp_path: Path, mode: str
+) -> None:
     thread = await _thread(client, tmp_path, "rigid")
     active, state = await _held_open(client, thread)
     before = await _state(client, thread)

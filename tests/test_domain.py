@@ -60,7 +60,7 @@ def test_project_name_and_root_are_cleaned() -> None:
         ("ok", "/bad\x00path", "workspaceRoot"),
     ],
 )
-def test_project_bad_input(name: str, root: str, field: str) -> None:
+def test_create_project_refuses_a_bad_name_or_root(name: str, root: str, field: str) -> None:
     with pytest.raises(DomainError) as err:
         projects.create_project(new_id(), name, root, NOW)
     assert err.value.code == ErrorCode.INVALID_INPUT
@@ -82,7 +82,7 @@ def test_unknown_provider_instance_is_refused() -> None:
     assert threads.choose_provider_instance(None, "scripted", ["scripted"]) == "scripted"
 
 
-def test_archive_rules() -> None:
+def test_archive_and_unarchive_refuse_a_wrong_state_or_busy_thread() -> None:
     thread = _thread()
     archived = threads.archive_thread(thread, NOW).entity
     assert isinstance(archived, AppThread) and archived.archived_at == NOW
@@ -98,7 +98,7 @@ def test_archive_rules() -> None:
     assert err.value.code == ErrorCode.THREAD_BUSY
 
 
-def test_rename_rejects_blank() -> None:
+def test_rename_rejects_a_blank_title() -> None:
     with pytest.raises(DomainError) as err:
         threads.rename_thread(_thread(), "  ", NOW)
     assert err.value.field == "title"
@@ -109,7 +109,7 @@ def test_thread_status_is_derived() -> None:
     assert threads.thread_status("waiting") == ThreadStatus.WAITING
 
 
-def test_access_rules() -> None:
+def test_token_scope_and_project_decide_access() -> None:
     project = uuid.uuid4()
     other = uuid.uuid4()
     reader = Principal(uuid.uuid4(), TokenScope.READ, project)

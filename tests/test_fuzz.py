@@ -61,7 +61,9 @@ def fuzz_seed(request: pytest.FixtureRequest) -> seeds.Seed:
 
 @schema.parametrize()
 @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
-def test_no_server_errors(case: schemathesis.Case, fuzz_server: ServerProcess, fuzz_seed: seeds.Seed) -> None:
+def test_fuzzed_requests_get_no_server_errors(
+    case: schemathesis.Case, fuzz_server: ServerProcess, fuzz_seed: seeds.Seed
+) -> None:
     with fuzz_seed.shown_on_failure():
         response = case.call(
             base_url=fuzz_server.url + "/graphql",

@@ -99,7 +99,7 @@ def test_what_a_new_token_may_be(name: str, expires_in: int | None, expected: st
         (who("admin", None), None, False, True, None),
     ],
 )
-def test_who_may_revoke(
+def test_who_may_revoke_which_token(
     caller: Principal, token_project: uuid.UUID | None, revoked: bool, exists: bool, expected: str | None
 ) -> None:
     revoked_at = NOW if revoked else None
@@ -116,7 +116,9 @@ def test_who_may_revoke(
         (NOW, NOW - timedelta(days=1), TokenState.REVOKED),  # revoked wins over expired
     ],
 )
-def test_token_state(revoked_at: datetime | None, expires_at: datetime | None, state: TokenState) -> None:
+def test_token_state_follows_revocation_then_expiry(
+    revoked_at: datetime | None, expires_at: datetime | None, state: TokenState
+) -> None:
     assert token_rules.token_state(revoked_at, expires_at, NOW) == state
 
 

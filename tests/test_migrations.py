@@ -36,7 +36,7 @@ async def test_round_trip_on_empty_database(pg: PgServer) -> None:
         await db.dispose()
 
 
-async def test_database_enforces_invariants(pg: PgServer) -> None:
+async def test_database_constraints_enforce_run_and_event_invariants(pg: PgServer) -> None:
     url = await pg.fresh()
     conn = await pg.connect(url)
     try:

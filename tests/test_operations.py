@@ -20,7 +20,7 @@ def test_checked_in_schema_is_current() -> None:
     assert checked_in == export_sdl(), f"schema/schema.graphql is stale: run `{fix}`"
 
 
-def test_export_schema_command(tmp_path: Path) -> None:
+def test_export_schema_command_writes_the_served_schema(tmp_path: Path) -> None:
     out = tmp_path / "s.graphql"
     done = threadloom(None, "export-schema", "--out", str(out))
     assert done.returncode == 0, done.stderr

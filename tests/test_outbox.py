@@ -133,7 +133,7 @@ async def test_failed_effects_back_off_and_give_up(services: Services) -> None:
     assert [backoff(n) for n in (1, 2, 3)] == [0.2, 0.4, 0.8] and backoff(50) == 30.0
 
 
-def test_recovery_decisions() -> None:
+def test_recover_run_decides_by_status_and_recorded_turn() -> None:
     assert recover_run(RunStatus.PREPARING, start_pending=True, turn_recorded=False, owner_alive=None) == (
         RecoveryAction.NONE
     )

@@ -64,7 +64,9 @@ async def _activities(client: Client, thread: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.usefixtures("activity_ids")
-async def test_approval_accept(client: Client, thread_id: str, workspace: Path) -> None:
+async def test_an_accepted_approval_runs_its_command_and_the_run_completes(
+    client: Client, thread_id: str, workspace: Path
+) -> None:
     sent = await send(client, thread_id, "@approval echo approved > ok.txt\n@reply done")
     state = await _pending(client, thread_id)
     assert state["status"] == "WAITING"

@@ -59,7 +59,9 @@ TABLE = [
 @pytest.mark.parametrize(
     ("retries", "reasons", "kinds", "action"), [row[1:] for row in TABLE], ids=[r[0] for r in TABLE]
 )
-def test_after_loss(retries: int, reasons: tuple[AttemptReason, ...], kinds: tuple[NodeKind, ...], action: str) -> None:
+def test_a_lost_run_is_retried_only_when_safe_and_allowed(
+    retries: int, reasons: tuple[AttemptReason, ...], kinds: tuple[NodeKind, ...], action: str
+) -> None:
     assert after_loss(RetryPolicy(retries=retries), _attempts(*reasons), _nodes(*kinds)) == action
 
 

@@ -58,7 +58,7 @@ async def test_a_crash_after_a_write_fails_the_run_and_nothing_runs_twice(api: C
     assert (tmp_path / "ws-retrying" / "note.txt").read_text() == "once"
 
 
-async def test_retries_are_bounded(api: Client, tmp_path: Path) -> None:
+async def test_provider_recovery_retries_are_bounded_then_the_run_fails(api: Client, tmp_path: Path) -> None:
     thread = await _thread(api, tmp_path, "retrying")
     done = await _ran(api, thread, "@crash")
     assert done["status"] == "FAILED"

@@ -166,7 +166,7 @@ async def test_without_native_rollback_a_fork_or_a_handoff_replaces_the_conversa
         assert "first" in remembered[0] and "second" not in remembered[0]
 
 
-async def test_refusals_change_nothing(api: Client, home: Path) -> None:
+async def test_rollback_refusals_change_nothing(api: Client, home: Path) -> None:
     thread = await Thread.create(api, home)
     await thread.run("first")
     for ordinal, code in ((5, "NOT_FOUND"), (-1, "INVALID_INPUT")):

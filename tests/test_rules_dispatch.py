@@ -133,7 +133,9 @@ def test_the_table_covers_every_mode_and_state() -> None:
 
 
 @pytest.mark.parametrize(("mode", "state_name", "ability", "expected"), CASES)
-def test_dispatch_table(mode: DispatchMode, state_name: str, ability: str, expected: Expected) -> None:
+def test_dispatch_decision_per_mode_state_and_ability(
+    mode: DispatchMode, state_name: str, ability: str, expected: Expected
+) -> None:
     state = _state(state_name)
     target = None if state.active is None else state.active.id
     assert _decide(Dispatch(mode, target_run_id=target), state, ABILITIES[ability]) == expected

@@ -42,7 +42,7 @@ READY, MISSING = CheckpointStatus.READY, CheckpointStatus.MISSING
         (RunStatus.ROLLED_BACK, READY, False),
     ],
 )
-def test_stable_points(status: RunStatus, files: CheckpointStatus | None, stable: bool) -> None:
+def test_which_runs_are_stable_fork_points(status: RunStatus, files: CheckpointStatus | None, stable: bool) -> None:
     run = b.run(OWNER, 1, status)
     found = None if files is None else checkpoint(files)
     assert forks.is_stable(run, found) is stable
@@ -93,7 +93,7 @@ N, P = forks.Resolution.NATIVE, forks.Resolution.PORTABLE
         (dataclasses.replace(POINT, native_thread_ref=None), "codex", True, True, P),  # never reached the provider
     ],
 )
-def test_native_or_portable(
+def test_fork_point_resolves_native_or_portable(
     point: forks.ForkPoint, instance: str, can_fork: bool, from_turn: bool, expected: forks.Resolution
 ) -> None:
     assert forks.resolve(point, OWNER, instance, can_fork, from_turn) == expected

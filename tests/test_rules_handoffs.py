@@ -253,7 +253,7 @@ def test_long_texts_are_cut_and_say_so() -> None:
     ("ordinals", "text"),
     [([], ""), ([4], "4"), ([3, 1, 2], f"1{D}3"), ([1, 2, 3, 5, 7, 8], f"1{D}3, 5, 7{D}8"), ([2, 2, 3], f"2{D}3")],
 )
-def test_ranges(ordinals: list[int], text: str) -> None:
+def test_run_ordinals_are_written_as_ranges(ordinals: list[int], text: str) -> None:
     assert ranges(ordinals) == text
 
 
@@ -292,7 +292,7 @@ def codex(last_seen: int | list[int], **kw: object) -> TargetThread:
         (range(1, 6), codex([1, 2, 4]), False, R.RETURNING, False, DELTA, [3, 5]),
     ],
 )  # fmt: skip
-def test_choose_strategy(
+def test_handoff_strategy_and_the_runs_it_covers(
     earlier: range | list[int],
     target: TargetThread | None,
     fresh: bool,

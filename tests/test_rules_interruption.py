@@ -56,7 +56,9 @@ def test_the_active_table_covers_every_combination() -> None:
 @pytest.mark.parametrize(
     ("turn", "supports", "policy", "plan"), [pytest.param(*row, id=_id(*row[:3])) for row in ACTIVE_TABLE]
 )
-def test_an_active_run(status: RunStatus, turn: bool, supports: bool, policy: UnsupportedPolicy, plan: Plan) -> None:
+def test_interrupt_plan_for_an_active_run(
+    status: RunStatus, turn: bool, supports: bool, policy: UnsupportedPolicy, plan: Plan
+) -> None:
     run = b.run(b.thread(), 1, status)
     assert plan_interrupt(run, turn_recorded=turn, supports_interrupt=supports, policy=policy) == plan
 

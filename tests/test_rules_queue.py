@@ -189,7 +189,9 @@ def test_cancel_closes_the_run_and_the_rest_move_up(index: int) -> None:
         pytest.param("x" * 200_001, (ErrorCode.INVALID_INPUT, "text"), id="too-long"),
     ],
 )
-def test_edit(text: str, expected: tuple[ErrorCode, str] | None) -> None:
+def test_editing_a_queued_message_replaces_its_text_or_refuses(
+    text: str, expected: tuple[ErrorCode, str] | None
+) -> None:
     thread = b.thread()
     run = b.queue(thread, 1)[0]
     message = b.message_of(run, "first words")
@@ -280,7 +282,7 @@ def test_promote_cancels_the_queued_run_and_steers_the_active_one(native: bool) 
         pytest.param(True, True, 3, False, id="held-busy-waits"),
     ],
 )
-def test_drain(held: bool, active: bool, waiting: int, starts: bool) -> None:
+def test_drain_starts_the_first_queued_run_only_when_free(held: bool, active: bool, waiting: int, starts: bool) -> None:
     thread = b.thread(queue_held=held, active_run_id=b.uid() if active else None)
     queued = b.queue(thread, waiting)
     outcome = drain_queue(thread, queued, b.NOW, b.Ids())
@@ -305,7 +307,9 @@ def test_drain(held: bool, active: bool, waiting: int, starts: bool) -> None:
         pytest.param(False, False, 2, ErrorCode.QUEUE_NOT_HELD, id="not-held"),
     ],
 )
-def test_resume(held: bool, active: bool, waiting: int, expected: str | ErrorCode) -> None:
+def test_resume_releases_a_held_queue_and_starts_its_first_run(
+    held: bool, active: bool, waiting: int, expected: str | ErrorCode
+) -> None:
     thread = b.thread(queue_held=held, queue_hold_reason="stopped by the user" if held else None)
     running = b.run(thread, 1, RunStatus.RUNNING) if active else None
     queued = b.queue(thread, waiting)

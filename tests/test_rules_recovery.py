@@ -51,7 +51,7 @@ TABLE = [
 @pytest.mark.parametrize(
     ("status", "claimed", "pending", "turn", "owner", "action"), [pytest.param(*row[1:], id=row[0]) for row in TABLE]
 )
-def test_recovery_table(
+def test_recovery_action_per_run_state_after_a_restart(
     status: RunStatus, claimed: bool, pending: bool, turn: bool, owner: bool | None, action: RecoveryAction
 ) -> None:
     got = recover_run(status, start_claimed=claimed, start_pending=pending, turn_recorded=turn, owner_alive=owner)

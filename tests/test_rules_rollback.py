@@ -164,7 +164,7 @@ TABLE = [
     ("runs", "target", "bases", "rolled_back", "pts", "stale", "restored"),
     [pytest.param(*r[1:], id=r[0]) for r in TABLE],
 )
-def test_rollback_plan(
+def test_rollback_plan_per_run_history(
     runs: list[RunFact],
     target: int,
     bases: dict[str, int | None],
@@ -222,7 +222,7 @@ REFUSALS = [
 @pytest.mark.parametrize(
     ("runs", "target", "restore", "code", "field"), [pytest.param(*r[1:], id=r[0]) for r in REFUSALS]
 )
-def test_rollback_refusals(
+def test_rollback_refusals_per_run_history(
     runs: list[RunFact], target: int, restore: bool, code: RollbackCode, field: str | None
 ) -> None:
     present = checkpoints("cp1", "cp2")  # no baseline

@@ -63,7 +63,9 @@ def _uuid(gid: str) -> Any:
     return found[1]
 
 
-async def test_simple(client: Client, thread_id: str, database_url: str) -> None:
+async def test_a_message_runs_to_completion_with_a_gapless_log(
+    client: Client, thread_id: str, database_url: str
+) -> None:
     sent = await send(client, thread_id, "hello there")
     assert sent["userErrors"] == []
     assert sent["appliedDispatch"] == "START_IMMEDIATELY"
@@ -117,7 +119,7 @@ async def test_multi_turn_reuses_the_provider_thread(client: Client, thread_id: 
     await _assert_gapless(database_url)
 
 
-async def test_queued_turn(client: Client, thread_id: str, workspace: Path) -> None:
+async def test_a_queued_run_starts_after_the_active_one(client: Client, thread_id: str, workspace: Path) -> None:
     first = await send(client, thread_id, "@await go\n@reply one two three four")  # active until the gate opens
     second = await send(client, thread_id, "next", d={"queueAfterActive": True})
     assert first["appliedDispatch"] == "START_IMMEDIATELY"
@@ -139,7 +141,9 @@ async def test_queued_turn(client: Client, thread_id: str, workspace: Path) -> N
     assert (await finished(client, idle["run"]["id"]))["status"] == "COMPLETED"
 
 
-async def test_tool_and_write(client: Client, thread_id: str, workspace: Path) -> None:
+async def test_tool_and_write_become_tool_nodes_with_activities(
+    client: Client, thread_id: str, workspace: Path
+) -> None:
     sent = await send(client, thread_id, "@tool echo hi from tool\n@write notes/a.txt hello file\n@reply done")
     done = await finished(client, sent["run"]["id"])
     assert done["status"] == "COMPLETED"
@@ -232,14 +236,14 @@ async def test_subagent_completion_never_completes_the_run(client: Client, threa
     assert kinds.count("run.completed") == 1
 
 
-async def test_idempotent_send(client: Client, thread_id: str, database_url: str) -> None:
+async def test_concurrent_sends_with_one_key_make_one_run(client: Client, thread_id: str, database_url: str) -> None:
     answers = await asyncio.gather(*(send(client, thread_id, "once", key="msg-1") for _ in range(10)))
     assert len({a["run"]["id"] for a in answers}) == 1
     await finished(client, answers[0]["run"]["id"])
     assert await _db_scalar(database_url, sa.select(sa.func.count()).select_from(t.runs)) == 1
 
 
-async def test_bad_send_input(client: Client, thread_id: str, database_url: str) -> None:
+async def test_bad_send_input_is_refused_without_a_run(client: Client, thread_id: str, database_url: str) -> None:
     blank = await send(client, thread_id, "   ")
     assert blank["userErrors"][0]["code"] == "INVALID_INPUT" and blank["run"] is None
     two = await client.post(

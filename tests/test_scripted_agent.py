@@ -253,7 +253,7 @@ async def agent(tmp_path: Path) -> AsyncIterator[AgentProcess]:
 # --- the directive parser ---
 
 
-def test_parse_every_directive() -> None:
+def test_parse_reads_every_directive_kind() -> None:
     script = "\n".join(
         [
             "Please do things.",
@@ -296,7 +296,7 @@ def test_parse_without_directive_is_an_echo() -> None:
     assert parse_steer("@reply ok") == [Reply("ok")]
 
 
-def test_parse_defaults() -> None:
+def test_parse_fills_in_directive_defaults() -> None:
     assert parse("@fail") == [Fail("failed")]
     assert parse("@reply") == [Reply("")]
     assert parse("@write empty.txt") == [Write("empty.txt", "")]
@@ -318,7 +318,7 @@ def test_parse_defaults() -> None:
         ("@", "unknown directive @"),
     ],
 )
-def test_parse_errors(text: str, message: str) -> None:
+def test_parse_errors_name_the_bad_directive(text: str, message: str) -> None:
     with pytest.raises(DirectiveError, match=message):
         parse(text)
 
@@ -332,7 +332,7 @@ def test_chunks_join_back_exactly(text: str) -> None:
 # --- the process ---
 
 
-async def test_initialize_echoes_capabilities(agent: AgentProcess, tmp_path: Path) -> None:
+async def test_initialize_echoes_default_and_given_capabilities(agent: AgentProcess, tmp_path: Path) -> None:
     result = await agent.request("initialize", {"clientInfo": {"name": "test"}})
     assert result["serverInfo"]["name"] == "threadloom-scripted"
     assert result["serverInfo"]["version"]
@@ -353,7 +353,7 @@ async def test_initialize_echoes_capabilities(agent: AgentProcess, tmp_path: Pat
         await other.stop()
 
 
-async def test_echo_reply(agent: AgentProcess, cwd: Path) -> None:
+async def test_plain_input_streams_an_echo_reply(agent: AgentProcess, cwd: Path) -> None:
     thread_id = await agent.new_thread(cwd)
     turn_id = await agent.start_turn(thread_id, "hello")
     messages = await agent.finish_turn(turn_id)
@@ -419,7 +419,7 @@ async def test_failing_command_fails_the_item_not_the_turn(agent: AgentProcess, 
     assert completion(messages)["status"] == "completed"
 
 
-async def test_fail(agent: AgentProcess, cwd: Path) -> None:
+async def test_fail_directive_fails_the_turn_with_its_message(agent: AgentProcess, cwd: Path) -> None:
     thread_id = await agent.new_thread(cwd)
     turn_id, messages = await agent.run_turn(thread_id, "@reply before\n@fail boom\n@reply after")
     assert message_texts(messages, turn_id) == ["before"]
@@ -433,13 +433,13 @@ async def test_malformed_directive_fails_the_turn(agent: AgentProcess, cwd: Path
     assert completion(messages)["error"] == {"message": "line 2: unknown directive @repy"}
 
 
-async def test_crash(agent: AgentProcess, cwd: Path) -> None:
+async def test_crash_directive_kills_the_agent_process(agent: AgentProcess, cwd: Path) -> None:
     thread_id = await agent.new_thread(cwd)
     await agent.start_turn(thread_id, "@reply going down\n@crash\n@reply never")
     assert await asyncio.wait_for(agent.proc.wait(), 5) == 17
 
 
-async def test_interrupt_during_delay(agent: AgentProcess, cwd: Path) -> None:
+async def test_interrupt_during_a_delay_ends_the_turn_at_once(agent: AgentProcess, cwd: Path) -> None:
     thread_id = await agent.new_thread(cwd)
     turn_id = await agent.start_turn(thread_id, "@reply waiting\n@delay 5000\n@reply never")
     await agent.next_message(is_method("item/completed", turnId=turn_id))
@@ -619,7 +619,7 @@ async def test_approval_accept_runs_and_decline_does_not(agent: AgentProcess, cw
         assert completion(messages)["status"] == "completed"
 
 
-async def test_ask_and_answer(agent: AgentProcess, cwd: Path) -> None:
+async def test_ask_waits_for_the_answer_and_replies_with_it(agent: AgentProcess, cwd: Path) -> None:
     thread_id = await agent.new_thread(cwd)
     turn_id = await agent.start_turn(thread_id, "@ask Which color? | red | blue")
     request = await agent.next_message(is_method("item/tool/requestUserInput"))
@@ -631,7 +631,7 @@ async def test_ask_and_answer(agent: AgentProcess, cwd: Path) -> None:
     assert message_texts(messages, turn_id) == ["Answer: blue"]
 
 
-async def test_todo_and_plan(agent: AgentProcess, cwd: Path) -> None:
+async def test_todo_and_plan_stream_their_updates(agent: AgentProcess, cwd: Path) -> None:
     thread_id = await agent.new_thread(cwd)
     _, messages = await agent.run_turn(thread_id, "@todo read; write; test\n@plan Step one, then two")
     plans = [m["params"]["plan"] for m in messages if m["method"] == "turn/plan/updated"]
@@ -651,7 +651,7 @@ async def test_todo_and_plan(agent: AgentProcess, cwd: Path) -> None:
     assert plan["text"] == deltas
 
 
-async def test_subagent(agent: AgentProcess, cwd: Path) -> None:
+async def test_subagent_runs_a_child_turn_inside_the_turn(agent: AgentProcess, cwd: Path) -> None:
     thread_id = await agent.new_thread(cwd)
     turn_id, messages = await agent.run_turn(thread_id, "@subagent look around\n@reply back")
     [call] = completed_items(messages, "collabAgentToolCall")
@@ -666,7 +666,7 @@ async def test_subagent(agent: AgentProcess, cwd: Path) -> None:
     assert completion(messages) == {"id": turn_id, "status": "completed", "error": None}
 
 
-async def test_resume_across_processes(tmp_path: Path, cwd: Path) -> None:
+async def test_a_thread_resumes_in_a_new_process_after_a_kill(tmp_path: Path, cwd: Path) -> None:
     first = await AgentProcess.start(tmp_path / "state")
     try:
         thread_id = await first.new_thread(cwd)
@@ -788,7 +788,7 @@ async def test_concurrent_turns_keep_lines_whole(agent: AgentProcess, cwd: Path)
         assert output == expected
 
 
-async def test_bad_requests(agent: AgentProcess) -> None:
+async def test_bad_requests_get_json_rpc_errors(agent: AgentProcess) -> None:
     assert (await agent.error("thread/archive", {}))["code"] == -32601
     assert (await agent.error("thread/fork", {}))["code"] == -32602
     assert (await agent.error("turn/start", {"threadId": "nope", "input": []}))["code"] == -32001
@@ -968,7 +968,7 @@ async def driven(tmp_path: Path, cwd: Path) -> AsyncIterator[Driven]:
     await session.close()
 
 
-def test_parse_recall() -> None:
+def test_parse_recall_takes_no_argument() -> None:
     assert parse("@recall") == [Recall()]
     with pytest.raises(DirectiveError, match="@recall takes no argument"):
         parse("@recall everything")

@@ -70,7 +70,7 @@ class World:
         return str(payload["thread"]["id"])
 
 
-def test_bwrap_is_installed() -> None:
+def test_bwrap_is_installed_for_the_sandbox() -> None:
     """The sandbox is not optional: without bubblewrap, agent commands would be refused."""
     assert shutil.which("bwrap") or Path("/usr/bin/bwrap").exists(), "install bubblewrap (scripts/test does)"
 

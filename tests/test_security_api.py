@@ -329,7 +329,9 @@ async def test_long_replays_are_refused_with_a_reload(replay_server: ServerProce
 CREATE = 'mutation($root: String!) { createProject(input: {name: "p", workspaceRoot: $root}) { project { id } userErrors { code field } } }'  # noqa: E501
 
 
-async def test_workspace_root_rules(client: Client, data_dir: Path, tmp_path: Path) -> None:
+async def test_create_project_refuses_system_data_and_overlapping_roots(
+    client: Client, data_dir: Path, tmp_path: Path
+) -> None:
     async def refusal(root: str) -> str:
         data = (await client.gql(CREATE, {"root": root}))["createProject"]
         assert data["project"] is None, root

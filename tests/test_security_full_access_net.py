@@ -80,7 +80,7 @@ class World:
         return str((tools[0].get("detail") or {}).get("output") or "").strip()
 
 
-def test_pasta_is_installed() -> None:
+def test_pasta_is_installed_for_networked_agents() -> None:
     """Networked agents need pasta (passt): without it their commands are refused (scripts/test installs it)."""
     assert netns.find_pasta(), "install passt (scripts/test does)"
 

@@ -88,7 +88,9 @@ DATA = "/srv/threadloom/data"
         ("/work", ["/work/a"], ErrorCode.WORKSPACE_OVERLAPS),
     ],
 )
-def test_workspace_root_refusals(root: str, existing: list[str], code: ErrorCode) -> None:
+def test_workspace_root_refuses_system_data_and_overlapping_folders(
+    root: str, existing: list[str], code: ErrorCode
+) -> None:
     with pytest.raises(DomainError) as refused:
         check_workspace_root(root, existing=existing, data_dir=DATA)
     assert refused.value.code == code
@@ -106,7 +108,7 @@ def test_workspace_root_refusals(root: str, existing: list[str], code: ErrorCode
         (DATA + "-other", []),
     ],
 )
-def test_workspace_root_accepted(root: str, existing: list[str]) -> None:
+def test_workspace_root_accepts_ordinary_folders(root: str, existing: list[str]) -> None:
     check_workspace_root(root, existing=existing, data_dir=DATA)
 
 

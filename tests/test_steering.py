@@ -113,7 +113,7 @@ async def _messages(client: Client, thread: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("instance", ["scripted", "acp"])
-async def test_message_steering(client: Client, tmp_path: Path, instance: str) -> None:
+async def test_a_steering_message_reaches_the_live_turn(client: Client, tmp_path: Path, instance: str) -> None:
     thread = await _thread(client, tmp_path, instance)
     # The turn holds until the steering message reaches it: however slow the machine, it arrives mid-turn.
     first = await send(client, thread, "@await-steer\n@reply one two three")
@@ -134,7 +134,9 @@ async def test_message_steering(client: Client, tmp_path: Path, instance: str) -
 
 
 @pytest.mark.parametrize("instance", ["nosteer", "acp-nosteer"])
-async def test_steering_restart_fallback(client: Client, tmp_path: Path, instance: str) -> None:
+async def test_steering_falls_back_to_a_restart_without_steer_support(
+    client: Client, tmp_path: Path, instance: str
+) -> None:
     thread = await _thread(client, tmp_path, instance)
     first = await send(client, thread, "@await go\n@reply one two three")  # held until the gate opens
     await _running(client, first["run"]["id"])
@@ -192,7 +194,7 @@ async def test_late_steer_becomes_a_run(client: Client, tmp_path: Path) -> None:
     assert (await finished(client, late["run"]["id"]))["status"] == "COMPLETED"
 
 
-async def test_expected_attempt_mismatch(client: Client, tmp_path: Path, database_url: str) -> None:
+async def test_a_stale_expected_attempt_refuses_the_steer(client: Client, tmp_path: Path, database_url: str) -> None:
     thread = await _thread(client, tmp_path)
     old = await send(client, thread, "first")
     old_run = await finished(client, old["run"]["id"])
@@ -235,7 +237,7 @@ async def test_turn_interrupt_ack_is_not_terminal(client: Client, server: Server
     assert again["userErrors"][0]["code"] == "RUN_NOT_ACTIVE"
 
 
-async def test_interrupt_mid_tool(client: Client, tmp_path: Path) -> None:
+async def test_interrupt_mid_tool_interrupts_the_tool_node(client: Client, tmp_path: Path) -> None:
     thread = await _thread(client, tmp_path)
     sent = await send(client, thread, "@tool sleep 30\n@reply never")
 
@@ -251,7 +253,7 @@ async def test_interrupt_mid_tool(client: Client, tmp_path: Path) -> None:
     assert tool["status"] == "INTERRUPTED"
 
 
-async def test_interrupt_unsupported_reject(client: Client, tmp_path: Path) -> None:
+async def test_unsupported_interrupt_is_refused_and_the_run_goes_on(client: Client, tmp_path: Path) -> None:
     thread = await _thread(client, tmp_path, "reject")
     sent = await send(client, thread, "@await go\n@reply a b c d e")  # live until the test opens the gate
     await _running(client, sent["run"]["id"])

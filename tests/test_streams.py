@@ -218,7 +218,9 @@ async def test_fanout_to_many_subscribers(client: Client, server: ServerProcess,
     assert all(seqs == list(range(1, end + 1)) for seqs in sequences)
 
 
-async def test_auth(client: Client, server: ServerProcess, thread_id: str, database_url: str, tmp_path: Path) -> None:
+async def test_subscriptions_refuse_missing_wrong_or_other_project_tokens(
+    client: Client, server: ServerProcess, thread_id: str, database_url: str, tmp_path: Path
+) -> None:
     import websockets
 
     from tests.support.cli import create_token

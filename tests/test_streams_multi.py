@@ -57,7 +57,9 @@ async def _receive_until(ws: WsClient, end: int) -> list[int]:
     return got
 
 
-async def test_two_processes(pair: tuple[ServerProcess, ServerProcess], tmp_path: Path) -> None:
+async def test_subscribers_on_one_server_see_mutations_made_on_another(
+    pair: tuple[ServerProcess, ServerProcess], tmp_path: Path
+) -> None:
     a, b = pair
     token = a.admin_token
     assert token is not None
@@ -76,7 +78,7 @@ async def test_two_processes(pair: tuple[ServerProcess, ServerProcess], tmp_path
     assert all(seqs == list(range(1, 32)) for seqs in results)
 
 
-async def test_listener_loss(
+async def test_subscribers_lose_nothing_when_the_listeners_are_killed(
     pair: tuple[ServerProcess, ServerProcess], pg: PgServer, database_url: str, tmp_path: Path
 ) -> None:
     a, b = pair

@@ -85,7 +85,9 @@ def test_a_delegated_task_node_points_at_its_child_thread() -> None:
         ([None], [None], [], []),  # turns that never reached the provider are not compared
     ],
 )
-def test_reconcile(kept: list[str | None], dropped: list[str | None], holds: list[str], problems: list[str]) -> None:
+def test_reconcile_names_lost_kept_and_still_held_dropped_turns(
+    kept: list[str | None], dropped: list[str | None], holds: list[str], problems: list[str]
+) -> None:
     assert subagents.reconcile(kept, dropped, holds) == problems
 
 

@@ -4,18 +4,29 @@ The database is created at the earliest migration (0001) and filled with plain S
 rows in its tables and the events that made them, their payloads as that release wrote them (a provider thread's
 owner under `app_thread_id`, a transfer's under `target_thread_id`, no `workspace_path`, no `fresh_context`, a
 token without `expires_at`, an effect without `affinity`): a project; a thread with a completed run (attempt,
-provider turn, execution graph of four nodes, messages, an approval, a todo list, checkpoints) and a failed run
-retried once; a fork of it, made through a transfer with its context handoff and a run of its own; activities;
-a provider session; an outbox effect and a command receipt. Every later migration has rows to transform.
+provider turn, execution graph of four nodes, messages, an approval, a todo list, checkpoints), a failed run
+retried once, and a run queued behind it in the queue that failure held; a fork of it, made through a transfer
+with its context handoff and a run of its own; activities; a provider session; an outbox effect and a command
+receipt. Every later migration has rows to transform.
+
+The checkpoints are real: commits in a shadow repository laid out as the first release that kept checkpoints
+made it (`OldCheckpoints`, plain git: `<data dir>/checkpoints/<project id>.git`, its `threadloom-index`, refs
+`refs/threadloom/<thread>/root/<ordinal>` named in the rows' `ref`). Today's store reads the same layout (the
+same paths, index name, ref names and settings), so the upgrade needs no step for it; this test is what says so.
 
 Then the real `threadloom migrate` runs on it, a real `threadloom serve` serves it, and the API answers every
 query with exactly that data: threads, runs, messages, the fork's lineage, checkpoints, `node(id:)` and
-`nodes(ids:)` for every entity, and `threadEvents` replayed from sequence 0. The old token still authenticates,
-and the fork takes a new run.
+`nodes(ids:)` for every entity, and `threadEvents` replayed from sequence 0. The old token still authenticates.
+And today's code works on the old data: `Checkpoint.diff` reads the old commits, a fork from the old checkpoint
+gets its files in a folder of its own, `resumeQueue` runs the queued run to completion (its checkpoint on top of
+the old ones), `rollbackToRun` to before run 1 puts back the old baseline's files, and the old fork takes a new
+run.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -154,13 +165,135 @@ class OldRelease:
         await self.conn.execute("UPDATE threads SET last_sequence = $2 WHERE id = $1", thread, self.sequences[thread])
 
 
-async def fill(old: OldRelease, workspace: str) -> dict[str, Any]:
-    """The representative data set; returns the ids and facts the checks compare against."""
+# The workspace as the first run found it (checkpoint 0) and as it left it (checkpoint 1: one file modified by
+# +3 -1, one renamed unchanged, one binary added).
+CLOCK_BEFORE = (
+    "import time\n\n\ndef test_clock():\n    start = time.time()\n    time.sleep(1)\n"
+    "    assert time.time() - start >= 1\n"
+)
+CLOCK_AFTER = CLOCK_BEFORE.replace(
+    "    time.sleep(1)\n", "    deadline = start + 1\n    while time.time() < deadline:\n        time.sleep(0.01)\n"
+)
+NOTES = "# How the clock is read\n\nThrough `time.time()`, never a sleep of its own.\n"
+README = "An old project.\n"
+LOGO = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06"
+BEFORE_RUN_1: dict[str, str | bytes] = {"README.md": README, "tests/test_clock.py": CLOCK_BEFORE, "docs/old.md": NOTES}
+QUEUED_FILE, QUEUED_TEXT = "notes/queued.txt", "written-by-the-queued-run"
+AFTER_RUN_1: dict[str, str | bytes] = {
+    "README.md": README,
+    "tests/test_clock.py": CLOCK_AFTER,
+    "docs/new.md": NOTES,
+    "logo.png": LOGO,
+}
+
+
+def tree_of(folder: Path) -> dict[str, str | bytes]:
+    """Every file under `folder` by relative path, text where it decodes."""
+    found: dict[str, str | bytes] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        found[path.relative_to(folder).as_posix()] = data if b"\x00" in data else data.decode()
+    return found
+
+
+def lay_out(folder: Path, files: dict[str, str | bytes]) -> None:
+    """Make `folder` hold exactly `files`."""
+    for name in set(tree_of(folder)) - set(files):
+        (folder / name).unlink()
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            (folder / name).write_bytes(content)
+        else:
+            (folder / name).write_text(content)
+
+
+class OldCheckpoints:
+    """The first release that kept checkpoints (commits 42a3fc7 and 45d6e49), its shadow repository made with plain
+    git as that release's store made it: `<data dir>/checkpoints/<project id>.git`, bare, its private index
+    `threadloom-index` in it, each checkpoint a commit of the whole workspace (staged path by path with
+    `update-index`, the stale entries force-removed, `write-tree`, `commit-tree` with the previous checkpoint as
+    parent) on `refs/threadloom/<thread id>/root/<ordinal>`, and the checkpoint row's `ref` that ref's name."""
+
+    IDENTITY = {
+        "GIT_AUTHOR_NAME": "Threadloom", "GIT_AUTHOR_EMAIL": "checkpoints@threadloom.invalid",
+        "GIT_COMMITTER_NAME": "Threadloom", "GIT_COMMITTER_EMAIL": "checkpoints@threadloom.invalid",
+    }  # fmt: skip
+    CONFIG = {
+        "core.bare": "true", "core.autocrlf": "false", "core.symlinks": "true", "core.filemode": "true",
+        "core.hooksPath": "/dev/null", "core.excludesFile": "/dev/null", "core.attributesFile": "/dev/null",
+        "core.quotePath": "false", "core.logAllRefUpdates": "false", "gc.auto": "0", "index.version": "4",
+        "commit.gpgSign": "false", "diff.renames": "false",
+    }  # fmt: skip
+
+    def __init__(self, data_dir: Path, project: uuid.UUID, workspace: Path) -> None:
+        self.git_dir = data_dir / "checkpoints" / f"{project}.git"
+        self.workspace = workspace
+        self.commits: dict[str, str] = {}  # ref -> commit
+        self.git_dir.parent.mkdir(parents=True)
+        self.git("init", "--bare", "--quiet", "--template=", str(self.git_dir), bare=True)
+        for key, value in self.CONFIG.items():
+            self.git("config", key, value)
+        (self.git_dir / "info").mkdir()
+        (self.git_dir / "info" / "attributes").write_text(
+            "* -text !eol -filter -ident -working-tree-encoding !diff !merge\n"
+        )
+        (self.git_dir / "info" / "exclude").write_text("")
+
+    def git(self, *args: str, stdin: bytes | None = None, bare: bool = False) -> str:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.git_dir / "home"), "LC_ALL": "C",
+            "TZ": "UTC", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", **self.IDENTITY,
+        }  # fmt: skip
+        if not bare:
+            env |= {
+                "GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.workspace),
+                "GIT_INDEX_FILE": str(self.git_dir / "threadloom-index"),
+            }  # fmt: skip
+        done = subprocess.run(
+            ["git", *args], input=stdin, capture_output=True, env=env, cwd=self.workspace, check=False, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.decode().strip()
+
+    def capture(self, thread: uuid.UUID, ordinal: int, message: str, parent: str | None = None) -> str:
+        """Checkpoint `ordinal` of the thread's root scope; returns its ref."""
+        present = sorted(tree_of(self.workspace))
+        listed = [p for p in self.git("ls-files", "-z").split("\0") if p]
+        stale = sorted(set(listed) - set(present))
+        if stale:
+            self.git(
+                "update-index", "-z", "--force-remove", "--stdin", stdin=b"".join(os.fsencode(p) + b"\0" for p in stale)
+            )
+        self.git(
+            "update-index", "-z", "--add", "--remove", "--replace", "--stdin",
+            stdin=b"".join(os.fsencode(p) + b"\0" for p in present),
+        )  # fmt: skip
+        tree = self.git("write-tree")
+        parents = ["-p", self.commits[parent]] if parent is not None else []
+        commit = self.git("commit-tree", tree, *parents, stdin=message.encode())
+        ref = f"refs/threadloom/{thread}/root/{ordinal}"
+        self.git("update-ref", "--no-deref", ref, commit)
+        self.commits[ref] = commit
+        return ref
+
+
+async def fill(old: OldRelease, workspace: Path, data_dir: Path) -> dict[str, Any]:
+    """The representative data set, its checkpoints in a real shadow repository; returns the ids and facts the
+    checks compare against."""
     P, A, B = new_id(), new_id(), new_id()
+    shadow = OldCheckpoints(data_dir, P, workspace)
+    lay_out(workspace, BEFORE_RUN_1)
     ids: dict[str, Any] = {"project": P, "main": A, "fork": B}
     await old.write(
         "project",
-        {"id": P, "name": "old project", "workspace_root": workspace, "created_at": old.now(), "updated_at": old.clock},
+        {
+            "id": P,
+            "name": "old project",
+            "workspace_root": str(workspace),
+            "created_at": old.now(),
+            "updated_at": old.clock,
+        },
         thread=None,
         project=P,
     )
@@ -203,9 +336,9 @@ async def fill(old: OldRelease, workspace: str) -> dict[str, Any]:
         "kind": "root_run", "advances_run_count": True, "created_at": old.now(),
     }  # fmt: skip
     await old.write("checkpoint_scope", scope, thread=A, project=P)
-    c0 = {
-        "id": new_id(), "thread_id": A, "scope_id": scope["id"], "run_id": None, "ordinal": 0, "ref": "a" * 40,
-        "status": "ready", "files": [], "created_at": old.now(),
+    c0: dict[str, Any] = {
+        "id": new_id(), "thread_id": A, "scope_id": scope["id"], "run_id": None, "ordinal": 0,
+        "ref": shadow.capture(A, 0, "baseline before run 1"), "status": "ready", "files": [], "created_at": old.now(),
     }  # fmt: skip
     await old.write("checkpoint", c0, thread=A, project=P)
     pt = {
@@ -282,12 +415,13 @@ async def fill(old: OldRelease, workspace: str) -> dict[str, Any]:
         {"path": "docs/new.md", "status": "renamed", "additions": 0, "deletions": 0, "oldPath": "docs/old.md"},
         {"path": "logo.png", "status": "added", "additions": 0, "deletions": 0, "binary": True},
     ]
+    lay_out(workspace, AFTER_RUN_1)  # what the agent of run 1 did
     c1 = {
         **c0,
         "id": new_id(),
         "run_id": r1["id"],
         "ordinal": 1,
-        "ref": "b" * 40,
+        "ref": shadow.capture(A, 1, "after run 1", parent=c0["ref"]),
         "files": files,
         "created_at": old.now(),
     }
@@ -356,6 +490,37 @@ async def fill(old: OldRelease, workspace: str) -> dict[str, Any]:
              "completed_at": old.clock},
             thread=A, project=P,
         )  # fmt: skip
+    # Run 3, sent while run 2 ran: queued with its root node and pending attempt (the first release made them with the
+    # run), then held by run 2's failure, waiting for `resumeQueue`.
+    queued_id, queued_node, queued_attempt = new_id(), new_id(), new_id()
+    m6 = {**m1, "id": new_id(), "run_id": queued_id, "text": f"@write {QUEUED_FILE} {QUEUED_TEXT}",
+          "input_intent": "queued_turn", "client_message_id": "old-4", "created_at": old.now(),
+          "updated_at": old.clock}  # fmt: skip
+    queued = {**r2, "id": queued_id, "ordinal": 3, "user_message_id": m6["id"], "status": "queued",
+              "root_node_id": queued_node, "active_attempt_id": queued_attempt, "queue_position": 1,
+              "requested_at": old.clock}  # fmt: skip
+    await old.write("run", queued, thread=A, project=P)  # first: the message's row refers to it
+    await old.write("conversation_message", m6, thread=A, project=P)
+    await old.write(
+        "run_attempt",
+        {**attempt1, "id": queued_attempt, "run_id": queued_id, "root_node_id": queued_node,
+         "provider_thread_id": pt["id"], "provider_turn_id": None, "status": "pending", "created_at": old.clock,
+         "completed_at": None},
+        thread=A, project=P,
+    )  # fmt: skip
+    await old.write(
+        "execution_node",
+        {**root, "id": queued_node, "run_id": queued_id, "attempt_id": queued_attempt, "root_node_id": queued_node,
+         "status": "pending", "provider_turn_id": None, "title": m6["text"], "created_at": old.clock,
+         "updated_at": old.clock, "completed_at": None},
+        thread=A, project=P,
+    )  # fmt: skip
+    await old.write(
+        "activity",
+        {"id": new_id(), "thread_id": A, "run_id": queued_id, "node_id": None, "sequence": 0, "kind": "run.queued",
+         "summary": "run 3 queued at position 1", "payload": None, "created_at": old.clock},
+        "recorded", thread=A, project=P,
+    )  # fmt: skip
     r2 = await old.write(
         "run",
         {**r2, "status": "failed", "status_reason": "provider_lost", "root_node_id": attempts2[-1]["root_node_id"],
@@ -448,8 +613,8 @@ async def fill(old: OldRelease, workspace: str) -> dict[str, Any]:
     )  # fmt: skip
     ids.update(
         r1=r1, r2=r2, r3=r3, m1=m1, m2=m2, m3=m3, m4=m4, m5=m5, pt=pt, turn=turn, root=root, children=children,
-        attempt1=attempt1, attempts2=attempts2, request=request, plan=plan, scope=scope, c0=c0, c1=c1,
-        transfer=transfer, handoff=handoff, files=files,
+        queued=queued, m6=m6, attempt1=attempt1, attempts2=attempts2, request=request, plan=plan, scope=scope,
+        c0=c0, c1=c1, transfer=transfer, handoff=handoff, files=files,
     )  # fmt: skip
     return ids
 
@@ -468,7 +633,7 @@ async def old_database(pg: PgServer, tmp_path: Path) -> AsyncIterator[tuple[str,
     conn = await pg.connect(url)
     try:
         old = OldRelease(conn)
-        ids = await fill(old, str(tmp_path / "ws"))
+        ids = await fill(old, tmp_path / "ws", tmp_path / "data")
         yield url, ids, old
     finally:
         await conn.close()
@@ -507,6 +672,72 @@ THREAD = """query($t: ID!) { thread(id: $t) {
 EVENTS = """subscription($t: ID!) {
   threadEvents(threadId: $t, afterSequence: 0) { sequence type entity { __typename ... on Node { id } } }
 }"""
+
+CHECKPOINT = """query($id: ID!) { node(id: $id) { ... on Checkpoint {
+  ordinal ref status files { path status additions deletions oldPath binary }
+  clock: diff(path: "tests/test_clock.py") renamed: diff(path: "docs/new.md") logo: diff(path: "logo.png")
+} } }"""
+FORK = """mutation($c: ID!) { forkThread(input: {source: {checkpoint: $c}, title: "new fork of old run 1"}) {
+  thread { id workspacePath } userErrors { code message } } }"""
+RESUME = "mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { thread { queueHeld } userErrors { code message } } }"
+ROLLBACK = """mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n}) {
+  rolledBackRuns { ordinal status } userErrors { code message } } }"""
+RUN_CHECKPOINT = """query($id: ID!) { run(id: $id) { status checkpoint { ordinal status ref
+  files { path status additions deletions } } } }"""
+THREAD_STATE = "query($t: ID!) { thread(id: $t) { status queueHeld runs(first: 10) { nodes { ordinal status } } } }"
+
+
+async def _old_checkpoints_work(client: Client, ids: dict[str, Any], tmp_path: Path) -> None:
+    """Diff, fork from, resume after and roll back to the first release's checkpoints, on the upgraded database."""
+    workspace, A = tmp_path / "ws", g("Thread", ids["main"])
+    assert tree_of(workspace) == AFTER_RUN_1  # as run 1 left it (run 2 failed before writing)
+
+    # Checkpoint.files as recorded; Checkpoint.diff read from the old commits (run 1's against its baseline).
+    found = (await client.gql(CHECKPOINT, {"id": g("Checkpoint", ids["c1"]["id"])}))["node"]
+    assert [(f["path"], f["status"], f["additions"], f["deletions"], f["oldPath"]) for f in found["files"]] == [
+        ("tests/test_clock.py", "MODIFIED", 3, 1, None),
+        ("docs/new.md", "RENAMED", 0, 0, "docs/old.md"),
+        ("logo.png", "ADDED", 0, 0, None),
+    ]
+    assert "\n-    time.sleep(1)\n+    deadline = start + 1\n+    while time.time() < deadline:\n" in found["clock"]
+    assert "rename from docs/old.md" in found["renamed"] and "rename to docs/new.md" in found["renamed"]
+    assert "Binary files" in found["logo"]
+
+    # A fork from run 1's checkpoint (its own folder, the default) gets run 1's files from the old commit, and its
+    # agent reads them there.
+    forked = (await client.gql(FORK, {"c": g("Checkpoint", ids["c1"]["id"])}))["forkThread"]
+    assert forked["userErrors"] == [], forked
+    fork_folder = tmp_path / "data" / "workspaces" / str(ids["project"]) / forked["thread"]["workspacePath"]
+    assert tree_of(fork_folder) == AFTER_RUN_1
+    sent = await send(client, forked["thread"]["id"], "@tool cat tests/test_clock.py")
+    assert sent["userErrors"] == [], sent
+    read = await finished(client, sent["run"]["id"])
+    assert read["status"] == "COMPLETED", read
+    tool = next(n for n in read["rootNode"]["children"] if n["kind"] == "TOOL_CALL")
+    assert tool["detail"]["output"] == CLOCK_AFTER
+
+    # The held queue resumes: the run queued before the upgrade runs, and its checkpoint follows the old ones.
+    resumed = (await client.gql(RESUME, {"t": A}))["resumeQueue"]
+    assert resumed["userErrors"] == [] and resumed["thread"]["queueHeld"] is False, resumed
+    queued = await finished(client, g("Run", ids["queued"]["id"]))
+    assert queued["status"] == "COMPLETED", queued
+    checkpoint = (await client.gql(RUN_CHECKPOINT, {"id": g("Run", ids["queued"]["id"])}))["run"]["checkpoint"]
+    assert (checkpoint["ordinal"], checkpoint["status"]) == (3, "READY")
+    assert checkpoint["files"] == [{"path": QUEUED_FILE, "status": "ADDED", "additions": 1, "deletions": 0}]
+    assert tree_of(workspace) == {**AFTER_RUN_1, QUEUED_FILE: QUEUED_TEXT}
+
+    # Rolling back to before run 1 puts back the old baseline's files: run 1's changes and the queued run's undone.
+    rolled = (await client.gql(ROLLBACK, {"t": A, "n": 0}))["rollbackToRun"]
+    assert rolled["userErrors"] == [], rolled
+    assert sorted((r["ordinal"], r["status"]) for r in rolled["rolledBackRuns"]) == [
+        (1, "ROLLED_BACK"),
+        (2, "ROLLED_BACK"),
+        (3, "ROLLED_BACK"),
+    ]
+    after = (await client.gql(THREAD_STATE, {"t": A}))["thread"]
+    assert after["status"] == "IDLE"
+    assert tree_of(workspace) == BEFORE_RUN_1
+    assert tree_of(fork_folder) == AFTER_RUN_1  # the fork's own folder is its own
 
 
 async def _replay(url: str, token: str, thread: str) -> list[tuple[int, str, str | None, str | None]]:
@@ -562,11 +793,13 @@ async def test_a_first_release_database_is_migrated_and_served_with_nothing_lost
             ("USER", ids["m1"]["text"]),
             ("ASSISTANT", ids["m2"]["text"]),
             ("USER", ids["m3"]["text"]),
+            ("USER", ids["m6"]["text"]),
         ]
         runs = [e["node"] for e in main["runs"]["edges"]]
         assert [(r["id"], r["ordinal"], r["status"], r["statusReason"], r["freshContext"]) for r in runs] == [
             (g("Run", r1["id"]), 1, "COMPLETED", None, False),
             (g("Run", r2["id"]), 2, "FAILED", "provider_lost", False),
+            (g("Run", ids["queued"]["id"]), 3, "QUEUED", None, False),
         ]
         first = runs[0]
         assert first["userMessage"] == {"id": g("ConversationMessage", ids["m1"]["id"]), "text": "Fix the flaky test"}
@@ -600,7 +833,7 @@ async def test_a_first_release_database_is_migrated_and_served_with_nothing_lost
             (g("ExecutionNode", ids["root"]["id"]), g("ExecutionNode", c["id"])) for c in ids["children"]
         )
         assert first["checkpoint"] == {
-            "id": g("Checkpoint", ids["c1"]["id"]), "ordinal": 1, "ref": "b" * 40, "status": "READY",
+            "id": g("Checkpoint", ids["c1"]["id"]), "ordinal": 1, "ref": ids["c1"]["ref"], "status": "READY",
             "scope": {"id": g("CheckpointScope", ids["scope"]["id"])},
             "files": [
                 {"path": "tests/test_clock.py", "status": "MODIFIED", "additions": 3, "deletions": 1, "oldPath": None,
@@ -626,8 +859,8 @@ async def test_a_first_release_database_is_migrated_and_served_with_nothing_lost
             (2, "RETRY", "FAILED", "provider_lost"),
         ]
         assert [(c["node"]["ordinal"], c["node"]["ref"], c["node"]["run"]) for c in main["checkpoints"]["edges"]] == [
-            (0, "a" * 40, None),
-            (1, "b" * 40, {"id": g("Run", r1["id"])}),
+            (0, f"refs/threadloom/{ids['main']}/root/0", None),
+            (1, f"refs/threadloom/{ids['main']}/root/1", {"id": g("Run", r1["id"])}),
         ]
         assert main["providerThreads"] == [
             {"id": g("ProviderThread", ids["pt"]["id"]), "nativeThreadRef": "scripted-old-1", "status": "IDLE"}
@@ -635,6 +868,7 @@ async def test_a_first_release_database_is_migrated_and_served_with_nothing_lost
         activities = [a["node"] for a in main["activities"]["edges"]]
         assert [(a["kind"], a["summary"], a["runId"]) for a in activities] == [
             ("run.completed", "Run 1 completed", g("Run", r1["id"])),
+            ("run.queued", "run 3 queued at position 1", g("Run", ids["queued"]["id"])),
             ("run.failed", "Run 2 failed: provider_lost", g("Run", r2["id"])),
         ]
         assert activities[0]["payload"] == {
@@ -689,6 +923,9 @@ async def test_a_first_release_database_is_migrated_and_served_with_nothing_lost
                 )
                 for sequence, event, entity in old.log[thread]
             ]
+
+        # The old checkpoints are real commits in the old shadow repository, read by today's code.
+        await _old_checkpoints_work(client, ids, tmp_path)
 
         # And it is served, not just readable: the fork takes a new run on the upgraded database.
         sent = await send(client, B, "@reply after the upgrade")

@@ -74,14 +74,14 @@ def test_the_bomb_is_measured_in_one_pass_and_refused() -> None:
     assert validate(SCHEMA, parse(bomb()), all_rules(Limits())) == []
 
 
-def test_cycles_end() -> None:
+def test_fragment_cycles_end_and_are_refused() -> None:
     cyclic = "query { ...A } fragment A on Query { viewer { scope } ...B } fragment B on Query { ...A }"
     assert bounds.measure(parse(cyclic)).fields == 2
     errors = validate(SCHEMA, parse(cyclic), all_rules(Limits()))
     assert any("Cannot spread fragment" in e.message for e in errors)
 
 
-def test_width_boundary() -> None:
+def test_selection_width_limit_at_its_boundary() -> None:
     at = "{ viewer {" + "".join(f" f{i}" for i in range(bounds.MAX_SELECTION_FIELDS)) + " } }"
     over = "{ viewer {" + "".join(f" f{i}" for i in range(bounds.MAX_SELECTION_FIELDS + 1)) + " } }"
     assert bounds.check(parse(at)) is None
@@ -91,7 +91,7 @@ def test_width_boundary() -> None:
     }  # fmt: skip
 
 
-def test_expanded_fields_boundary() -> None:
+def test_expanded_fields_limit_at_its_boundary() -> None:
     # F holds 100 distinct fields; n spreads of it, each under its own field, expand to n * 101.
     fragment = "fragment F on Viewer {" + "".join(f" f{i}" for i in range(100)) + " }"
 
@@ -105,7 +105,7 @@ def test_expanded_fields_boundary() -> None:
     assert over is not None and over.extensions is not None and over.extensions["limit"] == "expandedFields"
 
 
-def test_overlap_boundary() -> None:
+def test_overlapping_fields_limit_at_its_boundary() -> None:
     most = int((2 * bounds.MAX_OVERLAP) ** 0.5)  # m copies of a leaf: m²/2 comparisons
     assert bounds.check(parse("{ viewer {" + " scope" * most + " } }")) is None
     over = bounds.check(parse("{ viewer {" + " scope" * (most + 1) + " } }"))

@@ -122,10 +122,10 @@ SECONDS: dict[str, float] = {
 
 # Tests of split files that take much more than their file's average (seconds).
 TESTS: dict[str, float] = {
-    "tests/test_bench_smoke.py::test_benchmark_smoke[spread.py]": 18,
-    "tests/test_bench_smoke.py::test_benchmark_smoke[fanout.py]": 18,
-    "tests/test_bench_smoke.py::test_benchmark_smoke[acp_prompts.py]": 11,
-    "tests/test_bench_smoke.py::test_benchmark_smoke[agent_turns.py]": 10,
+    "tests/test_bench_smoke.py::test_each_benchmark_smoke_run_prints_its_ratio[spread.py]": 18,
+    "tests/test_bench_smoke.py::test_each_benchmark_smoke_run_prints_its_ratio[fanout.py]": 18,
+    "tests/test_bench_smoke.py::test_each_benchmark_smoke_run_prints_its_ratio[acp_prompts.py]": 11,
+    "tests/test_bench_smoke.py::test_each_benchmark_smoke_run_prints_its_ratio[agent_turns.py]": 10,
     "tests/test_client_examples.py::test_example_runs_against_a_real_server[typescript]": 18,
 }
 
