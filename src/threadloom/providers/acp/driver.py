@@ -95,7 +95,6 @@ class AcpDriver:
         self.base_url = str(options["base_url"]) if options.get("base_url") else None
         self.max_line = int(options.get("max_line_bytes", DEFAULT_MAX_LINE))
         self.cancel_drain_s = float(options.get("cancel_drain_s", 5.0))
-        self.allow_full_access = bool(options.get("allow_full_access", False))
         self.store = ProfileStore(state_dir)
         self._profile = self.store.latest() or UNKNOWN
 
