@@ -291,4 +291,10 @@ async def test_the_workspace_grant_stops_at_links(world: World) -> None:
         assert refused.returncode != 0 and "Permission denied" in refused.stderr, (link, refused)
     wrote = as_agent("sh", "-c", f"echo x >> {workspace / 'real' / 'inside.txt'}")
     assert wrote.returncode == 0, wrote.stderr
+    # Hard links are no links to the walk: it relies on fs.protected_hardlinks, under which the agent user
+    # cannot hard-link a file outside it may not write; the twin, a file of its own, it can.
+    refused = as_agent("ln", str(outside / "file.txt"), str(workspace / "hard"))
+    assert refused.returncode != 0 and "Operation not permitted" in refused.stderr, refused
+    made = as_agent("sh", "-c", f"cd {workspace / 'real'} && echo mine > own.txt && ln own.txt own-hard.txt")
+    assert made.returncode == 0, made.stderr
     assert (outside / "file.txt").read_text() == "outside\n" and (outside / "moved" / "f.txt").read_text() == "moved\n"

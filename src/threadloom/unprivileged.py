@@ -80,7 +80,21 @@ def configure(uid: int, gid: int) -> AgentUser | None:
         _current = None
         return None
     _current = AgentUser(uid, gid)
+    if not _hardlinks_protected():
+        log.warning(
+            "fs.protected_hardlinks is not 1: an agent could hard-link a file it cannot write into its workspace "
+            "and the workspace grant would give it that file (docs/security.md, 'The workspace grant')"
+        )
     return _current
+
+
+def _hardlinks_protected() -> bool:
+    """Whether the kernel lets a user hard-link only files it may read and write (`fs.protected_hardlinks`)."""
+    try:
+        with open("/proc/sys/fs/protected_hardlinks") as setting:
+            return setting.read().strip() == "1"
+    except OSError:
+        return False
 
 
 def current() -> AgentUser | None:
