@@ -79,6 +79,7 @@ def outer(outer_db: str, base: Path, inner: ServerProcess, inner_project: tuple[
         'driver = "acp"\n'
         f"command = {json.dumps(command)}\n"
         f"env = {{ THREADLOOM_TOKEN = {json.dumps(inner_project[1])} }}\n"
+        f"base_url = {json.dumps(inner.url)}\n"  # the agent's own network has only this loopback port
     )
     with serving(outer_db, base / "outer" / "data", providers_env(base / "outer", providers)) as proc:
         yield proc

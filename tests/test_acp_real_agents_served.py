@@ -69,6 +69,7 @@ def acp_real_instance(name: str, fake: FakeModel, home: Path) -> str:
     env = {k: v for k, v in started.env.items() if k not in ("PATH", "LANG")}
     lines = [f"[instances.acp-{name}]", 'driver = "acp"', f"command = {json.dumps(started.argv)}"]
     lines.append("env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }")
+    lines.append(f"base_url = {json.dumps(fake.url)}")  # the agent's own network has only this loopback port
     return "\n".join(lines) + "\n\n"
 
 

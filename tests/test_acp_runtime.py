@@ -118,9 +118,10 @@ async def test_the_twin_a_line_under_the_limit_is_read_whole(tmp_path: Path) -> 
 async def test_an_acp_session_id_never_leaves_the_driver(tmp_path: Path) -> None:
     async with agent(tmp_path) as a:
         thread = await a.runtime.start_thread(ThreadSettings(cwd=a.scope.workspace_root))
-        record = SessionRecords(a.scope.state_dir / "acp-sessions").load(thread)
+        records = SessionRecords(a.scope.state_dir)
+        record = records.load(thread)
         assert record is not None and record.session_id not in thread
-        assert (a.scope.state_dir / "acp-sessions" / f"{thread}.json").stat().st_mode & 0o077 == 0
+        assert (records.folder / f"{thread}.json").stat().st_mode & 0o077 == 0
         sid = record.session_id
         said = await a.turn(thread, f"@reply mine is {sid} ok")  # the agent prints it: the stream hides it
         texts = [e.text for e in a.events if isinstance(e, ev.ItemCompleted) and e.kind == "assistant_message"]

@@ -32,10 +32,13 @@ import dataclasses
 import errno
 import logging
 import os
+import stat
 import struct
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+
+from threadloom import nofollow
 
 log = logging.getLogger("threadloom.unprivileged")
 
@@ -77,7 +80,21 @@ def configure(uid: int, gid: int) -> AgentUser | None:
         _current = None
         return None
     _current = AgentUser(uid, gid)
+    if not _hardlinks_protected():
+        log.warning(
+            "fs.protected_hardlinks is not 1: an agent could hard-link a file it cannot write into its workspace "
+            "and the workspace grant would give it that file (docs/security.md, 'The workspace grant')"
+        )
     return _current
+
+
+def _hardlinks_protected() -> bool:
+    """Whether the kernel lets a user hard-link only files it may read and write (`fs.protected_hardlinks`)."""
+    try:
+        with open("/proc/sys/fs/protected_hardlinks") as setting:
+            return setting.read().strip() == "1"
+    except OSError:
+        return False
 
 
 def current() -> AgentUser | None:
@@ -189,21 +206,15 @@ def agent_folders(state: Path, names: Iterable[str]) -> None:
             os.close(fd)
 
 
-def put_file(folder: Path, name: str, content: bytes) -> None:
+def put_file(folder: Path, name: str, content: bytes, mode: int = 0o644) -> None:
     """Replace `folder/name` with `content` as a whole (a reader sees the old file or the new one).
 
     `folder` is the agent's own: the file is staged with O_CREAT|O_EXCL|O_NOFOLLOW in a folder opened without
     following links and renamed into place, so a link the agent planted at either name is replaced, never
-    written through."""
-    fd = os.open(folder, _DIR)
+    written through (`threadloom.nofollow`)."""
+    fd = nofollow.open_folder(folder)
     try:
-        staged = f".{name}.{os.getpid()}.tmp"
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-            os.unlink(staged, dir_fd=fd)
-        out = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
-        with os.fdopen(out, "wb") as file:
-            file.write(content)
-        os.rename(staged, name, src_dir_fd=fd, dst_dir_fd=fd)
+        nofollow.put_file_at(fd, name, content, mode)
     finally:
         os.close(fd)
 
@@ -304,22 +315,43 @@ def _grant_folder(fd: int, user: AgentUser) -> None:
                 finally:
                     os.close(inner)
             elif entry.is_file(follow_symlinks=False):
-                # The name relative to the folder's descriptor, the last component not followed.
+                # Read by the name relative to the folder's descriptor, the last component not followed.
                 path = f"/proc/self/fd/{fd}/{entry.name}"
                 found = _xattr(path, ACCESS_ACL)
-                wanted = _access_acl(entry.stat(follow_symlinks=False).st_mode, user, False, found)
-                if found == wanted:
-                    continue
-                try:
-                    os.setxattr(path, ACCESS_ACL, wanted, follow_symlinks=False)
-                except OSError as error:
-                    if error.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP):
-                        raise
-                    os.chown(entry.name, user.uid, user.gid, dir_fd=fd, follow_symlinks=False)
+                if found != _access_acl(entry.stat(follow_symlinks=False).st_mode, user, False, found):
+                    _grant_file(fd, entry.name, user)
         except OSError as error:
             # Changed under the walk (removed, or swapped for a link or file): it is the agent's doing.
             if error.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EPERM):
                 raise
+
+
+def _grant_file(folder: int, name: str, user: AgentUser) -> None:
+    """Grant `user` the file `name` of the open folder `folder`, through a descriptor of that very file: a
+    link swapped in since the folder was listed is not opened (O_NOFOLLOW), so neither it nor its target is
+    granted or chowned; nor is anything that is not a regular file."""
+    try:
+        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=folder)
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO, errno.EACCES):
+            return
+        raise
+    try:
+        info = os.fstat(file)
+        if not stat.S_ISREG(info.st_mode):
+            return
+        found = _xattr(file, ACCESS_ACL)
+        wanted = _access_acl(info.st_mode, user, False, found)
+        if found == wanted:
+            return
+        try:
+            os.setxattr(file, ACCESS_ACL, wanted)
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP):
+                raise
+            os.fchown(file, user.uid, user.gid)  # no ACLs on this file system: the agent's own then
+    finally:
+        os.close(file)
 
 
 # ---- the data dir -------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 driver = "acp"
 command = ["gemini", "--experimental-acp"]   # argv; {workspace}, {state_dir} and {own_workspaces} are filled in
 env = { GEMINI_MODEL_HOST = "..." }           # extra variables (redacted from everything the agent emits)
+base_url = "http://127.0.0.1:8099"            # a model endpoint on loopback: its port alone is forwarded
 api_key_env = "GEMINI_API_KEY"                # the NAME of the server variable holding the key (optional)
 model = "gemini-2.5-pro"                      # picked through the session's `model` config option, if offered
 max_line_bytes = 16777216                     # a longer message is skipped with a warning (default 16 MiB)
@@ -13,10 +14,12 @@ cancel_drain_s = 5.0                          # how long a cancelled prompt may 
 
 One runtime = one agent process serving one project, started like every agent: `spawn_process` (its own
 PID namespace, the agent user when the server is root), the minimal environment of `agent_cli.child_env`
-(plus a private HOME and TMPDIR in the project's agent state folder), and, on an instance allowed
-`full_access`, a network namespace of its own. The agent's commands are confined by the agent's own
-sandbox, as with the other real agents. When the process dies its runtime ends with `RuntimeExited`; the
-next work on the instance starts a new process and resumes the threads (the engine's session manager).
+(plus a private HOME and TMPDIR in the project's agent state folder), and always a network namespace of its
+own (`providers.netns`, only a loopback `base_url`'s port forwarded): an ACP agent may run its commands itself
+without a sandbox, so the host's loopback -- the metrics and main ports -- is never in its reach. Otherwise
+the agent's commands are confined by the agent's own sandbox, as with the other real agents. When the
+process dies its runtime ends with `RuntimeExited`; the next work on the instance starts a new process and
+resumes the threads (the engine's session manager).
 
 The instance plans with its capability profile (`profile.AcpProfile`): what `initialize` advertised,
 checked by `threadloom providers probe`; see docs/providers.md, "ACP".
@@ -92,7 +95,6 @@ class AcpDriver:
         self.base_url = str(options["base_url"]) if options.get("base_url") else None
         self.max_line = int(options.get("max_line_bytes", DEFAULT_MAX_LINE))
         self.cancel_drain_s = float(options.get("cancel_drain_s", 5.0))
-        self.allow_full_access = bool(options.get("allow_full_access", False))
         self.store = ProfileStore(state_dir)
         self._profile = self.store.latest() or UNKNOWN
 
@@ -139,12 +141,13 @@ class AcpDriver:
         env = child_env(self.api_key_env, extra, require_key=self.api_key_env is not None)
         names = tuple(n for n in (self.api_key_env, *self.extra_env) if n and n not in ("HOME", "TMPDIR"))
         scrubber = Scrubber(driver_secrets(env, names))
-        argv: Sequence[str] = self.argv(scope)
-        if self.allow_full_access:
-            try:
-                argv = isolated(argv, loopback_ports(self.base_url))
-            except NetworkSandboxUnavailable as error:
-                raise ProviderError("network_sandbox_unavailable", str(error)) from error
+        # Every ACP agent, full_access or not, gets a network namespace of its own: unlike Codex and Claude
+        # Code, whose own sandboxes keep the commands of other modes off the network, an ACP agent may run
+        # its commands itself, unsandboxed, so the host's loopback (metrics port, main port) must not be there.
+        try:
+            argv: Sequence[str] = isolated(self.argv(scope), loopback_ports(self.base_url))
+        except NetworkSandboxUnavailable as error:
+            raise ProviderError("network_sandbox_unavailable", str(error)) from error
         try:
             proc = await spawn_process(argv, env=env, cwd=str(state))
         except OSError as error:
@@ -181,7 +184,7 @@ class AcpDriver:
         except ProviderError:
             await process.close()
             raise
-        records = SessionRecords(scope.state_dir / "acp-sessions")
+        records = SessionRecords(scope.state_dir)
         return AcpRuntime(
             process, scrubber, profile, records, model=self.model, cancel_drain_s=self.cancel_drain_s,
             on_learned=self.learned, embedded_context=embedded_context(answer),

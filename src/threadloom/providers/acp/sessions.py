@@ -1,10 +1,15 @@
 """The driver's own record of its ACP sessions: alias → session id, cwd and turns.
 
-The alias is the native thread ref Threadloom stores and shows; the session id stays here, in a file
-only the agent user and the server can read (mode 0600 in a 0700 folder of the project's agent state
-folder, which every replica reaches), because an ACP session id lets its holder `session/load` the
-conversation. The turns (their ids and the fingerprints of their user messages) are what
-`_session/rewind` names a message by.
+The alias is the native thread ref Threadloom stores and shows; the session id stays here, because an ACP
+session id lets its holder `session/load` the conversation. The turns (their ids and the fingerprints of
+their user messages) are what `_session/rewind` names a message by.
+
+Where: `<agent state dir>/<instance>/acp-sessions/<project>/<alias>.json` (files 0600, folders 0700), beside
+the project's agent state folder rather than in it. That folder is the agent user's, so it could rename
+anything in it and put a link in its place; this one is the server's (the instance folder stays root's and
+only traversable), so the agent can neither read the ids nor point the server's writes elsewhere, and
+every replica still reaches it through the shared agent state dir. All file work is still done through
+O_NOFOLLOW descriptors (`threadloom.nofollow`), so a link found on the way is refused, never followed.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from threadloom import nofollow
 
 _ALIAS = re.compile(r"acp-[0-9a-f]{32}")
 
@@ -28,30 +34,41 @@ class SessionRecord:
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
-class SessionRecords:
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+FOLDER = "acp-sessions"
+_LIMIT = 64 << 20  # a record holds a session's turn list: far below this
 
-    def _path(self, alias: str) -> Path | None:
-        return self.folder / f"{alias}.json" if _ALIAS.fullmatch(alias) else None
+
+class SessionRecords:
+    """The records of one project's ACP sessions, in the server's folder beside its agent state folder."""
+
+    def __init__(self, state_dir: Path) -> None:
+        """`state_dir` is the project's agent state folder `<instance folder>/<project>`; its parent, the
+        instance folder, is the server's own."""
+        self.base = state_dir.parent
+        self.parts = (FOLDER, state_dir.name)
+
+    @property
+    def folder(self) -> Path:
+        return self.base.joinpath(*self.parts)
 
     def load(self, alias: str) -> SessionRecord | None:
-        path = self._path(alias)
-        if path is None:
+        if not _ALIAS.fullmatch(alias):
+            return None
+        raw = nofollow.read_file(self.base, (*self.parts, f"{alias}.json"), _LIMIT)
+        if raw is None:
             return None
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(raw)
             return SessionRecord(alias, str(data["sessionId"]), str(data["cwd"]), list(data.get("turns") or []))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             return None
 
     def save(self, record: SessionRecord) -> None:
-        path = self._path(record.alias)
-        if path is None:
+        if not _ALIAS.fullmatch(record.alias):
             raise ValueError(f"not an ACP thread alias: {record.alias!r}")
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         data = {"sessionId": record.session_id, "cwd": record.cwd, "turns": record.turns}
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".session.")  # mkstemp: mode 0600
-        with os.fdopen(fd, "w") as file:
-            json.dump(data, file)
-        os.replace(tmp, path)
+        folder = nofollow.open_folder(self.base, self.parts, make=0o700)
+        try:
+            nofollow.put_file_at(folder, f"{record.alias}.json", json.dumps(data).encode(), 0o600)
+        finally:
+            os.close(folder)

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from threadloom import unprivileged
+from threadloom import nofollow, unprivileged
 from threadloom.providers.contract import ProviderError
 
 Record = dict[str, Any]  # {"cwd", "marks": {turn: last assistant uuid | None}, "fork_of"?, "resume_at"?}
@@ -66,27 +66,35 @@ def _slug(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "-", path)
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
+_RECORD_LIMIT = 16 << 20
+_TRANSCRIPT_LIMIT = 1 << 30
 
 
 class SessionStore:
-    """The records under `home/threads` and the transcripts under the CLI's config folder."""
+    """The records under `home/threads` and the transcripts under the CLI's config folder.
+
+    Both are in the project's agent state folder `home`, which is the agent user's: any name in it may be a
+    link or a FIFO the agent put there. So they are read only through O_NOFOLLOW descriptors opened from
+    `home` (`threadloom.nofollow`): a link on the way is not followed, a file that is not a regular one is
+    not read."""
 
     def __init__(self, home: Path, config_dir: Path) -> None:
         self.home = home
         self.config_dir = config_dir
+        # The config folder as components below `home` (it is `home/claude-home/.claude`).
+        if config_dir.is_relative_to(home):
+            self._config = (home, config_dir.relative_to(home).parts)
+        else:
+            self._config = (config_dir, ())
 
     def _record_path(self, sid: str) -> Path:
         return self.home / "threads" / f"{sid}.json"
 
     def load(self, sid: str) -> Record | None:
+        raw = nofollow.read_file(self.home, ("threads", f"{sid}.json"), _RECORD_LIMIT)
         try:
-            data = orjson.loads(self._record_path(sid).read_bytes())
-        except (OSError, orjson.JSONDecodeError):
+            data = orjson.loads(raw) if raw is not None else None
+        except orjson.JSONDecodeError:
             return None
         return data if isinstance(data, dict) else None
 
@@ -98,9 +106,35 @@ class SessionStore:
         unprivileged.put_file(path.parent, path.name, orjson.dumps(record))
 
     def transcript(self, sid: str) -> Path | None:
-        """The session's transcript, wherever its project folder is (None before the first message)."""
-        found = sorted(self.config_dir.glob(f"projects/*/{sid}.jsonl"))
-        return found[0] if found else None
+        """The session's transcript, wherever its project folder is (None before the first message).
+        Only a regular file in a real folder counts: a link to one, or a folder that is a link, does not."""
+        base, parts = self._config
+        try:
+            projects = nofollow.open_folder(base, (*parts, "projects"))
+        except OSError:
+            return None
+        try:
+            for entry in sorted(os.scandir(projects), key=lambda e: e.name):
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                try:
+                    folder = os.open(entry.name, nofollow.DIR_FLAGS, dir_fd=projects)
+                except OSError:
+                    continue
+                try:
+                    if nofollow.is_file_at(folder, f"{sid}.jsonl"):
+                        return self.config_dir / "projects" / entry.name / f"{sid}.jsonl"
+                finally:
+                    os.close(folder)
+        finally:
+            os.close(projects)
+        return None
+
+    def _read_transcript(self, path: Path) -> bytes:
+        """The transcript `transcript()` found, read again without following a link (b"" if it is gone)."""
+        base, parts = self._config
+        found = nofollow.read_file(base, (*parts, "projects", path.parent.name, path.name), _TRANSCRIPT_LIMIT)
+        return found or b""
 
     async def wait_flushed(self, sid: str, record: Record, mark: str | None, within: float) -> None:
         """Return once the transcript session `sid` resumes from holds message `mark`; else `not_flushed`.
@@ -117,7 +151,7 @@ class SessionStore:
                 while True:
                     for source in sources:
                         path = self.transcript(source)
-                        if path is not None and needle in await asyncio.to_thread(_read, path):
+                        if path is not None and needle in await asyncio.to_thread(self._read_transcript, path):
                             return
                     await asyncio.sleep(0.02)  # the CLI offers no flush signal; its timer is ~100 ms
         except TimeoutError:
