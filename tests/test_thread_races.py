@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import seeds
-from tests.support.db import assert_log_replays
+from tests.support import seeds, server_log
+from tests.support.db import assert_log_replays, troubled_effects
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished
 from tests.support.server import Client, providers_env, serving
@@ -436,3 +436,53 @@ async def test_a_provider_returned_to_is_told_of_a_run_that_ran_elsewhere_after_
             assert "@reply three" in said, said  # b holds run 3 too: in a handoff
         finally:
             await api.aclose()
+
+
+RESTART = """mutation($t: ID!, $text: String!, $r: ID!) {
+  sendMessage(input: {threadId: $t, text: $text, dispatch: {restartActive: {targetRunId: $r}}}) {
+    run { id } appliedDispatch userErrors { code } } }"""
+ATTEMPTS = """query($r: ID!) { node(id: $r) { ... on Run { status attempts { attemptOrdinal status reason
+  providerTurns { id } } } } }"""
+
+
+async def test_a_restart_while_the_first_attempt_is_prepared_starts_the_new_attempt_with_its_input_and_no_effect_fails(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Found by the races (`effect … (provider-turn.start) failed … RUN_NOT_STARTABLE: run is preparing,
+    attempt superseded`): a restart that supersedes the run's first attempt while that attempt's start effect is
+    between preparing and recording the turn. That effect must end as a no-op — the new attempt's own effect
+    starts the run, with the restart's combined input — not fail, be retried, and start the new attempt itself
+    with the first message alone (the restart's message lost)."""
+    home = tmp_path / "ws"
+    home.mkdir()
+    gate = tmp_path / "gate"
+    env = providers_env(tmp_path, PROVIDERS, THREADLOOM_TEST_HOLD_AT=f"turn-recording:{gate}")
+    with serving(database_url, tmp_path / "data", env) as server:
+        api = Client(server.url, server.admin_token)
+        try:
+            project = (await api.gql(CREATE_PROJECT, {"name": "held", "root": str(home)}))["createProject"]
+            thread = (await api.gql(CREATE_THREAD, {"p": project["project"]["id"]}))["createThread"]["thread"]["id"]
+            first = (await api.gql(SEND, {"t": thread, "text": "@reply first", "d": None}))["sendMessage"]
+            run_id = first["run"]["id"]
+
+            async def held() -> bool:
+                return await asyncio.to_thread(Path(f"{gate}.held").exists)
+
+            await until(held)  # the first attempt's start waits between preparing and recording its turn
+            restarted = (await api.gql(RESTART, {"t": thread, "text": "@reply second", "r": run_id}))["sendMessage"]
+            assert restarted["userErrors"] == [] and restarted["appliedDispatch"] == "RESTART_ACTIVE", restarted
+            assert restarted["run"]["id"] == run_id
+            gate.touch()
+
+            assert (await finished(api, run_id))["status"] == "COMPLETED"
+            nodes = (await api.gql(REPLIES, {"t": thread}))["thread"]["messages"]["nodes"]
+            said = " ".join(m["text"] for m in nodes if m["role"] == "ASSISTANT" and m["run"]["id"] == run_id)
+            assert "first" in said and "second" in said, said  # the new attempt got the combined input
+            attempts = (await api.gql(ATTEMPTS, {"r": run_id}))["node"]["attempts"]
+            shown = [(a["attemptOrdinal"], a["status"], a["reason"], len(a["providerTurns"])) for a in attempts]
+            assert shown == [(1, "SUPERSEDED", "INITIAL", 0), (2, "COMPLETED", "STEERING_RESTART", 1)], shown
+        finally:
+            await api.aclose()
+        server.stop()
+        assert server_log.errors(server.log) == [], server.log[-40:]
+    assert await troubled_effects(database_url) == []
