@@ -12,11 +12,11 @@ SERIOUS = frozenset({"error", "critical"})
 
 
 def errors(lines: Iterable[str], allowed: Mapping[str, str] = {}) -> list[str]:
-    """The error and critical lines of `lines`, less those matching a pattern of `allowed` (pattern → why it is
-    expected, a regular expression searched in the line's `msg`). A line that is not JSON is kept when it
-    reads as an error (a traceback or a library writing to stderr on its own)."""
+    """The error and critical lines of `lines`, less those matching a pattern of `allowed` (pattern → why it
+    is expected; a regular expression searched in the whole line, its `msg` and its `exc` when it has one). A
+    line that is not JSON is kept when it reads as an error (a traceback, a library writing to stderr)."""
     found = []
-    for line in lines:
+    for line in list(lines):
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError:
@@ -25,7 +25,6 @@ def errors(lines: Iterable[str], allowed: Mapping[str, str] = {}) -> list[str]:
             continue
         if not isinstance(record, dict) or str(record.get("level")) not in SERIOUS:
             continue
-        message = str(record.get("msg", ""))
-        if not any(re.search(pattern, message) for pattern in allowed):
+        if not any(re.search(pattern, line) for pattern in allowed):
             found.append(line)
     return found
