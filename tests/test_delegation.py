@@ -87,17 +87,23 @@ async def test_delegated_task_reports_to_its_parent(client: Client, tmp_path: Pa
     ]
 
 
-async def test_stop_cascades_depth_first_through_three_levels(
+async def test_stop_asks_the_thread_then_each_task_after_its_own_tasks_in_the_order_they_were_delegated(
     client: Client, tmp_path: Path, database_url: str
 ) -> None:
-    """stopThread asks each level's run to stop, the thread itself first, then its tasks depth first (a task's
-    own task before it), as the event log orders the interrupt requests; every queue stays held until
-    resumeQueue."""
+    """stopThread on a parent with two tasks A and B (delegated in that order), each with a task of its own (A1,
+    B1): the parent's run is asked to stop in the Stop's own transaction, then the `delegated-tasks.stop` effect
+    walks the tree depth first, a task's own tasks before it, siblings in the order they were delegated
+    (engine/interruption.py `_stop_tree`). The event log orders the interrupt requests parent, A1, A, B1, B —
+    which neither a top-down walk (A, A1, B, B1), nor the deepest level first across the tree (A1, B1, A, B),
+    nor the reverse delegation order (B1, B, A1, A) gives. Every queue stays held until resumeQueue."""
     parent = await _parent(client, tmp_path)
     top = await send(client, parent, "@delay 20000\n@reply never")
-    child = await _delegate(client, parent, "@delay 20000\n@reply never")
-    grandchild = await _delegate(client, child["id"], "@delay 20000\n@reply never")
-    runs = [top["run"]["id"], child["runs"]["edges"][0]["node"]["id"], grandchild["runs"]["edges"][0]["node"]["id"]]
+    a = await _delegate(client, parent, "@delay 20000\n@reply never")
+    b = await _delegate(client, parent, "@delay 20000\n@reply never")
+    a1 = await _delegate(client, a["id"], "@delay 20000\n@reply never")
+    b1 = await _delegate(client, b["id"], "@delay 20000\n@reply never")
+    tasks = {"A": a, "B": b, "A1": a1, "B1": b1}
+    runs = [top["run"]["id"], *(task["runs"]["edges"][0]["node"]["id"] for task in tasks.values())]
     for run_id in runs:
         await _running(client, run_id)
     waiting = await send(client, parent, "@reply after the stop", d={"queueAfterActive": True})
@@ -109,13 +115,13 @@ async def test_stop_cascades_depth_first_through_three_levels(
     assert stopped["stopThread"] == {"thread": {"queueHeld": True}, "userErrors": []}
     for run_id in runs:
         assert (await finished(client, run_id))["status"] == "INTERRUPTED"
-    for thread in (parent, child["id"], grandchild["id"]):
+    for thread in (parent, *(task["id"] for task in tasks.values())):
         state = (await client.gql(THREAD, {"t": thread}))["thread"]
         assert state["queueHeld"] is True and state["activeRun"] is None
     assert (await run(client, waiting["run"]["id"]))["status"] == "QUEUED"  # held: nothing restarts on its own
     asked = await _in_log_order(database_url, "run.interrupt_requested")
-    levels = {_uuid(parent): "parent", _uuid(child["id"]): "child", _uuid(grandchild["id"]): "grandchild"}
-    assert [levels[thread] for thread in asked] == ["parent", "grandchild", "child"]
+    names = {_uuid(parent): "parent", **{_uuid(task["id"]): name for name, task in tasks.items()}}
+    assert [names[thread] for thread in asked] == ["parent", "A1", "A", "B1", "B"]
     await client.gql("mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }", {"t": parent})
     assert (await finished(client, waiting["run"]["id"]))["status"] == "COMPLETED"
 

@@ -39,6 +39,7 @@ from threadloom.engine.pipeline import Pipeline, Step
 from threadloom.engine.run_finish import RunFinish, thread_of_run
 from threadloom.engine.sessions import LiveSession, SessionManager, TurnBinding
 from threadloom.engine.switching import provider_for_run
+from threadloom.faults import hold_point
 from threadloom.providers.contract import ProviderError
 from threadloom.store import entities, rollback_facts, runs
 from threadloom.store.db import Reader
@@ -142,7 +143,9 @@ class Turns:
         thread_id = effect.thread_id or await thread_of_run(self.pipeline, effect.run_id)
         if self.gate is not None and thread_id is not None and not await self.gate(effect.run_id, thread_id):
             return  # past a budget: stopped, or held behind its question
-        prepared = await self._prepare(effect.run_id, effect.input, thread_id)
+        # A superseded attempt's start (a restart replaced it while this effect waited or prepared) is a no-op:
+        # the new attempt's own effect starts the run with the restart's input.
+        prepared = await self._prepare(effect.run_id, effect.input, thread_id, effect.attempt_id)
         if prepared is None:
             return
         if prepared.recorded is not None:
@@ -184,9 +187,10 @@ class Turns:
                 run_id, RunStatus.FAILED, "provider_error", hold_reason="the interrupted turn did not end in time"
             )
             return
+        await hold_point("turn-recording")  # tests: a restart supersedes the attempt while it is prepared
         turn = await self._record_turn(prepared, provider_thread, ready)
         if turn is None:
-            return
+            return  # superseded or ended meanwhile: nothing to start (its provider thread is recorded)
         handoffs = prepared.handoffs
         fell_back = prepared.fork is not None and provider_thread.forked_from_provider_thread_id is None
         if fell_back or provider_thread.id != prepared.provider_thread.id:  # a handoff made after preparing
@@ -237,7 +241,11 @@ class Turns:
             return tuple(await rollback_facts.pending_handoffs(db, provider_thread_id))
 
     async def _prepare(
-        self, run_id: uuid.UUID, text: str | None = None, thread_id: uuid.UUID | None = None
+        self,
+        run_id: uuid.UUID,
+        text: str | None = None,
+        thread_id: uuid.UUID | None = None,
+        attempt_id: uuid.UUID | None = None,
     ) -> _Prepared | None:
         """Read and decide what the turn needs (`turn.prepare`); when the native thread is already loaded in a
         live runtime, also record the provider thread and the requested turn in the same transaction, the
@@ -246,7 +254,7 @@ class Turns:
         holds = _Holds()
 
         async def decide(db: Reader, thread: AppThread) -> Valued[_Prepared | None]:
-            outcome, prepared = await self._read_turn(db, thread, run_id, text, now)
+            outcome, prepared = await self._read_turn(db, thread, run_id, text, now, attempt_id)
             if prepared is None:
                 return outcome.carrying(None)
             session = self._holding(prepared)
@@ -268,14 +276,23 @@ class Turns:
             raise
 
     async def _read_turn(
-        self, db: Reader, thread: AppThread, run_id: uuid.UUID, text: str | None, now: Any
+        self,
+        db: Reader,
+        thread: AppThread,
+        run_id: uuid.UUID,
+        text: str | None,
+        now: Any,
+        attempt_id: uuid.UUID | None = None,
     ) -> tuple[Outcome, _Prepared | None]:
         """What the run's turn needs, and the changes that give it (its provider thread chosen, switched or
         replaced, a fork's transfer and merge-backs resolved); no `_Prepared` when the run is not waiting
-        for its turn."""
+        for its turn, or waits for another attempt than `attempt_id` (the effect's, None in older rows):
+        that attempt was superseded, and the effect of the one that replaced it carries its own input."""
         start = await runs.turn_start(db, thread, run_id)  # one statement for five reads
         run = start.run
         if run is None or run.status != RunStatus.PREPARING:
+            return Outcome(), None
+        if attempt_id is not None and run.active_attempt_id != attempt_id:
             return Outcome(), None
         attempt = _required(start.attempt, RunAttempt, run.active_attempt_id)
         if attempt.status != AttemptStatus.PENDING:
@@ -351,6 +368,8 @@ class Turns:
             attempt = await entities.get(db, RunAttempt, p.attempt.id)
             if run is None or attempt is None or run.status != RunStatus.PREPARING:
                 return Outcome().carrying(None)
+            if attempt.status != AttemptStatus.PENDING or run.active_attempt_id != attempt.id:
+                return Outcome().carrying(None)  # superseded while it was prepared: a restart started another
             ordinal = await runs.next_turn_ordinal(db, pt.id)
             outcome, turn = rules.turn_requested(run, attempt, pt, ordinal, now, new_id)
             return outcome.carrying(turn.id)
