@@ -12,6 +12,7 @@ made by an agent (`@tool ln -s ...`), and what is read back is read with project
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -149,11 +150,45 @@ async def _seen_by_reader(project: Project, fork_id: str) -> tuple[set[str], lis
     return paths, diffs
 
 
-async def _plant(project: Project, thread: str, link: str, target: str) -> None:
-    """Thread `thread`'s agent (project P) makes `link` (in P's workspace) a symlink to `target`."""
+TWIN_LINK = "twin-link"  # the same link, planted where checkpoints look (`.threadloom/forks/` is excluded)
+
+
+async def _plant(project: Project, thread: str, link: str, target: str) -> dict[str, Any]:
+    """Thread `thread`'s agent (project P) makes `link` (in P's workspace) a symlink to `target`, and
+    TWIN_LINK the same symlink at the workspace's top; its run."""
     folder = str(Path(link).parent)
-    await project.run(thread, f"@tool mkdir -p {folder} && rm -rf {link} && ln -s {target} {link} && ls -la {folder}")
-    assert (project.workspace / link).is_symlink()
+    done = await project.run(
+        thread,
+        f"@tool mkdir -p {folder} && rm -rf {link} {TWIN_LINK} && ln -s {target} {link} && ln -s {target} {TWIN_LINK}",
+    )
+    assert (project.workspace / link).is_symlink() and (project.workspace / TWIN_LINK).is_symlink()
+    return done
+
+
+async def _captured_as_a_link(project: Project, run: dict[str, Any], link: str, target: str) -> None:
+    """The positive twin of every planted link: the planting thread's own run-end checkpoint (a project
+    thread's, not a fork's) holds `link` as a link whose diff, read with P's `read` token, shows `target` as
+    text: the probe really planted a link to that target, and a capture meets it."""
+    checkpoint = (await project.reader.gql(RUN_CHECKPOINT, {"r": run["id"]}))["run"]["checkpoint"]
+    assert checkpoint["status"] == "READY" and link in {f["path"] for f in checkpoint["files"]}, checkpoint
+    diff = (await project.reader.gql(DIFF, {"c": checkpoint["id"], "p": link}))["node"]["diff"]
+    assert "new file mode 120000" in diff and f"+{target}" in diff, diff
+
+
+def working_folder(server: ServerProcess) -> Path:
+    """The server process's current working folder: what `/proc/self/cwd` names when the server follows it."""
+    return Path(os.readlink(f"/proc/{server.proc.pid}/cwd"))
+
+
+def shallow(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Each entry of `folder` (not below: the fork's files would land at its top) by name: its type and
+    permission bits, size and modification time, never following a link. pytest's own cache is left out."""
+    found = {}
+    for entry in os.scandir(folder):
+        if entry.name != ".pytest_cache":
+            info = entry.stat(follow_symlinks=False)
+            found[entry.name] = (info.st_mode, info.st_size, info.st_mtime_ns)
+    return found
 
 
 TARGETS = ["other-project", "data-dir", "proc-self-cwd"]
@@ -164,18 +199,26 @@ TARGETS = ["other-project", "data-dir", "proc-self-cwd"]
 async def test_symlinks_planted_where_forks_used_to_live_reach_nothing(
     world: World, tmp_path: Path, target: str, where: str
 ) -> None:
+    """Another thread's agent links `.threadloom/forks` (before the fork) or the fork's old folder (after) to Q's
+    workspace, the data dir or `/proc/self/cwd`: the fork works in its own folder, its checkpoints read with
+    P's `read` token show only its files, and nothing lands in Q, the data dir or the server's working folder
+    (its entries as they were). Twins: the same link planted at the workspace's top is captured by the
+    planting thread's own checkpoint as a link to that target, and the fork's own file's diff is shown."""
     p = await world.project(tmp_path / "ws-p", f"P-{target}-{where}")
     q = await world.project(tmp_path / "ws-q", f"Q-{target}-{where}")
     (q.workspace / "q.txt").write_text(Q_SECRET)
     to = {"other-project": str(q.workspace), "data-dir": str(world.data_dir), "proc-self-cwd": "/proc/self/cwd"}
     attacker, victim = await p.thread(), await p.thread()
     point = await p.run(victim, "@write point.txt at-the-fork-point")
+    cwd = working_folder(world.server)
+    cwd_before = shallow(cwd)
 
     if where == "forks-folder":  # `.threadloom/forks` itself, before the fork is made
-        await _plant(p, attacker, ".threadloom/forks", to[target])
+        planted = await _plant(p, attacker, ".threadloom/forks", to[target])
     fork = await p.fork(point["id"])
     if where == "fork-folder":  # the fork's old folder, once its id is known
-        await _plant(p, attacker, f".threadloom/forks/{uuid_of(fork)}", to[target])
+        planted = await _plant(p, attacker, f".threadloom/forks/{uuid_of(fork)}", to[target])
+    await _captured_as_a_link(p, planted, TWIN_LINK, to[target])
 
     own = world.folder_of(p, fork)
     assert own.is_dir() and not own.is_symlink() and (own / "point.txt").read_text() == "at-the-fork-point"
@@ -189,6 +232,8 @@ async def test_symlinks_planted_where_forks_used_to_live_reach_nothing(
     assert (own / "mine.txt").read_text() == "written-by-the-fork"
     assert sorted(x.name for x in q.workspace.iterdir()) == ["q.txt"]  # nothing written into Q
     assert not (world.data_dir / "mine.txt").exists()
+    assert shallow(cwd) == cwd_before  # nothing created, changed or removed in the server's working folder
+    assert not (cwd / "mine.txt").exists() and not (cwd / "point.txt").exists()
 
 
 async def test_the_forks_agent_writes_its_folder_and_sees_nothing_else(world: World, tmp_path: Path) -> None:

@@ -5,9 +5,11 @@ A tenant holds an `operate` token of project P (and a `read` token). Project Q i
 code-execution target). P's agent (the scripted agent, real bubblewrap) can make any symlink in P's workspace:
 a link's target is just a string, so it can name Q's folder although Q is not mounted in its sandbox. It swaps a
 folder the server is about to restore for such a link, before `rollbackToRun`, `undoRollback`, `rollbackNode`
-and `forkThread(ownWorkspace: true)`, and leaves one at a run's end for the checkpoint to capture. Last, the test
-process plays the agent's background loop (`renameat2(RENAME_EXCHANGE)` of a folder and a link) while rollbacks
-and undos are asked for through the API.
+and `forkThread(ownWorkspace: true)`, and leaves one at a run's end for the checkpoint to capture. Another thread's
+agent runs the racing loop itself (`renameat2(RENAME_EXCHANGE)` of a folder and a link, for a few seconds in its
+sandbox) while restores are asked for through the API. The whole `.pyc` chain runs against the real server
+package's `__pycache__` up to the next agent start, and a hard link to a file outside the workspace is restored
+over.
 
 What must hold: nothing outside P's workspace is read into a checkpoint, created, overwritten or deleted; a
 failure is a typed user error, never an internal one. Each denial has a twin where the same steps, with no
@@ -18,25 +20,32 @@ Real `threadloom serve` (one for the module), real git, real bubblewrap.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
-import errno
 import os
-import threading
+import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT
-from tests.support.hostile import Snapshot, edit_the_real_folder, exchange, snapshot
+from tests.support.hostile import Snapshot, snapshot
 from tests.support.pg import PgServer
-from tests.support.runs import finished, send
+from tests.support.runs import TERMINAL, finished, send
+from tests.support.runs import run as run_of
 from tests.support.server import Client, ServerProcess, serving
 from tests.support.waiting import until
 from threadloom.api.ids import decode
+from threadloom.store import tables as t
+from threadloom.store.db import Database
 
 Q_SECRET = "project-Q-secret-9b41"
 PYC = b"\x61\x0d\x0d\x0a-the-servers-own-bytecode"
@@ -386,85 +395,243 @@ async def test_a_link_at_a_runs_end_is_read_back_as_a_link(world: World, tmp_pat
     assert snapshot(world.q)["secret.txt"] == Q_SECRET.encode()
 
 
-# ---- 6. the RENAME_EXCHANGE race, played by the test as the agent's background loop ---------------------
+# ---- 6. the RENAME_EXCHANGE race, run by another thread's agent in its sandbox for a bounded time -------------
 
-ROUNDS = 8
-DIRS = ("dir", "link")
-EDITS = {"a.txt": b"changed", "b.txt": b"two"}
-
-
-@contextlib.contextmanager
-def racing(workspace: Path, outside: Path) -> Iterator[dict[str, Any]]:
-    """A thread swapping `dir` (a real folder) and `link` (a link to `outside`) as fast as it can, for a bounded
-    count. When a restore replaced the link (both names real folders) or removed a name, it plants a link or a
-    folder again, so a link stays in play: the agent's loop, run by the test process itself."""
-    folder, link = workspace / "dir", workspace / "link"
-    stop = threading.Event()
-    counts: dict[str, Any] = {"swaps": 0, "errors": []}
-
-    def loop() -> None:
-        spare = 0
-        for _ in range(1_000_000):
-            if stop.is_set():
-                return
-            code = exchange(folder, link)
-            if code == 0:
-                counts["swaps"] += 1
-                continue
-            if code != errno.ENOENT:
-                counts["errors"].append(os.strerror(code))
-                return
-            with contextlib.suppress(OSError):  # a restore may be changing the same names meanwhile
-                if not os.path.lexists(link):
-                    os.symlink(outside, link)
-                elif not os.path.islink(link) and not os.path.islink(folder):
-                    spare += 1
-                    os.rename(link, workspace / f"spare-{spare}")
-                    os.symlink(outside, link)
-            with contextlib.suppress(OSError):
-                if not os.path.lexists(folder):
-                    folder.mkdir()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
+RACE_SECONDS = 4.0
+STARTED = "race-started"
+# The agent's loop: `renameat2(RENAME_EXCHANGE)` of `dir` (a real folder) and `link` (a link to the package),
+# as fast as it can for RACE_SECONDS; when a restore replaced the link (both names real folders) or removed a
+# name, it plants a link or a folder again, so a link stays in play. /usr's python, inside bubblewrap.
+RACE_LOOP = """
+import ctypes, errno, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+outside, seconds = sys.argv[1], float(sys.argv[2])
+swaps = spare = 0
+open(sys.argv[3], "w").close()
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    if libc.renameat2(-100, b"dir", -100, b"link", 2) == 0:
+        swaps += 1
+        continue
+    code = ctypes.get_errno()
+    if code != errno.ENOENT:
+        print("error", os.strerror(code))
+        break
     try:
-        yield counts
-    finally:
-        stop.set()
-        thread.join()
+        if not os.path.lexists("link"):
+            os.symlink(outside, "link")
+        elif not os.path.islink("link") and not os.path.islink("dir"):
+            spare += 1
+            os.rename("link", "spare-%d" % spare)
+            os.symlink(outside, "link")
+    except OSError:
+        pass
+    try:
+        if not os.path.lexists("dir"):
+            os.mkdir("dir")
+    except OSError:
+        pass
+print("swaps", swaps)
+"""
+
+
+def race_command(outside: Path, seconds: float) -> str:
+    """The `@tool` line running RACE_LOOP (shipped base64-encoded: one directive is one line)."""
+    script = base64.b64encode(RACE_LOOP.encode()).decode()
+    return f"@tool echo {script} | base64 -d > /tmp/race.py && python3 /tmp/race.py {outside} {seconds} {STARTED}"
 
 
 async def test_a_rename_exchange_race_during_rollbacks_never_reaches_outside(world: World, tmp_path: Path) -> None:
-    """While the loop swaps `dir` and a link to the server's package, rollbackToRun(1) and undoRollback are asked
-    for, each round after the agent changed `dir/a.txt` and wrote `dir/b.txt` again (so every rollback has a file
-    to delete and every undo one to write). The package keeps every byte; each call succeeds or answers a typed
-    user error.
-    Twin, first (no loop, another project): the same rollback deletes `dir/b.txt` in P (the path run 2 wrote)
-    and leaves `a.txt` as the hand edit left it (no undone run changed it)."""
+    """Another thread's agent swaps `dir` and a link to the server's package in a loop inside its sandbox for a
+    few seconds. Meanwhile the victim thread's `undoRollback` and, again and again, `rollbackNode` (neither is
+    held back by another thread's active run; `rollbackToRun` is, with WORKSPACE_BUSY) restore files into `dir`.
+    The package keeps every byte after every answer; each answer is a success or a typed user error, and a
+    restore that the swaps kept from putting a path in place names it ("not restored: …") instead of
+    answering success. Once the loop has ended, the same rollbackNode leaves exactly the checkpoint's files.
+    Twin, first (no loop, another project): the rollbackNode deletes `dir/b.txt` and `dir/c.txt` in P."""
     twin = await world.project(tmp_path / "ws-twin", "P-race-twin")
-    thread = await twin.thread()
-    await twin.run(thread, "@write dir/a.txt one")
-    await twin.run(thread, "@write dir/b.txt two")
-    edit_the_real_folder(twin.workspace, DIRS, EDITS)
-    assert (await twin.rollback(thread, 1))["userErrors"] == []
-    assert real_dir(twin) == {"a.txt": b"changed"}
+    victim = await twin.thread()
+    await _subagent_run(twin, victim)
+    start = await _subagent_start(twin, victim)
+    answer = (await twin.operator.gql(ROLLBACK_NODE, start))["rollbackNode"]
+    assert answer["userErrors"] == [] and real_dir(twin) == {"a.txt": b"one"}, answer
 
     p = await world.project(tmp_path / "ws-p", "P-race")
-    thread = await p.thread()
-    await p.run(thread, "@write dir/a.txt one")
-    await p.run(thread, "@write dir/b.txt two")
+    victim, attacker = await p.thread(), await p.thread()
+    await _subagent_run(p, victim)
+    start = await _subagent_start(p, victim)
+    await p.run(victim, "@write dir/d.txt four")
+    assert (await p.rollback(victim, 1))["userErrors"] == []  # removes d.txt; undone below, under the race
     (p.workspace / "link").symlink_to(world.outside)
     before = world.untouched()
-    answers: list[dict[str, Any]] = []
-    with racing(p.workspace, world.outside) as counts:
-        for _ in range(ROUNDS):
-            edit_the_real_folder(p.workspace, DIRS, EDITS)
-            # OVERWRITE: the swaps make `dir/b.txt` look changed by no run; put it back anyway, through the race
-            answers.append(await p.rollback(thread, 1, "OVERWRITE"))
-            answers.append(await p.undo(thread))
-            assert world.untouched() == before
-    print(f"swaps {counts['swaps']}; answers {[a['userErrors'] for a in answers]}")  # shown if it fails
-    assert counts["errors"] == [] and counts["swaps"] > 0
-    codes = {e["code"] for a in answers for e in a["userErrors"]}
-    assert codes <= TYPED, answers
+
+    racing = await send(p.operator, attacker, race_command(world.outside, RACE_SECONDS))
+    assert racing["userErrors"] == [], racing
+    await until(lambda: _exists(p.workspace / STARTED), within=30)
+    answers: list[dict[str, Any]] = [await p.undo(victim)]
+    busy = await p.rollback(victim, 1, "OVERWRITE")
+    # Not raced: refused before anything is touched (WORKSPACE_BUSY; or the plan's read of the swapping
+    # workspace gave up first, "nothing changed").
+    assert [e["code"] for e in busy["userErrors"]] in (["WORKSPACE_BUSY"], ["ROLLBACK_FAILED"]), busy
     assert world.untouched() == before
+    while True:  # at least once, then for as long as the loop runs
+        answers.append((await p.operator.gql(ROLLBACK_NODE, start))["rollbackNode"])
+        assert world.untouched() == before
+        if (await run_of(p.operator, racing["run"]["id"]))["status"] in TERMINAL:
+            break
+    loop = await finished(p.operator, racing["run"]["id"])
+    assert loop["status"] == "COMPLETED", loop
+    output = " ".join(outputs(loop))
+    print(f"{output}; answers {[a['userErrors'] for a in answers]}")  # shown if it fails
+    assert "swaps" in output and "error" not in output and "swaps 0" not in output
+    for answer in answers:
+        for error in answer["userErrors"]:
+            assert error["code"] in TYPED, answer
+            if "changed during the restore" in error["message"]:  # put back, then moved before the answer
+                assert re.search(r"not restored: (dir|link|spare-\d+)\b", error["message"]), answer
+
+    # The loop has ended: the same rollback leaves exactly the checkpoint's files (links and spares gone; an
+    # empty folder the loop made may stay, as checkpoints hold files, not empty folders).
+    final = (await p.operator.gql(ROLLBACK_NODE, start))["rollbackNode"]
+    assert final["userErrors"] == [], final
+    left = {path: what for path, what in snapshot(p.workspace).items() if what != "<dir>"}
+    assert left == {"dir/a.txt": b"one"} and real_dir(p) == {"a.txt": b"one"}  # an empty folder is no file
+    assert world.untouched() == before
+
+
+async def _subagent_start(p: Project, thread: str) -> dict[str, str]:
+    """rollbackNode's variables for the subagent's start checkpoint (the workspace holds only `dir/a.txt`)."""
+    subagent = [c for c in await p.checkpoints(thread) if c["scope"]["kind"] == "SUBAGENT"]
+    start = min(subagent, key=lambda c: c["ordinal"])
+    return {"n": start["scope"]["node"]["id"], "c": start["id"]}
+
+
+async def _exists(path: Path) -> bool:
+    return await asyncio.to_thread(path.exists)
+
+
+# ---- 7. the whole `.pyc` chain: undo through a link into the running server's `__pycache__`, then an agent start
+
+
+def _server_pycache() -> tuple[Path, str]:
+    """Where the python the server runs (this one: tests/support/server.py) looks for the bytecode of the
+    threadloom package it imports, and its cache tag: asked of that python itself."""
+    code = (
+        "import importlib.util, sys, threadloom; print(importlib.util.cache_from_source(threadloom.__file__));"
+        " print(sys.implementation.cache_tag)"
+    )
+    found = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    return Path(found[0]).parent, found[1]
+
+
+@contextlib.contextmanager
+def existing(folder: Path) -> Iterator[Path]:
+    """`folder`, made for the test if it is missing (PYTHONDONTWRITEBYTECODE: python still loads a `.pyc` it
+    finds there, so it is the target all the same) and removed again if the test made it and it is empty."""
+    made = not folder.exists()
+    folder.mkdir(exist_ok=True)
+    try:
+        yield folder
+    finally:
+        if made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+async def _token_count(database_url: str) -> int:
+    db = Database.from_url(database_url)
+    try:
+        async with db.engine.connect() as conn:
+            return int((await conn.execute(sa.select(sa.func.count()).select_from(t.api_tokens))).scalar_one())
+    finally:
+        await db.dispose()
+
+
+@pytest.mark.parametrize("swap", [False, True])
+async def test_an_undo_through_a_link_into_the_servers_pycache_plants_nothing_for_the_next_agent_start(
+    world: World, tmp_path: Path, swap: bool
+) -> None:
+    """The issue's code-execution chain, against the real package: run 2 leaves the package's own `__init__`
+    bytecode name and a new one in `dir`; `rollbackToRun(1)` removes them; another thread's agent swaps `dir`
+    for a link to the running server's `threadloom/__pycache__`; `undoRollback`; then the agent `@crash`es and
+    the next run starts it again (the start that would load a planted `.pyc`). That `__pycache__` is byte for
+    byte as it was, no token was minted, and the next run completes. Twin (no swap): the undo puts the two
+    files back in P's `dir`, and the same crash and new run work."""
+    cache, tag = _server_pycache()
+    with existing(cache) as pycache:
+        await _pyc_chain(world, tmp_path, swap, pycache, tag)
+
+
+async def _pyc_chain(world: World, tmp_path: Path, swap: bool, pycache: Path, tag: str) -> None:
+    planted = {f"__init__.{tag}.pyc": b"PLANTED-INIT", f"zz_planted.{tag}.pyc": b"PLANTED-NEW"}
+    p = await world.project(tmp_path / "ws-p", f"P-pyc-{swap}")
+    victim, attacker = await p.thread(), await p.thread()
+    await p.run(victim, "@write dir/a.txt one")
+    await p.run(victim, "\n".join(f"@write dir/{name} {text.decode()}" for name, text in planted.items()))
+    assert (await p.rollback(victim, 1))["userErrors"] == []
+    assert real_dir(p) == {"a.txt": b"one"}
+    package, tokens = snapshot(pycache), await _token_count(world.database_url)
+    if swap:
+        await p.swap(attacker, "dir", pycache)
+
+    undone = await p.undo(victim)
+    assert undone["userErrors"] == [], undone
+    assert real_dir(p) == (planted if swap else {"a.txt": b"one", **planted})
+    crash = await send(p.operator, attacker, "@crash")
+    assert (await finished(p.operator, crash["run"]["id"]))["status"] == "FAILED"
+    await p.run(victim, "@write after.txt the-next-start-works")
+    assert (p.workspace / "after.txt").read_bytes() == b"the-next-start-works"
+    assert snapshot(pycache) == package
+    assert await _token_count(world.database_url) == tokens
+
+
+# ---- 8. a hard link in the workspace to a file outside it --------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["hard-link", "file"])
+async def test_a_restore_replaces_a_hard_link_and_never_writes_the_file_it_shares(
+    world: World, tmp_path: Path, kind: str
+) -> None:
+    """Run 1 writes `dir/a.txt`, run 2 changes it. The agent cannot make a hard link to a file outside its
+    workspace from inside its sandbox (that file is not even there); whoever can (a local user, an agent run
+    without a sandbox) puts `dir/a.txt` as a hard link to the package's `a.txt`, readable and writable by the
+    agent user. `rollbackToRun(1)` puts "one" in `dir/a.txt` as a new file: the package's `a.txt` keeps its
+    bytes, its owner and its ACL, and has one link again. An agent start in between (after `@crash`) grants the
+    workspace to the agent user, and that grant skips the shared file. Twin (an ordinary file there): the
+    rollback rewrites it."""
+    p = await world.project(tmp_path / "ws-p", f"P-hardlink-{kind}")
+    thread = await p.thread()
+    await p.run(thread, "@write dir/a.txt one")
+    await p.run(thread, "@write dir/a.txt two")
+    shared = world.outside / "a.txt"
+    tried = outputs(await p.run(thread, f"@tool ln {shared} dir/x.txt 2>&1; ls dir"))
+    assert tried == [f"ln: failed to access '{shared}': No such file or directory\na.txt\n"], tried
+    os.chown(shared, 65534, 65534)  # protected_hardlinks: the agent user may link only what it owns or may write
+    (p.workspace / "dir" / "a.txt").unlink()
+    if kind == "hard-link":
+        os.link(shared, p.workspace / "dir" / "a.txt")
+    else:
+        (p.workspace / "dir" / "a.txt").write_text("package a\n")
+    before, owner, acl = world.untouched(), os.stat(shared).st_uid, _acl_of(shared)
+    crash = await send(p.operator, thread, "@crash")
+    assert (await finished(p.operator, crash["run"]["id"]))["status"] == "FAILED"
+    await p.run(thread, "@tool true")  # the next agent start: grants the workspace
+
+    answer = await p.rollback(thread, 1, "OVERWRITE")
+    assert answer["userErrors"] == [], answer
+    assert real_dir(p) == {"a.txt": b"one"}
+    assert world.untouched() == before and shared.read_text() == "package a\n"
+    assert (os.stat(shared).st_uid, os.stat(shared).st_nlink, _acl_of(shared)) == (owner, 1, acl)
+
+
+def outputs(run: dict[str, Any]) -> list[str]:
+    """The output of each `@tool` command of a finished run, in order."""
+    details = [c["detail"] or {} for c in run["rootNode"]["children"] if c["kind"] == "TOOL_CALL"]
+    return [str(d["output"]) for d in details if "output" in d]
+
+
+def _acl_of(path: Path) -> bytes | None:
+    try:
+        return os.getxattr(path, "system.posix_acl_access")
+    except OSError:
+        return None

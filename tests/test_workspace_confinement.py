@@ -325,3 +325,64 @@ async def test_without_bwrap_nothing_reads_the_workspace(
     assert refused.value.code == CheckpointErrorCode.SANDBOX_UNAVAILABLE
     monkeypatch.undo()
     assert "top.txt" in tree(repo, (await repo.capture(ref(0), "x")).commit)
+
+
+async def test_a_removal_skipped_behind_a_swapped_folder_is_not_reported_as_removed(
+    store: CheckpointStore, workspace: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore means to delete `sub/c.txt`, but the agent swapped `sub` for a link just before: the unlink
+    is skipped (the file is behind the link, in the agent's moved folder), so `Restored.removed` leaves it out,
+    while the restore still ends with a real `sub` as checkpointed (no `c.txt` there). Twin: the same restore
+    without the swap reports `sub/c.txt` removed."""
+    repo = store.repo("p1", workspace)
+    checkpoint = await repo.capture(ref(0), "checkpoint")
+    (workspace / "sub" / "c.txt").write_text("C2\n")
+    assert (await repo.restore(checkpoint.commit)).removed == ("sub/c.txt",)  # twin
+
+    (workspace / "sub" / "c.txt").write_text("C2\n")
+
+    def swap() -> None:
+        (workspace / "sub").rename(workspace / "sub.moved")
+        (workspace / "sub").symlink_to(outside)
+
+    before_removal(monkeypatch, swap)
+    restored = await repo.restore(checkpoint.commit)
+    assert restored.removed == () and restored.written == ()  # what git saw differing: only c.txt
+    assert (workspace / "sub").is_symlink()  # the agent's link stays: the restore was only to delete c.txt
+    assert snapshot(workspace / "sub.moved") == {"a.txt": b"A1\n", "b.txt": b"B1\n", "c.txt": b"C2\n"}
+
+
+async def test_a_restore_whose_written_folder_was_moved_away_names_what_it_could_not_restore(
+    store: CheckpointStore, workspace: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore writes `sub/a.txt` and `sub/b.txt`; right after, before it answers, the agent moves `sub`
+    away and puts a link to the other project in its place. The restore does not answer success: it raises
+    RESTORE_CONFLICT naming both paths, and the other project is untouched. Twin (nothing moved): the same
+    restore answers both as written, and they are there."""
+    repo = store.repo("p1", workspace)
+    checkpoint = await repo.capture(ref(0), "checkpoint")
+    untouched = snapshot(outside)
+
+    def edit() -> None:
+        (workspace / "sub" / "a.txt").write_text("A2\n")
+        (workspace / "sub" / "b.txt").unlink()
+
+    edit()
+    assert (await repo.restore(checkpoint.commit)).written == ("sub/a.txt", "sub/b.txt")  # twin
+    assert snapshot(workspace / "sub") == {"a.txt": b"A1\n", "b.txt": b"B1\n"}
+
+    edit()
+    check = repo_module._not_in_place
+
+    def moved_first(*args: Any) -> list[str]:
+        (workspace / "sub").rename(workspace / "sub.moved")
+        (workspace / "sub").symlink_to(outside)
+        return check(*args)
+
+    monkeypatch.setattr(repo_module, "_not_in_place", moved_first)
+    with pytest.raises(CheckpointError) as refused:
+        await repo.restore(checkpoint.commit)
+    assert refused.value.code == CheckpointErrorCode.RESTORE_CONFLICT
+    assert str(refused.value).endswith("not restored: sub/a.txt, sub/b.txt"), str(refused.value)
+    assert snapshot(workspace / "sub.moved") == {"a.txt": b"A1\n", "b.txt": b"B1\n"}  # written, then moved
+    assert snapshot(outside) == untouched

@@ -20,7 +20,8 @@ That user owns only what the server hands it:
   read-only on a file it must edit after a rollback.
 
 Every walk here goes through O_NOFOLLOW descriptors (the trees are the agent's, so hostile input): a link
-is never followed, never chowned, never given an ACL.
+is never followed, never chowned, never given an ACL; nor is a file with more than one hard link (its inode
+may also have a name outside the workspace, and an ACL or owner belongs to the inode).
 
 The setting is process-wide (`configure`, from `Services.build`): one server per process.
 """
@@ -295,6 +296,9 @@ def grant_workspace(root: str | Path) -> None:
 
 
 def _grant_folder(fd: int, user: AgentUser) -> None:
+    """Grant one folder and everything below it. A file with more than one hard link is skipped: an ACL (or
+    chown) is set on the inode, which a name outside the workspace may share, and granting it would grant
+    that outside file. The agent user keeps what the file's own mode gives it."""
     info = os.fstat(fd)
     found = _xattr(fd, ACCESS_ACL)
     wanted, inherited = _access_acl(info.st_mode, user, True, found), _acl(0o7, user, 0o5, 0o5, 0o7)
@@ -317,8 +321,11 @@ def _grant_folder(fd: int, user: AgentUser) -> None:
             elif entry.is_file(follow_symlinks=False):
                 # Read by the name relative to the folder's descriptor, the last component not followed.
                 path = f"/proc/self/fd/{fd}/{entry.name}"
+                info = entry.stat(follow_symlinks=False)
+                if info.st_nlink > 1:
+                    continue  # a hard link: its other name may be outside the workspace (`_grant_folder`)
                 found = _xattr(path, ACCESS_ACL)
-                if found != _access_acl(entry.stat(follow_symlinks=False).st_mode, user, False, found):
+                if found != _access_acl(info.st_mode, user, False, found):
                     _grant_file(fd, entry.name, user)
         except OSError as error:
             # Changed under the walk (removed, or swapped for a link or file): it is the agent's doing.

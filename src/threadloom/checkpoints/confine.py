@@ -151,20 +151,26 @@ class Dirs:
         )
 
 
-def unlink_at(dir_fd: int, name: str) -> None:
+def unlink_at(dir_fd: int, name: str) -> bool:
     """Remove a file or link (never a folder) from the folder of `dir_fd`; gone already, or a folder now
-    (swapped in since it was looked at), is left as it is."""
-    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+    (swapped in since it was looked at), is left as it is. True when this call removed it."""
+    try:
         os.unlink(name, dir_fd=dir_fd)
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    return True
 
 
-def write_at(dir_fd: int, name: str, mode: int, content: bytes) -> None:
-    """Put a file (mode 100644/100755) or symlink (120000) named `name` in the folder of `dir_fd`.
+def write_at(dir_fd: int, name: str, mode: int, content: bytes) -> tuple[int, int]:
+    """Put a file (mode 100644/100755) or symlink (120000) named `name` in the folder of `dir_fd`; answers
+    the new entry's (device, inode), so the restore can check afterwards that the name still holds it.
 
     Whatever stands there (a file or link) is removed first and the new entry is created with O_EXCL (or
     symlinkat), neither of which follows a link: a link re-planted in between fails the create, which is
-    retried, never written through. A folder standing there is a RESTORE_CONFLICT (it appeared since
-    the restore removed what stood in the way)."""
+    retried, never written through. Nor is an existing file ever opened for writing: a hard link standing
+    there (whose inode a file outside the workspace shares) loses its name, and the outside file keeps its
+    bytes. A folder standing there is a RESTORE_CONFLICT (it appeared since the restore removed what stood
+    in the way)."""
     for _ in range(_CREATE_TRIES):
         st = lstat_at(dir_fd, name)
         if st is not None:
@@ -174,7 +180,8 @@ def write_at(dir_fd: int, name: str, mode: int, content: bytes) -> None:
         try:
             if stat.S_ISLNK(mode):
                 os.symlink(content, name, dir_fd=dir_fd)
-                return
+                made = lstat_at(dir_fd, name)  # another entry by now: the restore's check reports it
+                return (made.st_dev, made.st_ino) if made is not None else (-1, -1)
             perms = 0o777 if mode & 0o100 else 0o666  # as git: the umask decides the rest
             fd = os.open(
                 name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, perms, dir_fd=dir_fd
@@ -184,9 +191,10 @@ def write_at(dir_fd: int, name: str, mode: int, content: bytes) -> None:
         # The agent user's, so it can edit a restored file: an inherited ACL's mask would follow the create
         # mode (read-only for 0644). Through the descriptor just created, so never anything a link names.
         unprivileged.give(fd)
+        made_at = os.fstat(fd)
         with os.fdopen(fd, "wb") as out:
             out.write(content)
-        return
+        return made_at.st_dev, made_at.st_ino
     raise CheckpointError(CheckpointErrorCode.RESTORE_CONFLICT, f"could not write {name!r}: it kept being replaced")
 
 

@@ -9,10 +9,15 @@ file whose stat data still matches the index (so an unchanged file is never read
 `write-tree` reuses the index's cached subtrees and `commit-tree` makes the checkpoint commit.
 
 Restore first stages the workspace (the index then describes the disk exactly), asks git what
-differs from the target, removes what the target lacks, and writes the rest with
-`checkout-index --force`, which replaces a symlink or file standing where the target has a
-directory instead of writing through it. Each step is recomputed from the disk, so a restore that
-was interrupted is finished by running it again.
+differs from the target, removes what the target lacks, and writes the rest itself: each blob is read
+with `git cat-file --batch` (git never touches the workspace) and written by the server through folder
+descriptors reached from the root with O_NOFOLLOW (`confine`): what stands at a path (a file, a link, a
+hard link) is unlinked and a new file created with O_EXCL, a symlink or file standing where the target
+has a folder is replaced by a real folder, and nothing is ever written or deleted through a link. Last,
+it checks that every path it wrote still names the entry it created and every path it meant to remove
+holds no file: an agent that moved things meanwhile gets RESTORE_CONFLICT naming those paths, never an
+answer claiming them restored. Each step is recomputed from the disk, so a restore that was interrupted
+(or refused that way) is finished by running it again.
 """
 
 from __future__ import annotations
@@ -76,7 +81,9 @@ class Capture:
 
 @dataclass(frozen=True, slots=True)
 class Restored:
-    """What a restore changed on disk (both empty when the workspace already matched)."""
+    """What a restore changed on disk (both empty when the workspace already matched). `removed` holds only
+    what this restore unlinked: a path it skipped (its folder had become a link, or it was gone already) is
+    left out, although the restore checked it holds no file now."""
 
     written: tuple[str, ...]
     removed: tuple[str, ...]
@@ -555,13 +562,18 @@ class ShadowRepo:
                 CheckpointErrorCode.RESTORE_CONFLICT,
                 f"folders hold files a restore must not remove (.git or excluded): {', '.join(blocked)}",
             )
-        await asyncio.to_thread(self._remove, root, remove, write)
+        unlinked = await asyncio.to_thread(self._remove, root, remove, write)
         crash_point("restore-midway")  # test-only: killed with files removed and none written yet
         if removals or entries:  # only the differing entries change: the others keep their stat data
             await self._git.run("update-index", "-z", "--index-info", stdin=b"".join(removals + entries))
-        if blobs:
-            await asyncio.to_thread(self._checkout, root, blobs)
-        return Restored(tuple(sorted(write)), tuple(sorted(remove)))
+        made = await asyncio.to_thread(self._checkout, root, blobs) if blobs else {}
+        missed = await asyncio.to_thread(_not_in_place, root, made, remove)
+        if missed:
+            raise CheckpointError(
+                CheckpointErrorCode.RESTORE_CONFLICT,
+                f"the workspace changed during the restore; not restored: {', '.join(missed)}",
+            )
+        return Restored(tuple(sorted(write)), tuple(sorted(unlinked)))
 
     def _blocked_folders(self, root: int, write: list[str], removed: set[str]) -> list[str]:
         """Paths the target has as files where the disk has a folder with something we may not remove."""
@@ -580,13 +592,15 @@ class ShadowRepo:
                         break
         return blocked
 
-    def _remove(self, root: int, remove: list[str], write: list[str]) -> None:
-        """Delete what the target lacks, then the folders this emptied (never the workspace root).
+    def _remove(self, root: int, remove: list[str], write: list[str]) -> list[str]:
+        """Delete what the target lacks, then the folders this emptied (never the workspace root); answers
+        the paths it unlinked.
 
         Every unlink and rmdir is relative to a folder reached from the root without following a link: a
         path whose folder is now a link (swapped in since staging) is skipped, its file is not in the
-        workspace any more."""
+        workspace any more (and it is not answered as removed)."""
         folders: set[str] = set()
+        unlinked: list[str] = []
         with changed_is_conflict("removing"), Dirs(root) as dirs:
             for path in remove:
                 parent, _, name = path.rpartition("/")
@@ -594,7 +608,9 @@ class ShadowRepo:
                 st = None if fd is None else lstat_at(fd, name)
                 if fd is None or st is None or stat.S_ISDIR(st.st_mode):
                     continue  # gone, behind a link now, or became a folder since staging: leave it
-                unlink_at(fd, name)
+                if not unlink_at(fd, name):
+                    continue  # gone (or a folder) between the look and the unlink
+                unlinked.append(path)
                 while parent:
                     folders.add(parent)
                     parent = parent.rpartition("/")[0]
@@ -610,11 +626,14 @@ class ShadowRepo:
                 if fd is not None:
                     with contextlib.suppress(OSError):  # not empty (excluded or other content): keep it
                         os.rmdir(name, dir_fd=fd)
+        return unlinked
 
-    def _checkout(self, root: int, blobs: list[tuple[str, int, bytes]]) -> None:
+    def _checkout(self, root: int, blobs: list[tuple[str, int, bytes]]) -> dict[str, tuple[int, int]]:
         """Write the target's files (what `git checkout-index --force` did, without letting git near the
         workspace): contents from `git cat-file --batch` (no work tree), each file created in its folder's
-        descriptor (`confine.write_at`), folders made or put in place of a file or link (`Dirs.make`)."""
+        descriptor (`confine.write_at`), folders made or put in place of a file or link (`Dirs.make`).
+        Answers each path's new (device, inode)."""
+        made: dict[str, tuple[int, int]] = {}
         how = self._git.launch("cat-file", "--batch")
         with subprocess.Popen(
             how.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=how.env, cwd=how.cwd
@@ -632,10 +651,33 @@ class ShadowRepo:
                         content = process.stdout.read(int(header[2]))
                         process.stdout.read(1)  # the newline after each object
                         parent, _, name = path.rpartition("/")
-                        write_at(dirs.make(parent), name, mode, content)
+                        made[path] = write_at(dirs.make(parent), name, mode, content)
             finally:
                 process.kill()
                 feeder.join()
+        return made
+
+
+def _not_in_place(root: int, made: dict[str, tuple[int, int]], removed: list[str]) -> list[str]:
+    """The paths a restore could not leave as the target has them, looked up afresh from the root (never
+    through a link): a written path that no longer names the entry written there (its folder swapped or
+    moved meanwhile), a removed one where a file or link stands again. A folder at a removed path is fine:
+    the target has a folder there, or nothing."""
+    missed = []
+    with changed_is_conflict("checking the restore"), Dirs(root) as dirs:
+        for path, (device, inode) in made.items():
+            parent, _, name = path.rpartition("/")
+            fd = dirs.get(parent)
+            st = None if fd is None else lstat_at(fd, name)
+            if st is None or (st.st_dev, st.st_ino) != (device, inode):
+                missed.append(path)
+        for path in removed:
+            parent, _, name = path.rpartition("/")
+            fd = dirs.get(parent)
+            st = None if fd is None else lstat_at(fd, name)
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                missed.append(path)
+    return sorted(missed)
 
 
 async def _staged_again(stage: Callable[[], Awaitable[T]]) -> T:

@@ -165,9 +165,10 @@ class Checkpoints:
         here again from its own checkpoints on its next run or rollback; the old folder is never read
         (any agent of the project can rewrite it) nor deleted (see docs/lifecycles/forks.md).
 
-        Every folder is made with mode 0o700 and opened without following symlinks. The files go to a
-        `.partial` folder that is renamed when complete, so a crash midway leaves nothing a run would
-        mistake for the fork's files; the next call starts again.
+        The folders on the way are made with mode 0o711 (`_open_folders`: the agent user passes through,
+        never lists or renames) and every folder is opened without following symlinks. The files go to a
+        `.partial` folder (0o700) that is renamed when complete and then granted to the agent user, so a
+        crash midway leaves nothing a run would mistake for the fork's files; the next call starts again.
         """
         lock = self._making.setdefault(thread_id, asyncio.Lock())
         async with lock:
