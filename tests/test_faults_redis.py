@@ -2,7 +2,8 @@
 
 Three `threadloom serve` processes share one PostgreSQL and one real Redis (`BROADCAST_URL=redis://…`). Each of
 three threads has a subscriber on every replica and its messages go through one replica, so most subscribers
-learn of an event only through a wake-up from another process. With runs streaming, Redis gets `kill -9`:
+learn of an event only through a wake-up from another process. With runs streaming (held at an `@await` gate, so
+they are certainly still running), Redis gets `kill -9`; the gate opens once every replica noticed:
 - every replica reports `threadloom_wakeups_degraded 1` on /metrics, and its feeds poll the log: runs sent
   meanwhile reach every subscriber on every replica;
 - Redis started again on the same port, every replica reports 0 again, and wake-ups carry events across
@@ -30,7 +31,10 @@ from tests.support.waiting import until
 
 REPLICAS = 3
 THREADS = 3
-STREAMING = "@delay 100\n@reply " + " ".join(f"w{i}" for i in range(20))  # two seconds of deltas
+GATE = "redis-gone"  # opened (created in the workspace) once every replica reports Redis gone
+# A run that streams a reply, holds at the gate until Redis is dead, then streams the rest: its later events
+# can only reach the other replicas' subscribers by polling.
+STREAMING = f"@reply before the kill\n@await {GATE}\n@reply " + " ".join(f"w{i}" for i in range(20))
 WAKE_UP_S = 1.5  # a woken feed reads at once; a healthy feed that was not woken waits up to 5 s (POLL_HEALTHY)
 
 
@@ -94,7 +98,8 @@ async def test_redis_killed_and_restarted_under_three_replicas(
     client = cluster.clients[0]
     watching: dict[str, list[ResumingSubscriber]] = {}  # thread -> its subscriber on each replica
     try:
-        (tmp_path / "ws").mkdir()
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
         project = await make_project(client, "redis-faults", str(tmp_path / "ws"))
         threads = [(await make_thread(client, project, f"r{i}"))["id"] for i in range(THREADS)]
         for thread in threads:
@@ -132,13 +137,17 @@ async def test_redis_killed_and_restarted_under_three_replicas(
                 for sub in watching[thread]
             )
 
-        await until(mid_stream, within=30)
+        await until(mid_stream, within=30)  # held at the gate: still running however slow the machine
         redis.kill()  # kill -9, mid-stream
 
         async def all_degraded() -> bool:
             return await cluster.degraded() == [1.0] * REPLICAS
 
         await until(all_degraded, within=15, interval=0.2)
+        assert all(
+            sub.runs[run_id] == "RUNNING" for t, run_id in zip(threads, streaming, strict=True) for sub in watching[t]
+        )
+        (workspace / GATE).touch()  # the rest of each reply is streamed with Redis gone
         await ended_everywhere(streaming)  # the streams went on, by polling
         await ended_everywhere(await run_everywhere("@reply while redis is down", 1))
 

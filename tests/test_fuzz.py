@@ -6,7 +6,10 @@ INTERNAL_SERVER_ERROR. The `st` CLI, run as a user would with the repository's
 `schemathesis.toml`, must report nothing either.
 
 Both draw their requests from the run's seed (tests/support/seeds.py): a fresh one every run, or
-`THREADLOOM_TEST_SEED` to replay one; a failure prints it with the command line that replays it.
+`THREADLOOM_TEST_SEED` to replay one; a failure prints it with the command line that replays it. Neither keeps
+hypothesis's example database (`database = "none"` in schemathesis.toml, `database=None` here, and the CLI's
+`--generation-database none`): examples saved by an earlier run would be tried first, so the seed alone would
+not decide what a run sends.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from tests.support.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = seeds.chosen()  # the parametrized tests are made at import: one seed for the module
+# `st run` sends 50 examples to every operation: ~30 s on 2 idle cores, 72-111 s measured on 2 cores at a load
+# average of 9-12. Its test has a timeout of its own (the suite's is 120 s), 30 s above this bound on the subprocess.
+ST_RUN_S = 240
 
 
 def _config() -> SchemathesisConfig:
@@ -60,7 +66,7 @@ def fuzz_seed(request: pytest.FixtureRequest) -> seeds.Seed:
 
 
 @schema.parametrize()
-@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 def test_fuzzed_requests_get_no_server_errors(
     case: schemathesis.Case, fuzz_server: ServerProcess, fuzz_seed: seeds.Seed
 ) -> None:
@@ -78,6 +84,13 @@ def test_fuzzed_requests_get_no_server_errors(
             assert code != "INTERNAL_SERVER_ERROR", (case.body, error)
 
 
+def test_fuzzing_keeps_no_example_database() -> None:
+    """The seed alone decides a run: the configuration the tests and `st run` read keeps no examples."""
+    assert _config().projects.default.get_hypothesis_settings().database is None
+    assert SchemathesisConfig().projects.default.get_hypothesis_settings().database is not None  # the default would
+
+
+@pytest.mark.timeout(ST_RUN_S + 30)
 def test_schemathesis_cli_finds_no_failures(
     fuzz_server: ServerProcess, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -105,7 +118,7 @@ def test_schemathesis_cli_finds_no_failures(
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=ST_RUN_S,
     )
     with run.shown_on_failure():
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

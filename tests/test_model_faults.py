@@ -7,6 +7,11 @@ The fake model answers a message's request with an HTTP error (`FAIL: <status>`,
 - the thread stays usable: the next message on it runs normally, and the agent still has the conversation;
 - nothing is lost: the messages, and the text streamed before a cut, stay in the thread.
 
+Faults hit a turn's first request, or with `at=2` the one carrying the first tool's result (the turn wrote a
+file or ran a command first: the tool node and its file stay, in the failed run's checkpoint). `CUT fallback`
+also cuts Claude Code's unstreamed re-ask of a cut reply, so the cut persists and the run fails MODEL_STREAM_CUT.
+What each CLI does with `retry-after` is checked at the end (docs/providers.md, "retry-after").
+
 Claude Code retries 401/429/5xx/529 itself (10 times by default, backoff from 0.5 s doubling); the instance
 here sets `CLAUDE_CODE_MAX_RETRIES = "1"` in its `env` so a failing request costs about a second. Codex's own
 retries are off (the codex driver writes `request_max_retries = 0`), so its failures reach the run at once.
@@ -21,10 +26,11 @@ from typing import Any
 
 import pytest
 
-from tests.support import fake_anthropic
+from tests.support import fake_anthropic, fake_openai
 from tests.support.agents import MODEL_PATH, cli_providers_env
 from tests.support.fake_model import CUT_SHOWN, FakeModel
 from tests.support.graphql import CREATE_PROJECT
+from tests.support.pg import PgServer
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
@@ -62,16 +68,34 @@ CLAUDE_FAULTS = [
 FAULTS = {"codex": CODEX_FAULTS, "claude": CLAUDE_FAULTS}
 
 
-@pytest.fixture
-def faults_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeModel]:
+    """One fake model for the module's server (every test sends messages of its own, so counts never mix)."""
+    model = FakeModel().start()
+    yield model
+    model.stop()
+
+
+@pytest.fixture(autouse=True)
+def held_again(fake: FakeModel) -> None:
+    """A test's `CUT hold` waits again for its own `release()` (the module's fake is shared)."""
+    fake.reset_hold()
+
+
+@pytest.fixture(scope="module")
+async def faults_server(
+    pg: PgServer, tmp_path_factory: pytest.TempPathFactory, fake: FakeModel
+) -> AsyncIterator[ServerProcess]:
+    """One server for the module (each test makes its own project and thread)."""
+    folder = tmp_path_factory.mktemp("faults")
     env = cli_providers_env(
-        tmp_path,
+        folder,
         fake,
         openai_key="sk-fake-openai-faults",
         anthropic_key="sk-fake-anthropic-faults",
         claude_extra='env = { CLAUDE_CODE_MAX_RETRIES = "1" }',  # its own retries: one, not ten
     )
-    proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    proc = ServerProcess(await pg.fresh(), folder / "data", env=env).wait_ready()
     yield proc
     proc.stop()
     print("\n".join(proc.log[-60:]))
@@ -275,3 +299,130 @@ def test_claude_repeated_529s_without_a_status_are_read_as_overloaded() -> None:
         "API Error: Repeated 529",
         ModelFailure(RunFailureCode.MODEL_OVERLOADED, 529),
     )
+
+
+def test_a_claude_api_error_without_a_status_is_a_stream_cut_only_when_a_reply_of_the_turn_broke_off() -> None:
+    result = {"subtype": "success", "is_error": True, "api_error_status": None}
+    result["result"] = "API Error: Connection to the API was lost (ECONNRESET). This is usually temporary — try again."
+    cut = Turn("t1", unechoed=0, stream_cut=True)
+    assert cut.outcome(result) == ("failed", result["result"], ModelFailure(RunFailureCode.MODEL_STREAM_CUT))
+    assert Turn("t2", unechoed=0).outcome(result) == ("failed", result["result"], None)  # twin: nothing broke off
+    cut.retrying({"type": "system", "subtype": "api_retry", "error_status": 503, "error": "server_error"})
+    assert cut.outcome(result) == ("failed", result["result"], ModelFailure(RunFailureCode.MODEL_SERVER_ERROR, 503))
+
+
+# ---- a fault after the turn already worked, a cut that persists ---------------------------------------------
+
+RUN_WORK = """query($id: ID!) { run(id: $id) {
+  id status statusReason failure { code httpStatus message }
+  rootNode { children { kind status title } }
+  checkpoint { status files { path status } } } }"""
+
+
+async def _work(client: Client, run_id: str) -> dict[str, Any]:
+    return (await client.gql(RUN_WORK, {"id": run_id}))["run"]  # type: ignore[no-any-return]
+
+
+def _turn_requests(fake: FakeModel, provider: str, text: str) -> list[int]:
+    """The numbers, within their turn, of the model requests made for the message `text`."""
+    read = fake_anthropic.turn_request if provider == "claude" else fake_openai.turn_request
+    return [turn[1] for body in fake.bodies(MODEL_PATH[provider]) if (turn := read(body)) and turn[0] == text]
+
+
+@pytest.mark.parametrize("provider", ["codex", "claude"])
+async def test_a_fault_after_a_tool_ran_fails_the_run_keeping_the_tool_and_its_file_and_the_thread_goes_on(
+    api: Client, fake: FakeModel, tmp_path: Path, provider: str
+) -> None:
+    """The turn's first request asks for a file write (then a command); the request carrying its result fails
+    (a 503, then a cut that persists). The run fails with its code, yet the tool node completed, the file is
+    in the failed run's checkpoint and the workspace, and the next message continues the conversation."""
+    thread = await _thread(api, tmp_path, provider)
+    workspace = tmp_path / f"ws-{provider}"
+    token = uuid.uuid4().hex[:8]
+    cut = "CUT at=2 fallback" if provider == "claude" else "CUT at=2"  # Claude Code would ask again unstreamed
+    turns = [
+        (f"WRITE: written.txt wrote-{token}\nFAIL: 503 at=2", "written.txt", "MODEL_SERVER_ERROR", 503),
+        (f"RUN: echo ran-{token} > ran.txt\n{cut}", "ran.txt", "MODEL_STREAM_CUT", None),
+    ]
+    for text, path, code, status in turns:
+        sent = await send(api, thread, text)
+        assert sent["userErrors"] == [], sent
+        await finished(api, sent["run"]["id"], within=60)
+        run = await _work(api, sent["run"]["id"])
+        assert run["status"] == "FAILED" and run["failure"]["code"] == code, (text, run)
+        assert run["failure"]["httpStatus"] == status, (text, run)
+        tools = [c["status"] for c in run["rootNode"]["children"] if c["kind"] == "TOOL_CALL"]
+        assert tools == ["COMPLETED"], (text, run)
+        assert run["checkpoint"]["status"] == "READY"
+        assert {"path": path, "status": "ADDED"} in run["checkpoint"]["files"], run["checkpoint"]
+        assert token in (workspace / path).read_text()
+        asked = _turn_requests(fake, provider, text)
+        assert asked[0] == 1 and 2 in asked and set(asked) == {1, 2}, asked  # the fault came after the tool's result
+    after = await _run_to_end(api, thread, f"after the faults {token}")
+    assert after["status"] == "COMPLETED" and after["failure"] is None
+    assert _last_request_carries(fake, provider, f"wrote-{token}", f"echo ran-{token}", f"after the faults {token}")
+    state = await _state(api, thread)
+    assert _texts(state, "ASSISTANT")[-1] == f"echo: after the faults {token}"
+
+
+async def test_a_claude_reply_cut_again_when_asked_unstreamed_fails_the_run_as_a_stream_cut(
+    api: Client, fake: FakeModel, tmp_path: Path
+) -> None:
+    """Claude Code asks again without streaming after a cut; when that reply breaks off too, the run fails
+    MODEL_STREAM_CUT, keeps the part that streamed, and the next message continues."""
+    thread = await _thread(api, tmp_path, "claude")
+    text = "a story cut twice\nCUT hold fallback"
+    run_id = await _cut_after_seeing_the_start(api, fake, thread, text)
+    failed = (await api.gql(RUN, {"id": run_id}))["run"]
+    assert failed["status"] == "FAILED" and failed["failure"]["code"] == "MODEL_STREAM_CUT", failed
+    assert failed["failure"]["httpStatus"] is None
+    asked = [b for b in fake.bodies(MODEL_PATH["claude"]) if (fake_anthropic.turn_request(b) or ("",))[0] == text]
+    assert [bool(b.get("stream")) for b in asked] == [True, False]  # the streamed ask, then the unstreamed one
+    state = await _state(api, thread)
+    # What streamed before the cut stays (its node FAILED), then Claude Code's own words on the failure.
+    assert _texts(state, "ASSISTANT") == [_cut_part(text), failed["statusReason"]]
+    assert [c["status"] for c in failed["rootNode"]["children"] if c["kind"] == "ASSISTANT_MESSAGE"] == [
+        "FAILED",
+        "COMPLETED",
+    ]
+    warnings = [a["summary"] for a in state["activities"]["nodes"] if a["kind"] == "runtime.warning"]
+    assert any("broke off mid-stream; Claude Code asked again" in w for w in warnings), warnings
+    after = await _run_to_end(api, thread, "go on after two cuts")
+    assert after["status"] == "COMPLETED"
+    assert _last_request_carries(fake, "claude", "a story cut twice", "go on after two cuts")
+
+
+# ---- what each CLI does with the API's retry-after (docs/providers.md) ---------------------------------------
+
+
+async def test_codex_neither_waits_for_nor_reports_retry_after_and_fails_on_the_first_429(
+    api: Client, fake: FakeModel, tmp_path: Path
+) -> None:
+    """Codex's own retries are off, so a 429 fails the run on its one request whatever `retry-after` says, and
+    neither the failure nor any activity carries the header's value: the user sees the API's own words."""
+    thread = await _thread(api, tmp_path, "codex")
+    text = "slow down\nFAIL: 429 retry-after=37"
+    failed = await _run_to_end(api, thread, text)
+    assert failed["status"] == "FAILED" and failed["failure"]["code"] == "MODEL_RATE_LIMITED"
+    assert failed["failure"]["httpStatus"] == 429
+    assert failed["failure"]["message"] == "exceeded retry limit, last status: 429 Too Many Requests"
+    assert _turn_requests(fake, "codex", text) == [1]  # no retry, no wait
+    state = await _state(api, thread)
+    assert not any("37" in a["summary"] for a in state["activities"]["nodes"]), state["activities"]
+
+
+async def test_claude_waits_at_least_retry_after_before_its_retry_and_shows_the_wait_but_not_in_the_failure(
+    api: Client, fake: FakeModel, tmp_path: Path
+) -> None:
+    """Claude Code waits the longer of its backoff (0.5 s for the first retry) and `retry-after` before it
+    retries, and says so in its retry line, shown as a `runtime.warning`; once its retries are used up the
+    failure says nothing of it."""
+    thread = await _thread(api, tmp_path, "claude")
+    text = "slow down\nFAIL: 429 retry-after=2"
+    failed = await _run_to_end(api, thread, text)
+    assert failed["status"] == "FAILED" and failed["failure"]["code"] == "MODEL_RATE_LIMITED"
+    assert len(_turn_requests(fake, "claude", text)) == 2  # the request and its one retry (the instance's)
+    state = await _state(api, thread)
+    warnings = [a["summary"] for a in state["activities"]["nodes"] if a["kind"] == "runtime.warning"]
+    assert warnings == ["the model API answered 429 (rate_limit); Claude Code retries in 2.0 s (retry 1 of 1)"]
+    assert "2.0" not in failed["failure"]["message"] and "retry-after" not in failed["failure"]["message"]

@@ -11,7 +11,7 @@ Claude-only keywords, besides those of `Script`:
 
 Only main-loop requests (those offering `tools`) follow the script: a side request
 that quotes the user's text must never run a tool or block on HOLD, nor get a fault
-(`FAIL:`, `CUT`, see `fake_model`; they apply to a turn's first request: `turn_text`).
+(`FAIL:`, `CUT`, see `fake_model`; they apply to the request of a turn their `at=` names: `turn_request`).
 """
 
 from __future__ import annotations
@@ -110,6 +110,21 @@ def turn_text(body: dict[str, Any]) -> str | None:
     return user_text(messages[-1]) or None
 
 
+def turn_request(body: dict[str, Any]) -> tuple[str, int] | None:
+    """(the user's message that started the turn, this request's number in the turn) for a main-loop request:
+    1 for the request carrying the message, 1 + the tool-result messages since then for a later one. The
+    message may share its user message with tool results: after a turn that failed waiting for the model,
+    Claude Code sends the next message together with the last tool's result (a steer folded in next to a
+    tool result counts as a new message too)."""
+    messages = [m for m in body.get("messages") or [] if m.get("role") == "user"]
+    if not is_main_loop(body):
+        return None
+    for index in range(len(messages) - 1, -1, -1):
+        if text := user_text(messages[index]):
+            return text, len(messages) - index
+    return None
+
+
 # What the Messages API answers for each error status (its `error.type`).
 ERRORS = {
     400: "invalid_request_error",
@@ -174,7 +189,7 @@ def _usage(final: bool = True) -> dict[str, int]:
 async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = None) -> AsyncIterator[bytes]:
     script, blocks = plan(body)
     if fault is not None and fault.kind == "cut":
-        text = f"cut: {turn_text(body)} ".ljust(CUT_SHOWN + 8, "~")[:CUT_SHOWN]
+        text = f"cut: {(turn_request(body) or ('', 0))[0]} ".ljust(CUT_SHOWN + 8, "~")[:CUT_SHOWN]
         script, blocks = Script("cut", text), [{"type": "text", "text": text}]
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     yield sse(

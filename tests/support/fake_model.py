@@ -21,20 +21,25 @@ Keywords (one per message, first match wins):
 - anything else           a streamed reply `echo: <message>`.
 
 Fault directives (a line of the message, like the keywords; they concern the model request itself, so
-they are checked before the keywords, and only on the first request of a turn: not on a request that
-carries a tool's result, nor on Claude Code's side requests):
-- `FAIL: <status> [retry-after=<s>] [times=<n>]`  answer with HTTP `<status>` and the API's own error
+they are checked before the keywords, and only on a main-loop request of the turn that message started: never
+on Claude Code's side requests). A turn's requests are numbered from 1: the first carries the user's message,
+each later one the result of the tool call the one before asked for (`RUN:`, `WRITE:`):
+- `FAIL: <status> [retry-after=<s>] [times=<n>] [at=<k>]`  answer with HTTP `<status>` and the API's own error
                           body (401 bad key, 429 rate limited, 529 overloaded, 500/503 server error ...),
                           with a `retry-after: <s>` header when given. `times=<n>`: only the first n
                           requests of this message fail, later ones (the CLI's own retries, or the same
                           message sent again) are answered as if the line were not there; without it
-                          every request fails.
-- `CUT [hold] [times=<n>]` stream the start of a reply (`CUT_SHOWN` characters of `cut: <message>`, in
-                          chunks), then close the connection abruptly: no completion event, no end of
-                          the chunked body, as when a network drops mid-reply. `hold`: wait for
-                          `release()` before closing, so a test can first see the part that streamed
+                          every request fails. `at=<k>`: the turn's k-th request fails instead of its first
+                          (`RUN: ...` then `FAIL: 500 at=2`: the command runs, the request with its output
+                          fails).
+- `CUT [hold] [fallback] [times=<n>] [at=<k>]` stream the start of a reply (`CUT_SHOWN` characters of
+                          `cut: <message>`, in chunks), then close the connection abruptly: no completion
+                          event, no end of the chunked body, as when a network drops mid-reply. `hold`: wait
+                          for `release()` before closing, so a test can first see the part that streamed
                           (whether a CLI shows bytes that arrive together with the cut is its own race).
-                          `times` as for FAIL.
+                          `fallback`: Claude Code's non-streaming re-ask of a cut request is cut too (half of
+                          its JSON body, then the connection dropped), so the cut persists; without it that
+                          re-ask gets the scripted reply. `times` and `at` as for FAIL.
 Faulted requests are recorded in `requests` like the others, so a test can count a CLI's retries.
 """
 
@@ -95,6 +100,8 @@ class Fault:
     retry_after: str | None = None
     times: int | None = None  # None: every request of the message fails
     hold: bool = False  # CUT: wait for `release()` before cutting
+    at: int = 1  # which request of the turn fails (1: the one carrying the user's message)
+    fallback: bool = False  # CUT: Claude Code's non-streaming re-ask is cut too
 
     @staticmethod
     def of(text: str) -> Fault | None:
@@ -102,10 +109,12 @@ class Fault:
             line = line.strip()
             if m := re.match(r"^FAIL:\s*(\d{3})((?:\s+[a-z-]+=\S+)*)\s*$", line):
                 options = _options(m.group(2))
-                return Fault("status", int(m.group(1)), options.get("retry-after"), _times(options))
-            if m := re.match(r"^CUT((?:\s+(?:[a-z-]+=\S+|hold))*)\s*$", line):
+                status, retry_after = int(m.group(1)), options.get("retry-after")
+                return Fault("status", status, retry_after, _times(options), at=_at(options))
+            if m := re.match(r"^CUT((?:\s+(?:[a-z-]+=\S+|hold|fallback))*)\s*$", line):
                 options = _options(m.group(1))
-                return Fault("cut", times=_times(options), hold="hold" in options)
+                hold, fallback = "hold" in options, "fallback" in options
+                return Fault("cut", times=_times(options), hold=hold, at=_at(options), fallback=fallback)
         return None
 
 
@@ -116,6 +125,10 @@ def _options(text: str) -> dict[str, str]:
 
 def _times(options: dict[str, str]) -> int | None:
     return int(options["times"]) if "times" in options else None
+
+
+def _at(options: dict[str, str]) -> int:
+    return int(options.get("at") or 1)
 
 
 class StreamCut(Exception):
@@ -150,6 +163,12 @@ def held_after(pieces: list[str]) -> int:
 def error_response(fault: Fault, body: dict[str, Any]) -> Response:
     headers = {"retry-after": fault.retry_after} if fault.retry_after is not None else {}
     return Response(orjson.dumps(body), status_code=fault.status, headers=headers, media_type="application/json")
+
+
+async def _cut_body(reply: bytes) -> AsyncIterator[bytes]:
+    """The first half of a JSON reply, then the connection dropped (no end of the chunked body)."""
+    yield reply[: len(reply) // 2]
+    raise StreamCut("non-streaming reply")
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
@@ -219,17 +238,20 @@ class FakeModel:
                 raise TimeoutError(f"no request mentions {text!r} ({len(self.requests)} seen in all)")
             return found()[0]
 
-    def fault_for(self, path: str, text: str | None) -> Fault | None:
-        """The fault this request gets (counted), or None: `text` is the user's message when the request
-        is the first of a turn, else None (never faulted)."""
-        fault = Fault.of(text) if text is not None else None
-        if fault is None:
+    def fault_for(self, path: str, turn: tuple[str, int] | None, fallback: bool = False) -> Fault | None:
+        """The fault this request gets (counted), or None: `turn` is (the user's message that started the
+        turn, this request's number in it) for a main-loop request, else None (never faulted). `fallback`:
+        the request is Claude Code's non-streaming re-ask, which only a `CUT fallback` faults."""
+        fault = Fault.of(turn[0]) if turn is not None else None
+        if turn is None or fault is None or fault.at != turn[1]:
+            return None
+        if fallback and not (fault.kind == "cut" and fault.fallback):
             return None
         with self._lock:
-            done = self._faulted.get((path, text or ""), 0)
+            done = self._faulted.get((path, turn[0]), 0)
             if fault.times is not None and done >= fault.times:
                 return None
-            self._faulted[(path, text or "")] = done + 1
+            self._faulted[(path, turn[0])] = done + 1
         return fault
 
     def wait_abandoned(self, path: str, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
@@ -269,7 +291,7 @@ class FakeModel:
 
             body = orjson.loads(await request.body())
             self._record("/v1/responses", body)
-            fault = self.fault_for("/v1/responses", fake_openai.turn_text(body))
+            fault = self.fault_for("/v1/responses", fake_openai.turn_request(body))
             if fault is not None and fault.kind == "status":
                 return error_response(fault, fake_openai.error_body(fault.status))
             return StreamingResponse(
@@ -282,9 +304,13 @@ class FakeModel:
 
             body = orjson.loads(await request.body())
             self._record("/v1/messages", body)
-            if not body.get("stream"):
-                return Response(orjson.dumps(fake_anthropic.complete(body)), media_type="application/json")
-            fault = self.fault_for("/v1/messages", fake_anthropic.turn_text(body))
+            streaming = bool(body.get("stream"))
+            fault = self.fault_for("/v1/messages", fake_anthropic.turn_request(body), fallback=not streaming)
+            if not streaming:  # a side request, or Claude Code asking again after a cut stream
+                reply = orjson.dumps(fake_anthropic.complete(body))
+                if fault is not None:
+                    return StreamingResponse(_cut_body(reply), media_type="application/json")
+                return Response(reply, media_type="application/json")
             if fault is not None and fault.kind == "status":
                 return error_response(fault, fake_anthropic.error_body(fault.status))
             return StreamingResponse(

@@ -6,7 +6,8 @@ Codex resends the whole conversation on every request. The reply is decided by
 `Script.of(last user text, tool output)`: the tool output when the last input item is a
 tool result, else the text of the last user message (its last `input_text`; Codex also
 puts environment context and instructions into user-role items, which come earlier).
-Faults (`FAIL:`, `CUT`, see `fake_model`) apply to a turn's first request: `turn_text`.
+Faults (`FAIL:`, `CUT`, see `fake_model`) apply to the request of a turn that their `at=` names (the first by
+default): `turn_request`.
 
 Collab agents (`SPAWN:`, Codex with `[features] multi_agent_v2`): Codex 0.171 offers the tools in a `namespace`
 tool named `collaboration`, and the model calls one as a `function_call` with `"namespace": "collaboration"`.
@@ -54,18 +55,29 @@ def agent_message(item: dict[str, Any]) -> tuple[str, str] | None:
     return (kind[0].strip() if kind else "", payload.strip())
 
 
-def last_user_text(body: dict[str, Any]) -> str:
-    """The real user text: the last user message that is not injected context (for a spawned collab agent: the
-    task its parent gave it)."""
-    for item in reversed(body.get("input") or []):
-        message = agent_message(item)
+def _user_index(body: dict[str, Any]) -> int | None:
+    """The index in `input` of the real user text: the last user message that is not injected context (for a
+    spawned collab agent: the task its parent gave it)."""
+    items = body.get("input") or []
+    for index in range(len(items) - 1, -1, -1):
+        message = agent_message(items[index])
         if message is not None and message[0] == "NEW_TASK":
-            return message[1]
-        text = _text_of(item)
+            return index
+        text = _text_of(items[index])
         if text is None or text.lstrip().startswith("<"):
             continue  # <environment_context>, <user_instructions>, AGENTS.md ... are not the user speaking
-        return text
-    return ""
+        return index
+    return None
+
+
+def last_user_text(body: dict[str, Any]) -> str:
+    """The real user text (see `_user_index`)."""
+    index = _user_index(body)
+    if index is None:
+        return ""
+    item = (body.get("input") or [])[index]
+    message = agent_message(item)
+    return message[1] if message is not None else _text_of(item) or ""
 
 
 def tool_output(body: dict[str, Any]) -> str | None:
@@ -91,6 +103,16 @@ def final_answer(body: dict[str, Any]) -> str | None:
 def turn_text(body: dict[str, Any]) -> str | None:
     """The user's message when `body` is the first request of a turn (no tool result to answer), else None."""
     return last_user_text(body) if tool_output(body) is None else None
+
+
+def turn_request(body: dict[str, Any]) -> tuple[str, int] | None:
+    """(the user's message that started the turn, this request's number in the turn): 1 for the request carrying
+    the message, 1 + the tool results it carries since then for a later one; None without a user message."""
+    index = _user_index(body)
+    if index is None:
+        return None
+    later = (body.get("input") or [])[index + 1 :]
+    return last_user_text(body), 1 + sum(1 for item in later if item.get("type") in TOOL_OUTPUTS)
 
 
 # What the Responses API answers for each error status: (type, code, message).

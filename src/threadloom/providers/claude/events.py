@@ -88,6 +88,7 @@ class ThreadTranslator:
         self._stream_count: dict[str, int] = {}
         self._tasks: dict[str, dict[str, str]] = {}
         self._spoke: set[str] = set()  # child turns whose own assistant messages were seen
+        self._broke_off: set[str] = set()  # turns a streamed reply of which broke off (see `_abandoned`)
         self.meter = Meter(thread)  # the process's usage (made anew with each process: claude/usage.py)
 
     # ---- helpers ---------------------------------------------------------------------
@@ -181,8 +182,14 @@ class ThreadTranslator:
             del self._texts[item]
             out.append(ItemCompleted(self.thread, turn, item, "assistant_message", "failed"))
         if gone:
+            self._broke_off.add(turn)
             out.append(Warning(self.thread, "the model's reply broke off mid-stream; Claude Code asked again"))
         return out
+
+    def broke_off(self, turn: str) -> bool:
+        """Whether a streamed reply of `turn` broke off: abandoned for another message, or still open (no
+        message confirmed it) when the turn's result came."""
+        return turn in self._broke_off or turn in self._texts.values()
 
     def _tool_use(self, block: dict[str, Any], turn: str) -> list[ProviderEvent]:
         tool_id, name = str(block.get("id")), str(block.get("name"))
@@ -308,6 +315,7 @@ class ThreadTranslator:
         self._texts.clear()
         self._tools.clear()
         self._stream_msg.clear()
+        self._broke_off.clear()
         self._stream_blocks.clear()
         self._stream_count.clear()
         self._text_count.clear()

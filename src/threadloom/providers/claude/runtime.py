@@ -370,6 +370,8 @@ class ClaudeRuntime:
                 self._emit(*thread.tr.on_user(message))
         elif kind == "result":
             self._emit(*thread.tr.meter.result(thread.tr.turn or "", message))  # before the turn's end
+            if thread.turn is not None and thread.tr.broke_off(thread.turn.id):
+                thread.turn.stream_cut = True
             outcome = thread.turn.outcome(message) if thread.turn is not None else None
             if outcome is not None:
                 status, error, failure = outcome

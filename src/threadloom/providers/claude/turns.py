@@ -18,7 +18,8 @@ Behaviour of Claude Code 2.1.197 this relies on (observed against the fake model
   authentication_failed ..., `retry_delay_ms`) before each retry. When they are used up the query ends with
   a `result` whose `is_error` is true and `api_error_status` is the last HTTP status (null after repeated
   529s: "Repeated 529 Overloaded errors"). A reply stream that breaks off is asked again without streaming,
-  with no `api_retry` line.
+  with no `api_retry` line; when that reply breaks off too, the query ends with an "API Error: Connection to
+  the API was lost (ECONNRESET)" result without a status (after an assistant message carrying that text).
 - Interrupt (`control_request` `interrupt`) ends the running query with the partial
   assistant message, a "[Request interrupted by user]" user line and
   `result/error_during_execution`; the process takes the next message. It does not drop
@@ -49,6 +50,7 @@ class Turn:
     finishing: bool = False  # completed; waiting for the CLI to write its transcript
     retry_status: int | None = None  # the HTTP status of the last model API error the CLI retried
     retry_error: str | None = None  # and its kind (`api_retry`'s `error`)
+    stream_cut: bool = False  # a streamed reply of this turn broke off (set by the runtime from the transcript)
 
     def steered(self) -> None:
         """One more user message was sent for this turn."""
@@ -88,4 +90,6 @@ class Turn:
             return None  # not a model API error: the agent failed otherwise
         if self.retry_error == OVERLOADED or "529" in text:
             return ModelFailure(RunFailureCode.MODEL_OVERLOADED, 529)
+        if self.retry_status is None and self.stream_cut:  # the reply broke off, and so did the re-ask
+            return ModelFailure(RunFailureCode.MODEL_STREAM_CUT)
         return model_failure(self.retry_status)
