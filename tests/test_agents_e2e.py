@@ -178,6 +178,11 @@ async def test_real_cli_takes_a_steer_mid_turn_then_an_interrupt(
     await _model_saw(fake, provider, "HOLD")
     steer = await send(api, thread, "STEERED-7731")
     assert steer["appliedDispatch"] == "STEER_ACTIVE", steer
+    # Released at once, the turn may end before the steer is delivered (an effect after the answer), which then
+    # becomes a run of its own. Codex drops a held reply to ask again with a steer, so it is seen first; Claude
+    # Code waits for the reply to end, so its variant still races the delivery.
+    if provider == "codex":
+        await _model_saw(fake, provider, "STEERED-7731")
     fake.release()
     done = await finished(api, held["run"]["id"], within=90)
     assert done["status"] == "COMPLETED"

@@ -46,6 +46,7 @@ RUN = (
     + USAGE
     + " } } } }"
 )
+RUNS = "query($id: ID!) { thread(id: $id) { runs(first: 10) { edges { node { id } } } } }"
 # One call of each fake, as the ledger counts it (input holds the cache's reads and writes).
 CODEX_IN, CODEX_CACHED = OPENAI_USAGE["input_tokens"], OPENAI_USAGE["input_tokens_details"]["cached_tokens"]
 CODEX_OUT, CODEX_REASONING = OPENAI_USAGE["output_tokens"], OPENAI_USAGE["output_tokens_details"]["reasoning_tokens"]
@@ -138,31 +139,38 @@ async def test_a_steer_into_a_running_codex_turn_adds_its_calls_to_the_same_run(
         return status == "RUNNING" and any("HOLD" in str(b) for b in model.bodies("/v1/responses")[before:])
 
     await until(holding, within=60)
-    steer = await send(client, thread, "STEERED-5150")
-    assert steer["appliedDispatch"] == "STEER_ACTIVE", steer
-    model.release()
-    assert (await finished(client, held["run"]["id"], within=120))["status"] == "COMPLETED"
+    try:
+        steer = await send(client, thread, "STEERED-5150")
+        assert steer["appliedDispatch"] == "STEER_ACTIVE", steer
+        # The hold is not released: the held reply never ends, so the turn can only end by taking the steer in
+        # (Codex drops the held reply and asks again with the steer). Releasing here would race the steer's
+        # delivery, which follows the answer: a turn that ended first makes the steer a new run (a run of its
+        # own, docs/lifecycles/steering-and-queue.md), and this run would hold one call, not the steered one.
+        assert (await finished(client, held["run"]["id"], within=120))["status"] == "COMPLETED"
+    finally:
+        model.release()
     served = len(model.bodies("/v1/responses")) - before
 
-    async def settled() -> tuple[int, int] | None:  # each reply sent to its end, or dropped by Codex
-        sent, dropped = (now - then for now, then in zip(_ended(model), ended, strict=True))
-        return (sent, dropped) if sent + dropped == served else None
+    async def settled() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:  # each reply ended
+        sent, dropped = (now[len(then) :] for now, then in zip(_ended(model), ended, strict=True))
+        return (sent, dropped) if len(sent) + len(dropped) == served else None
 
-    # Codex may drop the held reply to take the steer in, before or after reading it to its end (measured:
-    # both happen, as the steer lands), and then reports no usage for it. So the run holds one call per reply
-    # Codex kept: at least the steered one, never more than the replies sent to their end, each exactly once.
     completed, dropped = await until(settled)
+    # The held reply was dropped unfinished (Codex reports no usage for it), the steered one sent to its end.
+    assert (served, len(completed), len(dropped)) == (2, 1, 1)
+    assert "STEERED-5150" in str(completed[0]) and "STEERED-5150" not in str(dropped[0])
     found = (await client.gql(RUN, {"id": held["run"]["id"]}))["run"]
-    calls = found["usage"]["calls"]
-    assert served >= 2 and completed - 1 <= calls <= completed, (served, dropped, found["usage"])
-    assert found["usage"]["inputTokens"] == calls * CODEX_IN
+    assert found["usage"]["calls"] == 1 and found["usage"]["inputTokens"] == CODEX_IN, found["usage"]
+    assert [r["node"]["id"] for r in found["usageRecords"]] == [found["rootNode"]["id"]]
+    runs = (await client.gql(RUNS, {"id": thread}))["thread"]["runs"]
+    assert [r["node"]["id"] for r in runs["edges"]] == [held["run"]["id"]]  # no run of its own for the steer
 
 
-def _ended(model: FakeModel) -> tuple[int, int]:
-    """Codex replies the fake sent to their end, and those the client dropped first."""
+def _ended(model: FakeModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Bodies of the Codex requests whose reply the fake sent to its end, and of those the client dropped first."""
     return (
-        len([r for r in model.streamed if r["path"] == "/v1/responses"]),
-        len([r for r in model.abandoned if r["path"] == "/v1/responses"]),
+        [r["body"] for r in model.streamed if r["path"] == "/v1/responses"],
+        [r["body"] for r in model.abandoned if r["path"] == "/v1/responses"],
     )
 
 

@@ -22,6 +22,7 @@ from threadloom.domain.threads import clean_model
 from threadloom.engine.pipeline import Command, Pipeline
 from threadloom.engine.project_admin import Gate
 from threadloom.engine.runs import RunEngine
+from threadloom.faults import hold_point
 from threadloom.providers.contract import ProviderError
 from threadloom.store import entities, runs
 from threadloom.store import tables as t
@@ -169,6 +170,7 @@ class Dispatcher:
         native_turn = None if found is None else await found[1].wait_turn(TURN_ID_WAIT)
         if found is not None and native_turn is not None and found[0].bindings.get(found[1].native_thread) is found[1]:
             session, binding = found
+            await hold_point("steer-delivery")  # test-only: the steer reaches the agent after its turn ended
             try:
                 await session.runtime.steer_turn(binding.native_thread, native_turn, message.text)
                 return
