@@ -83,9 +83,7 @@ def server(module_db: str, fake: FakeModel, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture
-async def watch(
-    server: ServerProcess, module_db: str, tmp_path: Path
-) -> AsyncIterator[Callable[[str], Any]]:
+async def watch(server: ServerProcess, module_db: str, tmp_path: Path) -> AsyncIterator[Callable[[str], Any]]:
     """`await watch(instance)`: (admin client, a read token of a new project, a thread of `instance` in it,
     the project's workspace)."""
     admin = Client(server.url, server.admin_token)
@@ -166,8 +164,8 @@ def _assert_alike(right: Seen, wrong: Seen, right_text: str, wrong_text: str, en
     """The frames of a right and a wrong guess have the same shape, and each shows exactly what was typed
     (followed by `end`, what the agent printed once released)."""
     assert [len(t) for t in right.waiting] == [len(t) for t in wrong.waiting] == [len(right_text) - STREAM_HOLD]
-    assert right.waiting == [right_text[: -STREAM_HOLD]]
-    assert wrong.waiting == [wrong_text[: -STREAM_HOLD]]
+    assert right.waiting == [right_text[:-STREAM_HOLD]]
+    assert wrong.waiting == [wrong_text[:-STREAM_HOLD]]
     assert right.final == right_text + end
     assert wrong.final == wrong_text + end
     # After the release: `end`'s delta pushes out as much of the tail, then the item's end releases the rest.

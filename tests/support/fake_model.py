@@ -20,7 +20,7 @@ Keywords (one per message, first match wins):
                           that is reliably still running.
 - `PROBE: <text>`          stream <text> as one chunk, wait until the test calls `release()`, then stream
                           `PROBE_END` and finish: the reply is exactly <text> + PROBE_END, and while it waits the
-                          driver has had all of <text> in one delta (the redaction probes, tests/test_redaction_probe.py).
+                          driver has had all of <text> in one delta (tests/test_redaction_probe.py).
 - anything else           a streamed reply `echo: <message>`.
 
 Fault directives (a line of the message, like the keywords; they concern the model request itself, so
