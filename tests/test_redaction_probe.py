@@ -223,3 +223,41 @@ async def test_a_right_prefix_streams_like_a_wrong_guess_in_acp_tool_output(watc
     assert whole.waiting == [FILLER[: len(FILLER) + len(ACP_SECRET) - STREAM_HOLD]]
     assert whole.final == FILLER + "***"
     assert not any(ACP_SECRET in t for t in (*whole.waiting, *whole.after))
+
+
+async def test_acp_tool_output_reaches_a_watcher_once_though_each_update_carries_all_of_it(
+    watch: Callable[[str], Any],
+) -> None:
+    """ACP's `tool_call_update` carries the tool's whole content so far; each part of the output is shown once
+    (it was appended again with every update: `aaa`, `aaabbb` made `aaaaaabbb`). The command prints three parts,
+    each after the watcher has seen the previous one, so they reach the driver as three updates."""
+    admin, reader, thread, root = await watch("acp")
+    parts = [c * 100 for c in "abc"]
+    gates = [root / f".part{next(_gates)}" for _ in parts[1:]]
+    command = "@tool " + "; ".join(
+        f"printf %s {part}" + ("" if k == len(gates) else f"; until [ -e {gates[k].name} ]; do sleep 0.02; done")
+        for k, part in enumerate(parts)
+    )
+    after = int((await admin.gql(LATEST, {"t": thread}))["thread"]["latestSequence"])
+    ws = await WsClient.connect(admin.base_url, reader)
+    try:
+        await ws.subscribe(EVENTS, {"t": thread, "after": after})
+        sent = await send(admin, thread, command)
+        shown: list[str] = []
+        while True:
+            entity = (await ws.receive(within=60))["payload"]["data"]["threadEvents"]["entity"] or {}
+            found = _text_of(entity, "output")
+            if found is None or not found[0]:
+                continue
+            shown.append(found[0])
+            if not found[1]:
+                break
+            opened = sum(g.exists() for g in gates)
+            if opened < len(gates) and len(found[0]) >= 100 * (opened + 1) - STREAM_HOLD:
+                gates[opened].touch()  # the part before it has reached the watcher: print the next one
+        assert (await finished(admin, sent["run"]["id"], within=60))["status"] == "COMPLETED"
+    finally:
+        await ws.close()
+    whole = "".join(parts)
+    assert shown[-1] == whole
+    assert all(whole.startswith(text) for text in shown), shown
