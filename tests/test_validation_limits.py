@@ -74,6 +74,27 @@ def test_the_bomb_is_measured_in_one_pass_and_refused() -> None:
     assert validate(SCHEMA, parse(bomb()), all_rules(Limits())) == []
 
 
+def test_documents_that_take_long_to_validate_leave_the_event_loop_even_when_short() -> None:
+    """Validation visits every written node, used or not: unused fragments and nested inline fragments take
+    milliseconds though they expand to two fields (bench/validation_worst.py), so they go to the pool; the
+    same documents at the written-node bound stay inline (the twin)."""
+
+    def fragments(count: int) -> str:
+        return "query { viewer { scope } }" + "".join(
+            f" fragment U{i} on Query {{ viewer {{ scope }} }}" for i in range(count)
+        )
+
+    nested = "{" + " ... on Query {" * 40 + " viewer { scope }" + " }" * 41
+    for text in (fragments(20), nested):
+        assert len(text) <= bounds.INLINE_QUERY_CHARS and bounds.measure(parse(text)).fields == 2
+        assert not bounds.inline(parse(text), text), text
+    within = fragments((bounds.INLINE_NODES - 3) // 3)  # 3 written nodes for the operation and each fragment
+    assert bounds.measure(parse(within)).written == bounds.INLINE_NODES - (bounds.INLINE_NODES % 3)
+    assert bounds.inline(parse(within), within)
+    # A text over INLINE_QUERY_CHARS is parsed on the pool whatever it holds.
+    assert bounds.big("{ viewer { scope } }" + " " * bounds.INLINE_QUERY_CHARS)
+
+
 def test_fragment_cycles_end_and_are_refused() -> None:
     cyclic = "query { ...A } fragment A on Query { viewer { scope } ...B } fragment B on Query { ...A }"
     assert bounds.measure(parse(cyclic)).fields == 2

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tests.support.fake_model import CUT_SHOWN, Script, StreamCut, chunks, sse
+from tests.support.fake_model import CUT_SHOWN, PROBE_END, Script, StreamCut, chunks, sse
 
 if TYPE_CHECKING:
     from tests.support.fake_model import FakeModel, Fault
@@ -167,6 +167,8 @@ def plan(body: dict[str, Any]) -> tuple[Script, list[dict[str, Any]]]:
         return script, [_tool_use("AskUserQuestion", {"questions": [question]})]
     if script.action == "hold":
         return script, [{"type": "text", "text": "holding on... released."}]
+    if script.action == "probe":
+        return script, [{"type": "text", "text": script.text + PROBE_END}]
     if script.action == "agent":
         agent = {"description": "a helper", "prompt": script.text, "subagent_type": "general-purpose"}
         return script, [{"type": "text", "text": "delegating"}, _tool_use("Agent", agent)]
@@ -218,10 +220,12 @@ async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = No
             parts = chunks(block["text"])
             if script.action == "hold":
                 parts = ["holding on... ", "released."]
+            if script.action == "probe":
+                parts = [script.text, PROBE_END]
             for n, part in enumerate(parts):
                 delta = {"type": "text_delta", "text": part}
                 yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-                if script.action == "hold" and n == 0:
+                if script.action in ("hold", "probe") and n == 0:
                     await fake.held()
             if script.action == "cut":
                 if fault is not None and fault.hold:

@@ -18,6 +18,9 @@ Keywords (one per message, first match wins):
 - `HOLD`                  stream one chunk (Codex: the first `HOLD_SHOWN` characters when the reply is that
                           long), then wait until the test calls `release()` (or the client goes away): a turn
                           that is reliably still running.
+- `PROBE: <text>`          stream <text> as one chunk, wait until the test calls `release()`, then stream
+                          `PROBE_END` and finish: the reply is exactly <text> + PROBE_END, and while it waits the
+                          driver has had all of <text> in one delta (tests/test_redaction_probe.py).
 - anything else           a streamed reply `echo: <message>`.
 
 Fault directives (a line of the message, like the keywords; they concern the model request itself, so
@@ -65,7 +68,7 @@ from starlette.routing import Route
 class Script:
     """What the fake model does for one request, decided from the conversation it was sent."""
 
-    action: str  # reply | run | write | ask | plan | spawn | hold | after_tool
+    action: str  # reply | run | write | ask | plan | spawn | hold | probe | after_tool
     text: str
     arg: str = ""
 
@@ -88,6 +91,8 @@ class Script:
                 return Script("spawn", text, m.group(1))
             if line == "HOLD":
                 return Script("hold", text)
+            if m := re.match(r"^PROBE: (.+)$", line):
+                return Script("probe", m.group(1))
         return Script("reply", f"echo: {text}")
 
 
@@ -147,6 +152,7 @@ def chunks(text: str, size: int = 8) -> list[str]:
 # One chunk (8) more than a driver keeps back of a stream (64): the first shown delta of a held reply is released
 # only by its last chunk, so seeing it proves that the whole held part reached the driver.
 HOLD_SHOWN = 72
+PROBE_END = " (end of probe)"  # what a PROBE reply streams after its release
 
 
 def held_after(pieces: list[str]) -> int:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tests.support.fake_model import CUT_SHOWN, Script, StreamCut, chunks, held_after, sse
+from tests.support.fake_model import CUT_SHOWN, PROBE_END, Script, StreamCut, chunks, held_after, sse
 
 if TYPE_CHECKING:
     from tests.support.fake_model import FakeModel, Fault
@@ -280,6 +280,8 @@ async def stream(fake: FakeModel, body: dict[str, Any], fault: Fault | None = No
         yield _event("response.output_item.added", output_index=0, item=added)
         pieces = chunks(text)
         hold_at = held_after(pieces) if script.action == "hold" else -1
+        if script.action == "probe":
+            text, pieces, hold_at = text + PROBE_END, [text, PROBE_END], 0
         for index, piece in enumerate(pieces):
             yield _event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=piece)
             if index == hold_at:

@@ -19,7 +19,7 @@ reports it). Counts saturate at `SATURATED`, so a bomb costs neither time nor me
 
 `BoundedValidation` (a schema extension, after `CostVariables`) refuses a document over
 `MAX_EXPANDED_FIELDS`, `MAX_SELECTION_FIELDS` or `MAX_OVERLAP` with `QUERY_TOO_COSTLY` before
-any rule runs, and validates a document bigger than `INLINE_FIELDS` / `INLINE_QUERY_CHARS` on
+any rule runs, and validates a document bigger than `INLINE_FIELDS` / `INLINE_NODES` / `INLINE_QUERY_CHARS` on
 a worker thread (its passes kept per query text and variables), so the event loop waits for it
 instead of running it; for a text longer than `INLINE_QUERY_CHARS` the pre-check runs there too.
 The token limit (`Limits.max_tokens`, graphql-core's parser) is reported with the same code.
@@ -84,9 +84,14 @@ from threadloom.config import Limits
 MAX_EXPANDED_FIELDS = 20_000
 MAX_SELECTION_FIELDS = 500
 MAX_OVERLAP = 50_000
-# Documents at most this big are parsed and validated on the event loop (a few milliseconds at most).
-INLINE_FIELDS = 64
-INLINE_QUERY_CHARS = 2048
+# Documents at most this big are parsed and validated on the event loop (about a millisecond each at most,
+# bench/validation_worst.py): a text of at most INLINE_QUERY_CHARS (graphql-core lexes ~3.5 µs a token, so a
+# 2 KiB run of tokens took 3.5 ms), expanding to at most INLINE_FIELDS fields and written with at most
+# INLINE_NODES selections and definitions (every rule visits each written node: 47 unused fragments in 2 KiB
+# took 7 ms to validate, 60 nested inline fragments 3.4 ms).
+INLINE_FIELDS = 32
+INLINE_NODES = 32
+INLINE_QUERY_CHARS = 1024
 SATURATED = 1 << 40
 T = TypeVar("T")
 
@@ -129,6 +134,7 @@ class Shape:
     overlap: int
     aliases: int
     depths: Mapping[str, int]
+    written: int = 0  # selections and definitions as written (each fragment's once)
 
 
 class _Over(Exception):
@@ -145,6 +151,7 @@ class _Measure:
         self.fields = 0
         self.width = 0
         self.overlap = 0
+        self.written = 0
 
     def fragment(self, name: str) -> _Summary | None:
         found = self.memo.get(name)
@@ -163,6 +170,7 @@ class _Measure:
 
     def selection_set(self, selection_set: SelectionSetNode) -> _Summary:
         summary = _Summary()
+        self.written += len(selection_set.selections)
         for selection in selection_set.selections:
             if isinstance(selection, FieldNode):
                 key = (selection.alias or selection.name).value
@@ -201,6 +209,7 @@ def measure(document: DocumentNode, max_width: int = SATURATED, max_fields: int 
     walk = _Measure(document, max_width, max_fields)
     fields = aliases = 0
     depths: dict[str, int] = {}
+    walk.written = len(document.definitions)
     try:
         for definition in document.definitions:
             if isinstance(definition, OperationDefinitionNode):
@@ -214,7 +223,7 @@ def measure(document: DocumentNode, max_width: int = SATURATED, max_fields: int 
         fields = max(fields, walk.fields)
     except RecursionError:
         walk.width = SATURATED
-    return Shape(fields, walk.width, walk.overlap, aliases, depths)
+    return Shape(fields, walk.width, walk.overlap, aliases, depths, walk.written)
 
 
 def refusal(shape: Shape) -> GraphQLError | None:
@@ -245,10 +254,15 @@ def check(document: DocumentNode) -> GraphQLError | None:
     return refusal(measure(document, MAX_SELECTION_FIELDS, MAX_EXPANDED_FIELDS))
 
 
+def small(shape: Shape) -> bool:
+    """Whether a document of this shape is validated on the event loop (see INLINE_FIELDS)."""
+    return shape.fields <= INLINE_FIELDS and shape.written <= INLINE_NODES
+
+
 def inline(document: DocumentNode, query: str | None) -> bool:
     """Whether the document passes the pre-check and is small enough to validate on the event loop."""
     shape = measure(document, MAX_SELECTION_FIELDS, MAX_EXPANDED_FIELDS)
-    return refusal(shape) is None and shape.fields <= INLINE_FIELDS and len(query or "") <= INLINE_QUERY_CHARS
+    return refusal(shape) is None and small(shape) and len(query or "") <= INLINE_QUERY_CHARS
 
 
 # --- the depth and alias rules, each fragment counted once --------------------------------------
@@ -353,7 +367,7 @@ class BoundedValidation(SchemaExtension):
                 context.pre_execution_errors = [refused]
                 yield
                 return
-            if shape.fields <= INLINE_FIELDS:
+            if small(shape):
                 yield  # strawberry (or the document cache) validates it inline
                 return
         values = _variables_key(context.variables)

@@ -143,6 +143,7 @@ class _Tool:
     kind: ItemKind
     title: str
     child_turn: str | None = None
+    shown: str = ""  # the content text of its last update
 
 
 class SessionUpdates:
@@ -287,7 +288,12 @@ class SessionUpdates:
         status = TOOL_DONE.get(str(update.get("status")))
         out: list[ProviderEvent] = []
         if text and status is None:
-            out.append(OutputDelta(self.thread, tool.turn, tool_id, text))
+            # ACP's `content` replaces the previous one (agents send all output so far): only what it adds is
+            # a delta. Content that does not extend the last one (an agent sending pieces) is sent whole.
+            added = text[len(tool.shown) :] if text.startswith(tool.shown) else text
+            tool.shown = text
+            if added:
+                out.append(OutputDelta(self.thread, tool.turn, tool_id, added))
         if status is not None:
             del self._tools[tool_id]
             detail: dict[str, Any] = {"status": status}
