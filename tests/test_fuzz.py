@@ -84,10 +84,13 @@ def test_fuzzed_requests_get_no_server_errors(
             assert code != "INTERNAL_SERVER_ERROR", (case.body, error)
 
 
-def test_fuzzing_keeps_no_example_database() -> None:
-    """The seed alone decides a run: the configuration the tests and `st run` read keeps no examples."""
+def test_fuzzing_keeps_no_example_database(tmp_path: Path) -> None:
+    """The seed alone decides a run: the configuration the tests and `st run` read keeps no examples. The twin:
+    the same file with a database named keeps one (hypothesis's own default depends on `CI`, so it is named)."""
     assert _config().projects.default.get_hypothesis_settings().database is None
-    assert SchemathesisConfig().projects.default.get_hypothesis_settings().database is not None  # the default would
+    keeping = tmp_path / "schemathesis.toml"
+    keeping.write_text((ROOT / "schemathesis.toml").read_text().replace('database = "none"', 'database = ":memory:"'))
+    assert SchemathesisConfig.from_path(keeping).projects.default.get_hypothesis_settings().database is not None
 
 
 @pytest.mark.timeout(ST_RUN_S + 30)
