@@ -207,6 +207,9 @@ async def test_a_subscription_from_the_ide_streams_over_server_sent_events(
         page = await offline.page()
         await type_token(page, token)
         await page.locator(".graphiql-tab").nth(3).locator("button.graphiql-tab-button").click()
+        # Run only once the tab's document is in the editor: a click landing first ran the previous tab's
+        # operation name against it ("Unknown operation named Viewer", seen in a loaded full run).
+        await page.wait_for_function(f"() => ({QUERY_TEXT})().includes('subscription ThreadEvents')")
         await page.evaluate(SET_VARIABLES, json.dumps({"threadId": thread}))
         await page.click(RUN_QUERY)
         await expect(page.locator(RESULT)).to_contain_text('"type": "synchronized"')

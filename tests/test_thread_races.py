@@ -349,7 +349,7 @@ class Race:
 
         return Op("settle", go)
 
-    async def idle(self, thread: str, within: float = 30) -> dict[str, Any]:
+    async def idle(self, thread: str, within: float = 90) -> dict[str, Any]:  # a loaded full run needed over 30 s
         """The thread once nothing runs: no active run, and an empty queue unless it is held."""
 
         async def check() -> dict[str, Any] | None:
