@@ -73,7 +73,7 @@ TARGETED = ("steerActive", "restartActive")
 # What every run must have done at least once (each counted from a successful answer, the steer from the
 # agent's own reply inside the run it steered).
 FLOORS = ("fork", "fork.send", "mergeBack.raced", "steer.reached", "rollback", *(f"mode.{m}" for m in MODES))
-FORCED_TRIES = 4  # forced rounds of one kind after the random ones, at most, before the floor fails the test
+FORCED_TRIES = 12  # forced rounds of a kind after the random ones (a loaded run once refused 5 rollbacks)
 # A mergeBack counts as raced when one of these went out in the same round.
 RACING = frozenset({*MODES, "stop", "rollback"})
 # The random rounds' mix, and the companions of the forced rounds: what races the operation set up.
