@@ -12,14 +12,13 @@ import asyncio
 import inspect
 import random
 import textwrap
-import threading
 from typing import Any
 
 import httpx
 import pytest
 import strawberry
 import websockets
-from graphql import GraphQLSyntaxError, Source, parse, validate
+from graphql import Source, parse, validate
 from strawberry.types.execution import ParseOptions
 
 from tests.support.cli import create_token
@@ -167,27 +166,6 @@ def test_an_indexed_source_locates_as_graphql_core_does() -> None:
         assert [indexed.get_location(i) for i in range(len(body) + 1)] == [
             plain.get_location(i) for i in range(len(body) + 1)
         ]
-
-
-async def test_big_documents_are_parsed_on_the_pool_and_small_ones_inline(monkeypatch: pytest.MonkeyPatch) -> None:
-    threads: list[str] = []
-    real = bounds.parse
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        threads.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(bounds, "parse", recording)
-    schema = build_schema()
-    small = await schema.execute("{ __typename }")
-    assert small.data == {"__typename": "Query"} and threads == []  # strawberry's own parse, inline
-    answered = await schema.execute(PADDING + "{ __typename }")
-    assert answered.errors is None and answered.data == {"__typename": "Query"}
-    broken = await schema.execute(PADDING + "{ __typename")
-    [error] = broken.errors or []
-    assert isinstance(error, GraphQLSyntaxError) and error.locations is not None
-    assert [tuple(location) for location in error.locations] == [(2001, 13)]
-    assert len(threads) == 2 and all(name.startswith("threadloom-validate") for name in threads)
 
 
 # ---- a real server ------------------------------------------------------------------------------

@@ -76,7 +76,8 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         services.pipeline.listeners.append(live.on_commit)
         await services.start(on_worker_lost=lambda: _stop_self(app))
         holder["services"] = services
-        view = GraphQLView(services, build_schema(settings.limits, dev=settings.dev), live)
+        schema = build_schema(settings.limits, dev=settings.dev)
+        view = GraphQLView(services, schema, live)
         settle_garbage_collector()
         endpoint = Gate(view, services)
         app.router.routes += [Route("/graphql", endpoint), WebSocketRoute("/graphql", endpoint)]
@@ -94,6 +95,7 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
             yield
         finally:
             await metrics.stop()
+            schema.validation.close()  # its child, if a big document started one
             await services.stop()
             await live.stop()
             await services.db.dispose()

@@ -19,36 +19,26 @@ reports it). Counts saturate at `SATURATED`, so a bomb costs neither time nor me
 
 `BoundedValidation` (a schema extension, after `CostVariables`) refuses a document over
 `MAX_EXPANDED_FIELDS`, `MAX_SELECTION_FIELDS` or `MAX_OVERLAP` with `QUERY_TOO_COSTLY` before
-any rule runs, and validates a document bigger than `INLINE_FIELDS` / `INLINE_NODES` / `INLINE_QUERY_CHARS` on
-a worker thread (its passes kept per query text and variables), so the event loop waits for it
-instead of running it; for a text longer than `INLINE_QUERY_CHARS` the pre-check runs there too.
-The token limit (`Limits.max_tokens`, graphql-core's parser) is reported with the same code.
-Small documents are validated inline as before (the document cache of
-`compiled.CachedDocuments` keeps their verdicts).
+any rule runs. Small documents (at most `INLINE_QUERY_CHARS` of text, `INLINE_FIELDS` expanded fields and
+`INLINE_NODES` written nodes: about a millisecond at most) are validated inline as before (the document
+cache of `compiled.CachedDocuments` keeps their verdicts). Every other one is validated in the validation
+process (`api.validation_process`), its passes kept per query text and variables, so the event loop
+only waits for the verdict. The token limit (`Limits.max_tokens`, graphql-core's parser) is reported
+with the same code.
 
 Parsing is bounded by the body limit (256 KiB) and the token limit, but a 256 KiB comment, string
 or run of tokens still takes graphql-core's pure-Python lexer 50-150 ms. `BoundedSchema` (the
-schema class `build_schema` makes) parses a text longer than `INLINE_QUERY_CHARS` on the same
-pool, on every path (HTTP queries and mutations, multipart and graphql-transport-ws
-subscriptions all go through strawberry's `_prepare_operation_async`; the subscription fast path
-of `api.cohorts` leaves big texts to it), into an `IndexedSource` so that a later error's
-location is found without scanning the text again. The pool shares the GIL: while it works the
-event loop gets the interpreter back every `POOL_SWITCH_INTERVAL` (1 ms), so it is slowed but
-not held (`bench/validation_worst.py` measures the longest gap).
+schema class `build_schema` makes) parses a text longer than `INLINE_QUERY_CHARS` in the validation
+process too, in the same trip as its pre-check and validation, on every path (HTTP queries and
+mutations, multipart and graphql-transport-ws subscriptions all go through strawberry's
+`_prepare_operation_async`; the subscription fast path of `api.cohorts` leaves big texts to it).
 """
 
 from __future__ import annotations
 
-import array
-import asyncio
-import bisect
-import concurrent.futures
-import contextvars
 import dataclasses
 import functools
-import re
-import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import strawberry
@@ -64,10 +54,8 @@ from graphql import (
     OperationDefinitionNode,
     SelectionSetNode,
     Source,
-    SourceLocation,
     ValidationContext,
     ValidationRule,
-    parse,
 )
 from strawberry.exceptions import MissingQueryError
 from strawberry.extensions import SchemaExtension
@@ -76,8 +64,18 @@ from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOpe
 from strawberry.schema.schema import _parse_operation_document, _run_validation, validate_document
 from strawberry.types.execution import ExecutionContext, PreExecutionError
 
-from threadloom.api.compiled import _Lru, _variables_key
+from threadloom.api.compiled import _variables_key
 from threadloom.api.cost import CODE
+from threadloom.api.validation_process import (
+    IndexedSource as IndexedSource,  # read here by tests
+)
+from threadloom.api.validation_process import (
+    ValidationProcess,
+    document_of,
+    errors_of,
+    raise_syntax,
+    source_of,
+)
 from threadloom.config import Limits
 
 # The documented limits (docs/security.md, "Query cost and time"); like `Limits.max_tokens`, not settings.
@@ -305,48 +303,31 @@ def alias_rule(max_aliases: int) -> type[ValidationRule]:
 
 # --- the extension and the schema ---------------------------------------------------------------
 
-# Parsing and validation of big documents run here, in a pool of its own (they never wait behind
-# unrelated work). One thread: graphql-core is pure Python, so under the GIL a second thread adds no
-# throughput, only a second contender the event loop must beat to the interpreter (it doubled the
-# longest hold, bench/validation_worst.py). While the thread works, the interpreter is handed over
-# every POOL_SWITCH_INTERVAL seconds instead of every 5 ms, so the loop waits less for it each time.
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="threadloom-validate")
-POOL_SWITCH_INTERVAL = 0.001
 _TOKENS = "Document contains more than"
-_PASSED = _Lru(256)  # (query, rules, variables) whose validation passed on the pool
-
-
-def _briefly(function: Callable[..., T], *args: Any) -> T:
-    """`function(*args)` on the pool's thread, the interpreter switched every POOL_SWITCH_INTERVAL meanwhile.
-
-    The switch interval is the process's; the pool's one thread is the only one that changes it,
-    and puts the previous value back as soon as it is done, so between big documents the process
-    runs with its usual interval."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(min(previous, POOL_SWITCH_INTERVAL))
-    try:
-        return function(*args)
-    finally:
-        sys.setswitchinterval(previous)
 
 
 def big(query: str | None) -> bool:
-    """Whether a text is parsed, pre-checked and validated on the pool rather than the event loop."""
+    """Whether a text is parsed, pre-checked and validated in the validation process rather than inline."""
     return query is not None and len(query) > INLINE_QUERY_CHARS
 
 
-def _checked(schema: Any, document: DocumentNode, rules: Sequence[type[ASTValidationRule]]) -> list[GraphQLError]:
-    """The pre-check, then the rules when it passes: one hop to the pool for a big document."""
+def checked(schema: Any, document: DocumentNode, rules: Sequence[type[ASTValidationRule]]) -> list[GraphQLError]:
+    """The pre-check, then the rules when it passes (what the validation process runs for a document)."""
     refused = check(document)
     return [refused] if refused is not None else validate_document(schema, document, tuple(rules))
 
 
-class BoundedValidation(SchemaExtension):
-    """Pre-checks every document and validates the big ones off the event loop (module docstring)."""
+def _process(context: ExecutionContext) -> ValidationProcess:
+    schema = context.schema
+    assert isinstance(schema, BoundedSchema), "BoundedValidation needs the schema build_schema makes"
+    return schema.validation
 
-    def __init__(self, limits: Limits, passed: _Lru | None = None) -> None:
+
+class BoundedValidation(SchemaExtension):
+    """Pre-checks every document and has the big ones validated in the validation process (module docstring)."""
+
+    def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.passed = passed if passed is not None else _PASSED
 
     def on_parse(self) -> Iterator[None]:
         yield
@@ -357,8 +338,8 @@ class BoundedValidation(SchemaExtension):
     async def on_validate(self) -> AsyncIterator[None]:
         context = self.execution_context
         document, query, rules = context.graphql_document, context.query, context.validation_rules
-        if document is None or context.pre_execution_errors is not None or not rules:
-            yield
+        if document is None or context.pre_execution_errors is not None or not rules or query is None:
+            yield  # (a document without its text: strawberry validates it, the pre-check first)
             return
         if not big(query):
             shape = measure(document, MAX_SELECTION_FIELDS, MAX_EXPANDED_FIELDS)
@@ -370,65 +351,54 @@ class BoundedValidation(SchemaExtension):
             if small(shape):
                 yield  # strawberry (or the document cache) validates it inline
                 return
+        process = _process(context)
         values = _variables_key(context.variables)
-        key = (query, rules, values)
-        if values is not None and self.passed.get(key):
+        if values is not None and process.passed.get((query, values)):
             context.pre_execution_errors = []  # it passed the pre-check and the rules with these variables
         else:
-            schema = context.schema._schema
-            loop = asyncio.get_running_loop()
-            # The cost and page rules read the request's variables from a context variable.
-            run = contextvars.copy_context().run
-            errors = await loop.run_in_executor(_POOL, _briefly, run, _checked, schema, document, tuple(rules))
-            if not errors and values is not None:
-                self.passed.put(key, True)
-            context.pre_execution_errors = errors
+            verdict = await process.judge(
+                query, context.variables, max_tokens=self.limits.max_tokens, operation=False, big=big(query)
+            )
+            source = document.loc.source if document.loc is not None else Source(query)
+            context.pre_execution_errors = errors_of(verdict, source)
+            if not verdict.errors and values is not None:
+                process.passed.put((query, values), True)
         yield
 
 
-_NEWLINE = re.compile(r"\r\n|[\n\r]")  # graphql-core's line breaks (`graphql.language.source`)
-
-
-class IndexedSource(Source):
-    """A big document's source, its line breaks indexed once (on the pool, with the parse).
-
-    graphql-core finds an error's line by scanning the body up to the error's position, on every
-    error: 2-5 ms for a node after 256 KiB of padding, on the event loop when a resolver fails. This
-    finds it by bisection, with graphql-core's answer (`Source.get_location`: the line breaks
-    `\r\n`, `\n` and `\r` that start before the position)."""
-
-    def __init__(self, body: str) -> None:
-        super().__init__(body)
-        starts, ends = array.array("q"), array.array("q")
-        for match in _NEWLINE.finditer(body):
-            starts.append(match.start())
-            ends.append(match.end())
-        self.starts, self.ends = starts, ends
-
-    def get_location(self, position: int) -> SourceLocation:
-        breaks = bisect.bisect_left(self.starts, position)
-        line_start = self.ends[breaks - 1] if breaks else 0
-        return SourceLocation(breaks + 1, position + 1 - line_start)
-
-
 async def parse_document(context: ExecutionContext) -> None:
-    """strawberry's parse step (`_parse_operation_document`), on the pool for a big text.
+    """strawberry's parse step (`_parse_operation_document`), in the validation process for a big text.
 
-    A document already set (`compiled.CachedDocuments` found it) or a small text is parsed
-    inline, as strawberry does; a big one on `_POOL`, with the same options (the token limit),
-    so a syntax or token-limit error is the one strawberry would raise, reported the same way."""
+    A document already set (`compiled.CachedDocuments` found it) or a small text is parsed inline, as
+    strawberry does. A big one is parsed, pre-checked and validated in one trip to the validation
+    process, with the same options (the token limit): a syntax or token-limit error is the one
+    strawberry would raise, reported the same way; the verdict is the request's validation (set here,
+    so the validation step has nothing left to do). The document that comes back is the part that runs
+    (the chosen operation and its fragments), kept per text, operation and variables."""
     query = context.query
     if context.graphql_document is not None or query is None or not big(query):
         _parse_operation_document(context)
         return
-    max_tokens = context.parse_options.get("max_tokens")
-    loop = asyncio.get_running_loop()
-    parse_big = functools.partial(_parse_big, query, max_tokens)
-    context.graphql_document = await loop.run_in_executor(_POOL, _briefly, parse_big)
-
-
-def _parse_big(query: str, max_tokens: int | None) -> DocumentNode:
-    return parse(IndexedSource(query), max_tokens=max_tokens)
+    process = _process(context)
+    values = _variables_key(context.variables)
+    key = (query, context.operation_name, values)
+    document = process.documents.get(key) if values is not None else None
+    if document is not None:
+        context.graphql_document, context.pre_execution_errors = document, []
+        return
+    verdict = await process.judge(
+        query,
+        context.variables,
+        max_tokens=context.parse_options.get("max_tokens"),
+        operation=context.operation_name,
+        big=True,
+    )
+    source = source_of(query, verdict)
+    raise_syntax(verdict, source)
+    context.graphql_document = document_of(verdict, source)
+    context.pre_execution_errors = errors_of(verdict, source)
+    if verdict.document is not None and values is not None:
+        process.documents.put(key, context.graphql_document)
 
 
 class BoundedSchema(strawberry.Schema):
@@ -439,6 +409,10 @@ class BoundedSchema(strawberry.Schema):
     extension hook can replace the parse and still have its error reported as a parse error. This
     is that method with `_parse_operation_document(context)` replaced by `await parse_document(context)`
     (tests/test_validation_limits.py compares the two, so an upgrade that changes it is noticed)."""
+
+    def __init__(self, *args: Any, validation: ValidationProcess, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.validation = validation
 
     async def _prepare_operation_async(
         self, context: ExecutionContext, extensions_runner: SchemaExtensionsRunner

@@ -134,7 +134,9 @@ class CachedDocuments(SchemaExtension):
         if query is not None and context.graphql_document is None:
             context.graphql_document = self.cache.documents.get(query)
         yield
-        if query is not None and context.graphql_document is not None:
+        # A verdict given at parse time (api.bounds, a big text) left the part that runs or an outline, not
+        # the whole document: it is not kept here (api.validation_process keeps what passed).
+        if query is not None and context.graphql_document is not None and context.pre_execution_errors is None:
             self.cache.documents.put(query, context.graphql_document)
 
     def on_validate(self) -> Iterator[None]:

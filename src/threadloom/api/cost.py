@@ -15,6 +15,7 @@ variable that `CostVariables` sets around validation.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -205,13 +206,19 @@ def cost_rule(max_cost: int, default_page: int = DEFAULT_PAGE, max_page: int = 1
     return QueryCostRule
 
 
+@contextlib.contextmanager
+def variables_bound(variables: Any) -> Iterator[None]:
+    """The cost and page-argument rules read `variables` while this lasts."""
+    token = _variables.set(variables if isinstance(variables, Mapping) else {})
+    try:
+        yield
+    finally:
+        _variables.reset(token)
+
+
 class CostVariables(SchemaExtension):
     """Hands the request's variables to the cost and page-argument rules for the time of validation."""
 
     def on_validate(self) -> Iterator[None]:
-        variables = self.execution_context.variables
-        token = _variables.set(variables if isinstance(variables, Mapping) else {})
-        try:
+        with variables_bound(self.execution_context.variables):
             yield
-        finally:
-            _variables.reset(token)

@@ -11,7 +11,6 @@ import functools
 import inspect
 from typing import Any
 
-import strawberry
 from graphql import ExecutionResult, GraphQLError, OperationType
 from strawberry.extensions import AddValidationRules, MaxTokensLimiter
 from strawberry.schema.config import StrawberryConfig
@@ -29,6 +28,7 @@ from threadloom.api.token_guard import RateLimits
 from threadloom.api.types import NODE_TYPES
 from threadloom.api.usage import BIG_INT, BigInt
 from threadloom.api.validation import limited_rules
+from threadloom.api.validation_process import ValidationProcess
 from threadloom.config import Limits
 from threadloom.store.db import Snapshot
 
@@ -140,7 +140,7 @@ def _execution_context(timeout: float, max_items: int) -> type[TimedExecutionCon
     return type("TimedExecutionContext", (TimedExecutionContext,), {"timeout": timeout, "max_items": max_items})
 
 
-def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawberry.Schema:
+def build_schema(limits: Limits | None = None, *, dev: bool = False) -> BoundedSchema:
     limits = limits or Limits()
     # BoundedSchema: strawberry's, with big documents parsed off the event loop (api.bounds).
     schema = BoundedSchema(
@@ -162,6 +162,7 @@ def build_schema(limits: Limits | None = None, *, dev: bool = False) -> strawber
             RateLimits,  # per-token mutation and run-start buckets
         ],
         config=StrawberryConfig(sort_schema=True, disable_field_suggestions=not dev, scalar_map={BigInt: BIG_INT}),
+        validation=ValidationProcess(limits, dev),
     )
     describe(schema._schema)  # what the definitions leave undescribed (api.descriptions)
     return schema

@@ -1,0 +1,159 @@
+"""Big documents are parsed and validated in a process of their own (`api.validation_process`).
+
+In-process tests compare each big document's answer with the same document written small (validated
+inline, as strawberry does): the same data, messages, codes and locations (the big one's shifted by its
+padding). One real server shows the child dies with the server, and a killed child is replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+import strawberry.schema.schema as strawberry_schema
+
+from tests.support.graphql import make_project
+from tests.support.server import Client, ServerProcess
+from tests.support.waiting import until
+from threadloom.api.schema import build_schema
+
+LINES = 2000
+PADDING = ("#" + "x" * 99 + "\n") * LINES  # 200 KiB of comment: over the inline threshold
+
+
+@pytest.fixture(scope="module")
+def schema() -> Iterator[Any]:
+    built = build_schema()
+    yield built
+    built.validation.close()
+
+
+def _answer(result: Any, shift: int = 0) -> tuple[Any, list[tuple[str, Any, list[tuple[int, int]]]]]:
+    """(data, [(message, code, locations)]), the locations moved up by `shift` lines."""
+    errors = [
+        (e.message, (e.extensions or {}).get("code"), [(loc.line - shift, loc.column) for loc in e.locations or ()])
+        for e in result.errors or ()
+    ]
+    return result.data, errors
+
+
+async def _both(schema: Any, query: str, **kwargs: Any) -> tuple[Any, Any]:
+    small = _answer(await schema.execute(query, **kwargs))
+    big = _answer(await schema.execute(PADDING + query, **kwargs), shift=LINES)
+    return small, big
+
+
+async def test_big_documents_are_parsed_in_the_validation_process_and_small_ones_inline(
+    schema: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[str] = []
+    real = strawberry_schema.parse
+
+    def recording(query: Any, **kwargs: Any) -> Any:
+        parsed.append(str(query))
+        return real(query, **kwargs)
+
+    monkeypatch.setattr(strawberry_schema, "parse", recording)
+    small = await schema.execute("{ __typename }")
+    assert small.data == {"__typename": "Query"} and parsed == ["{ __typename }"]  # strawberry's parse, inline
+    answered = await schema.execute(PADDING + "{ __typename }")
+    assert answered.errors is None and answered.data == {"__typename": "Query"}
+    [pid] = schema.validation.pids()
+    assert pid != os.getpid() and psutil.Process(pid).ppid() == os.getpid()
+    broken = await schema.execute(PADDING + "{ __typename")
+    [error] = broken.errors or []
+    assert [tuple(location) for location in error.locations or ()] == [(LINES + 1, 13)]
+    assert parsed == ["{ __typename }"]  # neither big text was parsed here
+
+
+async def test_a_big_document_answers_as_the_same_document_written_small(schema: Any) -> None:
+    logging.disable(logging.ERROR)  # the resolvers that need a request log their failure
+    try:
+        cases = [
+            "{ __typename }",
+            "{ __typename",  # a syntax error
+            "{ viewer { scope } }",  # a resolver error: located in the document that came back
+            "{ nope }",  # a validation error
+            "query A { __typename } fragment F on Query { __typename }",  # an unused fragment
+            "{ viewer {" + " scope" * 400 + " } }",  # over the overlap limit: QUERY_TOO_COSTLY
+            "query { ...F0 } " + " ".join(f"fragment F{i} on Query {{ ...F{i + 1} ...F{i + 1} }}" for i in range(20))
+            + " fragment F20 on Query { __typename }",  # a fragment bomb
+        ]
+        for query in cases:
+            small, big = await _both(schema, query)
+            assert big == small, query
+        located = _answer(await schema.execute(PADDING + "{ viewer { scope } }"))[1]
+        assert located and located[0][2] == [(LINES + 1, 3)]  # where `viewer` is written in the big text
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+async def test_the_operation_named_runs_with_the_fragments_it_reaches(schema: Any) -> None:
+    query = (
+        "query A { ...T } query B { ...U } query C { __schema { queryType { name } } }"
+        " fragment T on Query { __typename } fragment U on Query { ...T __schema { queryType { name } } }"
+    )
+    for name in ("A", "B", "C", None):
+        small, big = await _both(schema, query, operation_name=name)
+        assert big == small and small[1] == [], name
+    assert _answer(await schema.execute(PADDING + query, operation_name="B"))[0] == {
+        "__typename": "Query",
+        "__schema": {"queryType": {"name": "Query"}},
+    }
+    with pytest.raises(Exception, match="nope"):  # strawberry's refusal of an unknown operation, as for a small one
+        await schema.execute(PADDING + query, operation_name="nope")
+
+
+async def test_variables_reach_the_page_rule_and_a_refusal_is_not_kept(schema: Any) -> None:
+    # The page-size rule reads the request's variables: they travel to the child. A refused text is
+    # not cached as a document, so the same text with a small page is judged again and passes.
+    query = "query($n: Int) { projects(first: $n) { nodes { id } } }"
+    refused_small, refused_big = await _both(schema, query, variable_values={"n": 100_000})
+    assert refused_big == refused_small and refused_small[1], refused_small
+    logging.disable(logging.ERROR)
+    try:
+        passed_small, passed_big = await _both(schema, query, variable_values={"n": 5})
+    finally:
+        logging.disable(logging.NOTSET)
+    assert passed_big == passed_small
+    assert all(code not in ("GRAPHQL_VALIDATION_FAILED", "QUERY_TOO_COSTLY") for _, code, _ in passed_small[1])
+
+
+async def test_a_killed_validation_process_is_replaced(schema: Any) -> None:
+    assert (await schema.execute(PADDING + "{ __typename }")).data == {"__typename": "Query"}
+    [first] = schema.validation.pids()
+    os.kill(first, signal.SIGKILL)
+    psutil.Process(first).wait(timeout=30)
+    again = await schema.execute(PADDING + "{ again: __typename }")  # a new text: not answered from the cache
+    assert again.errors is None and again.data == {"again": "Query"}
+    [second] = schema.validation.pids()
+    assert second != first
+
+
+def _validation_children(server: ServerProcess) -> list[psutil.Process]:
+    return [
+        child
+        for child in psutil.Process(server.proc.pid).children()
+        if any("spawn_main" in part for part in child.cmdline())
+    ]
+
+
+async def test_the_validation_process_dies_with_its_server(server: ServerProcess, client: Client) -> None:
+    await make_project(client, "big")
+    assert (await client.gql(PADDING + "{ viewer { scope } }")) == {"viewer": {"scope": "ADMIN"}}
+    [child] = _validation_children(server)
+    assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE  # the twin: it lives while the server does
+    server.kill()  # kill -9: the server stops nothing itself
+
+    async def gone() -> bool | None:
+        try:
+            return True if child.status() == psutil.STATUS_ZOMBIE else None
+        except psutil.NoSuchProcess:
+            return True
+
+    await until(gone, within=30)
