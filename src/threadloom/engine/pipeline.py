@@ -30,6 +30,7 @@ from threadloom.domain.leases import refuse_other_writer
 from threadloom.domain.rollback_ops import refuse_while_rolling_back
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.clock import Clock
+from threadloom.faults import hold_point
 from threadloom.store import log, outbox, receipts
 from threadloom.store import threads as thread_store
 from threadloom.store.db import Database, Reader, StatementCounter
@@ -162,6 +163,8 @@ class Pipeline:
                 async def chained(db: Reader, thread: AppThread) -> Valued[T]:
                     for before in step.before:
                         thread = await self._write_before(db, thread, await before(db, thread), earlier)
+                    if earlier.sequences:  # tests: the thread's row is locked and written once, still open
+                        await hold_point("step-before-written")
                     return await step.decide(db, thread)
 
                 return await self._on_thread(db, step.thread_id, "threadId", chained)

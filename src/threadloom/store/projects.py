@@ -18,8 +18,10 @@ _THREAD_PROJECT = (
 
 
 async def lock_project(db: Reader, project_id: uuid.UUID) -> Project | None:
-    """The project's row `FOR UPDATE`: a rename and an archive of one project are serialized, neither lost."""
-    row = await db.one_or_none(sa.select(t.projects).where(t.projects.c.id == project_id).with_for_update())
+    """The project's row `FOR NO KEY UPDATE`: a rename and an archive of one project are serialized, neither
+    lost, while its threads' foreign-key checks (`FOR KEY SHARE`) go on (`threads.lock` says why)."""
+    query = sa.select(t.projects).where(t.projects.c.id == project_id).with_for_update(key_share=True)
+    row = await db.one_or_none(query)
     return None if row is None else Project.from_mapping(row)
 
 
