@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.pg import PgServer
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = [
     "run_throughput.py",
@@ -41,8 +43,9 @@ def test_every_benchmark_is_smoked() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", BENCHMARKS)
-def test_each_benchmark_smoke_run_prints_its_ratio(script: str) -> None:
+def test_each_benchmark_smoke_run_prints_its_ratio(script: str, pg: PgServer) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["THREADLOOM_BENCH_PG"] = str(pg.root)  # the session's PostgreSQL, not one started per benchmark
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), "--smoke"],
         cwd=ROOT,
