@@ -170,7 +170,9 @@ async def test_undoing_the_later_rollback_hands_the_runs_it_brought_back_again(
 PT, FORK = uuid.uuid4(), uuid.uuid4()
 
 
-def _pending(covered: list[int], omitted: list[int] | None = None, status: HandoffStatus = HandoffStatus.PENDING) -> Any:
+def _pending(
+    covered: list[int], omitted: list[int] | None = None, status: HandoffStatus = HandoffStatus.PENDING
+) -> ContextHandoff:
     return ContextHandoff(
         id=uuid.uuid4(),
         thread_id=uuid.uuid4(),
