@@ -624,55 +624,12 @@ async def _race_and_check(
             print("RUN", r["ordinal"], r["status"], TOKEN.findall(r["userMessage"]["text"]), r.get("startedAt"))
         for a in activities:
             print("ACT", a["kind"], {k: v for k, v in (a["payload"] or {}).items() if k not in ("steps",)})
-    # KNOWN BUG, open (see `_stale_rollback_handoff`): excused only when exactly that explains the leak.
-    excused = remembered & forgotten & _stale_rollback_handoff(activities, runs, messages)
-    if excused:
-        print("KNOWN BUG: a rollback's handoff, delivered after a later rollback undid its runs, told", sorted(excused))
-    assert not (remembered & forgotten) - excused, (sorted(remembered & forgotten), said)
+    assert not remembered & forgotten, (sorted(remembered & forgotten), said)
     # In any order and across switches: every kept run is the agent's own or was handed to it.
     assert kept <= remembered, (sorted(kept - remembered), said)
 
     await _check_forks(race, project["id"], data_dir, shadow, runs, messages)
     return switched
-
-
-def _id(value: str) -> str:
-    """A global id's uuid, or the value as it is (activity payloads name ids either way)."""
-    found = decode(value)
-    return str(found[1]) if found is not None else value
-
-
-def _stale_rollback_handoff(
-    activities: list[dict[str, Any]], runs: list[dict[str, Any]], messages: list[dict[str, Any]]
-) -> set[str]:
-    """KNOWN BUG, open: the tokens of runs that a rollback's kept-runs handoff (`rebridgeHandoffId`: runs the
-    staying provider thread never saw, such as a run stopped before its turn) covered, and that a later
-    rollback rolled back before the handoff was delivered. The later rollback leaves that handoff pending,
-    and the next run hands the undone runs to the agent (engine/rollback_provider.py `rebridge`,
-    engine/rollback_record.py `recorded`). Remove with the fix."""
-    rebridged: dict[str, int] = {}  # handoff → the sequence of the rollback that made it
-    undone_after: list[tuple[int, set[int]]] = []  # (sequence, ordinals) of each rollback
-    covered: dict[str, set[int]] = {}
-    for a in activities:
-        payload = a["payload"] or {}
-        if a["kind"] == "rollback.completed":
-            if payload.get("rebridgeHandoffId"):
-                rebridged[_id(payload["rebridgeHandoffId"])] = a["sequence"]
-            undone_after.append((a["sequence"], {r["ordinal"] for r in payload.get("runs") or ()}))
-        elif a["kind"] == "lineage.handoff_delivered" and payload.get("handoffId"):
-            covered[_id(payload["handoffId"])] = set(payload.get("coveredRunOrdinals") or ())
-    stale: set[int] = set()
-    for handoff, made_at in rebridged.items():
-        for at, ordinals in undone_after:
-            if at > made_at:
-                stale |= covered.get(handoff, set()) & ordinals
-    ordinal_of = {r["id"]: r["ordinal"] for r in runs}
-    return {
-        token
-        for m in messages
-        if m["role"] == "USER" and m["run"] and ordinal_of.get(m["run"]["id"]) in stale
-        for token in TOKEN.findall(m["text"])
-    }
 
 
 async def _check_files(

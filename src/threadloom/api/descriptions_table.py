@@ -98,7 +98,10 @@ TYPES: dict[str, str] = {
         "The answer to an approval: ACCEPT (this once), ACCEPT_FOR_SESSION (this and the same again in this "
         "session), DECLINE (the agent goes on without it), CANCEL (decline and stop the turn)."
     ),
-    "HandoffStatus": "PENDING until the target run's turn carries it (DELIVERED), or FAILED.",
+    "HandoffStatus": (
+        "PENDING until the target run's turn carries it (DELIVERED), or FAILED: never to be delivered (a rollback "
+        "undid a run it tells of; the rollback's own handoff tells the kept runs instead)."
+    ),
     "HandoffStrategy": (
         "What the handoff text covers: the runs since the target provider thread last saw the thread "
         "(DELTA_SINCE_TARGET_LAST_SEEN), a summary of the whole thread (FULL_THREAD_SUMMARY), or what a fork "

@@ -963,6 +963,8 @@ _PAYLOAD_ID_LISTS: dict[str, str] = {
     "rolledBackRunIds": "Run",
     "staleCheckpointIds": "Checkpoint",
     "staleProviderThreadIds": "ProviderThread",
+    "droppedHandoffIds": "ContextHandoff",
+    "restoredHandoffIds": "ContextHandoff",
 }
 # Keys holding a list of objects whose own `id` is of one type.
 _PAYLOAD_ID_OWNERS: dict[str, str] = {

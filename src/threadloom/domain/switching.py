@@ -113,6 +113,17 @@ class Histories:
     def with_thread(self, history: History) -> Histories:
         return dataclasses.replace(self, threads={**self.threads, history.provider_thread.id: history})
 
+    def without(self, handoff_ids: Iterable[uuid.UUID]) -> Histories:
+        """As they will be once these (pending) handoffs are dropped: no provider thread is told of them."""
+        gone = set(handoff_ids)
+        if not gone:
+            return self
+        threads = {
+            pt: dataclasses.replace(h, handoffs=tuple(x for x in h.handoffs if x.id not in gone))
+            for pt, h in self.threads.items()
+        }
+        return dataclasses.replace(self, threads=threads)
+
 
 def told(handoff: ContextHandoff) -> set[int]:
     """The runs a handoff accounts for: the ones in its text and the ones it listed as left out for length."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from threadloom.domain import handoff_rollback as handoff_rules
 from threadloom.domain import rollback as plan_rules
 from threadloom.domain import switching
 from threadloom.domain.entities import (
@@ -62,11 +63,19 @@ class ProviderSteps:
         return self.pipeline.clock.now()
 
     async def rebridge(
-        self, db: Reader, thread: AppThread, op: Operation, plan: plan_rules.RollbackPlan, runs: list[Run]
+        self,
+        db: Reader,
+        thread: AppThread,
+        op: Operation,
+        plan: plan_rules.RollbackPlan,
+        runs: list[Run],
+        dropped: Collection[uuid.UUID] = (),
     ) -> ContextHandoff | None:
-        """A handoff for kept runs the provider thread that stays active no longer holds: an undone run's
-        first turn may have carried a handoff telling of earlier runs (a return after a switch), and rolling
-        that turn back, natively or by forking before it, drops them too. None when it lost nothing."""
+        """A handoff for kept runs the provider thread that stays active does not hold: an undone run's first
+        turn may have carried a handoff telling of earlier runs (a return after a switch), and rolling that
+        turn back, natively or by forking before it, drops them too; a pending handoff that told of them along
+        with an undone run is `dropped` by this rollback (`domain.handoff_rollback`), so they are told again
+        here. None when it lacks nothing."""
         replaced = next((s for s in op.providers if s.replacement is not None), None)
         if replaced is not None and replaced.strategy != plan_rules.Strategy.NATIVE_FORK:
             return None  # a replacement is given the whole context up to the target (or starts empty)
@@ -79,14 +88,22 @@ class ProviderSteps:
         if pt_id is None:
             return None
         histories = (await switch_facts.histories(db, thread.id)).undoing(plan.rolled_back_run_ordinals)
+        histories = histories.without(dropped)
         if replaced is not None and replaced.replacement is not None:
             histories = histories.with_thread(switching.History(replaced.replacement))
         kept = [r.ordinal for r in runs if r.status not in NOT_IN_CONVERSATION and r.ordinal <= op.target]
-        missed = plan_rules.lost_runs(kept, switching.seen_runs(pt_id, histories))
+        seen = switching.seen_runs(pt_id, histories)
+        missed = plan_rules.lost_runs(kept, seen)
         if not missed:
             return None
         facts_of = await handoff_facts.read_run_facts(db, thread.id, missed)
-        built = build_handoff(HandoffKind.DELTA_SINCE_TARGET_LAST_SEEN, facts_of, Selection.of(missed))
+        history = histories.threads.get(pt_id)
+        kind = (
+            handoff_rules.rebridge_kind(history.provider_thread, seen)
+            if history is not None
+            else HandoffKind.DELTA_SINCE_TARGET_LAST_SEEN
+        )
+        built = build_handoff(kind, facts_of, Selection.of(missed))
         came_from = sorted({r.provider_thread_id for r in facts_of if r.provider_thread_id is not None}, key=str)
         return pending_handoff(built, thread.id, came_from, pt_id, self.now, new_id)
 

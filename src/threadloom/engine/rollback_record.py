@@ -7,6 +7,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from threadloom.domain import handoff_rollback as handoff_rules
 from threadloom.domain import rollback as plan_rules
 from threadloom.domain.activities import ActivityKind, activity
 from threadloom.domain.changes import Change, Outcome
@@ -22,6 +23,7 @@ from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.ids import new_id
 from threadloom.domain.statuses import (
     CheckpointStatus,
+    HandoffStatus,
     ProviderThreadStatus,
     RunStatus,
 )
@@ -32,6 +34,7 @@ from threadloom.engine.rollback_operation import (
     to_undo_fork,
 )
 from threadloom.store import entities
+from threadloom.store import rollback_facts as facts
 from threadloom.store.db import Reader
 
 
@@ -43,9 +46,11 @@ def recorded(
     checkpoints: list[Checkpoint],
     now: datetime,
     rebridge: ContextHandoff | None = None,
+    dropped: tuple[ContextHandoff, ...] = (),
 ) -> Outcome:
     """The log of a completed rollbackToRun: runs ROLLED_BACK, checkpoints STALE, provider threads switched
-    (or retired), a kept-runs handoff for the one staying active, and `rollback.completed` with every step."""
+    (or retired), pending handoffs that told of an undone run `dropped` (`domain.handoff_rollback`), a
+    kept-runs handoff for the one staying active, and `rollback.completed` with every step."""
     changes: list[Change] = []
     rolled = [run for run in runs if run.ordinal in plan.rolled_back_run_ordinals]
     for run in rolled:
@@ -67,6 +72,7 @@ def recorded(
     if active != thread.active_provider_thread_id:
         changes.append(Change.updated(thread.evolve(active_provider_thread_id=active, updated_at=now)))
     changes += [Change.updated(pt.evolve(status=ProviderThreadStatus.CLOSED, updated_at=now)) for pt in op.stale]
+    changes += handoff_rules.dropped(dropped)
     if rebridge is not None:
         changes.append(Change.created(rebridge))
     target = next((r for r in runs if r.ordinal == op.target), None)
@@ -91,6 +97,7 @@ def recorded(
             for s in op.providers
         ],
         "rebridgeHandoffId": str(rebridge.id) if rebridge else None,
+        "droppedHandoffIds": [str(h.id) for h in dropped],
         "staleProviderThreads": [{"id": str(pt.id), "providerInstanceId": pt.provider_instance_id} for pt in op.stale],
         "runs": [{"id": str(r.id), "ordinal": r.ordinal, "status": r.status.value} for r in rolled],
         "staleCheckpoints": [{"id": str(c.id), "status": c.status.value} for c in stale],
@@ -128,6 +135,7 @@ async def undo_recorded(db: Reader, thread: AppThread, record: dict[str, Any], n
     """The log of an undoRollback: what the rollback changed, taken back (refused when it cannot be)."""
     changes: list[Change] = []
     active = thread.active_provider_thread_id
+    moved: dict[uuid.UUID, uuid.UUID] = {}  # provider thread → the undo fork that takes its place
     for entry in record.get("providerThreads") or []:
         original = await entities.get(db, ProviderThread, uuid.UUID(entry["id"]))
         if original is None:
@@ -143,6 +151,7 @@ async def undo_recorded(db: Reader, thread: AppThread, record: dict[str, Any], n
             first = max([0, *(int(r["ordinal"]) for r in record.get("runs") or [])]) + 1
             back, swapped = to_undo_fork(original, str(entry["undoNativeRef"]), first, now)
             changes += swapped
+            moved[original.id] = back.id
             active = back.id
         else:
             raise DomainError(
@@ -164,8 +173,14 @@ async def undo_recorded(db: Reader, thread: AppThread, record: dict[str, Any], n
         checkpoint = await entities.get(db, Checkpoint, uuid.UUID(entry["id"]))
         if checkpoint is not None and checkpoint.status == CheckpointStatus.STALE:
             changes.append(Change.updated(checkpoint.evolve(status=CheckpointStatus(entry["status"]))))
+    handed = await _handoffs_undone(db, record, moved)
+    changes += handed
     summary = f"undid the rollback to run {record.get('targetOrdinal')}"
-    payload = {"operationId": record.get("operationId")}
+    payload: dict[str, Any] = {"operationId": record.get("operationId")}
+    restored = [str(c.entity.id) for c in handed if getattr(c.entity, "status", None) == HandoffStatus.PENDING]
+    given_up = [str(c.entity.id) for c in handed if getattr(c.entity, "status", None) == HandoffStatus.FAILED]
+    if restored or given_up:
+        payload |= {"restoredHandoffIds": restored, "droppedHandoffIds": given_up}
     target = await entities.get(db, Run, uuid.UUID(record["targetRunId"])) if record.get("targetRunId") else None
     changes.append(
         activity(
@@ -180,6 +195,15 @@ async def undo_recorded(db: Reader, thread: AppThread, record: dict[str, Any], n
         )
     )
     return Outcome(changes, result={"threadId": str(thread.id)})
+
+
+async def _handoffs_undone(db: Reader, record: dict[str, Any], moved: dict[uuid.UUID, uuid.UUID]) -> list[Change]:
+    """The handoffs as they were before the rollback (`domain.handoff_rollback.undone`)."""
+    dropped = await facts.handoffs_by_id(db, [uuid.UUID(i) for i in record.get("droppedHandoffIds") or []])
+    rebridge_id = record.get("rebridgeHandoffId")
+    rebridge = await entities.get(db, ContextHandoff, uuid.UUID(rebridge_id)) if rebridge_id else None
+    pending = [h for pt in moved for h in await facts.pending_handoffs(db, pt)]
+    return handoff_rules.undone(dropped, rebridge, pending, moved)
 
 
 # ---- rollbackNode -------------------------------------------------------------------------------------
@@ -199,6 +223,8 @@ async def failed(db: Reader, thread: AppThread, op: Operation, failure: StepFail
         # the fork holds every run so far
         back, swapped = to_undo_fork(current, step.undo_native_ref, await last_ran(db, thread.id) + 1, now)
         changes += swapped
+        # what was waiting for the in-place-rolled-back conversation goes to the fork that replaces it
+        changes += handoff_rules.moved_to_fork(await facts.pending_handoffs(db, current.id), {current.id: back.id})
         if after.active_provider_thread_id == current.id:
             after = after.evolve(active_provider_thread_id=back.id, updated_at=now)
     if after != thread:

@@ -13,6 +13,7 @@ from typing import Any
 from threadloom.checkpoints.errors import CheckpointError
 from threadloom.checkpoints.refs import REF_PREFIX, check_ref
 from threadloom.checkpoints.repo import ShadowRepo
+from threadloom.domain import handoff_rollback as handoff_rules
 from threadloom.domain import rollback as plan_rules
 from threadloom.domain.activities import ActivityKind, activity
 from threadloom.domain.changes import Change, Outcome
@@ -184,8 +185,11 @@ class Runner:
                 assert op.plan is not None
                 runs = await facts.runs_of(db, thread.id)
                 checkpoints = [c for c, _ in await facts.checkpoints_of(db, thread.id)]
-                rebridge = await self.providers.rebridge(db, thread, op, op.plan, runs)
-                outcome = record.recorded(cleared, op, op.plan, runs, checkpoints, self.now, rebridge)
+                # pending handoffs telling of an undone run are dropped here, in the record's transaction
+                pending = await facts.pending_own_handoffs(db, thread.id)
+                dropped = handoff_rules.outdated(pending, op.plan.rolled_back_run_ordinals)
+                rebridge = await self.providers.rebridge(db, thread, op, op.plan, runs, [h.id for h in dropped])
+                outcome = record.recorded(cleared, op, op.plan, runs, checkpoints, self.now, rebridge, dropped)
             if not any(isinstance(c.entity, AppThread) for c in outcome.changes):
                 outcome.changes.append(Change.updated(cleared))
             current = await entities.get(db, Activity, op.record_activity.id if op.record_activity else None)

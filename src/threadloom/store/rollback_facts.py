@@ -135,3 +135,27 @@ async def handoffs_to(db: Reader, provider_thread_id: uuid.UUID, status: Handoff
     c = t.context_handoffs.c
     to_it = c.to_provider_thread_id == provider_thread_id
     return await entities.where(db, ContextHandoff, to_it, c.status == status.value, order_by=[c.created_at, c.id])
+
+
+async def pending_own_handoffs(db: Reader, thread_id: uuid.UUID) -> list[ContextHandoff]:
+    """The thread's pending handoffs that tell of its own runs, oldest first: made without a transfer (a
+    rollback's) or by a transfer from the thread to itself (a provider switch). A fork's context and a
+    merge-back tell of another thread's runs, so their ordinals are not this thread's (`domain.handoff_rollback`)."""
+    c, tr = t.context_handoffs.c, t.context_transfers.c
+    own_transfer = sa.select(tr.id).where(tr.id == c.transfer_id, tr.source_thread_id == thread_id).exists()
+    return await entities.where(
+        db,
+        ContextHandoff,
+        c.thread_id == thread_id,
+        c.status == HandoffStatus.PENDING.value,
+        sa.or_(c.transfer_id.is_(None), own_transfer),
+        order_by=[c.created_at, c.id],
+    )
+
+
+async def handoffs_by_id(db: Reader, ids: list[uuid.UUID]) -> list[ContextHandoff]:
+    """These handoffs (those that exist), oldest first."""
+    if not ids:
+        return []
+    c = t.context_handoffs.c
+    return await entities.where(db, ContextHandoff, c.id.in_(ids), order_by=[c.created_at, c.id])
