@@ -26,36 +26,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
-from common import REPO, EmbeddedPostgres, bench_tmp, create_database, embedded_postgres
+from common import REPO, EmbeddedPostgres, bench_tmp, embedded_postgres
 
 sys.path.insert(0, str(REPO))  # tests.support
 
 from tests.support.acp_client import AcpClient
 from tests.support.acp_scripted import acp_command
-from tests.support.inproc import new_thread, send
-
-from threadloom.config import Settings
-from threadloom.domain.entities import Run
-from threadloom.engine.clock import SystemClock
-from threadloom.engine.pipeline import Committed
-from threadloom.engine.services import Services
-from threadloom.providers.registry import load_instances
-from threadloom.store import entities, migrate
-from threadloom.store.db import Database
-
-
-def summary(name: str, samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples[1:])  # the first turn starts the process
-    median = statistics.median(ordered)
-    p90 = ordered[int(0.9 * (len(ordered) - 1))]
-    print(f"  {name:<11} median {median * 1000:7.1f} ms   p90 {p90 * 1000:7.1f} ms   ({len(ordered)} turns)")
-    return median, p90
+from turn_timing import Engine, alternate
 
 
 def filled(folder: Path, workspace: Path) -> list[str]:
@@ -91,74 +72,11 @@ class Floor:
         await self.client.close()
 
 
-class Engine:
-    """The same turns as runs through the engine on an `acp` instance."""
-
-    def __init__(self, services: Services, db: Database, thread: uuid.UUID) -> None:
-        self.services = services
-        self.db = db
-        self.thread = thread
-        self.changed = asyncio.Event()
-
-        async def wake(_: Committed) -> None:
-            self.changed.set()
-
-        services.pipeline.listeners.append(wake)
-
-    @classmethod
-    async def open(cls, tmp: Path, pg: EmbeddedPostgres) -> Engine:
-        await create_database(pg.socket_dir, "bench_acp")
-        setup = Database.from_url(pg.url("bench_acp"), pool_size=1)
-        await migrate.upgrade(setup.engine)
-        await setup.dispose()
-        config = tmp / "acp.toml"
-        config.write_text(f'[instances.acp]\ndriver = "acp"\ncommand = {json.dumps(acp_command())}\n')
-        db = Database.from_url(pg.url("bench_acp"))
-        settings = Settings.from_env(data_dir=str(tmp / "engine"))
-        services = Services.build(settings, db, SystemClock(), load_instances(config))
-        await services.start()
-        workspace = tmp / "acp-ws"
-        workspace.mkdir(parents=True, exist_ok=True)
-        return cls(services, db, await new_thread(services, workspace, "acp"))
-
-    async def turn(self, text: str) -> float:
-        started = time.perf_counter()
-        run_id = await send(self.services, self.thread, text)
-        while True:
-            self.changed.clear()
-            async with self.db.read() as reader:
-                run = await entities.get(reader, Run, run_id)
-            if run is not None and run.status.value in ("completed", "failed", "interrupted"):
-                assert run.status.value == "completed", run
-                break
-            await self.changed.wait()
-        return time.perf_counter() - started
-
-    async def close(self) -> None:
-        await self.services.stop()
-        await self.db.dispose()
-
-
 async def compare(tmp: Path, pg: EmbeddedPostgres, turns: int) -> None:
     floor = await Floor.open(tmp)
-    engine = await Engine.open(tmp, pg)
-    bare: list[float] = []
-    ours: list[float] = []
-    try:
-        for i in range(turns):
-            first, second = (floor, engine) if i % 2 == 0 else (engine, floor)
-            text = f"@reply hello {i}"
-            timed = {first: await first.turn(text), second: await second.turn(text)}
-            bare.append(timed[floor])
-            ours.append(timed[engine])
-    finally:
-        await engine.close()
-        await floor.close()
-    base = summary("floor", bare)
-    mine = summary("threadloom", ours)
-    added = statistics.median(o - b for o, b in zip(ours[1:], bare[1:], strict=True))
-    print(f"  ratio       median {mine[0] / base[0]:.2f}x   p90 {mine[1] / base[1]:.2f}x")
-    print(f"  added       median {added * 1000:.1f} ms per turn (of the pairs' differences; target <= 30 ms)")
+    config = f'[instances.acp]\ndriver = "acp"\ncommand = {json.dumps(acp_command())}\n'
+    engine = await Engine.open(tmp, pg, "acp", config)
+    await alternate(floor, engine, turns, lambda i: f"@reply hello {i}", target="; target <= 30 ms")
 
 
 def main() -> None:

@@ -33,30 +33,21 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
-from common import REPO, EmbeddedPostgres, bench_tmp, create_database, embedded_postgres
+from common import REPO, EmbeddedPostgres, bench_tmp, embedded_postgres
 
 sys.path.insert(0, str(REPO))  # tests.support.fake_model
 
 from multiprocessing.connection import Connection
 
-from tests.support.inproc import new_thread, send
+from turn_timing import Engine, alternate
 
-from threadloom.config import Settings
-from threadloom.domain.entities import Run
-from threadloom.engine.clock import SystemClock
-from threadloom.engine.pipeline import Committed
-from threadloom.engine.services import Services
 from threadloom.providers import contract as ev
 from threadloom.providers.contract import ProviderRuntime
-from threadloom.providers.registry import InstanceConfig, build_driver, load_instances
-from threadloom.store import entities, migrate
-from threadloom.store.db import Database
+from threadloom.providers.registry import InstanceConfig, build_driver
 
 KEYS = {"codex": "BENCH_OPENAI_KEY", "claude": "BENCH_ANTHROPIC_KEY"}
 
@@ -97,14 +88,6 @@ def options(provider: str, fake: ModelProcess) -> dict[str, str]:
     return {"base_url": base, "api_key_env": KEYS[provider]}
 
 
-def summary(name: str, samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples[1:])  # the first turn starts the process
-    median = statistics.median(ordered)
-    p90 = ordered[int(0.9 * (len(ordered) - 1))]
-    print(f"  {name:<11} median {median * 1000:7.1f} ms   p90 {p90 * 1000:7.1f} ms   ({len(ordered)} turns)")
-    return median, p90
-
-
 class Floor:
     """The bare agent through its driver runtime: no engine, no database."""
 
@@ -135,81 +118,15 @@ class Floor:
         await self.runtime.close()
 
 
-class Engine:
-    """The same turns as runs through the engine."""
-
-    def __init__(self, services: Services, db: Database, thread: uuid.UUID) -> None:
-        self.services = services
-        self.db = db
-        self.thread = thread
-        self.changed = asyncio.Event()
-
-        async def wake(_: Committed) -> None:
-            self.changed.set()
-
-        services.pipeline.listeners.append(wake)
-
-    @classmethod
-    async def open(cls, provider: str, fake: ModelProcess, tmp: Path, pg: EmbeddedPostgres) -> Engine:
-        name = f"bench_{provider}"
-        await create_database(pg.socket_dir, name)
-        setup = Database.from_url(pg.url(name), pool_size=1)
-        await migrate.upgrade(setup.engine)
-        await setup.dispose()
-        config = tmp / f"{provider}.toml"
-        opts = options(provider, fake)
-        config.write_text(
-            f'[instances.{provider}]\ndriver = "{provider}"\n'
-            f'base_url = "{opts["base_url"]}"\napi_key_env = "{opts["api_key_env"]}"\n'
-        )
-        db = Database.from_url(pg.url(name))
-        services = Services.build(
-            Settings.from_env(data_dir=str(tmp / "engine")), db, SystemClock(), load_instances(config)
-        )
-        await services.start()
-        workspace = tmp / f"{provider}-ws"
-        workspace.mkdir(parents=True, exist_ok=True)  # a project's workspace must exist
-        return cls(services, db, await new_thread(services, workspace, provider))
-
-    async def turn(self, text: str) -> float:
-        started = time.perf_counter()
-        run_id = await send(self.services, self.thread, text)
-        while True:
-            self.changed.clear()
-            async with self.db.read() as reader:
-                run = await entities.get(reader, Run, run_id)
-            if run is not None and run.status.value in ("completed", "failed", "interrupted"):
-                assert run.status.value == "completed", run
-                break
-            await self.changed.wait()
-        return time.perf_counter() - started
-
-    async def close(self) -> None:
-        await self.services.stop()
-        await self.db.dispose()
-
-
 async def compare(provider: str, fake: ModelProcess, tmp: Path, pg: EmbeddedPostgres, turns: int) -> None:
-    """Turn by turn, alternately: a drift of the machine's load moves both sides alike, and each pair's
-    difference is the engine's time for that turn."""
     floor = await Floor.open(provider, fake, tmp)
-    engine = await Engine.open(provider, fake, tmp, pg)
-    bare: list[float] = []
-    ours: list[float] = []
-    try:
-        for i in range(turns):
-            first, second = (floor, engine) if i % 2 == 0 else (engine, floor)
-            timed = {first: await first.turn(f"hello {i}"), second: await second.turn(f"hello {i}")}
-            bare.append(timed[floor])
-            ours.append(timed[engine])
-    finally:
-        await engine.close()
-        await floor.close()
-    base = summary("floor", bare)
-    mine = summary("threadloom", ours)
-    added = statistics.median(o - b for o, b in zip(ours[1:], bare[1:], strict=True))
-    print(f"  ratio       median {mine[0] / base[0]:.2f}x   p90 {mine[1] / base[1]:.2f}x")
-    print(f"  added       median {added * 1000:.1f} ms per turn (of the pairs' differences)")
+    opts = options(provider, fake)
+    config = (
+        f'[instances.{provider}]\ndriver = "{provider}"\n'
+        f'base_url = "{opts["base_url"]}"\napi_key_env = "{opts["api_key_env"]}"\n'
+    )
+    engine = await Engine.open(tmp, pg, provider, config)
+    await alternate(floor, engine, turns, lambda i: f"hello {i}")
 
 
 async def main_async(args: argparse.Namespace, tmp: Path, pg: EmbeddedPostgres) -> None:

@@ -274,3 +274,12 @@ def fake() -> Iterator[FakeModel]:
     model = FakeModel().start()
     yield model
     model.stop()
+
+
+@pytest.fixture(scope="module")
+def module_fake() -> Iterator[FakeModel]:
+    """One fake model server for a whole module, for the module's own server of real agents (which a
+    module-scoped fixture starts once, pointed at it); its tests share the model's requests and hold."""
+    model = FakeModel().start()
+    yield model
+    model.stop()

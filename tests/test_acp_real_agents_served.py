@@ -60,16 +60,16 @@ def _own(path: Path) -> None:
             os.chown(os.path.join(root, name), AGENT_UID, AGENT_UID)
 
 
-def acp_real_instance(name: str, fake: FakeModel, home: Path) -> str:
+def acp_real_instance(name: str, module_fake: FakeModel, home: Path) -> str:
     """The providers.toml text of the `acp` instance `acp-<name>`: the agent's command line and its environment
     (the fake key and the settings pointing at `fake`) as tests/support/acp_agents.py has them; the driver adds
     PATH and the locale from the server's own environment."""
-    started = launch(name, fake, home)
+    started = launch(name, module_fake, home)
     _own(home)
     env = {k: v for k, v in started.env.items() if k not in ("PATH", "LANG")}
     lines = [f"[instances.acp-{name}]", 'driver = "acp"', f"command = {json.dumps(started.argv)}"]
     lines.append("env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }")
-    lines.append(f"base_url = {json.dumps(fake.url)}")  # the agent's own network has only this loopback port
+    lines.append(f"base_url = {json.dumps(module_fake.url)}")  # the agent's own network has only this loopback port
     return "\n".join(lines) + "\n\n"
 
 
@@ -115,13 +115,6 @@ class Agent:
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModel]:
-    model = FakeModel().start()
-    yield model
-    model.stop()
-
-
-@pytest.fixture(scope="module")
 async def database_url(pg: PgServer) -> str:
     return await pg.fresh()
 
@@ -134,8 +127,8 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(database_url: str, base: Path, fake: FakeModel) -> Iterator[ServerProcess]:
-    providers = "".join(acp_real_instance(name, fake, base / f"home-{name}") for name in AGENTS)  # Agent.home
+def server(database_url: str, base: Path, module_fake: FakeModel) -> Iterator[ServerProcess]:
+    providers = "".join(acp_real_instance(name, module_fake, base / f"home-{name}") for name in AGENTS)  # Agent.home
     with serving(database_url, base / "data", providers_env(base, providers)) as proc:
         yield proc
 
@@ -156,18 +149,18 @@ async def agent(request: pytest.FixtureRequest, client: Client, base: Path) -> A
     return Agent(name, client, made["createProject"]["project"]["id"], workspace, base / f"home-{name}")
 
 
-async def model_request_with(fake: FakeModel, text: str) -> dict[str, Any]:
+async def model_request_with(module_fake: FakeModel, text: str) -> dict[str, Any]:
     """The first main-loop model request (one offering tools: not a title or other side request) mentioning
     `text`, waited for off the loop."""
-    return await asyncio.to_thread(fake.wait_body, text, WITHIN, True)
+    return await asyncio.to_thread(module_fake.wait_body, text, WITHIN, True)
 
 
-async def running(agent: Agent, thread: str, fake: FakeModel, text: str) -> dict[str, Any]:
+async def running(agent: Agent, thread: str, module_fake: FakeModel, text: str) -> dict[str, Any]:
     """Sends `text` under HOLD: returns the run once the model holds its reply mid-stream (certainly RUNNING)."""
-    fake.reset_hold()
+    module_fake.reset_hold()
     sent = await send(agent.client, thread, f"HOLD\n{text}")
     assert sent["userErrors"] == [], sent
-    await model_request_with(fake, text)
+    await model_request_with(module_fake, text)
 
     async def check() -> bool:  # the model has the turn; the run says RUNNING once the agent said it started
         return bool((await run(agent.client, sent["run"]["id"]))["status"] == "RUNNING")
@@ -208,27 +201,27 @@ async def pending(agent: Agent, thread: str) -> list[dict[str, Any]]:
 
 
 async def test_a_conversation_goes_on_in_a_new_agent_process_after_the_agent_is_killed(
-    agent: Agent, fake: FakeModel
+    agent: Agent, module_fake: FakeModel
 ) -> None:
     thread = await agent.thread()
     first = await agent.turn(thread, f"{agent.name} first words")
     assert f"echo: {agent.name} first words" in await agent.texts(thread, first["id"])
     second = await agent.turn(thread, f"{agent.name} second words")
     assert f"echo: {agent.name} second words" in await agent.texts(thread, second["id"])
-    held = await running(agent, thread, fake, f"{agent.name} a turn the kill ends")
+    held = await running(agent, thread, module_fake, f"{agent.name} a turn the kill ends")
     pids = agent_pids(agent)
     assert len(pids) == 1, pids  # one agent process serves the project
     os.kill(pids[0], signal.SIGKILL)
     crashed = await finished(agent.client, held["run"]["id"], within=WITHIN)
     assert (crashed["status"], crashed["statusReason"]) == ("FAILED", "provider_crashed"), crashed
-    fake.release()
+    module_fake.release()
     words = f"{agent.name} words after the kill"
     after = await agent.turn(thread, words)
     assert f"echo: {words}" in await agent.texts(thread, after["id"])
     again = agent_pids(agent)
     assert len(again) == 1 and again != pids, again  # a new process
     # The new process resumed the same session: the model is sent the turns before the kill.
-    body = json.dumps(await model_request_with(fake, words))
+    body = json.dumps(await model_request_with(module_fake, words))
     assert f"{agent.name} first words" in body and f"{agent.name} second words" in body
     assert after["providerThread"]["id"] == first["providerThread"]["id"]
 
@@ -236,16 +229,16 @@ async def test_a_conversation_goes_on_in_a_new_agent_process_after_the_agent_is_
 # ---- steer ----------------------------------------------------------------------------------------------
 
 
-async def test_a_steer_reaches_the_running_turn_natively_or_restarts_it(agent: Agent, fake: FakeModel) -> None:
+async def test_a_steer_reaches_the_running_turn_natively_or_restarts_it(agent: Agent, module_fake: FakeModel) -> None:
     thread = await agent.thread()
-    held = await running(agent, thread, fake, f"{agent.name} a turn to steer")
+    held = await running(agent, thread, module_fake, f"{agent.name} a turn to steer")
     steer_words = f"{agent.name} steered words"
     steer = await send(agent.client, thread, steer_words)
     assert steer["userErrors"] == [] and steer["run"]["id"] == held["run"]["id"], steer
     if agent.native("steer"):  # _session/steering into the live turn
         assert steer["appliedDispatch"] == "STEER_ACTIVE"
-        await model_request_with(fake, steer_words)  # a request of the same turn carried it
-        fake.release()
+        await model_request_with(module_fake, steer_words)  # a request of the same turn carried it
+        module_fake.release()
         done = await finished(agent.client, held["run"]["id"], within=WITHIN)
         assert done["status"] == "COMPLETED" and len(done["attempts"]) == 1, done
         return
@@ -256,26 +249,26 @@ async def test_a_steer_reaches_the_running_turn_natively_or_restarts_it(agent: A
         return [pt["status"] for pt in attempts[0]["providerTurns"]] == ["INTERRUPTED"]
 
     await until(first_turn_interrupted, within=WITHIN)
-    fake.release()
+    module_fake.release()
     done = await finished(agent.client, held["run"]["id"], within=WITHIN)
     assert done["status"] == "COMPLETED", done
     assert [(a["reason"], a["status"]) for a in done["attempts"]] == [
         ("INITIAL", "SUPERSEDED"),
         ("STEERING_RESTART", "COMPLETED"),
     ]
-    await model_request_with(fake, steer_words)
+    await model_request_with(module_fake, steer_words)
 
 
 # ---- interrupt ------------------------------------------------------------------------------------------
 
 
-async def test_interrupt_run_cancels_the_turn_and_the_thread_goes_on(agent: Agent, fake: FakeModel) -> None:
+async def test_interrupt_run_cancels_the_turn_and_the_thread_goes_on(agent: Agent, module_fake: FakeModel) -> None:
     thread = await agent.thread()
-    held = await running(agent, thread, fake, f"{agent.name} a turn to interrupt")
+    held = await running(agent, thread, module_fake, f"{agent.name} a turn to interrupt")
     answer = await agent.client.gql(INTERRUPT, {"r": held["run"]["id"]})
     assert answer["interruptRun"]["userErrors"] == []
     done = await finished(agent.client, held["run"]["id"], within=WITHIN)
-    fake.release()
+    module_fake.release()
     assert done["status"] == "INTERRUPTED", done
     after = await agent.turn(thread, f"{agent.name} after the interrupt")
     assert f"echo: {agent.name} after the interrupt" in await agent.texts(thread, after["id"])
@@ -305,7 +298,7 @@ async def test_an_approval_is_a_runtime_request_and_accepting_it_lets_the_tool_r
 # ---- fork -----------------------------------------------------------------------------------------------
 
 
-async def test_a_fork_carries_the_conversation_natively_or_by_handoff(agent: Agent, fake: FakeModel) -> None:
+async def test_a_fork_carries_the_conversation_natively_or_by_handoff(agent: Agent, module_fake: FakeModel) -> None:
     source = await agent.thread()
     await agent.turn(source, f"{agent.name} words before the fork")
     last = await agent.turn(source, f"{agent.name} more words before the fork")
@@ -321,14 +314,14 @@ async def test_a_fork_carries_the_conversation_natively_or_by_handoff(agent: Age
     else:  # a new session seeded with a handoff of the conversation
         assert transfer["status"] == "RESOLVED_PORTABLE", transfer
         assert f"{agent.name} words before the fork" in transfer["handoff"]["text"]
-    assert f"{agent.name} words before the fork" in json.dumps(await model_request_with(fake, words))
+    assert f"{agent.name} words before the fork" in json.dumps(await model_request_with(module_fake, words))
     assert words not in await agent.texts(source)  # the source thread did not see the fork's turn
 
 
 # ---- rollback -------------------------------------------------------------------------------------------
 
 
-async def test_a_rollback_undoes_the_later_runs_files_and_conversation(agent: Agent, fake: FakeModel) -> None:
+async def test_a_rollback_undoes_the_later_runs_files_and_conversation(agent: Agent, module_fake: FakeModel) -> None:
     """No pinned agent serves `_session/rewind`: the files come back from Threadloom's checkpoints and the
     agent goes on in a new session from the kept conversation."""
     assert not agent.native("rollback")
@@ -348,7 +341,7 @@ async def test_a_rollback_undoes_the_later_runs_files_and_conversation(agent: Ag
     words = f"{agent.name} words after the rollback"
     done = await agent.turn(thread, words)
     assert words in await agent.texts(thread, done["id"])
-    body = json.dumps(await model_request_with(fake, words))
+    body = json.dumps(await model_request_with(module_fake, words))
     assert f"{agent.name} kept words" in body and f"{agent.name} undone words" not in body
 
 

@@ -60,21 +60,14 @@ def _wrong(right: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModel]:
-    model = FakeModel().start()
-    yield model
-    model.stop()
-
-
-@pytest.fixture(scope="module")
 async def module_db(pg: PgServer) -> str:
     return await pg.fresh()
 
 
 @pytest.fixture(scope="module")
-def server(module_db: str, fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(module_db: str, module_fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("probe")
-    env = cli_providers_env(folder, fake, openai_key=CODEX_KEY, anthropic_key=CLAUDE_KEY)
+    env = cli_providers_env(folder, module_fake, openai_key=CODEX_KEY, anthropic_key=CLAUDE_KEY)
     config = Path(env["THREADLOOM_PROVIDERS"])
     acp = acp_instance("acp") + f'env = {{ PROBE_SECRET = "{ACP_SECRET}" }}\n'
     config.write_text(config.read_text() + "\n" + acp)
@@ -189,14 +182,14 @@ def _guesses(secret: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("instance", ["codex", "claude"])
 async def test_a_right_prefix_streams_like_a_wrong_guess_in_agent_text(
-    instance: str, fake: FakeModel, watch: Callable[[str], Any]
+    instance: str, module_fake: FakeModel, watch: Callable[[str], Any]
 ) -> None:
     admin, reader, thread, _ = await watch(instance)
     secret = SECRETS[instance]
 
     async def probe(text: str) -> Seen:
-        fake.reset_hold()
-        return await _probe(admin, reader, thread, f"PROBE: {text}", "message", fake.release)
+        module_fake.reset_hold()
+        return await _probe(admin, reader, thread, f"PROBE: {text}", "message", module_fake.release)
 
     for right_text, wrong_text in _guesses(secret):
         right, wrong = await probe(right_text), await probe(wrong_text)

@@ -10,35 +10,25 @@ this order happens every time instead of once in many loaded runs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.agents import cli_providers_env
+from tests.support.agents import agent_thread, cli_api, until_held
 from tests.support.fake_model import FakeModel
-from tests.support.graphql import CREATE_PROJECT
 from tests.support.pg import PgServer
-from tests.support.runs import finished, run, send
-from tests.support.server import Client, ServerProcess
+from tests.support.runs import finished, send
+from tests.support.server import Client
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.timeout(180)
 
-THREAD = """mutation($p: ID!) { createThread(input: {projectId: $p, providerInstanceId: "codex"}) {
-  thread { id } userErrors { code message } } }"""
 STATE = """query($t: ID!) { thread(id: $t) {
   runs(first: 10) { nodes { id ordinal status userMessage { text } usage { calls } } }
   activities(last: 100) { nodes { kind run { id } } }
   messages(first: 100) { nodes { role text run { id } } } } }"""
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[FakeModel]:
-    fake = FakeModel().start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture(scope="module")
@@ -47,41 +37,25 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-async def client(pg: PgServer, model: FakeModel, folder: Path) -> AsyncIterator[Client]:
-    env = {**cli_providers_env(folder, model), "THREADLOOM_TEST_HOLD_AT": f"steer-delivery:{folder / 'deliver'}"}
-    server = ServerProcess(await pg.fresh(), folder / "data", env=env)
-    await asyncio.to_thread(server.wait_ready)
-    c = Client(server.url, server.admin_token)
-    try:
-        yield c
-    finally:
-        await c.aclose()
-        server.stop()
+async def client(pg: PgServer, module_fake: FakeModel, folder: Path) -> AsyncIterator[Client]:
+    hold = f"steer-delivery:{folder / 'deliver'}"
+    async with cli_api(await pg.fresh(), folder, module_fake, THREADLOOM_TEST_HOLD_AT=hold) as found:
+        yield found
 
 
 async def test_a_steer_codex_gets_after_its_turn_ended_becomes_a_run_the_agent_answers(
-    client: Client, model: FakeModel, folder: Path
+    client: Client, module_fake: FakeModel, folder: Path
 ) -> None:
-    root = folder / "ws"
-    await asyncio.to_thread(root.mkdir)
-    project = (await client.gql(CREATE_PROJECT, {"name": "late", "root": str(root)}))["createProject"]
-    made = (await client.gql(THREAD, {"p": project["project"]["id"]}))["createThread"]
-    assert made["userErrors"] == [], made
-    thread = made["thread"]["id"]
-    model.reset_hold()
+    thread = await agent_thread(client, folder / "ws", "codex")
+    module_fake.reset_hold()
     held = await send(client, thread, "HOLD")
-
-    async def holding() -> bool:
-        status = (await run(client, held["run"]["id"]))["status"]
-        return status == "RUNNING" and any("HOLD" in str(b) for b in model.bodies("/v1/responses"))
-
-    await until(holding, within=60)
+    await until_held(client, module_fake, held["run"]["id"], "/v1/responses")
     steer = await send(client, thread, "STEERED-LATE-77")
     assert steer["appliedDispatch"] == "STEER_ACTIVE" and steer["run"]["id"] == held["run"]["id"], steer
     await until(lambda: asyncio.to_thread((folder / "deliver.held").exists), within=60)  # delivery held back
-    model.release()
+    module_fake.release()
     assert (await finished(client, held["run"]["id"], within=120))["status"] == "COMPLETED"
-    assert not any("STEERED-LATE-77" in str(b) for b in model.bodies("/v1/responses"))  # the turn never had it
+    assert not any("STEERED-LATE-77" in str(b) for b in module_fake.bodies("/v1/responses"))  # the turn never had it
     await asyncio.to_thread((folder / "deliver").touch)
 
     async def two_runs() -> dict[str, Any] | None:

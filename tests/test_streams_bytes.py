@@ -12,27 +12,35 @@ subscriber of another token that reads normally meanwhile receives every event a
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 import websockets
 
-from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
-from tests.support.pg import PgServer
+from tests.support.queue_peaks import (
+    MB,
+    OPEN_FAST,
+    OPEN_GENERAL,
+    QueuePeaks,
+    gauges,
+    latest_sequence,
+    thread_and_reader,
+)
 from tests.support.runs import finished, send
-from tests.support.server import Client, ServerProcess, serving
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from tests.support.ws import WsClient, slow_socket
 
 SUBSCRIBER_BYTES = 1024 * 1024
 TOKEN_BYTES = 16 * 1024 * 1024
 SOCKETS, PER_SOCKET = 20, 5  # 100 subscriptions of one read token
-MB = 1024 * 1024
+SHARED_SERVER = True  # conftest's module server, with these small byte bounds
+SERVER_ENV = {
+    "THREADLOOM_SUBSCRIBER_QUEUE_BYTES": str(SUBSCRIBER_BYTES),
+    "THREADLOOM_TOKEN_QUEUE_BYTES": str(TOKEN_BYTES),
+}
 
 # The entity, so each frame carries the node's output; `@include` below the root field takes the general path.
 FAST = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
@@ -40,49 +48,8 @@ FAST = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterS
 GENERAL = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
   sequence type truncated entity @include(if: true) { ... on ExecutionNode { status detail } } } }"""
 LIGHT = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) { sequence type } }"""
-QUEUED = "threadloom_subscriber_queued_bytes"
-OPEN_FAST = 'threadloom_subscriptions_open{path="fast"}'
-OPEN_GENERAL = 'threadloom_subscriptions_open{path="general"}'
-LATEST = "query($t: ID!) { thread(id: $t) { latestSequence } }"
 # ~5 MB of output over ~100 writes: about as many `node.updated` events, each with the last 64 KiB.
 COMMAND = "for i in $(seq 100); do yes x | head -c 49152; sleep 0.03; done"
-
-
-@pytest.fixture(scope="module")
-async def module_db(pg: PgServer) -> str:
-    return await pg.fresh()
-
-
-@pytest.fixture(scope="module")
-def server(module_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    env = {"THREADLOOM_SUBSCRIBER_QUEUE_BYTES": str(SUBSCRIBER_BYTES), "THREADLOOM_TOKEN_QUEUE_BYTES": str(TOKEN_BYTES)}
-    with serving(module_db, tmp_path_factory.mktemp("bytes") / "d", env) as proc:
-        yield proc
-
-
-@pytest.fixture
-async def client(server: ServerProcess) -> AsyncIterator[Client]:
-    found = Client(server.url, server.admin_token)
-    yield found
-    await found.aclose()
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-async def _gauges(client: Client) -> dict[str, float]:
-    response = await client.http.get("/metrics", headers=client.headers())
-    assert response.status_code == 200
-    found: dict[str, float] = {}
-    for name in (QUEUED, OPEN_FAST, OPEN_GENERAL):
-        match = re.search("^" + re.escape(name) + r" (\S+)$", response.text, re.M)
-        assert match is not None, name
-        found[name] = float(match.group(1))
-    return found
 
 
 async def _silent_socket(url: str, token: str) -> websockets.ClientConnection:
@@ -107,18 +74,11 @@ def _error(message: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-async def _latest(client: Client, thread: str) -> int:
-    return int((await client.gql(LATEST, {"t": thread}))["thread"]["latestSequence"])
-
-
 async def test_non_reading_subscribers_are_cut_within_the_byte_bounds(
-    server: ServerProcess, client: Client, module_db: str, tmp_path: Path
+    server: ServerProcess, client: Client, database_url: str, tmp_path: Path
 ) -> None:
-    data = await client.gql(CREATE_PROJECT, {"name": "bytes", "root": workspace(tmp_path)})
-    project = data["createProject"]["project"]["id"]
-    thread = str((await make_thread(client, project, "bytes"))["id"])
-    _, reader = create_token(module_db, "read", project)
-    start = await _latest(client, thread)
+    thread, reader = await thread_and_reader(client, database_url, "bytes", tmp_path)
+    start = await latest_sequence(client, thread)
 
     # The twin: another token's subscriber that reads everything as it comes.
     twin = await WsClient.connect(server.url, server.admin_token)
@@ -144,48 +104,30 @@ async def test_non_reading_subscribers_are_cut_within_the_byte_bounds(
             await ws.send(orjson.dumps({"id": str(op), "type": "subscribe", "payload": payload}).decode())
 
     async def all_open() -> bool:
-        found = await _gauges(client)
+        found = await gauges(client, OPEN_FAST, OPEN_GENERAL)
         return found[OPEN_FAST] + found[OPEN_GENERAL] == SOCKETS * PER_SOCKET + 1
 
     await until(all_open, within=60)
     reading = asyncio.create_task(read_twin())
-    before = _rss(server.proc.pid)
+    async with QueuePeaks(client, server.proc.pid) as peaks:
+        sent = await send(client, thread, f"@tool {COMMAND}")
+        done = await finished(client, sent["run"]["id"], within=120)
+        assert done["status"] == "COMPLETED"
+        latest = await latest_sequence(client, thread)
 
-    sent = await send(client, thread, f"@tool {COMMAND}")
-    peak_bytes = 0.0
-    peak_rss = before
-    run_id = sent["run"]["id"]
+        async def twin_caught_up() -> bool:
+            return bool(twin_errors) or reading.done() or (bool(twin_seen) and twin_seen[-1] >= latest)
 
-    async def watch() -> None:
-        nonlocal peak_bytes, peak_rss
-        while True:
-            peak_bytes = max(peak_bytes, (await _gauges(client))[QUEUED])
-            peak_rss = max(peak_rss, _rss(server.proc.pid))
-            await asyncio.sleep(0.05)  # a sampling interval, not a wait for an outcome
-
-    watcher = asyncio.create_task(watch())
-    done = await finished(client, run_id, within=120)
-    watcher.cancel()
-    assert done["status"] == "COMPLETED"
-    latest = await _latest(client, thread)
-
-    async def twin_caught_up() -> bool:
-        return bool(twin_errors) or reading.done() or (bool(twin_seen) and twin_seen[-1] >= latest)
-
-    await until(twin_caught_up, within=120)
-    reading.cancel()
-    final = await _gauges(client)
-    peak_bytes = max(peak_bytes, final[QUEUED])
-    peak_rss = max(peak_rss, _rss(server.proc.pid))
-    print(f"queued bytes peak {peak_bytes / MB:.1f} MiB; RSS {before / MB:.0f} -> peak {peak_rss / MB:.0f} MiB")
+        await until(twin_caught_up, within=120)
+        reading.cancel()
 
     # The twin of another token read everything, in order, and was never cut.
     assert twin_errors == []
     assert twin_seen == list(range(start + 1, latest + 1))
     # The read token's queues together never held more than its bound (the twin's at most its own).
-    assert 0 < peak_bytes <= TOKEN_BYTES + SUBSCRIBER_BYTES
+    assert 0 < peaks.bytes <= TOKEN_BYTES + SUBSCRIBER_BYTES
     # ~5 MB a stream x 100 streams unbounded; bounded, the server grows by far less than that.
-    assert peak_rss - before < 150 * MB, f"server RSS grew by {(peak_rss - before) / MB:.0f} MiB"
+    assert peaks.grown < 150 * MB, f"server RSS grew by {peaks.grown / MB:.0f} MiB"
 
     # Now each silent socket reads (all at once: uvicorn's keepalive closes a socket that leaves its ping
     # unanswered for 40 s): what it was sent, then SUBSCRIBER_TOO_SLOW with where to resume.
@@ -242,7 +184,7 @@ async def test_a_long_text_is_cut_in_stream_frames_and_whole_by_query(
 ) -> None:
     data = await client.gql(CREATE_PROJECT, {"name": "long", "root": workspace(tmp_path)})
     thread = str((await make_thread(client, data["createProject"]["project"]["id"], "long"))["id"])
-    start = await _latest(client, thread)
+    start = await latest_sequence(client, thread)
     text = "".join(f"{n:07d}\n" for n in range(10_000))  # 80,000 characters: over the frame's 65,536
     query = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
       sequence type truncated entity { ... on ConversationMessage { id role text } } } }"""

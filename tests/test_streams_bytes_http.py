@@ -20,59 +20,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpcore
 import httpx
-import pytest
 
-from tests.support.cli import create_token
-from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.multipart import MULTIPART, Parts
-from tests.support.pg import PgServer
+from tests.support.queue_peaks import MB, OPEN_GENERAL, QueuePeaks, gauges, latest_sequence, thread_and_reader
 from tests.support.runs import finished, send
-from tests.support.server import Client, ServerProcess, serving
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 
 SUBSCRIBER_BYTES = 1024 * 1024
 TOKEN_BYTES = 4 * 1024 * 1024
 SILENT = 5  # per transport, all of one read token
-MB = 1024 * 1024
+SHARED_SERVER = True  # conftest's module server, with these small byte bounds
+SERVER_ENV = {
+    "THREADLOOM_SUBSCRIBER_QUEUE_BYTES": str(SUBSCRIBER_BYTES),
+    "THREADLOOM_TOKEN_QUEUE_BYTES": str(TOKEN_BYTES),
+}
 SSE = "text/event-stream"
 TRANSPORTS = ("multipart", "sse")
 
 HEAVY = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) {
   sequence type truncated entity { ... on ExecutionNode { status detail } } } }"""
 LIGHT = """subscription($t: ID!, $after: Int) { threadEvents(threadId: $t, afterSequence: $after) { sequence type } }"""
-QUEUED = "threadloom_subscriber_queued_bytes"
-OPEN_GENERAL = 'threadloom_subscriptions_open{path="general"}'
-LATEST = "query($t: ID!) { thread(id: $t) { latestSequence } }"
 # ~10 MB of output over ~200 writes: about as many `node.updated` events, each with the last 64 KiB. More than
 # a connection's kernel buffers take (the server's send buffer grows to 4 MiB) with the queue's bound on top.
 COMMAND = "for i in $(seq 200); do yes x | head -c 49152; sleep 0.02; done"
-
-
-@pytest.fixture(scope="module")
-async def module_db(pg: PgServer) -> str:
-    return await pg.fresh()
-
-
-@pytest.fixture(scope="module")
-def server(module_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    env = {"THREADLOOM_SUBSCRIBER_QUEUE_BYTES": str(SUBSCRIBER_BYTES), "THREADLOOM_TOKEN_QUEUE_BYTES": str(TOKEN_BYTES)}
-    with serving(module_db, tmp_path_factory.mktemp("bytes-http") / "d", env) as proc:
-        yield proc
-
-
-@pytest.fixture
-async def client(server: ServerProcess) -> AsyncIterator[Client]:
-    found = Client(server.url, server.admin_token)
-    yield found
-    await found.aclose()
 
 
 class _SlowStream(httpcore.AsyncNetworkStream):
@@ -168,28 +146,6 @@ async def subscribe(
             yield Results(transport, response)
 
 
-async def _gauges(client: Client) -> dict[str, float]:
-    response = await client.http.get("/metrics", headers=client.headers())
-    assert response.status_code == 200
-    found: dict[str, float] = {}
-    for name in (QUEUED, OPEN_GENERAL):
-        match = re.search("^" + re.escape(name) + r" (\S+)$", response.text, re.M)
-        assert match is not None, name
-        found[name] = float(match.group(1))
-    return found
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-async def _latest(client: Client, thread: str) -> int:
-    return int((await client.gql(LATEST, {"t": thread}))["thread"]["latestSequence"])
-
-
 async def _read_all(results: Results, latest: int) -> tuple[list[int], dict[str, Any] | None]:
     """(the sequences of the items read, the error that ended the stream or None) up to the stream's end, or
     up to `latest` (a stream that was not cut)."""
@@ -204,13 +160,10 @@ async def _read_all(results: Results, latest: int) -> tuple[list[int], dict[str,
 
 
 async def test_http_streams_that_never_read_are_cut_within_the_byte_bounds_and_resume(
-    server: ServerProcess, client: Client, module_db: str, tmp_path: Path
+    server: ServerProcess, client: Client, database_url: str, tmp_path: Path
 ) -> None:
-    data = await client.gql(CREATE_PROJECT, {"name": "bytes-http", "root": workspace(tmp_path)})
-    project = data["createProject"]["project"]["id"]
-    thread = str((await make_thread(client, project, "bytes-http"))["id"])
-    _, reader = create_token(module_db, "read", project)
-    start = await _latest(client, thread)
+    thread, reader = await thread_and_reader(client, database_url, "bytes-http", tmp_path)
+    start = await latest_sequence(client, thread)
     variables = {"t": thread, "after": start}
     latest = -1  # known once the run ended
 
@@ -244,43 +197,28 @@ async def test_http_streams_that_never_read_are_cut_within_the_byte_bounds_and_r
         ]
 
         async def all_open() -> bool:
-            return (await _gauges(client))[OPEN_GENERAL] >= 2 * SILENT + len(TRANSPORTS)
+            return (await gauges(client, OPEN_GENERAL))[OPEN_GENERAL] >= 2 * SILENT + len(TRANSPORTS)
 
         await until(all_open, within=60)
-        before = _rss(server.proc.pid)
-        sent = await send(client, thread, f"@tool {COMMAND}")
-        peak_bytes, peak_rss = 0.0, before
+        async with QueuePeaks(client, server.proc.pid) as peaks:
+            sent = await send(client, thread, f"@tool {COMMAND}")
+            done = await finished(client, sent["run"]["id"], within=120)
+            assert done["status"] == "COMPLETED", done
+            latest = await latest_sequence(client, thread)
 
-        async def watch() -> None:
-            nonlocal peak_bytes, peak_rss
-            while True:
-                peak_bytes = max(peak_bytes, (await _gauges(client))[QUEUED])
-                peak_rss = max(peak_rss, _rss(server.proc.pid))
-                await asyncio.sleep(0.05)  # a sampling interval, not a wait for an outcome
+            async def twins_caught_up() -> bool:
+                return bool(twin_errors) or all(s and s[-1] >= latest for s in twin_seen.values())
 
-        watcher = asyncio.create_task(watch())
-        done = await finished(client, sent["run"]["id"], within=120)
-        assert done["status"] == "COMPLETED", done
-        latest = await _latest(client, thread)
-
-        async def twins_caught_up() -> bool:
-            return bool(twin_errors) or all(s and s[-1] >= latest for s in twin_seen.values())
-
-        await until(twins_caught_up, within=120)
-        watcher.cancel()
-        final = await _gauges(client)
-        peak_bytes = max(peak_bytes, final[QUEUED])
-        peak_rss = max(peak_rss, _rss(server.proc.pid))
-        print(f"queued bytes peak {peak_bytes / MB:.1f} MiB; RSS {before / MB:.0f} -> peak {peak_rss / MB:.0f} MiB")
+            await until(twins_caught_up, within=120)
 
         # The reading twins got every event, in order, and were never cut.
         assert twin_errors == []
         for transport in TRANSPORTS:
             assert twin_seen[transport] == list(range(start + 1, latest + 1)), transport
         # The read token's 10 queues together never held more than its bound (the twins' at most their own).
-        assert 0 < peak_bytes <= TOKEN_BYTES + 2 * SUBSCRIBER_BYTES
+        assert 0 < peaks.bytes <= TOKEN_BYTES + 2 * SUBSCRIBER_BYTES
         # Unbounded, each stream would keep what its connection's buffers did not take (~6 MB) in the server.
-        assert peak_rss - before < 100 * MB, f"server RSS grew by {(peak_rss - before) / MB:.0f} MiB"
+        assert peaks.grown < 100 * MB, f"server RSS grew by {peaks.grown / MB:.0f} MiB"
 
         # Now the silent streams read: a gapless prefix, then SUBSCRIBER_TOO_SLOW with where to resume.
         cut: list[tuple[str, int]] = []

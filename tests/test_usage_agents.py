@@ -8,20 +8,18 @@ has none (its cost is the one Claude Code reports per query).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.agents import MODEL_PATH, cli_providers_env
+from tests.support.agents import MODEL_PATH, agent_thread, cli_providers_env, until_held
 from tests.support.fake_anthropic import USAGE as ANTHROPIC_USAGE
 from tests.support.fake_model import FakeModel
 from tests.support.fake_openai import USAGE as OPENAI_USAGE
-from tests.support.graphql import CREATE_PROJECT
 from tests.support.pg import PgServer
-from tests.support.runs import finished, run, send
+from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 
@@ -34,8 +32,6 @@ cached_input = 0.125
 output = 10.0
 """
 USAGE = "usage { calls inputTokens cachedInputTokens cacheWriteTokens outputTokens reasoningTokens costUsd costSource }"
-THREAD = """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
-  thread { id } userErrors { code message } } }"""
 RUN = (
     "query($id: ID!) { run(id: $id) { status "
     + USAGE
@@ -55,21 +51,16 @@ CLAUDE_OUT = ANTHROPIC_USAGE["output_tokens"]
 
 
 @pytest.fixture(scope="module")
-def model() -> Iterator[FakeModel]:
-    fake = FakeModel().start()
-    yield fake
-    fake.stop()
-
-
-@pytest.fixture(scope="module")
 async def database_url(pg: PgServer) -> str:
     return await pg.fresh()
 
 
 @pytest.fixture(scope="module")
-def server(database_url: str, model: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(
+    database_url: str, module_fake: FakeModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("usage-agents")
-    env = cli_providers_env(base, model)
+    env = cli_providers_env(base, module_fake)
     Path(env["THREADLOOM_PROVIDERS"]).write_text(Path(env["THREADLOOM_PROVIDERS"]).read_text() + PRICES)
     proc = ServerProcess(database_url, base / "data", env=env).wait_ready()
     yield proc
@@ -84,29 +75,23 @@ async def client(server: ServerProcess) -> AsyncIterator[Client]:
     await c.aclose()
 
 
-async def _thread(client: Client, root: Path, provider: str) -> str:
-    await asyncio.to_thread(root.mkdir, exist_ok=True)
-    project = (await client.gql(CREATE_PROJECT, {"name": root.name, "root": str(root)}))["createProject"]
-    made = (await client.gql(THREAD, {"p": project["project"]["id"], "i": provider}))["createThread"]
-    assert made["userErrors"] == [], made
-    return str(made["thread"]["id"])
-
-
-async def _ran(client: Client, model: FakeModel, provider: str, thread: str, text: str) -> tuple[dict[str, Any], int]:
+async def _ran(
+    client: Client, module_fake: FakeModel, provider: str, thread: str, text: str
+) -> tuple[dict[str, Any], int]:
     """The run of `text`, ended, and how many requests the model served meanwhile."""
-    before = len(model.bodies(MODEL_PATH[provider]))
+    before = len(module_fake.bodies(MODEL_PATH[provider]))
     sent = await send(client, thread, text)
     assert sent["userErrors"] == [], sent
     assert (await finished(client, sent["run"]["id"], within=120))["status"] == "COMPLETED"
-    served = len(model.bodies(MODEL_PATH[provider])) - before
+    served = len(module_fake.bodies(MODEL_PATH[provider])) - before
     return (await client.gql(RUN, {"id": sent["run"]["id"]}))["run"], served
 
 
 async def test_codex_records_each_response_once_priced_from_the_table(
-    client: Client, model: FakeModel, tmp_path_factory: pytest.TempPathFactory
+    client: Client, module_fake: FakeModel, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    thread = await _thread(client, tmp_path_factory.mktemp("codex") / "ws", "codex")
-    found, served = await _ran(client, model, "codex", thread, "RUN: echo hi")
+    thread = await agent_thread(client, tmp_path_factory.mktemp("codex") / "ws", "codex")
+    found, served = await _ran(client, module_fake, "codex", thread, "RUN: echo hi")
     assert served == 2  # the tool call, then the reply
     one = (CODEX_IN - CODEX_CACHED) * 1.25 + CODEX_CACHED * 0.125 + CODEX_OUT * 10.0  # µ$ of one call
     assert [(r["model"], r["inputTokens"], r["outputTokens"], r["costSource"]) for r in found["usageRecords"]] == [
@@ -126,19 +111,14 @@ async def test_codex_records_each_response_once_priced_from_the_table(
 
 
 async def test_a_steer_into_a_running_codex_turn_adds_its_calls_to_the_same_run(
-    client: Client, model: FakeModel, tmp_path_factory: pytest.TempPathFactory
+    client: Client, module_fake: FakeModel, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    thread = await _thread(client, tmp_path_factory.mktemp("codex-steer") / "ws", "codex")
-    model.reset_hold()
-    before = len(model.bodies("/v1/responses"))
-    ended = _ended(model)
+    thread = await agent_thread(client, tmp_path_factory.mktemp("codex-steer") / "ws", "codex")
+    module_fake.reset_hold()
+    before = len(module_fake.bodies("/v1/responses"))
+    ended = _ended(module_fake)
     held = await send(client, thread, "HOLD")
-
-    async def holding() -> bool:
-        status = (await run(client, held["run"]["id"]))["status"]
-        return status == "RUNNING" and any("HOLD" in str(b) for b in model.bodies("/v1/responses")[before:])
-
-    await until(holding, within=60)
+    await until_held(client, module_fake, held["run"]["id"], "/v1/responses", since=before)
     try:
         steer = await send(client, thread, "STEERED-5150")
         assert steer["appliedDispatch"] == "STEER_ACTIVE", steer
@@ -148,11 +128,11 @@ async def test_a_steer_into_a_running_codex_turn_adds_its_calls_to_the_same_run(
         # own, docs/lifecycles/steering-and-queue.md), and this run would hold one call, not the steered one.
         assert (await finished(client, held["run"]["id"], within=120))["status"] == "COMPLETED"
     finally:
-        model.release()
-    served = len(model.bodies("/v1/responses")) - before
+        module_fake.release()
+    served = len(module_fake.bodies("/v1/responses")) - before
 
     async def settled() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:  # each reply ended
-        sent, dropped = (now[len(then) :] for now, then in zip(_ended(model), ended, strict=True))
+        sent, dropped = (now[len(then) :] for now, then in zip(_ended(module_fake), ended, strict=True))
         return (sent, dropped) if len(sent) + len(dropped) == served else None
 
     completed, dropped = await until(settled)
@@ -166,19 +146,19 @@ async def test_a_steer_into_a_running_codex_turn_adds_its_calls_to_the_same_run(
     assert [r["node"]["id"] for r in runs["edges"]] == [held["run"]["id"]]  # no run of its own for the steer
 
 
-def _ended(model: FakeModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _ended(module_fake: FakeModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Bodies of the Codex requests whose reply the fake sent to its end, and of those the client dropped first."""
     return (
-        [r["body"] for r in model.streamed if r["path"] == "/v1/responses"],
-        [r["body"] for r in model.abandoned if r["path"] == "/v1/responses"],
+        [r["body"] for r in module_fake.streamed if r["path"] == "/v1/responses"],
+        [r["body"] for r in module_fake.abandoned if r["path"] == "/v1/responses"],
     )
 
 
 async def test_claude_records_each_call_once_on_its_node_and_the_querys_reported_cost(
-    client: Client, model: FakeModel, tmp_path_factory: pytest.TempPathFactory
+    client: Client, module_fake: FakeModel, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    thread = await _thread(client, tmp_path_factory.mktemp("claude") / "ws", "claude")
-    found, served = await _ran(client, model, "claude", thread, "AGENT: look around")
+    thread = await agent_thread(client, tmp_path_factory.mktemp("claude") / "ws", "claude")
+    found, served = await _ran(client, module_fake, "claude", thread, "AGENT: look around")
     root = found["rootNode"]
     subagent = next(c for c in root["children"] if c["kind"] == "SUBAGENT")
     records = found["usageRecords"]

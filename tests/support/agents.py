@@ -9,11 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.fake_model import FakeModel
+from tests.support.graphql import CREATE_PROJECT
+from tests.support.runs import run
 from tests.support.server import Client, ServerProcess
+from tests.support.waiting import until
 from threadloom.providers import contract as ev
 from threadloom.providers.contract import ThreadSettings
 
 MODEL_PATH = {"codex": "/v1/responses", "claude": "/v1/messages"}
+AGENT_THREAD = """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
+  thread { id } userErrors { code message } } }"""
 
 
 def cli_providers_env(
@@ -49,9 +54,10 @@ api_key_env = "FAKE_ANTHROPIC_API_KEY"
 
 
 @contextlib.asynccontextmanager
-async def cli_api(database_url: str, folder: Path, fake: FakeModel) -> AsyncIterator[Client]:
-    """An admin client of a server (data in `folder/data`) whose `codex` and `claude` instances use `fake`."""
-    proc = ServerProcess(database_url, folder / "data", env=cli_providers_env(folder, fake)).wait_ready()
+async def cli_api(database_url: str, folder: Path, fake: FakeModel, **env: str) -> AsyncIterator[Client]:
+    """An admin client of a server (data in `folder/data`) whose `codex` and `claude` instances use `fake`;
+    `env`: more variables of the server's environment."""
+    proc = ServerProcess(database_url, folder / "data", env={**cli_providers_env(folder, fake), **env}).wait_ready()
     client = Client(proc.url, proc.admin_token)
     try:
         yield client
@@ -76,3 +82,23 @@ async def full_access_turn(runtime: Any, cwd: Path, prompt: str) -> tuple[ev.Tur
         raise AssertionError("the runtime's events ended before the turn did")
 
     return await asyncio.wait_for(until_done(), 120), tools
+
+
+async def agent_thread(client: Client, root: Path, instance: str) -> str:
+    """A thread of `instance` in a new project whose workspace is `root` (made here, named after it)."""
+    await asyncio.to_thread(root.mkdir, exist_ok=True)
+    project = (await client.gql(CREATE_PROJECT, {"name": root.name, "root": str(root)}))["createProject"]
+    made = (await client.gql(AGENT_THREAD, {"p": project["project"]["id"], "i": instance}))["createThread"]
+    assert made["userErrors"] == [], made
+    return str(made["thread"]["id"])
+
+
+async def until_held(client: Client, fake: FakeModel, run_id: str, path: str, since: int = 0) -> None:
+    """Wait until the run `run_id` is RUNNING and the model holds its `HOLD` reply (a request at `path`, after
+    the first `since` ones, carried it): a live turn that cannot end before the test releases the hold."""
+
+    async def holding() -> bool:
+        status = (await run(client, run_id))["status"]
+        return status == "RUNNING" and any("HOLD" in str(b) for b in fake.bodies(path)[since:])
+
+    await until(holding, within=60)

@@ -62,23 +62,29 @@ def _visible_place(info: Info, place: graph_reads.Place | None) -> graph_reads.P
     return place if place is not None and info.context.principal.sees(place.project_id) else None
 
 
-async def _scope(info: Info, db: Reader, kind: ScopeKind, args: ViewArgs, view: View) -> graph_reads.Place | None:
-    """Fix the view's feed; returns the node's place for a node scope (its run's tree is read from it)."""
+async def _loaded_scope(info: Info, kind: ScopeKind, args: ViewArgs, view: View) -> None:
+    """Fix a project or thread view's feed through the request's loaders. Called before `resolve_view` holds a
+    connection: a loader checks out one of its own from the same pool, and many subscriptions starting at once
+    each holding one while waiting for a second would use the pool up and wait on each other until its timeout."""
     if kind is ScopeKind.PROJECT:
         assert args.project_id is not None
         project = gid.maybe_as(args.project_id, "Project")
         if project is None or await info.context.load_visible(t.projects, project) is None:
             raise ApiError(not_found("projectId"))
         view.project = project
-        return None
-    if kind is ScopeKind.THREAD:
+    elif kind is ScopeKind.THREAD:
         assert args.thread_id is not None
         thread = gid.maybe_as(args.thread_id, "Thread")
         row = None if thread is None else await info.context.load_visible(t.threads, thread)
         if row is None or thread is None:
             raise ApiError(not_found("threadId"))
         view.thread, view.match.home = thread, row["project_id"]
-        return None
+
+
+async def _placed_scope(
+    info: Info, db: Reader, kind: ScopeKind, args: ViewArgs, view: View
+) -> graph_reads.Place | None:
+    """Fix a run or node view's feed; returns the node's place for a node scope (its run's tree is read from it)."""
     if kind is ScopeKind.RUN:
         assert args.run_id is not None
         run = gid.maybe_as(args.run_id, "Run")
@@ -143,8 +149,11 @@ async def resolve_view(info: Info, args: ViewArgs) -> View:
     node = gid.maybe_as(args.node_id, "ExecutionNode") if args.node_id is not None else None
     impossible = (args.run_id is not None and run is None) or (args.node_id is not None and node is None)
     view = View(ViewMatch(principal.sees, entity_type=args.entity_type, run=run, node=node, impossible=impossible))
+    loaded = kind in (ScopeKind.PROJECT, ScopeKind.THREAD)
+    if loaded:
+        await _loaded_scope(info, kind, args, view)
     async with info.context.services.db.read() as db:
-        place = await _scope(info, db, kind, args, view)
+        place = None if loaded else await _placed_scope(info, db, kind, args, view)
         await _after(db, args, view)
         if view.thread is None and view.after_cursor is None:
             # Live from the head; fixed before the tree is read, so no node made in between goes unseen.
