@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from tests.support.acp_scripted import acp_instance
-from tests.support.runs import finished
 from tests.support.scripted import ScriptedThread
 from tests.support.server import Client
 
@@ -38,23 +37,13 @@ driver = "scripted"
 # (rollback there is `_session/rewind`, resume `session/resume`, handoffs embedded resources).
 PAIRS = pytest.mark.parametrize(("a", "b"), [("a", "b"), ("acp-a", "acp-b")])
 
-SEND_ON = """mutation($t: ID!, $text: String!, $i: String) {
-  sendMessage(input: {threadId: $t, text: $text, providerInstanceId: $i}) { run { id } userErrors { code } } }"""
 ROLLBACK = """mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n}) {
   rolledBackRuns { ordinal } userErrors { code message } } }"""
 ROLLED = """query($t: ID!) { thread(id: $t) { activities(first: 100) { nodes { kind payload } } } }"""
 
 
-async def _on(thread: ScriptedThread, instance: str, text: str) -> dict[str, Any]:
-    sent = (await thread.client.gql(SEND_ON, {"t": thread.id, "text": text, "i": instance}))["sendMessage"]
-    assert sent["userErrors"] == [], sent
-    done = await finished(thread.client, sent["run"]["id"])
-    assert done["status"] == "COMPLETED", done
-    return done
-
-
 async def _recall_on(thread: ScriptedThread, instance: str) -> str:
-    await _on(thread, instance, "@reply switching")  # the recall itself then continues where this ran
+    await thread.run_on(instance, "@reply switching")  # the recall itself then continues where this ran
     return "\n".join(await thread.recall())
 
 
@@ -72,9 +61,9 @@ async def test_a_provider_thread_that_ran_an_undone_run_is_retired(
 ) -> None:
     thread = await ScriptedThread.create(client, workspace, a)
     for text in ("@reply one", "@reply two"):
-        await _on(thread, a, text)
+        await thread.run_on(a, text)
     for text in ("@reply three", "@reply four"):
-        await _on(thread, b, text)
+        await thread.run_on(b, text)
     record = await _rolled_back(client, thread, 1)
     assert [p["providerInstanceId"] for p in record["staleProviderThreads"]] == [a]
 
@@ -92,9 +81,9 @@ async def test_a_provider_thread_that_ran_only_kept_runs_is_not_retired(
 ) -> None:
     """The twin: `a` ran run 1 only, which the rollback keeps; it is resumed, and holds run 1 as its own."""
     thread = await ScriptedThread.create(client, workspace, a)
-    await _on(thread, a, "@reply one")
+    await thread.run_on(a, "@reply one")
     for text in ("@reply two", "@reply three"):
-        await _on(thread, b, text)
+        await thread.run_on(b, text)
     record = await _rolled_back(client, thread, 2)
     assert record["staleProviderThreads"] == []
     on_a = await _recall_on(thread, a)
@@ -108,10 +97,10 @@ async def test_kept_runs_a_return_was_told_of_survive_the_rollback_of_that_retur
 ) -> None:
     thread = await ScriptedThread.create(client, workspace, a)
     for text in ("@reply one", "@reply two"):
-        await _on(thread, a, text)
+        await thread.run_on(a, text)
     for text in ("@reply three", "@reply four"):
-        await _on(thread, b, text)
-    await _on(thread, a, "@reply five")  # back on a: its first turn carries the delta of runs 3-4
+        await thread.run_on(b, text)
+    await thread.run_on(a, "@reply five")  # back on a: its first turn carries the delta of runs 3-4
     record = await _rolled_back(client, thread, 4)
     assert record["rebridgeHandoffId"] is not None
     assert [p["strategy"] for p in record["providerThreads"]] == ["native_rollback"]

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.runs import finished
 from tests.support.scripted import ScriptedThread
 from tests.support.server import Client
 from threadloom.domain.entities import ContextHandoff
@@ -48,8 +47,6 @@ supports_native_rollback = false
 supports_native_fork = false
 """
 
-SEND_ON = """mutation($t: ID!, $text: String!, $i: String) {
-  sendMessage(input: {threadId: $t, text: $text, providerInstanceId: $i}) { run { id } userErrors { code } } }"""
 ROLLBACK = """mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n}) {
   rolledBackRuns { ordinal } userErrors { code message } } }"""
 UNDO = """mutation($t: ID!) { undoRollback(input: {threadId: $t}) { userErrors { code message } } }"""
@@ -57,14 +54,6 @@ ACTIVITIES = """query($t: ID!) { thread(id: $t) { activities(first: 100) { nodes
 HANDOFF = """query($id: ID!) { node(id: $id) { ... on ContextHandoff {
   id status coveredRunOrdinals text targetRun { id } } } }"""
 RUN_HANDOFF = """query($id: ID!) { node(id: $id) { ... on Run { contextHandoff { id coveredRunOrdinals text } } } }"""
-
-
-async def _on(thread: ScriptedThread, instance: str, text: str) -> dict[str, Any]:
-    sent = (await thread.client.gql(SEND_ON, {"t": thread.id, "text": text, "i": instance}))["sendMessage"]
-    assert sent["userErrors"] == [], sent
-    done = await finished(thread.client, sent["run"]["id"])
-    assert done["status"] == "COMPLETED", done
-    return done
 
 
 async def _last_record(client: Client, thread: ScriptedThread, kind: str) -> dict[str, Any]:
@@ -97,10 +86,10 @@ async def _switched_and_back(client: Client, workspace: Path) -> tuple[ScriptedT
     """Runs 1-2 on `a`, 3-4 on `b`, 5 on `a`; then `rollbackToRun(4)`: `a` is to be handed runs 3-4 again."""
     thread = await ScriptedThread.create(client, workspace, "a")
     for text in ("@reply one", "@reply two"):
-        await _on(thread, "a", text)
+        await thread.run_on("a", text)
     for text in ("@reply three", "@reply four"):
-        await _on(thread, "b", text)
-    await _on(thread, "a", "@reply five")
+        await thread.run_on("b", text)
+    await thread.run_on("a", "@reply five")
     first = await _rolled_back(client, thread, 4)
     assert first["rebridgeHandoffId"] is not None, first
     pending = await _handoff(client, first["rebridgeHandoffId"])

@@ -11,6 +11,8 @@ from tests.support.server import Client
 
 CREATE_THREAD = """mutation($p: ID!, $i: String!) { createThread(input: {projectId: $p, providerInstanceId: $i}) {
   thread { id } userErrors { code } } }"""
+SEND_ON = """mutation($t: ID!, $text: String!, $i: String) {
+  sendMessage(input: {threadId: $t, text: $text, providerInstanceId: $i}) { run { id } userErrors { code } } }"""
 REPLIES = """query($t: ID!) { thread(id: $t) {
   messages(first: 100) { edges { node { role text run { id } } } } } }"""
 
@@ -30,6 +32,14 @@ class ScriptedThread:
         created = await client.gql(CREATE_THREAD, {"p": project["createProject"]["project"]["id"], "i": instance})
         assert created["createThread"]["userErrors"] == [], created
         return cls(client, created["createThread"]["thread"]["id"], workspace)
+
+    async def run_on(self, instance: str, text: str) -> dict[str, Any]:
+        """Send `text` to `instance` (switching the thread to it) and wait for its run to complete."""
+        sent = (await self.client.gql(SEND_ON, {"t": self.id, "text": text, "i": instance}))["sendMessage"]
+        assert sent["userErrors"] == [], sent
+        done = await finished(self.client, sent["run"]["id"])
+        assert done["status"] == "COMPLETED", done
+        return done
 
     async def run(self, text: str) -> dict[str, Any]:
         """Send `text` and wait for its run to complete."""
