@@ -122,6 +122,17 @@ TABLE = [
         ["cp2"],
         "cp1",
     ),
+    # runs that ran out of ordinal order (a reordered queue): run 3's turn came first on A, so A goes back before it
+    (
+        "runs-out-of-order",
+        [run(1, C_, "a1"), run(2, C_, "a3"), run(3, C_, "a2")],
+        1,
+        {},
+        [2, 3],
+        ["A native_rollback before a2 x2"],
+        ["cp2", "cp3"],
+        "cp1",
+    ),
     # run 2's turn never reached the provider: nothing to undo there
     ("turn-never-sent", [run(1, C_, "a1"), run(2, F_, "a2?")], 1, {}, [2], ["A unchanged"], ["cp2"], "cp1"),
     # after an earlier rollback: run 2 is gone already, run 3 followed it on A

@@ -207,6 +207,9 @@ def _check_target(runs: list[RunFact], target: int) -> None:
 def _provider_thread(
     pt: ProviderThreadFact, dropped: list[TurnFact], kept_turns: list[TurnFact], target: int
 ) -> ProviderThreadRollback:
+    # In the provider thread's order, not the runs': runs can run out of ordinal order (a reordered queue), and
+    # `before_turn_ref` must be the first dropped turn on the thread, or the revert keeps the turns before it.
+    dropped = sorted(dropped, key=lambda t: t.ordinal)
     ordinals = tuple(t.ordinal for t in dropped)
     native = [t for t in dropped if t.native_turn_ref is not None]
     kept = sorted(
