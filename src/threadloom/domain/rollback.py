@@ -221,6 +221,11 @@ def _provider_thread(
         return ProviderThreadRollback(pt.id, Strategy.DISCARD, ordinals)
     if not native:
         return ProviderThreadRollback(pt.id, Strategy.UNCHANGED, ordinals)
+    if any(t.ordinal > native[0].ordinal for t in kept):
+        # A kept run's turn came after an undone one (runs ran out of ordinal order): reverting before the first
+        # dropped turn would drop it too, and a fork at it would keep the undone one. Only a replacement given the
+        # app's context up to the target holds exactly the kept runs.
+        return ProviderThreadRollback(pt.id, Strategy.REPLACE, ordinals)
     if pt.can_rollback:
         return ProviderThreadRollback(
             pt.id, Strategy.NATIVE_ROLLBACK, ordinals, before_turn_ref=native[0].native_turn_ref, turn_count=len(native)
