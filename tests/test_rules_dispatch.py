@@ -277,3 +277,26 @@ def test_a_steering_message_must_say_something(text: str) -> None:
         with pytest.raises(DomainError) as error:
             call()
         assert (error.value.code, error.value.field) == (ErrorCode.INVALID_INPUT, "text")
+
+
+_NEXT = {
+    "restart": (AttemptReason.STEERING_RESTART, True),  # the restart's input: every message of the run so far
+    "crash-retry": (AttemptReason.PROVIDER_RECOVERY, True),  # the same after a crash
+    "retryRun": (AttemptReason.RETRY, False),  # the run's first message alone: the steer would be lost
+    "none": (None, False),  # the attempt it steered was the last: the turn ended, the steer becomes a run
+}
+
+
+@pytest.mark.parametrize("next_attempt", list(_NEXT))
+def test_steer_carried_by_the_next_attempt(next_attempt: str) -> None:
+    """A steer that missed its attempt's turn goes with the next attempt only when that attempt is given every
+    message of the run so far (`steer_carried`); a steer of an attempt the run never had is not carried."""
+    r = b.run(b.thread(), 1, RunStatus.RUNNING)
+    first = b.attempt_of(r, AttemptStatus.SUPERSEDED)
+    reason, carried = _NEXT[next_attempt]
+    attempts = [first]
+    if reason is not None:
+        attempts.append(b.attempt_of(r, AttemptStatus.RUNNING, id=b.uid(), attempt_ordinal=2, reason=reason))
+    assert dispatch_rules.steer_carried(first.id, attempts) is carried
+    assert dispatch_rules.steer_carried(b.uid(), attempts) is False
+    assert dispatch_rules.steer_carried(None, attempts) is False

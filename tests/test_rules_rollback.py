@@ -122,6 +122,38 @@ TABLE = [
         ["cp2"],
         "cp1",
     ),
+    # runs that ran out of ordinal order (a reordered queue): run 3's turn came first on A, so A goes back before it
+    (
+        "runs-out-of-order",
+        [run(1, C_, "a1"), run(2, C_, "a3"), run(3, C_, "a2")],
+        1,
+        {},
+        [2, 3],
+        ["A native_rollback before a2 x2"],
+        ["cp2", "cp3"],
+        "cp1",
+    ),
+    # a kept run's turn came after an undone one: neither a revert nor a fork holds exactly the kept runs
+    (
+        "kept-turn-after-an-undone-one",
+        [run(1, C_, "a1"), run(2, C_, "a3"), run(3, C_, "a2")],
+        2,
+        {},
+        [3],
+        ["A replace"],
+        ["cp3"],
+        "cp2",
+    ),
+    (
+        "kept-turn-after-an-undone-one-on-a-forking-thread",
+        [run(1, C_, "b1"), run(2, C_, "b3"), run(3, C_, "b2")],
+        2,
+        {},
+        [3],
+        ["B replace"],
+        ["cp3"],
+        "cp2",
+    ),
     # run 2's turn never reached the provider: nothing to undo there
     ("turn-never-sent", [run(1, C_, "a1"), run(2, F_, "a2?")], 1, {}, [2], ["A unchanged"], ["cp2"], "cp1"),
     # after an earlier rollback: run 2 is gone already, run 3 followed it on A

@@ -842,3 +842,56 @@ async def test_a_restart_while_the_first_attempt_is_prepared_starts_the_new_atte
         server.stop()
         assert server_log.errors(server.log) == [], server.log[-40:]
     assert await troubled_effects(database_url) == []
+
+
+async def test_a_steer_whose_attempt_a_restart_superseded_before_delivery_is_not_also_made_a_new_run(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Found by the races (seed 207242662, `[three-providers]`: run 1's current attempt replied `t003` and wrote
+    `t003.txt`, yet message t003 was run 3's). A steer of the first attempt, then a restart, both while that
+    attempt's start effect is held at `turn-recording`: the restart's input is every message of the run so far,
+    the steer's included, so the new attempt carries it. The steer's own effect, which runs after the held one
+    (one effect at a time per thread), then finds no live turn of the attempt it steered; it must not make the
+    message a run of its own too (`steer.became_run`), or the agent is asked it twice."""
+    home = tmp_path / "ws"
+    home.mkdir()
+    gate = tmp_path / "gate"
+    env = providers_env(tmp_path, PROVIDERS, THREADLOOM_TEST_HOLD_AT=f"turn-recording:{gate}")
+    with serving(database_url, tmp_path / "data", env) as server:
+        api = Client(server.url, server.admin_token)
+        try:
+            project = (await api.gql(CREATE_PROJECT, {"name": "held", "root": str(home)}))["createProject"]
+            thread = (await api.gql(CREATE_THREAD, {"p": project["project"]["id"]}))["createThread"]["thread"]["id"]
+            first = (await api.gql(SEND, {"t": thread, "text": "@reply first", "d": None}))["sendMessage"]
+            run_id = first["run"]["id"]
+
+            async def held() -> bool:
+                return await asyncio.to_thread(Path(f"{gate}.held").exists)
+
+            await until(held)  # the first attempt's start waits between preparing and recording its turn
+            steer = {"steerActive": {"targetRunId": run_id}}
+            steered = (await api.gql(SEND, {"t": thread, "text": "@reply steered", "d": steer}))["sendMessage"]
+            assert steered["userErrors"] == [] and steered["appliedDispatch"] == "STEER_ACTIVE", steered
+            restarted = (await api.gql(RESTART, {"t": thread, "text": "@reply second", "r": run_id}))["sendMessage"]
+            assert restarted["userErrors"] == [] and restarted["appliedDispatch"] == "RESTART_ACTIVE", restarted
+            gate.touch()
+
+            assert (await finished(api, run_id))["status"] == "COMPLETED"
+            nodes = (await api.gql(REPLIES, {"t": thread}))["thread"]["messages"]["nodes"]
+            said = " ".join(m["text"] for m in nodes if m["role"] == "ASSISTANT" and m["run"]["id"] == run_id)
+            assert all(word in said for word in ("first", "steered", "second")), said  # the restart's whole input
+
+            async def settled() -> bool:  # the steer's effect has run, whatever it did
+                return await unfinished_effects(database_url, [_uuid(thread)]) == 0
+
+            await until(settled)
+            runs = (await api.gql(RUNS, {"t": thread}))["thread"]["runs"]["nodes"]
+            assert [(r["ordinal"], r["userMessage"]["text"]) for r in runs] == [(1, "@reply first")], runs
+            users = [m["text"] for m in nodes if m["role"] == "USER"]
+            assert users == ["@reply first", "@reply steered", "@reply second"], users
+            assert all(m["run"]["id"] == run_id for m in nodes), nodes  # the steer stays run 1's message
+        finally:
+            await api.aclose()
+        server.stop()
+        assert server_log.errors(server.log) == [], server.log[-40:]
+    assert await troubled_effects(database_url) == []

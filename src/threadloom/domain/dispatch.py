@@ -335,6 +335,23 @@ def restart(
     )
 
 
+# New attempts whose input is every message of the run so far (`store.runs.run_input`): a restart's, a retry's
+# after a crash. `retryRun`'s (RETRY) starts from the run's first message alone.
+_CARRY_THE_RUN_SO_FAR = frozenset({AttemptReason.STEERING_RESTART, AttemptReason.PROVIDER_RECOVERY})
+
+
+def steer_carried(steered_attempt_id: uuid.UUID | None, attempts: Sequence[RunAttempt]) -> bool:
+    """Whether a steer that never reached the turn of the attempt it steered is in the run's next attempt
+    already: the steer was that attempt's while it was active, so the next one opened after the steer's message,
+    and a restart or a crash retry gives it every message of the run so far. Such a steer must not also become
+    a run of its own (the agent would be asked it twice)."""
+    steered = next((a for a in attempts if a.id == steered_attempt_id), None)
+    if steered is None:
+        return False
+    after = [a for a in attempts if a.attempt_ordinal == steered.attempt_ordinal + 1]
+    return bool(after) and after[0].reason in _CARRY_THE_RUN_SO_FAR
+
+
 def steer_target(run: Run | None) -> uuid.UUID | None:
     return None if run is None else run.id
 

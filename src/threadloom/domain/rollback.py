@@ -207,6 +207,9 @@ def _check_target(runs: list[RunFact], target: int) -> None:
 def _provider_thread(
     pt: ProviderThreadFact, dropped: list[TurnFact], kept_turns: list[TurnFact], target: int
 ) -> ProviderThreadRollback:
+    # In the provider thread's order, not the runs': runs can run out of ordinal order (a reordered queue), and
+    # `before_turn_ref` must be the first dropped turn on the thread, or the revert keeps the turns before it.
+    dropped = sorted(dropped, key=lambda t: t.ordinal)
     ordinals = tuple(t.ordinal for t in dropped)
     native = [t for t in dropped if t.native_turn_ref is not None]
     kept = sorted(
@@ -218,6 +221,11 @@ def _provider_thread(
         return ProviderThreadRollback(pt.id, Strategy.DISCARD, ordinals)
     if not native:
         return ProviderThreadRollback(pt.id, Strategy.UNCHANGED, ordinals)
+    if any(t.ordinal > native[0].ordinal for t in kept):
+        # A kept run's turn came after an undone one (runs ran out of ordinal order): reverting before the first
+        # dropped turn would drop it too, and a fork at it would keep the undone one. Only a replacement given the
+        # app's context up to the target holds exactly the kept runs.
+        return ProviderThreadRollback(pt.id, Strategy.REPLACE, ordinals)
     if pt.can_rollback:
         return ProviderThreadRollback(
             pt.id, Strategy.NATIVE_ROLLBACK, ordinals, before_turn_ref=native[0].native_turn_ref, turn_count=len(native)

@@ -110,6 +110,16 @@ def turn_started(
     return outcome
 
 
+def late_turn_started(turn: ProviderTurn, native_turn: str) -> Outcome:
+    """The provider started the turn of an attempt that is no longer live (a restart superseded it, or its run
+    ended, while the turn start was in flight). Nothing of the run changes, but the turn is in the provider's
+    conversation all the same: its native ref is recorded, so a rollback of its run drops it there too."""
+    if turn.native_turn_ref is not None:
+        return Outcome()
+    status = ProviderTurnStatus.RUNNING if turn.status == ProviderTurnStatus.PENDING else turn.status
+    return Outcome([Change.updated(turn.evolve(native_turn_ref=native_turn, status=status))])
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Ended:
     """How each part of a run ends when the run ends in a given status."""

@@ -176,12 +176,19 @@ class Dispatcher:
                 return
             except ProviderError as error:
                 log.info("steer of run %s refused (%s); it becomes a new run", run_id, error)
-        await self._late_steer(run_id, message)
+        await self._late_steer(run_id, message, effect.attempt_id)
 
-    async def _late_steer(self, run_id: uuid.UUID, message: ConversationMessage) -> None:
+    async def _late_steer(
+        self, run_id: uuid.UUID, message: ConversationMessage, attempt_id: uuid.UUID | None = None
+    ) -> None:
+        """The steer did not reach the turn of `attempt_id`: the message becomes a new run, unless the run's
+        next attempt (a restart, a crash retry) carries it already (`domain.dispatch.steer_carried`)."""
         now = self.pipeline.clock.now()
 
         async def decide(db: Reader, thread: AppThread) -> Outcome:
+            if rules.steer_carried(attempt_id, await runs.attempts_of(db, run_id)):
+                log.info("steer of run %s went with its next attempt's input", run_id)
+                return Outcome()
             state = await runs.thread_state(db, thread)
             applied = rules.choose(
                 rules.Dispatch(rules.DispatchMode.QUEUE_AFTER_ACTIVE),

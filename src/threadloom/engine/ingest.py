@@ -4,8 +4,9 @@ Events are partitioned by native thread (one task each, made lazily, its queue b
 one thread's flood never delays another's. Within a thread they are handled in order and
 coalesced: written at most every 50 ms, deltas of one item merged, so a streamed reply costs
 a transaction or two, not one per token; the turn's last events are written with its run's
-end. Events of a native thread with no binding, or of an attempt that is no longer active,
-are dropped. What each event changes is decided in `engine.provider_events`.
+end. Events of a native thread with no binding are dropped; of an attempt that is no longer active,
+only its usage and its turn's start (the turn is in the provider's conversation all the same) are kept.
+What each event changes is decided in `engine.provider_events`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from threadloom.engine import provider_events
 from threadloom.engine.checkpoints import Checkpoints
 from threadloom.engine.pipeline import Pipeline, Step
 from threadloom.engine.sessions import LiveSession, TurnBinding
+from threadloom.faults import hold_point
 from threadloom.providers import contract as ev
 from threadloom.providers.agent_cli import redact_event, storable
 
@@ -214,6 +216,8 @@ class Ingestor:
         if pending.binding is not binding:
             await self._write(pending)
             pending.binding = binding
+        if isinstance(event, ev.TurnStarted) and event.parent_turn is None:
+            await hold_point("turn-started")  # tests: the provider started the turn; the app has not read so yet
         if (
             isinstance(event, ev.TurnCompleted)
             and event.parent_turn is None

@@ -134,10 +134,13 @@ def decision(
         batch.recorded_calls = await ledger.recorded_refs(db, binding.thread_id, calls)
         attempt = await batch.get(RunAttempt, binding.attempt_id)
         if attempt is None or attempt.status not in (AttemptStatus.PENDING, AttemptStatus.RUNNING):
-            # late events of a superseded or finished attempt: only what its calls cost is still recorded
+            # late events of a superseded or finished attempt: only what its calls cost is still recorded, and
+            # that its turn reached the provider (a rollback must drop it from the provider's conversation)
             for event in events:
                 if isinstance(event, ev.UsageReported) and attempt is not None:
                     await _usage(batch, binding, event, now)
+                elif isinstance(event, ev.TurnStarted) and event.parent_turn is None and attempt is not None:
+                    await _late_turn_started(batch, binding, event)
             return batch.outcome.carrying(())
         for event in events:
             structural = not isinstance(event, ev.TextDelta | ev.OutputDelta)
@@ -165,6 +168,14 @@ async def _turn_started(b: Batch, binding: TurnBinding, event: ev.TurnStarted, n
     elif event.native_turn in binding.child_turns:
         node = await b.get(ExecutionNode, binding.child_turns[event.native_turn])
         b.put(EventVerb.UPDATED, node.evolve(status=NodeStatus.RUNNING, updated_at=now))
+
+
+async def _late_turn_started(b: Batch, binding: TurnBinding, event: ev.TurnStarted) -> None:
+    binding.know_turn(event.native_turn)
+    turn = await b.get(ProviderTurn, binding.provider_turn_id)
+    if turn is not None:
+        for change in rules.late_turn_started(turn, event.native_turn).changes:
+            b.add(change)
 
 
 async def _turn_completed(b: Batch, binding: TurnBinding, event: ev.TurnCompleted, now: Any) -> None:
