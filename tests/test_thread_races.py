@@ -317,7 +317,7 @@ class Race:
 
     def settle(self) -> Op:
         async def go() -> None:
-            await self.idle(self.thread, within=15)
+            await self.idle(self.thread)  # as long as any wait for quiet: a loaded run needed over 15 s
 
         return Op("settle", go)
 
