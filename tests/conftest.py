@@ -198,7 +198,9 @@ def module_server_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
 def module_server(
     request: pytest.FixtureRequest, pg: PgServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    """One server for a whole module that says `SHARED_SERVER = True`, with its `PROVIDERS` and `SERVER_ENV`.
+    """One server for a whole module that says `SHARED_SERVER = True`, with its `PROVIDERS` and `SERVER_ENV`
+    (`module_server_env`); a module that says `SERVER_EXEC = True` gets the real `python -m threadloom serve`
+    rather than a fork of the test's preloaded process (a test that reads the server's own /proc entries).
 
     A per-test server costs a start (about a second of CPU) and a stop: a module of twenty short tests spent
     more time waiting for servers than testing. Such a module's tests each work in a project of their own
@@ -212,7 +214,8 @@ def module_server(
         url = pool.submit(asyncio.run, pg.fresh()).result(60)
     folder = tmp_path_factory.mktemp("module-server")
     env = request.getfixturevalue("module_server_env")
-    with serving(url, folder / "data", env) as proc:
+    fork = False if getattr(request.module, "SERVER_EXEC", False) is True else None
+    with serving(url, folder / "data", env, fork=fork) as proc:
         yield proc
 
 
