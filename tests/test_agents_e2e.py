@@ -50,11 +50,10 @@ INSTANCES = """{ providerInstances { id driver isDefault capabilities {
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModel]:
-    """One fake model server for the module's server (its HOLD replies held until a test releases them)."""
-    model = FakeModel().start()
-    yield model
-    model.stop()
+def fake(module_fake: FakeModel) -> FakeModel:
+    """conftest's module_fake, the model of the module's server (its HOLD replies held until a test releases
+    them)."""
+    return module_fake
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ first model request carries the full summary that the run's transfer records.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +39,10 @@ SHARED_SERVER = True  # each test works in a project of its own (conftest's modu
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModel]:
-    """One fake model server for the module's server; each test reads only the requests made after it began
-    (`seen`) that carry its own run's words."""
-    model = FakeModel().start()
-    yield model
-    model.stop()
+def fake(module_fake: FakeModel) -> FakeModel:
+    """conftest's module_fake, the model of the module's server; each test reads only the requests made after
+    it began (`seen`) that carry its own run's words."""
+    return module_fake
 
 
 @pytest.fixture(scope="module")
