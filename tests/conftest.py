@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Agents run as an unprivileged user when the tests run as root (threadloom.unprivileged), and pytest's
     own temp root (/tmp/pytest-of-root) is 0700 -- made so again by every pytest session that starts, so it
     cannot be loosened once. A root session without --basetemp gets a base of its own in /tmp instead."""
+    config.addinivalue_line("markers", "own_server: in a SHARED_SERVER module, a fresh server for this test only")
     if os.geteuid() != 0:
         return
     if config.option.basetemp is None:
@@ -154,7 +155,7 @@ def _server_wanted(item: pytest.Item | None) -> Wanted | None:
     if item is None or "server" not in getattr(item, "fixturenames", ()):
         return None
     module = getattr(item, "module", None)
-    if any(hasattr(module, name) for name in _OWN_SERVER) or _shares_a_server(module):
+    if any(hasattr(module, name) for name in _OWN_SERVER) or _shares_a_server(item):
         return None
     providers = getattr(module, "PROVIDERS", None)
     return Wanted(providers if isinstance(providers, str) else None)
@@ -172,40 +173,62 @@ def spare(request: pytest.FixtureRequest) -> Spare | None:
     return pool.take(now, ahead)
 
 
-def _shares_a_server(module: object) -> bool:
-    """A module that says `SHARED_SERVER = True`: its tests share one server (`module_server`)."""
-    return getattr(module, "SHARED_SERVER", False) is True
+def _shares_a_server(node: object) -> bool:
+    """A test in a module that says `SHARED_SERVER = True` uses the module's one server (`module_server`),
+    unless it is marked `@pytest.mark.own_server`."""
+    if getattr(getattr(node, "module", None), "SHARED_SERVER", False) is not True:
+        return False
+    marker = getattr(node, "get_closest_marker", None)
+    return marker is None or marker("own_server") is None
+
+
+@pytest.fixture(scope="module")
+def module_server_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of a module's shared server: its `PROVIDERS` and `SERVER_ENV`. A module whose server
+    needs what only exists at run time (the address of a module-scoped fake model server) overrides this
+    fixture, module-scoped, with the environment it builds."""
+    providers = getattr(request.module, "PROVIDERS", None)
+    extra = dict(getattr(request.module, "SERVER_ENV", {}))
+    if not isinstance(providers, str):
+        return extra
+    return providers_env(tmp_path_factory.mktemp("module-providers"), providers, **extra)
 
 
 @pytest.fixture(scope="module")
 def module_server(
     request: pytest.FixtureRequest, pg: PgServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    """One server for a whole module that says `SHARED_SERVER = True`, with its `PROVIDERS` and `SERVER_ENV`.
+    """One server for a whole module that says `SHARED_SERVER = True`, with its `PROVIDERS` and `SERVER_ENV`
+    (`module_server_env`); a module that says `SERVER_EXEC = True` gets the real `python -m threadloom serve`
+    rather than a fork of the test's preloaded process (a test that reads the server's own /proc entries).
 
     A per-test server costs a start (about a second of CPU) and a stop: a module of twenty short tests spent
     more time waiting for servers than testing. Such a module's tests each work in a project of their own
-    (their own workspace under `tmp_path`); they never stop the server, nor count rows across projects."""
+    (their own workspace under `tmp_path`); they never stop the server, nor count rows across projects.
+
+    A test of such a module that needs a server of its own (it stops or kills the server, needs an empty
+    database, counts server-wide rows or metrics) says `@pytest.mark.own_server`: its `server`,
+    `database_url` and `data_dir` are then a fresh per-test server's, as in a module that shares none (with
+    the module's `PROVIDERS`, not its `SERVER_ENV`)."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a module fixture may be set up inside a test's loop
         url = pool.submit(asyncio.run, pg.fresh()).result(60)
     folder = tmp_path_factory.mktemp("module-server")
-    providers = getattr(request.module, "PROVIDERS", None)
-    extra = dict(getattr(request.module, "SERVER_ENV", {}))
-    env = providers_env(folder, providers, **extra) if isinstance(providers, str) else extra
-    with serving(url, folder / "data", env) as proc:
+    env = request.getfixturevalue("module_server_env")
+    fork = False if getattr(request.module, "SERVER_EXEC", False) is True else None
+    with serving(url, folder / "data", env, fork=fork) as proc:
         yield proc
 
 
 @pytest.fixture
 async def database_url(request: pytest.FixtureRequest, pg: PgServer, spare: Spare | None) -> str:
-    if _shares_a_server(request.module):
+    if _shares_a_server(request.node):
         return str(request.getfixturevalue("module_server").database_url)
     return spare.database_url if spare is not None else await pg.fresh()
 
 
 @pytest.fixture
 def data_dir(request: pytest.FixtureRequest, tmp_path: Path, spare: Spare | None) -> Path:
-    if _shares_a_server(request.module):
+    if _shares_a_server(request.node):
         return Path(request.getfixturevalue("module_server").data_dir)
     return spare.data_dir if spare is not None else tmp_path / "data"
 
@@ -222,7 +245,7 @@ async def services(
     """In-process services on the test's database; in a module sharing a server, on a database of their own
     (two engines on one database would adopt each other's runs)."""
     monkeypatch.setenv("THREADLOOM_STRICT_TRANSACTIONS", "1")  # as every test server (threadloom.io_guard)
-    if _shares_a_server(request.module):
+    if _shares_a_server(request.node):
         database_url, data_dir = await pg.fresh(), tmp_path / "services-data"
     settings = Settings.from_env(data_dir=str(data_dir))
     db = Database.from_url(database_url)
@@ -245,7 +268,7 @@ def server(
     """A real server of its own for the test, started ahead (tests/support/spare.py); a test module's
     `PROVIDERS` (the text of a providers.toml) sets its provider instances. In a module that says
     `SHARED_SERVER = True`, the module's one server."""
-    if _shares_a_server(request.module):
+    if _shares_a_server(request.node):
         yield request.getfixturevalue("module_server")
         return
     assert spare is not None and spare.database_url == database_url

@@ -10,10 +10,10 @@ can neither resume nor load a session (recovery by handoff). Each test has its o
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,12 @@ import pytest
 
 from tests.support.acp_scripted import acp_instance
 from tests.support.graphql import CREATE_PROJECT, threads_sharing_a_runtime
-from tests.support.pg import PgServer
 from tests.support.runs import finished, run, send
 from tests.support.scripted import ScriptedThread
-from tests.support.server import Client, ServerProcess, providers_env, serving
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 PROVIDERS = (
     acp_instance("acp")
     + acp_instance("acp-bare", "--acp-without", "steering,fork,rewind,resume")
@@ -58,31 +58,6 @@ TRANSFER = """query($id: ID!) { node(id: $id) { ... on ContextTransfer { status 
 ROLLBACK = """mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n}) {
   userErrors { code message } } }"""
 ROLLED = """query($t: ID!) { thread(id: $t) { activities(first: 100) { nodes { kind payload } } } }"""
-
-
-@pytest.fixture(scope="module")
-async def database_url(pg: PgServer) -> str:
-    return await pg.fresh()
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("acp-driver")
-    (folder / "data").mkdir()
-    return folder
-
-
-@pytest.fixture(scope="module")
-def server(database_url: str, base: Path) -> Iterator[ServerProcess]:
-    with serving(database_url, base / "data", providers_env(base, PROVIDERS)) as proc:
-        yield proc
-
-
-@pytest.fixture
-async def client(server: ServerProcess) -> AsyncIterator[Client]:
-    c = Client(server.url, server.admin_token)
-    yield c
-    await c.aclose()
 
 
 def _folder(path: Path) -> Path:
@@ -142,14 +117,14 @@ async def test_a_turn_streams_its_reply_tool_call_and_todo_list_into_the_graph(c
 
 
 async def test_the_native_thread_ref_is_an_alias_never_the_acp_session_id(
-    client: Client, server: ServerProcess, tmp_path: Path, base: Path
+    client: Client, server: ServerProcess, tmp_path: Path, data_dir: Path
 ) -> None:
     thread = await _thread(client, tmp_path, "acp")
     done = await thread.run("@reply secret keeper")
     ref = done["providerThread"]["nativeThreadRef"]
     assert ref.startswith("acp-")
     # The scripted agent keeps each session in threads/<session id>.json: none of those ids is shown.
-    sessions = [p.stem for p in (base / "data").rglob("threads/*.json")]
+    sessions = [Path(p).stem for p in glob.glob(f"{data_dir}/**/threads/*.json", recursive=True)]
     assert sessions, "the agent recorded no session"
     shown = str(await client.gql(INSTANCES)) + str(done) + "\n".join(server.log)
     assert not any(sid in shown for sid in sessions)
@@ -160,12 +135,12 @@ async def test_the_native_thread_ref_is_an_alias_never_the_acp_session_id(
 
 
 async def test_the_probe_catches_advertised_methods_that_answer_method_not_found(
-    client: Client, server: ServerProcess, base: Path
+    client: Client, server: ServerProcess, data_dir: Path, module_server_env: dict[str, str]
 ) -> None:
     before = (await _instances(client))["acp-liar"]
     assert before["acpProfile"] is None  # no agent of it has started yet: nothing known
-    env = {**os.environ, "THREADLOOM_PROVIDERS": str(base / "providers.toml")}
-    argv = [sys.executable, "-m", "threadloom", "--data-dir", str(base / "data"), "providers", "probe", "acp-liar"]
+    env = {**os.environ, "THREADLOOM_PROVIDERS": module_server_env["THREADLOOM_PROVIDERS"]}
+    argv = [sys.executable, "-m", "threadloom", "--data-dir", str(data_dir), "providers", "probe", "acp-liar"]
     out = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     printed = {

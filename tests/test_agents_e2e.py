@@ -1,8 +1,9 @@
 """The real Codex and Claude CLIs driven through the whole service: GraphQL in, runs out.
 
-Each test starts a fake model server (the only replaced part), a real `threadloom serve`
-configured with a `codex` and a `claude` instance pointing at it, and talks GraphQL.
-The driver-level protocol cases live in test_codex_driver.py and test_claude_driver.py.
+The module starts a fake model server (the only replaced part) and one real `threadloom serve` configured with
+a `codex` and a `claude` instance pointing at it (conftest's module_server); each test talks GraphQL in a
+project of its own and reads only the model requests its own runs made. The driver-level protocol cases live
+in test_codex_driver.py and test_claude_driver.py.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import TERMINAL, finished, run, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
+from threadloom.api.ids import decode
 from threadloom.store import tables as t
 from threadloom.store.db import Database
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 PROVIDERS = ["codex", "claude"]
+KEYS = {"openai_key": "sk-fake-openai-SECRET", "anthropic_key": "sk-fake-anthropic-SECRET"}
 THREAD = """mutation($p: ID!, $i: String!, $m: String!) {
   createThread(input: {projectId: $p, providerInstanceId: $i, runtimeMode: $m, title: "t"}) {
     thread { id providerInstanceId runtimeMode } userErrors { code message } } }"""
@@ -45,23 +49,34 @@ INSTANCES = """{ providerInstances { id driver isDefault capabilities {
   canReadThreadSnapshot pendingRequestsSurviveRestart } } }"""
 
 
+@pytest.fixture(scope="module")
+def fake(module_fake: FakeModel) -> FakeModel:
+    """conftest's module_fake, the model of the module's server (its HOLD replies held until a test releases
+    them)."""
+    return module_fake
+
+
+@pytest.fixture(scope="module")
+def module_server_env(fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return cli_providers_env(tmp_path_factory.mktemp("providers"), fake, **KEYS)
+
+
+@pytest.fixture(scope="module")
+def module_server(module_server: ServerProcess) -> Iterator[ServerProcess]:
+    """The module's server; once stopped, no line of its whole log holds an API key."""
+    yield module_server
+    module_server.stop()
+    assert not any("SECRET" in line for line in module_server.log), "an API key reached the server log"
+
+
 @pytest.fixture
 def agents_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterator[ServerProcess]:
-    env = cli_providers_env(
-        tmp_path, fake, openai_key="sk-fake-openai-SECRET", anthropic_key="sk-fake-anthropic-SECRET"
-    )
-    proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
+    """A server of the test's own (on its own database: the test says `own_server`) with the same instances."""
+    proc = ServerProcess(database_url, tmp_path / "data", env=cli_providers_env(tmp_path, fake, **KEYS)).wait_ready()
     yield proc
     proc.stop()
     assert not any("SECRET" in line for line in proc.log), "an API key reached the server log"
     print("\n".join(proc.log[-80:]))
-
-
-@pytest.fixture
-async def api(agents_server: ServerProcess) -> Any:
-    client = Client(agents_server.url, agents_server.admin_token)
-    yield client
-    await client.aclose()
 
 
 async def _thread(client: Client, tmp_path: Path, provider: str, mode: str = "workspace_write") -> tuple[str, Path]:
@@ -71,6 +86,16 @@ async def _thread(client: Client, tmp_path: Path, provider: str, mode: str = "wo
     made = (await client.gql(THREAD, {"p": project["project"]["id"], "i": provider, "m": mode}))["createThread"]
     assert made["userErrors"] == []
     return str(made["thread"]["id"]), workspace
+
+
+async def _project_uuid(client: Client, thread: str) -> str:
+    found = decode(
+        (await client.gql("query($t: ID!) { thread(id: $t) { project { id } } }", {"t": thread}))["thread"]["project"][
+            "id"
+        ]
+    )
+    assert found is not None
+    return str(found[1])
 
 
 async def _messages(client: Client, thread: str) -> dict[str, Any]:
@@ -188,6 +213,7 @@ async def test_approvals_decide_whether_the_command_runs(
 async def test_real_cli_takes_a_steer_mid_turn_then_an_interrupt(
     api: Client, fake: FakeModel, tmp_path: Path, provider: str
 ) -> None:
+    fake.reset_hold()  # the module's fake model: an earlier test may have released its HOLD replies
     thread, _ = await _thread(api, tmp_path, provider)
     held = await send(api, thread, "HOLD")
     await _running(api, held["run"]["id"])
@@ -229,8 +255,9 @@ async def test_real_cli_takes_a_steer_mid_turn_then_an_interrupt(
     assert (await finished(api, after["run"]["id"], within=90))["status"] == "COMPLETED"
 
 
-def _agent_process_groups(server: ServerProcess) -> list[int]:
-    """Process groups of the agent CLIs the server started (each driver starts its own session)."""
+def _agent_process_groups(server: ServerProcess, project: str | None = None) -> list[int]:
+    """Process groups of the agent CLIs the server started (each driver starts its own session); with
+    `project` (a project's uuid), only those of that project (its state folder is in their environment)."""
     groups = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -238,22 +265,24 @@ def _agent_process_groups(server: ServerProcess) -> list[int]:
         try:
             stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes() if project is not None else b""
         except OSError:
             continue
         ppid = int(stat[1])
-        if ppid == server.proc.pid and (b"codex" in cmdline or b"claude" in cmdline):
+        mine = project is None or project.encode() in environ
+        if ppid == server.proc.pid and (b"codex" in cmdline or b"claude" in cmdline) and mine:
             groups.add(os.getpgid(int(entry.name)))
     return sorted(groups)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_killed_agent_is_resumed_with_its_history(
-    api: Client, agents_server: ServerProcess, fake: FakeModel, tmp_path: Path, provider: str
+    api: Client, server: ServerProcess, fake: FakeModel, tmp_path: Path, provider: str
 ) -> None:
     thread, _ = await _thread(api, tmp_path, provider)
     first = await send(api, thread, "remember ALPHA-42")
     assert (await finished(api, first["run"]["id"], within=90))["status"] == "COMPLETED"
-    groups = _agent_process_groups(agents_server)
+    groups = _agent_process_groups(server, await _project_uuid(api, thread))  # not other tests' agents
     assert groups, "no agent process found"
     for group in groups:
         os.killpg(group, signal.SIGKILL)
@@ -268,6 +297,7 @@ async def test_a_killed_agent_is_resumed_with_its_history(
     assert "remember ALPHA-42" in str(last) and "what did I say?" in str(last)
 
 
+@pytest.mark.own_server  # a server of its own with other instances, on a database of its own
 async def test_a_missing_cli_fails_the_run_with_the_install_command(
     database_url: str, tmp_path: Path, fake: FakeModel
 ) -> None:
@@ -320,15 +350,15 @@ def _alive(group: int) -> bool:
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.own_server  # it kills its server, on a database of its own
 async def test_another_replica_resumes_the_native_thread_of_a_killed_one(
-    api: Client, agents_server: ServerProcess, database_url: str, fake: FakeModel, tmp_path: Path, provider: str
+    agents_server: ServerProcess, database_url: str, fake: FakeModel, tmp_path: Path, provider: str
 ) -> None:
     """Two replicas on one database and one data folder (the agents' state on the shared volume): the replica that
     ran a thread's turn is killed with -9, its agent goes with it, and the next message, sent to the other replica,
     continues the same native thread with the conversation from before."""
-    env = cli_providers_env(
-        tmp_path, fake, openai_key="sk-fake-openai-SECRET", anthropic_key="sk-fake-anthropic-SECRET"
-    )
+    env = cli_providers_env(tmp_path, fake, **KEYS)
+    api = Client(agents_server.url, agents_server.admin_token)
     thread, _ = await _thread(api, tmp_path, provider)
     first = await send(api, thread, "remember BRAVO-7")
     assert (await finished(api, first["run"]["id"], within=90))["status"] == "COMPLETED"
@@ -352,6 +382,7 @@ async def test_another_replica_resumes_the_native_thread_of_a_killed_one(
         last = fake.bodies(MODEL_PATH[provider])[-1]
         assert "remember BRAVO-7" in str(last) and "what did I say?" in str(last)
     finally:
+        await api.aclose()
         await survivor.aclose()
         other.stop()
     assert not any("SECRET" in line for line in other.log), "an API key reached the server log"

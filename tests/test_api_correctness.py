@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT, make_thread, statements, workspace
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from tests.support.ws import WsClient
+
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 
@@ -81,6 +84,7 @@ ACTIVITIES = """subscription($t: ID!, $after: Int) { activities(threadId: $t, af
   __typename ... on ReloadRequired { sequence } ... on Activity { sequence kind } } }"""
 
 
+@pytest.mark.own_server  # a server of its own with THREADLOOM_MAX_REPLAY, on a database of its own
 async def test_activities_past_the_replay_bound_get_reload_required(database_url: str, tmp_path: Path) -> None:
     server = ServerProcess(database_url, tmp_path / "d", env={"THREADLOOM_MAX_REPLAY": "3"}).wait_ready()
     client = Client(server.url, server.admin_token)
@@ -251,11 +255,13 @@ async def test_bad_page_arguments_are_validation_errors(client: Client, query: s
     assert plain.json()["errors"][0]["extensions"]["code"] == code
 
 
-async def test_valid_cursors_and_variables_still_work(client: Client, tmp_path: Path) -> None:
-    await _thread(client, tmp_path)
-    first = await client.gql("{ projects(first: 1) { pageInfo { endCursor } } }")
+async def test_valid_cursors_and_variables_still_work(client: Client, tmp_path: Path, database_url: str) -> None:
+    data = await client.gql(CREATE_PROJECT, {"name": "p", "root": workspace(tmp_path)})
+    _, token = create_token(database_url, "read", data["createProject"]["project"]["id"])  # sees this one alone
+    first = await client.gql("{ projects(first: 1) { pageInfo { endCursor } } }", token=token)
     cursor = first["projects"]["pageInfo"]["endCursor"]
-    after = await client.gql(f'{{ projects(first: 0, after: "{cursor}") {{ totalCount nodes {{ id }} }} }}')
+    page = f'{{ projects(first: 0, after: "{cursor}") {{ totalCount nodes {{ id }} }} }}'
+    after = await client.gql(page, token=token)
     assert after["projects"] == {"totalCount": 1, "nodes": []}
     # A size only known from variables is checked when the field runs, with the same code.
     response = await client.post("query($n: Int) { projects(first: $n) { totalCount } }", {"n": 101})

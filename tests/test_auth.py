@@ -13,6 +13,8 @@ from tests.support.server import Client, ServerProcess
 from tests.support.ws import WsClient
 from threadloom.api import ids
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 RENAME = """mutation($id: ID!) { renameThread(input: {threadId: $id, title: "x"}) {
   thread { id title } userErrors { code field } } }"""
 
@@ -100,6 +102,7 @@ async def test_revoked_token_is_401(server: ServerProcess, client: Client, datab
     assert again.returncode == 2
 
 
+@pytest.mark.own_server  # it stops the server to read its whole log
 async def test_token_is_never_logged(server: ServerProcess, client: Client) -> None:
     await client.gql("query Probe { viewer { scope } }")
     assert client.token
@@ -108,6 +111,7 @@ async def test_token_is_never_logged(server: ServerProcess, client: Client) -> N
     assert all(client.token not in line for line in server.log)
 
 
+@pytest.mark.own_server  # it stops the server to read its whole log
 async def test_a_refused_socket_is_logged_and_an_accepted_one_is_not(server: ServerProcess, client: Client) -> None:
     """A socket refused for its token leaves one line saying why (never the token); an accepted one leaves
     none: a crowd of reconnecting clients does not flood the log (open sockets are counted on /metrics)."""

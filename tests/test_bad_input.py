@@ -10,6 +10,8 @@ from tests.support.server import Client, ServerProcess
 from threadloom.store import tables as t
 from threadloom.store.db import Database
 
+SHARED_SERVER = True  # no test here starts agent work: the shared server writes nothing between requests
+
 GRAPHQL_RESPONSE = {"accept": "application/graphql-response+json"}
 
 

@@ -17,6 +17,8 @@ from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from tests.support.ws import WsClient
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 DELEGATE = """mutation($t: ID!, $text: String!, $title: String) {
   delegateTask(input: {threadId: $t, text: $text, title: $title}) {
     thread { id runs(first: 1) { edges { node { id } } } } userErrors { code } } }"""

@@ -9,7 +9,6 @@ One server for the module (the restart test starts its own): instance `priced` p
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,10 @@ from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT, workspace
 from tests.support.pg import PgServer
 from tests.support.runs import finished, run, send
-from tests.support.server import Client, ServerProcess, providers_env, serving
+from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 PROVIDERS = """
 [instances.priced]
 driver = "scripted"
@@ -54,26 +54,6 @@ DELEGATE = """mutation($t: ID!, $text: String!) { delegateTask(input: {threadId:
 RESUME = "mutation($t: ID!) { resumeQueue(input: {threadId: $t}) { userErrors { code } } }"
 NODE = "query($id: ID!) { node(id: $id) { id ... on Budget { window } } }"
 PROJECT_BUDGETS = "query($p: ID!) { project(id: $p) { budgets { id window } } }"
-
-
-@pytest.fixture(scope="module")
-async def database_url(pg: PgServer) -> str:
-    return await pg.fresh()
-
-
-@pytest.fixture(scope="module")
-def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    base = tmp_path_factory.mktemp("budgets")
-    (base / "data").mkdir()
-    with serving(database_url, base / "data", providers_env(base, PROVIDERS)) as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
-async def client(server: ServerProcess) -> AsyncIterator[Client]:
-    c = Client(server.url, server.admin_token)
-    yield c
-    await c.aclose()
 
 
 async def _project(client: Client, root: Path, name: str) -> tuple[str, Path]:

@@ -18,6 +18,8 @@ from tests.support.runs import finished, send
 from tests.support.server import Client
 from tests.support.waiting import until
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 # An instance that can neither steer a live turn nor interrupt it (so it cannot restart one either).
 PROVIDERS = """
 [instances.rigid]

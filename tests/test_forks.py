@@ -17,6 +17,8 @@ from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from threadloom.api.ids import decode
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 PROVIDERS = """
 [instances.scripted]
 driver = "scripted"

@@ -6,27 +6,14 @@ plain text or HTML, and none runs anything (no `data` entry). Against a real ser
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.pg import PgServer
-from tests.support.server import Client, ServerProcess, serving
+from tests.support.server import Client, ServerProcess
 
-
-@pytest.fixture(scope="module")
-async def database_url(pg: PgServer) -> str:
-    return await pg.fresh()
-
-
-@pytest.fixture(scope="module")
-def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server for the module: each request here is refused before it could change anything."""
-    with serving(database_url, tmp_path_factory.mktemp("http-errors")) as proc:
-        yield proc
-
+SHARED_SERVER = True  # one server for the module: each request here is refused before it could change anything
 
 JSON = {"content-type": "application/json"}
 MUTATION = 'mutation { createProject(input: {name: "x", workspaceRoot: "/nowhere"}) { userErrors { code } } }'

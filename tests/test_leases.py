@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.graphql import make_project, make_thread, workspace
-from tests.support.pg import PgServer
 from tests.support.runs import SEND, finished
-from tests.support.server import Client, ServerProcess, serving
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from tests.support.ws import WsClient
+
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 
 ACQUIRE = """mutation($t: ID!, $ttl: Int!, $takeover: Boolean!, $device: String) {
   acquireThreadLease(input: {threadId: $t, ttlSeconds: $ttl, takeover: $takeover, deviceId: $device}) {
@@ -44,18 +45,6 @@ TOKEN = """mutation($p: ID!, $name: String!, $scope: TokenScope!) {
 EVENTS = """subscription($t: ID!) { threadEvents(threadId: $t) {
   sequence type entity { __typename ... on Activity { kind summary payload }
     ... on Thread { lease { deviceId tokenName } } } } }"""
-
-
-@pytest.fixture(scope="module")
-async def database_url(pg: PgServer) -> str:
-    return await pg.fresh()
-
-
-@pytest.fixture(scope="module")
-def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server for the module; each test works in a project of its own."""
-    with serving(database_url, tmp_path_factory.mktemp("leases")) as proc:
-        yield proc
 
 
 @pytest.fixture

@@ -25,6 +25,8 @@ from threadloom.api.ids import decode
 from threadloom.store import tables as t
 from threadloom.store.db import Database
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 EVENTS = """subscription($p: ID, $t: ID, $r: ID, $n: ID, $d: Boolean, $after: String, $seq: Int) {
   threadEvents(projectId: $p, threadId: $t, runId: $r, nodeId: $n, includeDescendants: $d, after: $after,
                afterSequence: $seq) { sequence type cursor runId nodeId } }"""
@@ -389,6 +391,7 @@ async def test_another_project_s_token_is_refused_at_subscribe_and_its_own_proje
     assert [i for i in items if not synced(i) and (i.get("sequence") or i.get("run") or i.get("nodeId"))]
 
 
+@pytest.mark.own_server  # a server of its own with THREADLOOM_MAX_REPLAY, on a database of its own
 async def test_replays_past_the_bound_are_told_to_reload(database_url: str, tmp_path: Path) -> None:
     server = ServerProcess(database_url, tmp_path / "d", env={"THREADLOOM_MAX_REPLAY": "3"}).wait_ready()
     client = Client(server.url, server.admin_token)

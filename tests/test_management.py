@@ -19,6 +19,8 @@ from tests.support.graphql import CREATE_THREAD, make_project, make_thread, work
 from tests.support.runs import finished, send
 from tests.support.server import Client
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 UPDATE = """mutation($p: ID!, $n: String) { updateProject(input: {projectId: $p, name: $n}) {
   project { id name } userErrors { code field } } }"""
 ARCHIVE = """mutation($p: ID!) { archiveProject(input: {projectId: $p}) {
@@ -220,7 +222,8 @@ async def test_create_token_is_refused_to_another_project_below_admin_and_for_al
     client: Client, database_url: str, tmp_path: Path
 ) -> None:
     t = await _two_projects(client, database_url, tmp_path)
-    ask = {"p": t["a"], "n": "x", "s": "OPERATE", "e": None}
+    name = f"x-{uuid.uuid4().hex[:8]}"  # the test's own: all-projects tokens of other tests share the list
+    ask = {"p": t["a"], "n": name, "s": "OPERATE", "e": None}
     other = (await client.gql(CREATE_TOKEN, ask, token=t["b_admin"]))["createToken"]
     missing = (await client.gql(CREATE_TOKEN, {**ask, "p": unknown("Project")}, token=t["b_admin"]))["createToken"]
     nothing = {"token": None, "secret": None, "userErrors": [{"code": "NOT_FOUND", "field": "projectId"}]}
@@ -236,7 +239,7 @@ async def test_create_token_is_refused_to_another_project_below_admin_and_for_al
     made = (await client.gql(TOKENS, {"p": t["a"], "r": True}))["tokens"] + (
         await client.gql(TOKENS, {"p": None, "r": True})
     )["tokens"]
-    assert [row for row in made if row["name"] == "x"] == []  # none of the refused ones was made
+    assert [row for row in made if row["name"] == name] == []  # none of the refused ones was made
 
     # The twins: A's admin makes one for A; the all-projects admin makes one for all projects.
     mine = (await client.gql(CREATE_TOKEN, ask, token=t["a_admin"]))["createToken"]

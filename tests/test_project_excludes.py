@@ -13,10 +13,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.cli import create_token
 from tests.support.graphql import make_project, make_thread, workspace
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
+
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 
 UPDATE = """mutation($p: ID!, $n: String, $x: [String!]) {
   updateProject(input: {projectId: $p, name: $n, excludes: $x}) {
@@ -71,6 +75,7 @@ async def test_a_project_excluding_build_leaves_build_output_out_while_another_p
     }
 
 
+@pytest.mark.own_server  # it stops the server and starts another on the database
 async def test_a_restarted_server_applies_the_projects_list_from_its_first_capture(
     server: ServerProcess, client: Client, database_url: str, data_dir: Path, tmp_path: Path
 ) -> None:

@@ -12,14 +12,21 @@ import pytest
 from tests.support.graphql import CREATE_PROJECT, make_thread
 from tests.support.graphql import workspace as workspace_dir
 from tests.support.runs import finished, run, send
-from tests.support.server import Client, ServerProcess, providers_env
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
+from threadloom.api.ids import decode
 
-# An agent that pauses 60 s between steps: a todo list it shows stays as shown for longer than any test waits.
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+# An agent that pauses 60 s between steps: a todo list it shows stays as shown for longer than any test waits;
+# and one that cannot ask structured questions.
 PROVIDERS = """
 [instances.paced]
 driver = "scripted"
 chunk_delay_ms = 60000
+
+[instances.plain]
+driver = "scripted"
+supports_structured_questions = false
 """
 PENDING = """query($t: ID!) { thread(id: $t) { status pendingRequests {
   id kind status responseCapability notResumableReason payload node { id kind status } run { id status } } } }"""
@@ -105,7 +112,10 @@ async def test_approval_after_agent_crash_is_not_resumable(
 ) -> None:
     sent = await send(client, thread_id, "@approval echo x\n@reply done")
     request = (await _pending(client, thread_id))["pendingRequests"][0]
-    agents = [p for p in os.listdir("/proc") if p.isdigit() and _is_agent(p, data_dir)]
+    project = await client.gql("query($t: ID!) { thread(id: $t) { project { id } } }", {"t": thread_id})
+    found = decode(project["thread"]["project"]["id"])
+    assert found is not None
+    agents = [p for p in os.listdir("/proc") if p.isdigit() and _is_agent(p, data_dir, str(found[1]))]
     assert len(agents) == 1
     os.kill(int(agents[0]), signal.SIGKILL)
     assert (await finished(client, sent["run"]["id"]))["statusReason"] == "provider_crashed"
@@ -117,16 +127,21 @@ async def test_approval_after_agent_crash_is_not_resumable(
     assert (await client.gql(REQUEST, {"r": request["id"]}))["node"]["status"] == "EXPIRED"  # nothing changed
 
 
-def _is_agent(pid: str, data_dir: Path) -> bool:
+def _is_agent(pid: str, data_dir: Path, project: str) -> bool:
+    """Whether `pid` is the agent of this project (its state folder is named by the project) of the server
+    whose data dir is `data_dir`: the module's other tests' agents run on the same server."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
     if Path(cmdline[0].decode()).name == "unshare":  # the agent's PID namespace holder names it too
         return False
-    return b"threadloom.agent" in cmdline and any(str(data_dir).encode() in part for part in cmdline)
+    return b"threadloom.agent" in cmdline and any(
+        str(data_dir).encode() in part and project.encode() in part for part in cmdline
+    )
 
 
+@pytest.mark.own_server  # it kills its server and starts another on the database
 async def test_approval_after_server_restart_is_reconciled(
     client: Client, server: ServerProcess, thread_id: str, database_url: str, data_dir: Path
 ) -> None:
@@ -265,32 +280,25 @@ async def test_approval_from_a_subagent_is_actionable(client: Client, thread_id:
     assert (workspace / "child.txt").read_text() == "from-child\n"
 
 
-async def test_provider_without_structured_questions(database_url: str, tmp_path: Path) -> None:
-    plain = '[instances.plain]\ndriver = "scripted"\nsupports_structured_questions = false\n'
-    server = ServerProcess(database_url, tmp_path / "d", env=providers_env(tmp_path, plain)).wait_ready()
-    client = Client(server.url, server.admin_token)
-    try:
-        data = await client.gql(CREATE_PROJECT, {"name": "plain", "root": workspace_dir(tmp_path)})
-        created = await client.gql(
-            """mutation($p: ID!) { createThread(input: {projectId: $p, providerInstanceId: "plain"}) {
-                 thread { id } } }""",
-            {"p": data["createProject"]["project"]["id"]},
-        )
-        thread = created["createThread"]["thread"]["id"]
-        done = await finished(client, (await send(client, thread, "@ask Which one? | left | right"))["run"]["id"])
-        assert done["status"] == "COMPLETED"
-        messages = await client.gql(
-            """query($t: ID!) { thread(id: $t) {
-                 pendingRequests { id } messages(first: 10) { edges { node { role text } } } } }""",
-            {"t": thread},
-        )
-        assert messages["thread"]["pendingRequests"] == []
-        edges = messages["thread"]["messages"]["edges"]
-        texts = [m["node"]["text"] for m in edges if m["node"]["role"] == "ASSISTANT"]
-        assert texts[0] == "Which one?\n- left\n- right"  # a plain message, nothing to answer
-    finally:
-        await client.aclose()
-        server.stop()
+async def test_provider_without_structured_questions(client: Client, tmp_path: Path) -> None:
+    data = await client.gql(CREATE_PROJECT, {"name": "plain", "root": workspace_dir(tmp_path)})
+    created = await client.gql(
+        """mutation($p: ID!) { createThread(input: {projectId: $p, providerInstanceId: "plain"}) {
+             thread { id } } }""",
+        {"p": data["createProject"]["project"]["id"]},
+    )
+    thread = created["createThread"]["thread"]["id"]
+    done = await finished(client, (await send(client, thread, "@ask Which one? | left | right"))["run"]["id"])
+    assert done["status"] == "COMPLETED"
+    messages = await client.gql(
+        """query($t: ID!) { thread(id: $t) {
+             pendingRequests { id } messages(first: 10) { edges { node { role text } } } } }""",
+        {"t": thread},
+    )
+    assert messages["thread"]["pendingRequests"] == []
+    edges = messages["thread"]["messages"]["edges"]
+    texts = [m["node"]["text"] for m in edges if m["node"]["role"] == "ASSISTANT"]
+    assert texts[0] == "Which one?\n- left\n- right"  # a plain message, nothing to answer
 
 
 async def test_request_activities_carry_run_and_node(client: Client, thread_id: str) -> None:

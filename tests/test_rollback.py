@@ -22,6 +22,7 @@ from tests.support.scripted import ScriptedThread
 from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 PROVIDERS = """
 [instances.scripted]
 driver = "scripted"
@@ -311,6 +312,7 @@ async def test_a_symlink_out_of_the_workspace_is_never_followed(api: Client, hom
         ("provider", "reverting"),
     ],
 )
+@pytest.mark.own_server  # a server of its own that fails the step, on a database of its own
 async def test_a_failed_step_leaves_files_and_conversation_as_they_were(
     database_url: str, tmp_path: Path, home: Path, step: str, instance: str
 ) -> None:

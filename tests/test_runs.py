@@ -22,6 +22,8 @@ from threadloom.api.ids import decode
 from threadloom.store import tables as t
 from threadloom.store.db import Database
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 
 @pytest.fixture
 async def thread_id(client: Client, workspace: Path) -> str:
@@ -48,13 +50,32 @@ async def _db_scalar(database_url: str, stmt: Any) -> Any:
         await db.dispose()
 
 
-async def _assert_gapless(database_url: str) -> None:
+async def _assert_gapless(database_url: str, thread_id: str) -> None:
+    """The thread's log holds sequences exactly 1..n (other tests' threads share the database)."""
     db = Database.from_url(database_url, pool_size=1)
     try:
-        for seqs in (await sequences(db)).values():
-            assert seqs == list(range(1, len(seqs) + 1))
+        seqs = (await sequences(db)).get(_uuid(thread_id), [])
+        assert seqs and seqs == list(range(1, len(seqs) + 1))
     finally:
         await db.dispose()
+
+
+def _runs_of(thread_id: str) -> Any:
+    """How many runs the thread has, in the database."""
+    return sa.select(sa.func.count()).select_from(t.runs).where(t.runs.c.thread_id == _uuid(thread_id))
+
+
+def _sessions_of(thread_id: str) -> Any:
+    """The statuses of the provider sessions the thread's provider threads were ever served by, oldest first:
+    a session names no thread, so they are found through the thread's provider-thread events."""
+    used = sa.select(t.events.c.payload["session_id"].astext.cast(sa.Uuid)).where(
+        t.events.c.thread_id == _uuid(thread_id), t.events.c.entity_type == "provider_thread"
+    )
+    return (
+        sa.select(t.provider_sessions.c.status)
+        .where(t.provider_sessions.c.id.in_(used))
+        .order_by(t.provider_sessions.c.created_at, t.provider_sessions.c.id)
+    )
 
 
 def _uuid(gid: str) -> Any:
@@ -95,7 +116,7 @@ async def test_a_message_runs_to_completion_with_a_gapless_log(
     assert "checkpoint.captured" in kinds and kinds.index("checkpoint.captured") < kinds.index("run.completed")
     assert all(a["node"]["runId"] == sent["run"]["id"] for a in thread["activities"]["edges"])
     assert all(a["node"]["nodeId"] for a in thread["activities"]["edges"])
-    await _assert_gapless(database_url)
+    await _assert_gapless(database_url, thread_id)
     last = await _db_scalar(
         database_url, sa.select(sa.func.max(t.events.c.sequence)).where(t.events.c.thread_id == _uuid(thread_id))
     )
@@ -116,7 +137,7 @@ async def test_multi_turn_reuses_the_provider_thread(client: Client, thread_id: 
     assert len(native) == 1 and len(provider_threads) == 1
     turns = [r["attempts"][0]["providerTurns"][0]["ordinal"] for r in runs]
     assert turns == [1, 2, 3]
-    await _assert_gapless(database_url)
+    await _assert_gapless(database_url, thread_id)
 
 
 async def test_a_queued_run_starts_after_the_active_one(client: Client, thread_id: str, workspace: Path) -> None:
@@ -205,7 +226,7 @@ async def test_agent_crash_then_resume(client: Client, thread_id: str, database_
     assert resumed["status"] == "COMPLETED"
     assert resumed["providerThread"]["id"] == remembered["providerThread"]["id"]
     assert resumed["providerThread"]["nativeThreadRef"] == remembered["providerThread"]["nativeThreadRef"]
-    sessions = await _db_rows(database_url, sa.select(t.provider_sessions.c.status).order_by(t.provider_sessions.c.id))
+    sessions = await _db_rows(database_url, _sessions_of(thread_id))
     assert [s["status"] for s in sessions] == ["error", "ready"]
 
 
@@ -240,7 +261,7 @@ async def test_concurrent_sends_with_one_key_make_one_run(client: Client, thread
     answers = await asyncio.gather(*(send(client, thread_id, "once", key="msg-1") for _ in range(10)))
     assert len({a["run"]["id"] for a in answers}) == 1
     await finished(client, answers[0]["run"]["id"])
-    assert await _db_scalar(database_url, sa.select(sa.func.count()).select_from(t.runs)) == 1
+    assert await _db_scalar(database_url, _runs_of(thread_id)) == 1
 
 
 async def test_bad_send_input_is_refused_without_a_run(client: Client, thread_id: str, database_url: str) -> None:
@@ -260,9 +281,10 @@ async def test_bad_send_input_is_refused_without_a_run(client: Client, thread_id
             "message": "dispatch.steerActive.targetRunId is a Thread id; a Run id is needed",
         }
     ]
-    assert await _db_scalar(database_url, sa.select(sa.func.count()).select_from(t.runs)) == 0
+    assert await _db_scalar(database_url, _runs_of(thread_id)) == 0
 
 
+@pytest.mark.own_server  # it kills its server and starts another on the database
 async def test_server_crash_mid_run(
     server: ServerProcess, client: Client, thread_id: str, workspace: Path, database_url: str, data_dir: Path
 ) -> None:
@@ -306,4 +328,4 @@ async def test_server_crash_mid_run(
         database_url, sa.select(t.effects.c.status).where(t.effects.c.status.in_(["pending", "running"]))
     )
     assert effects == []
-    await _assert_gapless(database_url)
+    await _assert_gapless(database_url, thread_id)

@@ -10,7 +10,7 @@ Commands run under the real bubblewrap sandbox (a missing `bwrap` fails these te
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,10 @@ from threadloom.store import tables as t
 from threadloom.store.db import Database
 
 SERVER_SECRET = "sk-test-9f27c1d0-server-only"
+SHARED_SERVER = True  # each test works in projects of its own (conftest's module_server)
+SERVER_EXEC = True  # a real exec (not a fork): a test reads the server's own /proc/<pid>/environ
+PROVIDERS = '[instances.open]\ndriver = "scripted"\nallow_full_access = true\n'
+SERVER_ENV = {"THREADLOOM_TEST_SECRET": SERVER_SECRET}
 A_SECRET = "project-A-private-4411"
 
 CREATE = """mutation($p: ID!, $i: String) {
@@ -76,38 +80,20 @@ def test_bwrap_is_installed_for_the_sandbox() -> None:
 
 
 @pytest.fixture
-def server_env(tmp_path: Path) -> dict[str, str]:
-    config = tmp_path / "providers.toml"
-    config.write_text('[instances.open]\ndriver = "scripted"\nallow_full_access = true\n')
-    return {"THREADLOOM_TEST_SECRET": SERVER_SECRET, "THREADLOOM_PROVIDERS": str(config)}
-
-
-@pytest.fixture
-def secure_server(database_url: str, data_dir: Path, server_env: dict[str, str]) -> Iterator[ServerProcess]:
-    # A real exec (not a fork): the test reads the server's own /proc/<pid>/environ.
-    proc = ServerProcess(database_url, data_dir, env=server_env, fork=False).wait_ready()
-    yield proc
-    proc.stop()
-    print("\n".join(proc.log[-60:]))  # shown by pytest only when the test fails
-
-
-@pytest.fixture
-async def world(
-    secure_server: ServerProcess, database_url: str, data_dir: Path, tmp_path: Path
-) -> AsyncIterator[World]:
+async def world(server: ServerProcess, database_url: str, data_dir: Path, tmp_path: Path) -> AsyncIterator[World]:
     ws_a, ws_b = tmp_path / "ws-a", tmp_path / "ws-b"
     ws_a.mkdir()
     ws_b.mkdir()
     (ws_a / "secret.txt").write_text(A_SECRET)
-    admin = Client(secure_server.url, secure_server.admin_token)
+    admin = Client(server.url, server.admin_token)
     projects = []
     for name, root in (("A", ws_a), ("B", ws_b)):
         data = await admin.gql(CREATE_PROJECT, {"name": name, "root": str(root)})
         assert data["createProject"]["userErrors"] == []
         projects.append(data["createProject"]["project"]["id"])
     _, token = create_token(database_url, "operate", projects[1])
-    attacker = Client(secure_server.url, token)
-    yield World(secure_server, admin, attacker, database_url, data_dir, ws_a, ws_b, projects[0], projects[1])
+    attacker = Client(server.url, token)
+    yield World(server, admin, attacker, database_url, data_dir, ws_a, ws_b, projects[0], projects[1])
     await attacker.aclose()
     await admin.aclose()
 

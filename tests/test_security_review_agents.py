@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,10 @@ from tests.support.server import Client, ServerProcess
 SERVER_SECRET = "sk-review-5c1e0a77-server-only"
 A_SECRET = "project-A-review-secret-9931"
 CHECKOUT = Path(threadloom.__file__).resolve().parents[2]  # the server's source checkout
+SHARED_SERVER = True  # each test works in projects of its own (conftest's module_server)
+SERVER_EXEC = True  # a real exec (not a fork): a test reads the server's own /proc/<pid>/environ
+PROVIDERS = '[instances.open]\ndriver = "scripted"\nallow_full_access = true\n'
+SERVER_ENV = {"THREADLOOM_REVIEW_SECRET": SERVER_SECRET}
 
 CREATE = """mutation($p: ID!, $m: String!, $i: String) {
   createThread(input: {projectId: $p, title: "t", runtimeMode: $m, providerInstanceId: $i}) {
@@ -69,33 +73,19 @@ def environ_of(pid: int) -> str:
 
 
 @pytest.fixture
-def review_server(database_url: str, data_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    config = tmp_path / "providers.toml"
-    config.write_text('[instances.open]\ndriver = "scripted"\nallow_full_access = true\n')
-    env = {"THREADLOOM_REVIEW_SECRET": SERVER_SECRET, "THREADLOOM_PROVIDERS": str(config)}
-    # A real exec (not a fork): the test reads the server's own /proc/<pid>/environ.
-    proc = ServerProcess(database_url, data_dir, env=env, fork=False).wait_ready()
-    yield proc
-    proc.stop()
-    print("\n".join(proc.log[-60:]))
-
-
-@pytest.fixture
-async def world(
-    review_server: ServerProcess, database_url: str, data_dir: Path, tmp_path: Path
-) -> AsyncIterator[World]:
+async def world(server: ServerProcess, database_url: str, data_dir: Path, tmp_path: Path) -> AsyncIterator[World]:
     ws_a, ws_b = tmp_path / "ws-a", tmp_path / "ws-b"
     ws_a.mkdir()
     ws_b.mkdir()
     (ws_a / "secret.txt").write_text(A_SECRET)
-    admin = Client(review_server.url, review_server.admin_token)
+    admin = Client(server.url, server.admin_token)
     ids = []
     for name, root in (("A", ws_a), ("B", ws_b)):
         data = await admin.gql(CREATE_PROJECT, {"name": name, "root": str(root)})
         assert data["createProject"]["userErrors"] == []
         ids.append(data["createProject"]["project"]["id"])
-    attacker = Client(review_server.url, create_token(database_url, "operate", ids[1])[1])
-    yield World(review_server, admin, attacker, database_url, data_dir, ws_a, ws_b, ids[0], ids[1])
+    attacker = Client(server.url, create_token(database_url, "operate", ids[1])[1])
+    yield World(server, admin, attacker, database_url, data_dir, ws_a, ws_b, ids[0], ids[1])
     await attacker.aclose()
     await admin.aclose()
 

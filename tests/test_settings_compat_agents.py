@@ -10,13 +10,12 @@ first model request carries the full summary that the run's transfer records.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.agents import MODEL_PATH, cli_api
+from tests.support.agents import MODEL_PATH, cli_providers_env
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import CREATE_PROJECT
 from tests.support.runs import finished
@@ -36,10 +35,19 @@ ACTIVITIES = """query($t: ID!, $r: ID) { thread(id: $t) { activities(runId: $r, 
 NEW_MODEL = "fake-model-two"
 
 
-@pytest.fixture
-async def api(database_url: str, tmp_path: Path, fake: FakeModel) -> AsyncIterator[Client]:
-    async with cli_api(database_url, tmp_path, fake) as client:
-        yield client
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
+
+@pytest.fixture(scope="module")
+def fake(module_fake: FakeModel) -> FakeModel:
+    """conftest's module_fake, the model of the module's server; each test reads only the requests made after
+    it began (`seen`) that carry its own run's words."""
+    return module_fake
+
+
+@pytest.fixture(scope="module")
+def module_server_env(fake: FakeModel, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return cli_providers_env(tmp_path_factory.mktemp("providers"), fake)
 
 
 async def _done(client: Client, thread: str, text: str, model: str | None = None) -> dict[str, Any]:

@@ -7,7 +7,6 @@ One server for the module: instance `priced` has a price table for model `m1`, `
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +14,14 @@ import pytest
 
 from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT, statements, workspace
-from tests.support.pg import PgServer
 from tests.support.runs import finished, send
-from tests.support.server import Client, ServerProcess, providers_env, serving
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from tests.support.ws import WsClient
 from tests.test_metrics import scrape, value
 from threadloom.api import ids as gid
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 PROVIDERS = """
 [instances.priced]
 driver = "scripted"
@@ -57,26 +56,6 @@ FORK = """mutation($run: ID!) { forkThread(input: {source: {run: $run}, title: "
   thread { id } userErrors { code message } } }"""
 STEER = """mutation($t: ID!, $text: String!, $r: ID!) { sendMessage(input: {threadId: $t, text: $text,
   dispatch: {steerActive: {targetRunId: $r}}}) { run { id } userErrors { code } } }"""
-
-
-@pytest.fixture(scope="module")
-async def database_url(pg: PgServer) -> str:
-    return await pg.fresh()
-
-
-@pytest.fixture(scope="module")
-def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    base = tmp_path_factory.mktemp("usage")
-    (base / "data").mkdir()
-    with serving(database_url, base / "data", providers_env(base, PROVIDERS)) as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
-async def client(server: ServerProcess) -> AsyncIterator[Client]:
-    c = Client(server.url, server.admin_token)
-    yield c
-    await c.aclose()
 
 
 async def _project(client: Client, root: Path, name: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,13 @@ import pytest
 
 from tests.support.cli import create_token
 from tests.support.graphql import make_project, make_thread, workspace
-from tests.support.pg import PgServer
 from tests.support.runs import finished, send
-from tests.support.server import Client, ServerProcess, serving
+from tests.support.server import Client
 from tests.support.waiting import until
 from tests.support.webhooks import HOLD, Receiver, verify
 
-ENV = {
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+SERVER_ENV = {
     "THREADLOOM_WEBHOOK_ALLOW_LOOPBACK": "1",
     "THREADLOOM_WEBHOOK_RETRY_SCHEDULE": "0.2,0.2,0.2",
     "THREADLOOM_WEBHOOK_TIMEOUT_SECONDS": "5",
@@ -58,24 +58,6 @@ PENDING = "query($t: ID!) { thread(id: $t) { pendingRequests { id } } }"
 ACTIVITIES = "query($t: ID!) { thread(id: $t) { activities(last: 50) { nodes { kind summary payload } } } }"
 DELEGATE = """mutation($t: ID!, $text: String!) { delegateTask(input: {threadId: $t, text: $text}) {
   thread { id } userErrors { code } } }"""
-
-
-@pytest.fixture(scope="module")
-async def database_url(pg: PgServer) -> str:
-    return await pg.fresh()
-
-
-@pytest.fixture(scope="module")
-def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with serving(database_url, tmp_path_factory.mktemp("webhooks") / "data", ENV) as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
-async def client(server: ServerProcess) -> AsyncIterator[Client]:
-    c = Client(server.url, server.admin_token)
-    yield c
-    await c.aclose()
 
 
 @pytest.fixture

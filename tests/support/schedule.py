@@ -10,9 +10,10 @@ for `--dist loadfile`:
   counted as `slow_files.UNLISTED_PER_TEST` seconds a test up to `UNLISTED_CAP`, so a new file is started
   early rather than late);
 - a long file (`slow_files.SPLIT_ABOVE` seconds or more) whose source defines no fixture shared across its
-  tests (no `scope="module"`, `"class"` or `"package"`) is split into one unit per test: its tests share
-  nothing but the session's PostgreSQL and the spare server, which every worker has, so both workers can
-  take them. A file that shares a module-scoped server or scene stays one unit.
+  tests (no `scope="module"`, `"class"` or `"package"`, and no `SHARED_SERVER = True`) is split into one
+  unit per test: its tests share nothing but the session's PostgreSQL and the spare server, which every
+  worker has, so both workers can take them. A file that shares a module-scoped server or scene stays one
+  unit (split, each worker would start the module's server again whenever it came back to the file).
 
 Which tests run, and with what, is unchanged: only the order and the worker differ.
 """
@@ -29,7 +30,7 @@ from xdist.scheduler import LoadFileScheduling
 
 from tests.support import slow_files
 
-SHARED_FIXTURE = re.compile(r"""scope\s*=\s*["'](module|class|package)["']""")
+SHARED_FIXTURE = re.compile(r"""scope\s*=\s*["'](module|class|package)["']|^SHARED_SERVER\s*=\s*True""", re.M)
 
 
 @functools.cache

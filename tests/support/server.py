@@ -137,10 +137,12 @@ def providers_env(folder: Path, providers_toml: str, **env: str) -> dict[str, st
 
 
 @contextlib.contextmanager
-def serving(database_url: str, data_dir: Path, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    """A ready server for one test. Afterwards it is stopped and the tail of its log printed, which pytest
-    shows only when the test failed."""
-    proc = ServerProcess(database_url, data_dir, env=env).wait_ready()
+def serving(
+    database_url: str, data_dir: Path, env: dict[str, str] | None = None, *, fork: bool | None = None
+) -> Iterator[ServerProcess]:
+    """A ready server for one test (`fork` as in `ServerProcess`). Afterwards it is stopped and the tail of its
+    log printed, which pytest shows only when the test failed."""
+    proc = ServerProcess(database_url, data_dir, env=env, fork=fork).wait_ready()
     yield proc
     proc.stop()
     print("\n".join(proc.log[-60:]))
