@@ -21,9 +21,11 @@ reports it). Counts saturate at `SATURATED`, so a bomb costs neither time nor me
 `MAX_EXPANDED_FIELDS`, `MAX_SELECTION_FIELDS` or `MAX_OVERLAP` with `QUERY_TOO_COSTLY` before
 any rule runs. Small documents (at most `INLINE_QUERY_CHARS` of text, `INLINE_FIELDS` expanded fields and
 `INLINE_NODES` written nodes: about a millisecond at most) are validated inline as before (the document
-cache of `compiled.CachedDocuments` keeps their verdicts). Every other one is validated in the validation
-process (`api.validation_process`), its passes kept per query text and variables, so the event loop
-only waits for the verdict. The token limit (`Limits.max_tokens`, graphql-core's parser) is reported
+cache of `compiled.CachedDocuments` keeps their verdicts). A text of at most `INLINE_QUERY_CHARS` that is
+not small in shape (an ordinary query of 33 fields or more) is validated on a thread of its own: its work is
+bounded by its length (at most about 6 ms). A longer text is parsed and validated in the validation process
+(`api.validation_process`), so the event loop only waits for the verdict. Passes are kept per query text and
+variables. The token limit (`Limits.max_tokens`, graphql-core's parser) is reported
 with the same code.
 
 Parsing is bounded by the body limit (256 KiB) and the token limit, but a 256 KiB comment, string
@@ -36,9 +38,13 @@ mutations, multipart and graphql-transport-ws subscriptions all go through straw
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextvars
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import strawberry
@@ -317,6 +323,25 @@ def checked(schema: Any, document: DocumentNode, rules: Sequence[type[ASTValidat
     return [refused] if refused is not None else validate_document(schema, document, tuple(rules))
 
 
+# A text of at most INLINE_QUERY_CHARS that is not small in shape is validated on this thread: its work is
+# bounded by its length (at most ~6 ms, bench/validation_worst.py), too little to be worth a trip to the
+# validation process, which most ordinary queries of 33+ fields would otherwise start on every server. While
+# the thread works the interpreter is handed over every POOL_SWITCH_INTERVAL seconds instead of every 5 ms.
+_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="threadloom-validate")
+POOL_SWITCH_INTERVAL = 0.001
+
+
+def _briefly(function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)` on the thread, the interpreter switched every POOL_SWITCH_INTERVAL meanwhile (the
+    previous interval is put back as soon as it is done)."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(min(previous, POOL_SWITCH_INTERVAL))
+    try:
+        return function(*args)
+    finally:
+        sys.setswitchinterval(previous)
+
+
 def _process(context: ExecutionContext) -> ValidationProcess:
     schema = context.schema
     assert isinstance(schema, BoundedSchema), "BoundedValidation needs the schema build_schema makes"
@@ -355,14 +380,23 @@ class BoundedValidation(SchemaExtension):
         values = _variables_key(context.variables)
         if values is not None and process.passed.get((query, values)):
             context.pre_execution_errors = []  # it passed the pre-check and the rules with these variables
-        else:
+        elif big(query):  # a big text whose document was given (parsed texts got their verdict in the parse step)
             verdict = await process.judge(
-                query, context.variables, max_tokens=self.limits.max_tokens, operation=False, big=big(query)
+                query, context.variables, max_tokens=self.limits.max_tokens, operation=False, big=True
             )
             source = document.loc.source if document.loc is not None else Source(query)
             context.pre_execution_errors = errors_of(verdict, source)
             if not verdict.errors and values is not None:
                 process.passed.put((query, values), True)
+        else:
+            # The cost and page rules read the request's variables from a context variable.
+            run = contextvars.copy_context().run
+            loop = asyncio.get_running_loop()
+            schema = context.schema._schema
+            errors = await loop.run_in_executor(_THREAD, _briefly, run, checked, schema, document, tuple(rules))
+            if not errors and values is not None:
+                process.passed.put((query, values), True)
+            context.pre_execution_errors = errors
         yield
 
 
