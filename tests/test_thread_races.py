@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import random
 import re
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -809,39 +810,19 @@ async def test_a_restart_while_the_first_attempt_is_prepared_starts_the_new_atte
     between preparing and recording the turn. That effect must end as a no-op — the new attempt's own effect
     starts the run, with the restart's combined input — not fail, be retried, and start the new attempt itself
     with the first message alone (the restart's message lost)."""
-    home = tmp_path / "ws"
-    home.mkdir()
-    gate = tmp_path / "gate"
-    env = providers_env(tmp_path, PROVIDERS, THREADLOOM_TEST_HOLD_AT=f"turn-recording:{gate}")
-    with serving(database_url, tmp_path / "data", env) as server:
-        api = Client(server.url, server.admin_token)
-        try:
-            project = (await api.gql(CREATE_PROJECT, {"name": "held", "root": str(home)}))["createProject"]
-            thread = (await api.gql(CREATE_THREAD, {"p": project["project"]["id"]}))["createThread"]["thread"]["id"]
-            first = (await api.gql(SEND, {"t": thread, "text": "@reply first", "d": None}))["sendMessage"]
-            run_id = first["run"]["id"]
+    async with _held_first_run(database_url, tmp_path) as (api, thread, run_id, gate):
+        restarted = (await api.gql(RESTART, {"t": thread, "text": "@reply second", "r": run_id}))["sendMessage"]
+        assert restarted["userErrors"] == [] and restarted["appliedDispatch"] == "RESTART_ACTIVE", restarted
+        assert restarted["run"]["id"] == run_id
+        gate.touch()
 
-            async def held() -> bool:
-                return await asyncio.to_thread(Path(f"{gate}.held").exists)
-
-            await until(held)  # the first attempt's start waits between preparing and recording its turn
-            restarted = (await api.gql(RESTART, {"t": thread, "text": "@reply second", "r": run_id}))["sendMessage"]
-            assert restarted["userErrors"] == [] and restarted["appliedDispatch"] == "RESTART_ACTIVE", restarted
-            assert restarted["run"]["id"] == run_id
-            gate.touch()
-
-            assert (await finished(api, run_id))["status"] == "COMPLETED"
-            nodes = (await api.gql(REPLIES, {"t": thread}))["thread"]["messages"]["nodes"]
-            said = " ".join(m["text"] for m in nodes if m["role"] == "ASSISTANT" and m["run"]["id"] == run_id)
-            assert "first" in said and "second" in said, said  # the new attempt got the combined input
-            attempts = (await api.gql(ATTEMPTS, {"r": run_id}))["node"]["attempts"]
-            shown = [(a["attemptOrdinal"], a["status"], a["reason"], len(a["providerTurns"])) for a in attempts]
-            assert shown == [(1, "SUPERSEDED", "INITIAL", 0), (2, "COMPLETED", "STEERING_RESTART", 1)], shown
-        finally:
-            await api.aclose()
-        server.stop()
-        assert server_log.errors(server.log) == [], server.log[-40:]
-    assert await troubled_effects(database_url) == []
+        assert (await finished(api, run_id))["status"] == "COMPLETED"
+        nodes = (await api.gql(REPLIES, {"t": thread}))["thread"]["messages"]["nodes"]
+        said = " ".join(m["text"] for m in nodes if m["role"] == "ASSISTANT" and m["run"]["id"] == run_id)
+        assert "first" in said and "second" in said, said  # the new attempt got the combined input
+        attempts = (await api.gql(ATTEMPTS, {"r": run_id}))["node"]["attempts"]
+        shown = [(a["attemptOrdinal"], a["status"], a["reason"], len(a["providerTurns"])) for a in attempts]
+        assert shown == [(1, "SUPERSEDED", "INITIAL", 0), (2, "COMPLETED", "STEERING_RESTART", 1)], shown
 
 
 async def test_a_steer_whose_attempt_a_restart_superseded_before_delivery_is_not_also_made_a_new_run(
@@ -853,6 +834,35 @@ async def test_a_steer_whose_attempt_a_restart_superseded_before_delivery_is_not
     the steer's included, so the new attempt carries it. The steer's own effect, which runs after the held one
     (one effect at a time per thread), then finds no live turn of the attempt it steered; it must not make the
     message a run of its own too (`steer.became_run`), or the agent is asked it twice."""
+    async with _held_first_run(database_url, tmp_path) as (api, thread, run_id, gate):
+        steer = {"steerActive": {"targetRunId": run_id}}
+        steered = (await api.gql(SEND, {"t": thread, "text": "@reply steered", "d": steer}))["sendMessage"]
+        assert steered["userErrors"] == [] and steered["appliedDispatch"] == "STEER_ACTIVE", steered
+        restarted = (await api.gql(RESTART, {"t": thread, "text": "@reply second", "r": run_id}))["sendMessage"]
+        assert restarted["userErrors"] == [] and restarted["appliedDispatch"] == "RESTART_ACTIVE", restarted
+        gate.touch()
+
+        assert (await finished(api, run_id))["status"] == "COMPLETED"
+        nodes = (await api.gql(REPLIES, {"t": thread}))["thread"]["messages"]["nodes"]
+        said = " ".join(m["text"] for m in nodes if m["role"] == "ASSISTANT" and m["run"]["id"] == run_id)
+        assert all(word in said for word in ("first", "steered", "second")), said  # the restart's whole input
+
+        async def settled() -> bool:  # the steer's effect has run, whatever it did
+            return await unfinished_effects(database_url, [_uuid(thread)]) == 0
+
+        await until(settled)
+        runs = (await api.gql(RUNS, {"t": thread}))["thread"]["runs"]["nodes"]
+        assert [(r["ordinal"], r["userMessage"]["text"]) for r in runs] == [(1, "@reply first")], runs
+        users = [m["text"] for m in nodes if m["role"] == "USER"]
+        assert users == ["@reply first", "@reply steered", "@reply second"], users
+        assert all(m["run"]["id"] == run_id for m in nodes), nodes  # the steer stays run 1's message
+
+
+@contextlib.asynccontextmanager
+async def _held_first_run(database_url: str, tmp_path: Path) -> AsyncIterator[tuple[Client, str, str, Path]]:
+    """A server whose first run's start effect is held at `turn-recording` (between preparing and recording its
+    turn) until `gate` is touched: yields (client, thread id, run id, gate) once the hold is reached. On exit the
+    server stops, and its log and the effects table must show no error."""
     home = tmp_path / "ws"
     home.mkdir()
     gate = tmp_path / "gate"
@@ -868,28 +878,8 @@ async def test_a_steer_whose_attempt_a_restart_superseded_before_delivery_is_not
             async def held() -> bool:
                 return await asyncio.to_thread(Path(f"{gate}.held").exists)
 
-            await until(held)  # the first attempt's start waits between preparing and recording its turn
-            steer = {"steerActive": {"targetRunId": run_id}}
-            steered = (await api.gql(SEND, {"t": thread, "text": "@reply steered", "d": steer}))["sendMessage"]
-            assert steered["userErrors"] == [] and steered["appliedDispatch"] == "STEER_ACTIVE", steered
-            restarted = (await api.gql(RESTART, {"t": thread, "text": "@reply second", "r": run_id}))["sendMessage"]
-            assert restarted["userErrors"] == [] and restarted["appliedDispatch"] == "RESTART_ACTIVE", restarted
-            gate.touch()
-
-            assert (await finished(api, run_id))["status"] == "COMPLETED"
-            nodes = (await api.gql(REPLIES, {"t": thread}))["thread"]["messages"]["nodes"]
-            said = " ".join(m["text"] for m in nodes if m["role"] == "ASSISTANT" and m["run"]["id"] == run_id)
-            assert all(word in said for word in ("first", "steered", "second")), said  # the restart's whole input
-
-            async def settled() -> bool:  # the steer's effect has run, whatever it did
-                return await unfinished_effects(database_url, [_uuid(thread)]) == 0
-
-            await until(settled)
-            runs = (await api.gql(RUNS, {"t": thread}))["thread"]["runs"]["nodes"]
-            assert [(r["ordinal"], r["userMessage"]["text"]) for r in runs] == [(1, "@reply first")], runs
-            users = [m["text"] for m in nodes if m["role"] == "USER"]
-            assert users == ["@reply first", "@reply steered", "@reply second"], users
-            assert all(m["run"]["id"] == run_id for m in nodes), nodes  # the steer stays run 1's message
+            await until(held)
+            yield api, thread, run_id, gate
         finally:
             await api.aclose()
         server.stop()
