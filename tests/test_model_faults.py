@@ -301,12 +301,18 @@ def test_claude_repeated_529s_without_a_status_are_read_as_overloaded() -> None:
     )
 
 
-def test_a_claude_api_error_without_a_status_is_a_stream_cut_only_when_a_reply_of_the_turn_broke_off() -> None:
+def test_a_claude_api_error_without_a_status_is_a_cut_when_a_reply_broke_off_or_the_connection_dropped() -> None:
+    """The lost connection's words make a cut even when no partial reply was shown: the CLI can report the error
+    without the stream lines it had read (seen in CI under load). Another statusless API error is no cut."""
     result = {"subtype": "success", "is_error": True, "api_error_status": None}
     result["result"] = "API Error: Connection to the API was lost (ECONNRESET). This is usually temporary — try again."
+    stream_cut = ModelFailure(RunFailureCode.MODEL_STREAM_CUT)
     cut = Turn("t1", unechoed=0, stream_cut=True)
-    assert cut.outcome(result) == ("failed", result["result"], ModelFailure(RunFailureCode.MODEL_STREAM_CUT))
-    assert Turn("t2", unechoed=0).outcome(result) == ("failed", result["result"], None)  # twin: nothing broke off
+    assert cut.outcome(result) == ("failed", result["result"], stream_cut)
+    assert Turn("t2", unechoed=0).outcome(result) == ("failed", result["result"], stream_cut)  # nothing streamed
+    other = {**result, "result": "API Error: Request was aborted."}
+    assert Turn("t3", unechoed=0).outcome(other) == ("failed", other["result"], None)  # twin: not a lost connection
+    assert Turn("t4", unechoed=0, stream_cut=True).outcome(other) == ("failed", other["result"], stream_cut)
     cut.retrying({"type": "system", "subtype": "api_retry", "error_status": 503, "error": "server_error"})
     assert cut.outcome(result) == ("failed", result["result"], ModelFailure(RunFailureCode.MODEL_SERVER_ERROR, 503))
 

@@ -20,6 +20,7 @@ Behaviour of Claude Code 2.1.197 this relies on (observed against the fake model
   529s: "Repeated 529 Overloaded errors"). A reply stream that breaks off is asked again without streaming,
   with no `api_retry` line; when that reply breaks off too, the query ends with an "API Error: Connection to
   the API was lost (ECONNRESET)" result without a status (after an assistant message carrying that text).
+  Whether the partial reply streamed first is a race inside the CLI, so those words count as a cut too.
 - Interrupt (`control_request` `interrupt`) ends the running query with the partial
   assistant message, a "[Request interrupted by user]" user line and
   `result/error_during_execution`; the process takes the next message. It does not drop
@@ -90,6 +91,14 @@ class Turn:
             return None  # not a model API error: the agent failed otherwise
         if self.retry_error == OVERLOADED or "529" in text:
             return ModelFailure(RunFailureCode.MODEL_OVERLOADED, 529)
-        if self.retry_status is None and self.stream_cut:  # the reply broke off, and so did the re-ask
-            return ModelFailure(RunFailureCode.MODEL_STREAM_CUT)
+        if self.retry_status is None and (self.stream_cut or _connection_lost(text)):
+            return ModelFailure(RunFailureCode.MODEL_STREAM_CUT)  # the reply broke off, and so did the re-ask
         return model_failure(self.retry_status)
+
+
+def _connection_lost(text: str) -> bool:
+    """Claude Code's words for a reply whose connection broke off. Its partial stream is not always shown
+    first: when the rest of the reply and the end of the connection arrive together, the CLI reports the
+    error without the `stream_event` lines it had already read, so `stream_cut` alone misses the cut."""
+    lowered = text.lower()
+    return "connection to the api was lost" in lowered or "econnreset" in lowered
