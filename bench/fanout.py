@@ -717,7 +717,7 @@ class Bench:
             if system == "threadloom":
                 self.server_deflate = deflate  # the floor's uvicorn is started with the same setting
             latest = await target.latest(self.http, topics)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(args.settle / 2)  # the server's RSS settles before it is read
             phase.rss_before = rss_kib(target.pid)
 
             # K subscriptions, round-robin over the topics, then over the client processes.
@@ -749,7 +749,7 @@ class Bench:
                 phase.problems.append(f"{sum(r['replayed'] for r in replies)} items replayed before synchronized")
             if phase.connect_s > args.max_connect:
                 phase.problems.append(f"connecting took {phase.connect_s:.0f} s > --max-connect {args.max_connect:.0f}")
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(args.settle)
             phase.rss_after = rss_kib(target.pid)
 
             armed = await asyncio.gather(
@@ -1008,6 +1008,7 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=300, help="seconds; no larger K when it would pass this")
     parser.add_argument("--smoke", action="store_true", help="K=20 and a few events: seconds (for the tests)")
     args = parser.parse_args()
+    args.settle = 0.0 if args.smoke else 1.0  # seconds for the RSS to settle; its figure means nothing in a smoke
     if args.smoke:
         args.k, args.step, args.events, args.min_events = [20], [], 10, 5
         args.threads, args.spread_events, args.timeout, args.idle = 4, 2, 30, 10

@@ -23,7 +23,7 @@ stamped just before the producer's transaction), RSS per idle subscription, CPU 
 floor is bench/ws_floor_app.py with the same sockets, layout and pacing (its producer is an HTTP
 publish per event).
 
-`--smoke` (200 subscriptions over 20 threads for 2 s) finishes in seconds, for tests/test_bench_smoke.py.
+`--smoke` (200 subscriptions over 20 threads for 1 s) finishes in seconds, for tests/test_bench_smoke.py.
 """
 
 from __future__ import annotations
@@ -190,10 +190,11 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=2, help="client subprocesses holding the sockets")
     parser.add_argument("--per-socket", type=int, default=10, help="subscriptions per socket")
     parser.add_argument("--connect-concurrency", type=int, default=100)
-    parser.add_argument("--smoke", action="store_true", help="200 subscriptions over 20 threads for 2 s")
+    parser.add_argument("--smoke", action="store_true", help="200 subscriptions over 20 threads for 1 s")
     args = parser.parse_args()
+    args.settle = 0.0 if args.smoke else 1.0  # as in fanout.py
     if args.smoke:
-        args.k, args.threads, args.seconds, args.clients = 200, 20, 2.0, 1
+        args.k, args.threads, args.seconds, args.clients = 200, 20, 1.0, 1
     # What bench/fanout.py's Bench and workers read.
     args.deflate, args.producers, args.timeout, args.idle = False, 1, 120.0, 15.0
     args.max_connect, args.min_events, args.events, args.max_messages = 600.0, 1, 1, 10**9
