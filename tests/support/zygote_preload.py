@@ -1,6 +1,6 @@
 """What the forkserver of tests/support/zygote.py does once for every server it forks: import the modules a
-`threadloom serve` needs, build the schema once (strawberry's first build fills caches a second one reuses:
-0.10 s against 0.03 s), and move the whole heap out of the garbage collector's sight (`gc.freeze`), so each
+`threadloom serve` needs, build the schema each fork takes (`prebuild_schema`), read the migrations' head,
+and move the whole heap out of the garbage collector's sight (`gc.freeze`), so each
 fork's first full collection walks only what the fork made."""
 
 import gc
@@ -13,9 +13,10 @@ import uvicorn.protocols.websockets.websockets_sansio_impl  # noqa: F401
 
 import threadloom.app
 import threadloom.cli  # noqa: F401
-from threadloom.api.schema import build_schema
-from threadloom.config import Limits
+from threadloom.api.schema import prebuild_schema
+from threadloom.store.migrate import head_revision
 
-build_schema(Limits())
+prebuild_schema()  # each fork takes it, with the default limits (a server with other limits builds its own)
+head_revision()
 gc.collect()
 gc.freeze()

@@ -6,6 +6,7 @@ an advisory lock so two processes starting together do not race.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -35,6 +36,7 @@ def alembic_config() -> Config:
     return cfg
 
 
+@functools.cache  # the scripts of an installed release do not change while it runs; reading them costs ~40 ms
 def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
