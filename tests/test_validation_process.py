@@ -2,7 +2,8 @@
 
 In-process tests compare each big document's answer with the same document written small (validated
 inline, as strawberry does): the same data, messages, codes and locations (the big one's shifted by its
-padding). One real server shows the child dies with the server, and a killed child is replaced.
+padding). Real servers show the child is forked before the server serves and dies with it; a killed
+child is replaced, and a process running other threads spawns it instead.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,12 +137,44 @@ async def test_a_killed_validation_process_is_replaced(schema: Any) -> None:
     assert second != first
 
 
+def _forked(child: psutil.Process, parent: psutil.Process) -> bool:
+    return child.cmdline() == parent.cmdline()
+
+
+def _spawned(child: psutil.Process) -> bool:
+    return any("spawn_main" in part for part in child.cmdline())
+
+
 def _validation_children(server: ServerProcess) -> list[psutil.Process]:
-    return [
-        child
-        for child in psutil.Process(server.proc.pid).children()
-        if any("spawn_main" in part for part in child.cmdline())
-    ]
+    """The server's validation process: a fork of it (the same command line), or one it spawned."""
+    me = psutil.Process(server.proc.pid)
+    return [child for child in me.children() if _forked(child, me) or _spawned(child)]
+
+
+def test_a_server_forks_its_validation_process_before_it_serves(server: ServerProcess) -> None:
+    """Ready, and no document sent yet: the child is there, a fork of the server (it shares the imported
+    modules), so the first big document does not wait for a second of imports."""
+    me = psutil.Process(server.proc.pid)
+    [child] = _validation_children(server)
+    assert _forked(child, me) and not _spawned(child)
+
+
+async def test_a_process_running_other_threads_spawns_the_child_on_first_need() -> None:
+    """The twin: `start` forks only a process that runs no other thread (a fork would copy a lock another
+    thread holds as held); with a thread running it starts nothing, and the first big document spawns it."""
+    built = build_schema()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert built.validation.start() is False and built.validation.pids() == []
+        assert (await built.execute(PADDING + "{ __typename }")).data == {"__typename": "Query"}
+        [pid] = built.validation.pids()
+        assert _spawned(psutil.Process(pid))
+    finally:
+        stop.set()
+        other.join()
+        built.validation.close()
 
 
 async def test_the_validation_process_dies_with_its_server(server: ServerProcess, client: Client) -> None:

@@ -62,7 +62,10 @@ def _stop_self(app: Starlette) -> None:
 
 
 def create_app(settings: Settings, database_url: str, clock: Clock | None = None) -> Starlette:
+    """The ASGI app. Its schema is built here, before it serves: `threadloom serve` starts the schema's
+    validation process (`app.state.schema.validation.start`) while it runs no other thread."""
     holder: dict[str, Services] = {}
+    schema = build_schema(settings.limits, dev=settings.dev)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -76,7 +79,6 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         services.pipeline.listeners.append(live.on_commit)
         await services.start(on_worker_lost=lambda: _stop_self(app))
         holder["services"] = services
-        schema = build_schema(settings.limits, dev=settings.dev)
         view = GraphQLView(services, schema, live)
         settle_garbage_collector()
         endpoint = Gate(view, services)
@@ -95,7 +97,7 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
             yield
         finally:
             await metrics.stop()
-            schema.validation.close()  # its child, if a big document started one
+            schema.validation.close()  # its child, if started
             await services.stop()
             await live.stop()
             await services.db.dispose()
@@ -118,4 +120,6 @@ def create_app(settings: Settings, database_url: str, clock: Clock | None = None
         return JSONResponse({"status": "ready"})
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), *dashboard_routes(), *graphiql.routes(settings.ide)]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=tracing.middleware())  # [] unless OTEL_* asks
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=tracing.middleware())  # [] unless OTEL_* asks
+    app.state.schema = schema
+    return app

@@ -157,6 +157,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"The admin token is also in {saved} (mode 0600: only its owner can read it)", flush=True)
         print(f"Admin token (shown once, keep it): {admin}", flush=True)
     app = create_app(settings, url)
+    # Before uvicorn starts a thread: the validation process is forked now, sharing the imported modules.
+    app.state.schema.validation.start(close=(listener.fileno(),))
     for sig in (signal.SIGINT, signal.SIGTERM):  # the exit code: app.WORKER_LOST_EXIT if it stopped itself
         signal.signal(sig, lambda *_: _exit_on_signal(0, None, int(getattr(app.state, "exit_code", 0))))
     config = uvicorn.Config(

@@ -17,11 +17,13 @@ What crosses back is small and quick to read:
   never executed, so its nodes need not cross;
 - the text's line index (`IndexedSource`), so a location is found by bisection rather than a scan.
 
-One process per schema (`ValidationProcess`), started on the first document that needs it (about a
-second: it imports and builds the same schema, same limits, same dev flag) and started again if it
-dies. The request's variables travel as JSON for the cost and page rules. One process is enough: the
-pre-check bounds each document's work, and on a two-core machine a second would compete with the loop
-for the other core.
+One process per schema (`ValidationProcess`). `threadloom serve` starts it before it serves, forked
+while it runs no other thread (it shares the imported modules: ready in about 0.1 s), so the first big
+document does not wait. A child started later (one replacing a child that died, or the first in a
+process that never called `start`) is forked only while the process runs no other thread, else spawned
+(about a second: it imports and builds the same schema, same limits, same dev flag). The request's
+variables travel as JSON for the cost and page rules. One process is enough: the pre-check bounds each
+document's work, and on a two-core machine a second would compete with the loop for the other core.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import array
 import asyncio
 import bisect
 import concurrent.futures
+import contextlib
 import ctypes
 import dataclasses
 import io
@@ -124,11 +127,19 @@ class Verdict:
 _child: tuple[GraphQLSchema, tuple[type[ASTValidationRule], ...], Any] | None = None
 
 
-def _start(limits: Limits, dev: bool, parent: int) -> None:
+def _start(limits: Limits, dev: bool, parent: int, close: tuple[int, ...] = ()) -> None:
     """The child's initializer: it dies with the server, and builds the same schema and rules as the
-    server's (imported here, where the parent's modules are not loaded yet)."""
+    server's (imported here: a spawned child has not loaded the parent's modules yet). A forked child also
+    closes the server's descriptors it was given (its listening socket) and drops the signal handlers and
+    wake-up descriptor it inherited: a signal to it must not reach the server's loop."""
     global _child
     _die_with(parent)
+    for fd in close:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    signal.set_wakeup_fd(-1)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_DFL)
     from threadloom.api import bounds, schema, validation
 
     built = schema.build_schema(limits, dev=dev)
@@ -142,6 +153,11 @@ def _die_with(parent: int) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the server died before the request took effect
         os._exit(1)
+
+
+def _ready() -> bool:
+    """Nothing: sent once to have the child start and initialize (`ValidationProcess.start`)."""
+    return _child is not None
 
 
 def _judge(query: str, variables: bytes, max_tokens: int | None, operation: str | bool | None, big: bool) -> Verdict:
@@ -254,16 +270,30 @@ class ValidationProcess:
         # (query, operation, variables) -> the document that passed: a big text repeated is not sent again.
         self.documents = _Lru(32)
 
-    def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
+    def _pool(self, close: tuple[int, ...] = ()) -> concurrent.futures.ProcessPoolExecutor:
         with self._lock:
             if self._executor is None:
+                # A fork shares the imported modules (the child is ready in ~0.1 s); a spawned child imports
+                # and builds everything (~1 s of CPU). Only a process running no other thread is forked: a
+                # fork copies a lock another thread holds as held.
+                alone = threading.active_count() == 1
                 self._executor = concurrent.futures.ProcessPoolExecutor(
                     max_workers=1,
-                    mp_context=multiprocessing.get_context("spawn"),  # no fork of a process with threads
+                    mp_context=multiprocessing.get_context("fork" if alone else "spawn"),
                     initializer=_start,
-                    initargs=(self.limits, self.dev, os.getpid()),
+                    initargs=(self.limits, self.dev, os.getpid(), close if alone else ()),
                 )
             return self._executor
+
+    def start(self, close: tuple[int, ...] = ()) -> bool:
+        """Start the child now, while this process runs no other thread (`threadloom serve`, before it
+        serves): forked, it costs little, and the first big document does not wait for a spawn. `close`:
+        descriptors of the server the child must not keep (its listening socket). Returns whether it
+        started; with other threads running it is left to start on first need, spawned."""
+        if threading.active_count() != 1:
+            return False
+        self._pool(close).submit(_ready).result(timeout=60)
+        return True
 
     def pids(self) -> list[int]:
         """The running child's pid, if any (for tests and the operator)."""
