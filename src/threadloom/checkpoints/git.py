@@ -18,7 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from threadloom import io_guard
+from threadloom import io_guard, subprocesses
 from threadloom.agent.sandbox import BWRAP_ENV, SANDBOX_PATH, SYSTEM_LINKS, SandboxUnavailable, find_bwrap
 from threadloom.checkpoints.errors import CheckpointError, CheckpointErrorCode
 
@@ -147,7 +147,7 @@ class Git:
     ) -> GitResult:
         """Run `git <args>` (see `launch`); non-zero exit raises GIT_FAILED unless `check` is False."""
         how = self.launch(*args, bare=bare, workspace_fd=workspace_fd)
-        process = await asyncio.create_subprocess_exec(
+        process = await subprocesses.create_subprocess_exec(
             *how.argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

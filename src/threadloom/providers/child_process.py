@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from threadloom import io_guard, unprivileged
+from threadloom import io_guard, subprocesses, unprivileged
 from threadloom.providers.contract import ProviderError
 
 log = logging.getLogger("threadloom.providers")
@@ -81,7 +81,7 @@ async def spawn_process(
             await asyncio.to_thread(unprivileged.check_reach, [program] + ([cwd] if cwd else []))
         except unprivileged.CannotReach as error:
             raise ProviderError(AGENT_USER_CANNOT_RUN, str(error)) from error
-    return await asyncio.create_subprocess_exec(
+    return await subprocesses.create_subprocess_exec(
         *contained(argv),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,

@@ -1,0 +1,75 @@
+"""Child processes started with `vfork`, whatever the event loop: `create_subprocess_exec`.
+
+The server runs on uvloop (uvicorn's choice when it is installed). uvloop starts a child through libuv, which
+calls `fork()`: the kernel copies the page tables of the whole server, and every page either side writes
+afterwards faults and is copied, before the child even reaches `exec`. The server starts git for every
+checkpoint and restore, and a sandbox for every agent: measured on a process with a 200 MB heap, a child cost
+7.8 ms and 8 ms of CPU under uvloop against 1.2 ms under the standard loop, whose `subprocess.Popen` uses
+`vfork` (nothing copied; the parent waits the few microseconds until `exec`).
+
+So the child is made by `subprocess.Popen` (asyncio's own Unix subprocess transport, as the standard loop
+makes it), its pipes are connected through the running loop (`connect_read_pipe` and `connect_write_pipe`,
+which uvloop implements), and its exit is read from a pidfd the loop watches. What the caller gets is an
+`asyncio.subprocess.Process`, the same as `asyncio.create_subprocess_exec` returns. On the standard loop, or on
+a kernel without pidfds (before Linux 5.3), it is exactly `asyncio.create_subprocess_exec`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+from asyncio import subprocess as aio_subprocess
+from asyncio import unix_events
+from typing import Any
+
+
+async def create_subprocess_exec(
+    program: str, *args: str, limit: int = 2**16, **kwargs: Any
+) -> asyncio.subprocess.Process:
+    """`asyncio.create_subprocess_exec(program, *args, limit=limit, **kwargs)`, the child made with vfork."""
+    loop = asyncio.get_running_loop()
+    if isinstance(loop, unix_events.SelectorEventLoop) or not _pidfds():
+        return await asyncio.create_subprocess_exec(program, *args, limit=limit, **kwargs)
+    stdin, stdout, stderr = (kwargs.pop(name, None) for name in ("stdin", "stdout", "stderr"))
+    protocol = aio_subprocess.SubprocessStreamProtocol(limit=limit, loop=loop)
+    waiter = loop.create_future()
+    transport = unix_events._UnixSubprocessTransport(  # type: ignore[attr-defined]
+        loop, protocol, [program, *args], False, stdin, stdout, stderr, 0, waiter=waiter, **kwargs
+    )
+    _watch_exit(loop, transport)
+    try:
+        await waiter
+    except BaseException:
+        transport.close()
+        await transport._wait()
+        raise
+    return aio_subprocess.Process(transport, protocol, loop)
+
+
+@functools.cache
+def _pidfds() -> bool:
+    """Whether this kernel opens pidfds (Linux 5.3 and later)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+def _watch_exit(loop: asyncio.AbstractEventLoop, transport: Any) -> None:
+    """Tell the transport its child exited once the child's pidfd becomes readable (it does at exit)."""
+    pid = transport.get_pid()
+    fd = os.pidfd_open(pid)
+
+    def exited() -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        returncode = 255
+        with contextlib.suppress(ChildProcessError):
+            _, status = os.waitpid(pid, 0)
+            returncode = os.waitstatus_to_exitcode(status)
+        transport._process_exited(returncode)
+
+    loop.add_reader(fd, exited)

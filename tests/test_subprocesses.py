@@ -1,0 +1,81 @@
+"""`threadloom.subprocesses.create_subprocess_exec`: a child made with vfork (`subprocess.Popen`) under uvloop,
+the server's loop, behaving as `asyncio.create_subprocess_exec`'s: pipes both ways, exit codes, signals,
+large output, many at once, none left unreaped. Each check runs on uvloop and, the twin, on the standard loop
+(where the helper is asyncio's own)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import psutil
+import pytest
+import uvloop
+
+from threadloom.subprocesses import create_subprocess_exec
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "uvloop": uvloop.new_event_loop,
+    "asyncio": asyncio.SelectorEventLoop,
+}
+PIPES = {"stdin": asyncio.subprocess.PIPE, "stdout": asyncio.subprocess.PIPE, "stderr": asyncio.subprocess.PIPE}
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def _run(loop: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        runner.run(work())
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_child_talks_exits_and_is_reaped_as_asyncios_would(loop: str) -> None:
+    async def work() -> None:
+        cat = await create_subprocess_exec("cat", **PIPES)
+        if loop == "uvloop":  # made by subprocess.Popen (vfork), not by libuv (fork)
+            assert isinstance(cat._transport._proc, subprocess.Popen)  # type: ignore[attr-defined]
+        assert cat.stdin is not None and cat.stdout is not None
+        cat.stdin.write(b"one line\n")
+        await cat.stdin.drain()
+        assert await cat.stdout.readline() == b"one line\n"
+        out, err = await cat.communicate(b"the rest")
+        assert (out, err, cat.returncode) == (b"the rest", b"", 0)
+
+        big = await create_subprocess_exec("head", "-c", str(4 << 20), "/dev/zero", **PIPES)
+        out, _ = await big.communicate()
+        assert len(out) == 4 << 20 and big.returncode == 0
+
+        failing = await create_subprocess_exec("sh", "-c", "echo no >&2; exit 3", **PIPES)
+        assert await failing.communicate() == (b"", b"no\n") and failing.returncode == 3
+
+        sleeper = await create_subprocess_exec("sleep", "60", **PIPES, start_new_session=True)
+        sleeper.kill()
+        assert await asyncio.wait_for(sleeper.wait(), 10) == -9
+
+        many = [await create_subprocess_exec("sh", "-c", f"exit {i % 5}", **PIPES) for i in range(40)]
+        codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in many)), 30)
+        assert codes == [i % 5 for i in range(40)]
+        for child in [cat, big, failing, sleeper, *many]:  # every child reaped: no zombie left
+            assert _reaped(child.pid)
+
+    _run(loop, work)
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_program_that_cannot_start_raises_as_asyncios_would(loop: str) -> None:
+    async def work() -> None:
+        before = {child.pid for child in psutil.Process().children()}
+        with pytest.raises(FileNotFoundError):
+            await create_subprocess_exec("/no/such/program", **PIPES)
+        assert {child.pid for child in psutil.Process().children()} <= before
+
+    _run(loop, work)
