@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.graphql import make_project, make_thread
 from tests.support.pg import postgres_pids, postmaster_pid
-from tests.support.server import ServerProcess
+from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
+from tests.support.ws import WsClient
+
+EVENTS = "subscription($t: ID!) { threadEvents(threadId: $t) { sequence } }"
 
 
 async def gone(pgdata: Path) -> bool:
@@ -33,6 +37,35 @@ async def test_a_clean_stop_stops_the_embedded_server(tmp_path: Path, sig: signa
     await until(lambda: gone(pgdata), within=10)
     assert not (pgdata / "postmaster.pid").exists()
     assert (pgdata / ".handle_pids.json").read_text() == "[]"
+
+
+async def test_a_second_ctrl_c_during_the_shutdown_stops_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C twice: the second one, sent once the shutdown has begun (the open subscription was told
+    SERVER_GOING_AWAY), stops the server at once; still exit 0, no error in the log (uvicorn skipped the app's
+    shutdown, and the loop's teardown cancelled it midway: an error-level traceback), and the embedded
+    PostgreSQL stopped."""
+    data = tmp_path / "data"
+    server = ServerProcess(None, data).wait_ready(timeout=90)
+    pgdata = data / "pg"
+    client = Client(server.url, server.admin_token)
+    try:
+        thread = (await make_thread(client, await make_project(client, "stop")))["id"]
+        ws = await WsClient.connect(server.url, server.admin_token)
+        await ws.subscribe(EVENTS, {"t": thread})
+        server.proc.send_signal(signal.SIGINT)
+        said = await ws.receive(30)
+        while said["type"] == "next" and "errors" not in said["payload"]:  # the thread's history first
+            said = await ws.receive(30)
+        assert [e["extensions"]["code"] for e in said["payload"]["errors"]] == ["SERVER_GOING_AWAY"], said
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(30) == 0, "\n".join(server.log[-30:])
+    finally:
+        await client.aclose()
+        server.kill()
+    await until(lambda: gone(pgdata), within=10)
+    errors = [line for line in server.log if '"level":"error"' in line or "Traceback" in line]
+    assert errors == [], errors
+    assert any("Application shutdown complete" in line for line in server.log)
 
 
 async def test_a_crash_leaves_the_server_for_the_next_start(tmp_path: Path) -> None:

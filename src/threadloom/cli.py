@@ -214,6 +214,7 @@ def _save_admin_token(data_dir: Path, secret: str) -> Path:
 
 
 GOING_AWAY_SECONDS = 1.0  # how long the subscriptions' last items may take to go out
+FORCED_SHUTDOWN_SECONDS = 10.0  # after a second Ctrl-C, how long the app's own shutdown may take
 
 
 def _graceful_server(base: type[Any], app: Any) -> type[Any]:
@@ -235,6 +236,20 @@ def _graceful_server(base: type[Any], app: Any) -> type[Any]:
                 except Exception:
                     logging.getLogger("threadloom").exception("ending subscriptions for the shutdown failed")
             await super().shutdown(sockets)
+            done = getattr(self.lifespan, "shutdown_event", None)
+            if self.force_exit and done is not None and not done.is_set():
+                await self._forced_app_shutdown()
+
+        async def _forced_app_shutdown(self) -> None:
+            """A second Ctrl-C makes uvicorn stop waiting for connections and skip the app's shutdown. Left
+            undone, the app's cleanup was cancelled midway by the loop's teardown: an error-level traceback in
+            the log, and the services stopped by nothing. It runs here instead, for a bounded time."""
+            try:
+                await asyncio.wait_for(self.lifespan.shutdown(), FORCED_SHUTDOWN_SECONDS)
+            except TimeoutError:
+                logging.getLogger("threadloom").warning(
+                    "stopping at once: the services did not stop within %.0f s", FORCED_SHUTDOWN_SECONDS
+                )
 
     return GracefulServer
 
