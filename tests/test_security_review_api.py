@@ -115,19 +115,40 @@ MIXED = {  # B's own thread with A's run or node
 }
 
 
-async def _first_answer(ws: WsClient, query: str, variables: dict[str, Any]) -> Any:
-    """The subscription's first message (the answer compared), after which it is ended."""
+WATCH = "subscription($t: ID!) { threadEvents(threadId: $t) { sequence } }"
+LATEST = "query($t: ID!) { thread(id: $t) { latestSequence } }"
+RENAME = (
+    "mutation($t: ID!, $title: String!) { renameThread(input: {threadId: $t, title: $title}) { userErrors { code } } }"
+)
+
+
+def _sequence(message: dict[str, Any]) -> int:
+    return int(((message["payload"]["data"] or {}).get("threadEvents") or {}).get("sequence", 0))
+
+
+async def _first_answer(ws: WsClient, query: str, variables: dict[str, Any], barrier: tuple[Client, str, str]) -> Any:
+    """The subscription's first message (the answer compared), after which it is ended.
+
+    A live subscription with nothing to say answers nothing. That silence is told from a slow answer by an
+    event, not a timer: `barrier` is (client, operate token, a thread of that project). A second subscription on
+    the same socket watches that thread, the thread is renamed after both started, and once the watcher has the
+    rename, a subscription that said nothing yet is silent (an answer is decided when it starts)."""
+    client, token, thread = barrier  # a thread of the socket's project that no compared subscription reads
     op = await ws.subscribe(query, variables)
-    try:
-        message = await ws.receive(within=3)
-    except TimeoutError:  # a live subscription with nothing to say yet: that silence is its answer
-        await ws.ws.send(orjson.dumps({"id": op, "type": "complete"}).decode())
-        return {"silent": True}
-    while message.get("id") != op:  # the tail of an earlier, ended subscription
+    watch = await ws.subscribe(WATCH, {"t": thread})
+    before = (await client.gql(LATEST, {"t": thread}, token=token))["thread"]["latestSequence"]
+    renamed = await client.gql(RENAME, {"t": thread, "title": uuid.uuid4().hex}, token=token)
+    assert renamed["renameThread"]["userErrors"] == [], renamed
+    answer: Any = None
+    while answer is None:
         message = await ws.receive()
-    if message["type"] == "next":
-        await ws.ws.send(orjson.dumps({"id": op, "type": "complete"}).decode())
-    return {k: v for k, v in message.items() if k != "id"}
+        if message.get("id") == op:
+            answer = {k: v for k, v in message.items() if k != "id"}
+        elif message.get("id") == watch and message["type"] == "next" and _sequence(message) > before:
+            answer = {"silent": True}
+    for ended in (op, watch):  # the tails of both are skipped by the next call (other ids)
+        await ws.ws.send(orjson.dumps({"id": ended, "type": "complete"}).decode())
+    return answer
 
 
 async def test_another_projects_objects_and_keys_look_like_unknown_ids_everywhere(
@@ -172,15 +193,16 @@ async def test_another_projects_objects_and_keys_look_like_unknown_ids_everywher
         if seen.content != never.content:
             differing.append((query, seen.text, never.text))
     ws = await WsClient.connect(server.url, b_read)
+    barrier = (client, b_operate, (await make_thread(client, b, "barrier"))["id"])  # not `mine`: it is compared
     try:
         for name, query in SUBSCRIPTIONS.items():
-            seen = await _first_answer(ws, query, {"id": theirs["Thread"]})
-            never = await _first_answer(ws, query, {"id": random_id("Thread")})
+            seen = await _first_answer(ws, query, {"id": theirs["Thread"]}, barrier)
+            never = await _first_answer(ws, query, {"id": random_id("Thread")}, barrier)
             if seen != never:
                 differing.append((name, seen, never))
         for name, (query, kind) in MIXED.items():
-            seen = await _first_answer(ws, query, {"t": mine, "id": theirs[kind]})
-            never = await _first_answer(ws, query, {"t": mine, "id": random_id(kind)})
+            seen = await _first_answer(ws, query, {"t": mine, "id": theirs[kind]}, barrier)
+            never = await _first_answer(ws, query, {"t": mine, "id": random_id(kind)}, barrier)
             if seen != never:
                 differing.append((name, seen, never))
     finally:
