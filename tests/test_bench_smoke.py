@@ -31,6 +31,7 @@ BENCHMARKS = [
     "acp_prompts.py",
     "acp_turns.py",
     "validation_worst.py",
+    "child_spawn.py",
 ]
 RATIO = re.compile(r"^\s*ratio\s+(median\s+)?[0-9.]+x", re.MULTILINE)
 

@@ -3,9 +3,10 @@
 The server runs on uvloop (uvicorn's choice when it is installed). uvloop starts a child through libuv, which
 calls `fork()`: the kernel copies the page tables of the whole server, and every page either side writes
 afterwards faults and is copied, before the child even reaches `exec`. The server starts git for every
-checkpoint and restore, and a sandbox for every agent: measured on a process with a 200 MB heap, a child cost
-7.8 ms and 8 ms of CPU under uvloop against 1.2 ms under the standard loop, whose `subprocess.Popen` uses
-`vfork` (nothing copied; the parent waits the few microseconds until `exec`).
+checkpoint and restore, and a sandbox for every agent: from a process with a 200 MB heap a child cost 7.2 ms
+and 7.4 ms of CPU under uvloop, against 1.2 ms under the standard loop, whose `subprocess.Popen` uses `vfork`
+(nothing copied; the parent waits the few microseconds until `exec`), and 1.0 ms this way
+(bench/child_spawn.py).
 
 So the child is made by `subprocess.Popen` (asyncio's own Unix subprocess transport, as the standard loop
 makes it), its pipes are connected through the running loop (`connect_read_pipe` and `connect_write_pipe`,
