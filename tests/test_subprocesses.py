@@ -15,6 +15,7 @@ import psutil
 import pytest
 import uvloop
 
+from threadloom import subprocesses
 from threadloom.subprocesses import create_subprocess_exec
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
@@ -79,3 +80,22 @@ def test_a_program_that_cannot_start_raises_as_asyncios_would(loop: str) -> None
         assert {child.pid for child in psutil.Process().children()} <= before
 
     _run(loop, work)
+
+
+def test_a_child_whose_exit_cannot_be_watched_is_not_left_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pidfd for the new child (the process is out of descriptors): the call fails and the child is killed
+    and reaped, not left running with nothing to reap it. The twin is every test above: with a pidfd it runs."""
+
+    def refused(pid: int) -> int:
+        monkeypatch.undo()  # only the child's pidfd is refused
+        raise OSError(24, "Too many open files")
+
+    async def work() -> None:
+        before = {child.pid for child in psutil.Process().children()}
+        assert subprocesses._pidfds()  # this kernel's answer, read before the refusal below
+        monkeypatch.setattr(os, "pidfd_open", refused)
+        with pytest.raises(OSError, match="Too many open files"):
+            await create_subprocess_exec("sleep", "60", **PIPES)
+        assert {child.pid for child in psutil.Process().children()} <= before
+
+    _run("uvloop", work)

@@ -39,7 +39,12 @@ async def create_subprocess_exec(
     transport = unix_events._UnixSubprocessTransport(  # type: ignore[attr-defined]
         loop, protocol, [program, *args], False, stdin, stdout, stderr, 0, waiter=waiter, **kwargs
     )
-    _watch_exit(loop, transport)
+    try:
+        _watch_exit(loop, transport)
+    except OSError:  # no pidfd (out of descriptors): nothing would reap the child, so it is ended here
+        transport.close()  # kills it
+        transport._process_exited(transport._proc.wait())  # killed: reaped at once
+        raise
     try:
         await waiter
     except BaseException:
