@@ -23,7 +23,7 @@ from threadloom.engine.services import Services
 from threadloom.store import events as log_reader
 from threadloom.store.events import LogEvent
 from threadloom.streams import hub as hub_module
-from threadloom.streams.hub import Hub
+from threadloom.streams.hub import Hub, Mailbox
 from threadloom.streams.merge import project_stream, thread_stream
 
 ADMIN = Principal(uuid.uuid4(), TokenScope.ADMIN, None)
@@ -109,5 +109,44 @@ async def test_a_thread_feed_started_by_a_subscriber_delivers_a_change_committed
         row = await _first(stream, lambda row: row.sequence > latest)
         assert done and row.event_type == "thread.renamed"  # not held back until a later change
         await stream.aclose()
+    finally:
+        await hub.stop()
+
+
+def _leave_during_first_head(monkeypatch: pytest.MonkeyPatch, hub: Hub, thread: uuid.UUID, box: Mailbox) -> list[bool]:
+    """The first head read of `thread`'s feed lets `box` leave its feed first, then reads the head for real."""
+    real = hub_module.ThreadFeed._head
+    left: list[bool] = []
+
+    async def head(self: Any) -> Any:
+        if self.key == thread and not left:
+            hub.detach(box)
+            left.append(True)
+        return await real(self)
+
+    monkeypatch.setattr(hub_module.ThreadFeed, "_head", head)
+    return left
+
+
+@pytest.mark.parametrize("leaving", ["another thread's subscriber", "this thread's subscriber"])
+async def test_a_feed_starting_for_a_fast_path_subscriber_outlives_a_subscriber_leaving(
+    services: Services, monkeypatch: pytest.MonkeyPatch, leaving: str
+) -> None:
+    """A fast-path subscribe waits for a new feed's head before it adds its sink, so meanwhile the feed has no
+    subscriber. Another subscriber leaving then (of any thread: a leave once stopped every idle feed) must not
+    stop it, or that subscribe, and every later message of its socket, waits forever. The twin: the leaving
+    subscriber's own feed, unused by anyone else, is stopped."""
+    project = await services.catalog.create_project(ADMIN, name="P", workspace_root=workspace(), key=None)
+    starting, other = await _thread(services, project, "starting"), await _thread(services, project, "other")
+    hub = Hub(services.db)
+    try:
+        box = hub.attach_thread(other if leaving == "another thread's subscriber" else starting)
+        left = _leave_during_first_head(monkeypatch, hub, starting, box)
+        async with asyncio.timeout(20):  # not wait_for: its task would start only after the feed's head read
+            feed = await hub.ready_thread_feed(starting)
+        assert left and hub.threads.get(starting) is feed and feed.task is not None and not feed.task.done()
+        assert other not in hub.threads  # the leaving box's feed stopped (or, on this thread, never started one)
+        hub.release_if_idle(starting)  # the subscribe found nothing to serve: the feed goes too
+        assert starting not in hub.threads
     finally:
         await hub.stop()

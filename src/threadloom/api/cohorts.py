@@ -474,8 +474,7 @@ class Cohorts:
         if thread is None or (after is not None and after < 0) or any(_arg(args, *name) for name in _GENERAL_ONLY):
             return False  # a view of a project, a subtree or a cursor: the general path (api.stream_scopes)
         hub = live.hub
-        feed = hub.thread_feed(thread)
-        await feed.ready()
+        feed = await hub.ready_thread_feed(thread)
         if feed.project_id is None or not context.principal.sees(feed.project_id):
             hub.release_if_idle(thread)
             return False  # NOT_FOUND, from the general path

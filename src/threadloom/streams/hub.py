@@ -73,13 +73,13 @@ class Mailbox:
         self.overflowed = False
         self.closing = False
         self._ready = asyncio.Event()
-        self._feed_started: asyncio.Event | None = None  # set once the feed's cursor is fixed
+        self.feed: Feed[Any] | None = None  # the feed it is attached to (Hub._attach)
 
     async def attached(self) -> None:
         """Wait until the feed this box is on knows its head. A replay read after this covers every row the
         feed will not deliver; read before it, a row committed in between is in neither."""
-        if self._feed_started is not None:
-            await self._feed_started.wait()
+        if self.feed is not None:
+            await self.feed.ready()
 
     def close(self) -> None:
         """No more rows: `get` hands out what is queued, then raises ServerClosing."""
@@ -133,6 +133,7 @@ class Feed(abc.ABC, Generic[K]):
         self.project_id: uuid.UUID | None = None  # thread feeds: the thread's project, read with the head
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.waiters = 0  # subscribers waiting for the head before they add a sink (`Hub.ready_thread_feed`)
         self._ready = asyncio.Event()
 
     @abc.abstractmethod
@@ -153,7 +154,7 @@ class Feed(abc.ABC, Generic[K]):
 
     @property
     def idle(self) -> bool:
-        return not self.mailboxes and not self.sinks
+        return not self.mailboxes and not self.sinks and not self.waiters
 
     async def ready(self) -> None:
         """Wait until the feed knows its head: every row after `cursor` will reach its sinks."""
@@ -325,12 +326,28 @@ class Hub:
         """The thread's feed, started when new (release it with `release_if_idle` if unused)."""
         return self._started(self.threads, thread_id, ThreadFeed)
 
+    async def ready_thread_feed(self, thread_id: uuid.UUID) -> Feed[uuid.UUID]:
+        """The thread's feed once it knows its head. The caller adds a sink before its next await, or
+        releases the feed (`release_if_idle`); while it waits, the feed counts as in use, so another
+        subscriber leaving cannot stop it before its head is read (which would leave this wait hanging)."""
+        feed = self.thread_feed(thread_id)
+        feed.waiters += 1
+        try:
+            await feed.ready()
+        finally:
+            feed.waiters -= 1
+        return feed
+
     def release_if_idle(self, thread_id: uuid.UUID) -> None:
-        feed = self.threads.get(thread_id)
+        self._release_if_idle(self.threads, thread_id)
+
+    @staticmethod
+    def _release_if_idle(feeds: dict[uuid.UUID, Feed[uuid.UUID]], key: uuid.UUID) -> None:
+        feed = feeds.get(key)
         if feed is not None and feed.idle:
             if feed.task is not None:
                 feed.task.cancel()
-            del self.threads[thread_id]
+            del feeds[key]
 
     def _started(
         self, feeds: dict[uuid.UUID, Feed[uuid.UUID]], key: uuid.UUID, kind: type[Feed[uuid.UUID]]
@@ -360,7 +377,7 @@ class Hub:
 
     def _attach(self, feed: Feed[uuid.UUID], token: uuid.UUID | None) -> Mailbox:
         box = self._mailbox(token)
-        box._feed_started = feed._ready
+        box.feed = feed
         feed.mailboxes.add(box)
         return box
 
@@ -373,13 +390,16 @@ class Hub:
                     box.close()
 
     def detach(self, box: Mailbox) -> None:
+        """The box leaves its feed, which stops when nothing else uses it. Only its own feed: another feed
+        idle now may be one a subscriber is starting (`ready_thread_feed`)."""
         box.release()
+        feed, box.feed = box.feed, None
+        if feed is None:
+            return
+        feed.mailboxes.discard(box)
         for feeds in self._all:
-            for key, feed in list(feeds.items()):
-                feed.mailboxes.discard(box)
-                if feed.idle and feed.task is not None:
-                    feed.task.cancel()
-                    del feeds[key]
+            if feeds.get(feed.key) is feed:
+                self._release_if_idle(feeds, feed.key)
 
     async def stop(self) -> None:
         for feeds in self._all:
