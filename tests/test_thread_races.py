@@ -510,6 +510,18 @@ def _checkpoint_files(shadow: Path, ref: str) -> dict[str, bytes]:
 _READ: dict[tuple[str, str], dict[str, bytes]] = {}
 
 
+_FILE_LINE = re.compile(r"- \w+ (\S+) \(\+\d+ -\d+\)")  # the agent's reply escapes its newlines
+
+
+def _without_present_files(said: str, root: Path) -> str:
+    """`said` less its handoff's "Files changed" lines naming a file the folder holds now. When runs ran out of
+    ordinal order, a kept run's checkpoint can hold a file an undone run wrote before it (the workspace is
+    restored as it was right after the target run, which `_check_files` checks); the handoff's list of that
+    checkpoint's files then names it, which is the folder as it is, not the undone run's message recalled."""
+    present = set(_workspace_files(root))
+    return _FILE_LINE.sub(lambda line: "" if line.group(1) in present else line.group(0), said)
+
+
 def _workspace_files(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -609,7 +621,7 @@ async def _race_and_check(
 
     # The conversation: what the agent holds now, against the runs that count.
     said, messages = await _recall(race, thread)
-    remembered = set(TOKEN.findall(said))
+    remembered = set(TOKEN.findall(_without_present_files(said, home)))
     forgotten = {
         token
         for m in messages
