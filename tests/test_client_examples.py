@@ -1,7 +1,8 @@
 """Every client-examples/*/run, executed as a user would, against a real server.
 
 Each `run` installs what it needs into its own folder (from the registries; the first run of the
-Python example makes its `.venv` there) and exits 0 only when every step of the walk-through
+Python example makes its `.venv` there; tests/support/install_cache.py keeps a copy outside the clone for the
+next clean clone, keyed by the lock or requirements file) and exits 0 only when every step of the walk-through
 worked: create a thread, send a message, stream the run live, disconnect, resume from the last
 cursor with exactly the missed events, answer an approval.
 """
@@ -17,10 +18,26 @@ from pathlib import Path
 import pytest
 
 from tests.support.graphql import make_project
+from tests.support.install_cache import Installed
 from tests.support.server import Client, ServerProcess
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "client-examples"
 RUNS = sorted(p.name for p in EXAMPLES.iterdir() if (p / "run").is_file())
+# What each example's `run` installs into its folder, and the stamp it leaves when that is current.
+INSTALLS = {
+    "typescript": Installed(
+        "client-typescript-node_modules",
+        EXAMPLES / "typescript" / "node_modules",
+        ".threadloom-installed",
+        (EXAMPLES / "typescript" / "package-lock.json",),
+    ),
+    "python": Installed(
+        "client-python-venv",
+        EXAMPLES / "python" / ".venv",
+        "requirements.txt",
+        (EXAMPLES / "python" / "requirements.txt",),
+    ),
+}
 
 
 def test_every_example_has_a_run() -> None:
@@ -62,8 +79,13 @@ async def test_example_runs_against_a_real_server(name: str, server: ServerProce
     if name == "curl":  # one example is given a project, the other creates its own
         env["THREADLOOM_PROJECT_ID"] = await make_project(client, "curl example")
     before = await _projects(client)
+    installed = INSTALLS.get(name)
+    if installed is not None:
+        installed.restore()
     stdout = await _run(EXAMPLES / name / "run", env)
     assert "every step worked" in stdout
+    if installed is not None:
+        installed.keep()
     after = await _projects(client)
     if name == "curl":  # given a project: it made none, and left the given one as it was
         assert after == before
