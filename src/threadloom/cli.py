@@ -175,6 +175,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # What is still open after the going-away items (a command committing, a stream) is cut
         # after this long so a stop cannot hang.
         timeout_graceful_shutdown=max(1, math.ceil(settings.shutdown_seconds - GOING_AWAY_SECONDS)),
+        # uvicorn's 5 s equals httpx's pool expiry: a request on a connection idle about that long failed with
+        # a read error now and then (the server closed it as the client reused it).
+        timeout_keep_alive=max(1, math.ceil(settings.keep_alive_seconds)),
         access_log=False,
         log_config=None,
     )

@@ -94,6 +94,10 @@ class Settings:
     fast_paths: bool = True
     metrics_port: int | None = None  # /metrics without a token on 127.0.0.1 (docs/operations.md)
     shutdown_seconds: float = 10.0  # SIGTERM: how long open work may take before the process exits
+    # How long an idle HTTP connection is kept open. Longer than clients keep theirs (httpx 5 s, browsers and Node
+    # about as long) and than load balancers' idle timeouts (60 s): the side that keeps a connection longer must
+    # be the server, or a client reusing it races the server's close and fails its request.
+    keep_alive_seconds: float = 75.0
     limits: Limits = dataclasses.field(default_factory=Limits)
     # Where provider drivers keep what a resume needs (one folder per instance inside). Replicas with data
     # dirs of their own point it at one shared folder, so any of them resumes another's provider threads.
@@ -130,6 +134,7 @@ class Settings:
             "fast_paths": env.get("THREADLOOM_FAST_PATHS", "1").strip().lower() not in {"0", "false", "no", "off"},
             "metrics_port": int(env["THREADLOOM_METRICS_PORT"]) if env.get("THREADLOOM_METRICS_PORT") else None,
             "shutdown_seconds": float(env.get("THREADLOOM_SHUTDOWN_SECONDS", "10")),
+            "keep_alive_seconds": float(env.get("THREADLOOM_KEEP_ALIVE_SECONDS", "75")),
             "agent_state_dir": env.get("THREADLOOM_AGENT_STATE_DIR") or None,
             "agent_uid": int(env.get("THREADLOOM_AGENT_UID") or 65534),
             "agent_gid": int(env.get("THREADLOOM_AGENT_GID") or 65534),
