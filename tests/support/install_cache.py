@@ -54,17 +54,14 @@ class Installed:
     def cached(self) -> Path:
         return cache_root() / f"{self.name}-{self._key()}"
 
-    def restore(self) -> bool:
-        """Put the kept copy in place when the folder is not installed already; whether it is installed now."""
-        if self._current(self.folder):
-            return True
-        if not self._current(self.cached):
-            return False
+    def restore(self) -> None:
+        """Put the kept copy in place when the folder is not installed already and a copy is kept."""
+        if self._current(self.folder) or not self._current(self.cached):
+            return
         shutil.rmtree(self.folder, ignore_errors=True)
         if subprocess.run(["cp", "-al", str(self.cached), str(self.folder)], capture_output=True).returncode != 0:
             shutil.rmtree(self.folder, ignore_errors=True)
             shutil.copytree(self.cached, self.folder, symlinks=True)
-        return True
 
     def keep(self) -> None:
         """Keep what `run` installed for the next clone (nothing when it is not installed, or already kept)."""
