@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -317,6 +319,22 @@ async def test_a_redis_wake_up_published_right_after_subscribing_arrives(redis: 
         assert got == ["wake 0", "wake 1", "wake 2"]
     finally:
         await broadcast.disconnect()
+
+
+def test_only_a_server_whose_wake_ups_go_through_redis_imports_redis_py() -> None:
+    """redis-py is ~0.1 s of CPU at every start: a server on the default (PostgreSQL) wake-ups never imports it,
+    and one given a redis:// URL does (the twin)."""
+    code = (
+        "import sys, threadloom.app, threadloom.cli\n"
+        "from threadloom.streams.notifier import broadcast_for\n"
+        "broadcast_for('postgres://localhost/x')\n"
+        "print('redis' in sys.modules)\n"
+        "broadcast_for('redis://localhost:1')\n"
+        "print('redis' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
 
 
 def test_the_agent_state_dir_setting_holds_every_driver_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

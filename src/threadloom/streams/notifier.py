@@ -7,8 +7,9 @@ notices a dead connection, so a heartbeat travels the channel every second; when
 stops arriving the notifier reconnects with backoff, and meanwhile the hub tells the
 feeds to poll the log.
 
-`redis://` goes through `SubscribedRedisBackend`: broadcaster 0.3.1's own Redis backend never delivers a
-message with redis-py 5+ (see its docstring), which left every redis:// server polling in degraded mode.
+`redis://` goes through `SubscribedRedisBackend` (streams/redis_wakeups.py): broadcaster 0.3.1's own Redis
+backend never delivers a message with redis-py 5+ (see its docstring), which left every redis:// server polling
+in degraded mode.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 
 import orjson
 from broadcaster import Broadcast
-from broadcaster._backends.redis import RedisBackend
 
 from threadloom.aio import cancel_all
 from threadloom.streams.hub import Hub
@@ -34,23 +34,11 @@ HEARTBEAT_TIMEOUT = 3.5
 MAX_BACKOFF = 10.0
 
 
-class SubscribedRedisBackend(RedisBackend):
-    """broadcaster's Redis backend, its listener released only once SUBSCRIBE is on the connection.
-
-    The original sets its "ready" event before awaiting redis-py's `subscribe()`, which records the channel
-    only after the command is sent. Its listener wakes in between, finds redis-py's `listen()` over at once
-    (no channel yet), clears "ready" and waits for a subscribe that never comes again: no message is ever
-    delivered. Here the channel is recorded first, then the listener starts.
-    """
-
-    async def subscribe(self, channel: str) -> None:
-        await self._pubsub.subscribe(channel)
-        self._ready.set()
-
-
 def broadcast_for(url: str) -> Broadcast:
     """A broadcaster for `BROADCAST_URL` (`redis://` and `rediss://` through `SubscribedRedisBackend`)."""
     if url.split(":", 1)[0] in ("redis", "rediss"):
+        from threadloom.streams.redis_wakeups import SubscribedRedisBackend  # redis-py only where it is used
+
         return Broadcast(backend=SubscribedRedisBackend(url))
     return Broadcast(url)
 
