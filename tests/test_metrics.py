@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cli import create_token
 from tests.support.graphql import make_project, make_thread, workspace
-from tests.support.runs import finished, send
+from tests.support.runs import finished_polled, send
 from tests.support.server import Client, ServerProcess, free_port, serving
 from tests.support.waiting import until
 from tests.support.ws import WsClient, slow_socket
@@ -71,7 +71,7 @@ async def test_counters_move_as_the_api_is_used(server: ServerProcess, client: C
     try:
         await ws.subscribe(EVENTS, {"t": thread["id"]})
         sent = await send(client, thread["id"], "hello")
-        done = await finished(client, sent["run"]["id"])
+        done = await finished_polled(client, sent["run"]["id"])
         assert done["status"] == "COMPLETED"
         async for message in ws.items():  # the run's events reach the subscription, up to its completion
             assert message["type"] == "next", message
@@ -152,7 +152,7 @@ async def test_slow_consumers_dropped_events_and_replays_are_counted(
             await ws.close()
             # The replay below starts once the queued runs are over: live events arriving during a replay
             # are held for at most the queue's 20 frames, and a starved reader would be cut a second time.
-            await finished(client, last["run"]["id"])
+            await finished_polled(client, last["run"]["id"])
             again = await WsClient.connect(server.url, client.token)  # a replay of the whole thread
             await again.subscribe(BIG, {"t": thread, "after": 0})
             while (await again.receive())["payload"]["data"]["threadEvents"]["type"] != "synchronized":
