@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -179,8 +180,10 @@ TESTS: dict[str, float] = {
 
 
 def record(path: str, report: Any) -> None:
-    """Append one phase of one test (`report`, a pytest TestReport) to the JSON-lines file at `path`."""
+    """Append one phase of one test (`report`, a pytest TestReport) to the JSON-lines file at `path`; `start`
+    (epoch seconds) and `worker` place it on the run's timeline, next to what the machine was doing then."""
     entry = {"id": report.nodeid, "when": report.when, "s": round(report.duration, 3), "outcome": report.outcome}
+    entry.update(start=round(report.start, 3), worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
     line = json.dumps(entry)
     with open(path, "a") as out:
         out.write(line + "\n")
