@@ -52,8 +52,8 @@ async def test_a_second_ctrl_c_during_the_shutdown_stops_cleanly(tmp_path: Path)
         thread = (await make_thread(client, await make_project(client, "stop")))["id"]
         ws = await WsClient.connect(server.url, server.admin_token)
         await ws.subscribe(EVENTS, {"t": thread})
+        said = await ws.receive(30)  # its first item: the subscription is open (one still being set up gets 1012)
         server.proc.send_signal(signal.SIGINT)
-        said = await ws.receive(30)
         while said["type"] == "next" and "errors" not in said["payload"]:  # the thread's history first
             said = await ws.receive(30)
         assert [e["extensions"]["code"] for e in said["payload"]["errors"]] == ["SERVER_GOING_AWAY"], said
