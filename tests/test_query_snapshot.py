@@ -156,6 +156,24 @@ async def test_direct_statements_run_inside_the_transaction(services: Services, 
         assert await db.scalar(name, {"id": project}) == "kept"
 
 
+async def test_a_statement_read_again_stays_direct_however_many_one_off_statements_pass(services: Services) -> None:
+    """The direct path remembers at most 512 statements. One-off statements (built per call, each met once) are
+    what is forgotten when it is full; a statement its module keeps and runs again stays direct. Clearing it
+    all sent a hot read back through SQLAlchemy (and made a check of the direct path fail at random)."""
+    hot = sa.select(t.projects.c.id, t.projects.c.name).where(t.projects.c.id == sa.bindparam("id"))
+    async with services.db.statements() as db:
+        for _ in range(2):
+            await db.tuples(hot, {"id": uuid.uuid4()})
+        assert await db._fetch_direct(hot, {"id": uuid.uuid4()}) is not None
+        one_offs = [sa.select(t.projects.c.id).where(t.projects.c.name == f"p{n}") for n in range(600)]
+        for stmt in one_offs:
+            await db.tuples(stmt)
+        assert await db._fetch_direct(hot, {"id": uuid.uuid4()}) is not None  # still direct after 600 one-offs
+        again = one_offs[-1]  # the twin: a one-off met a second time is compiled for the driver too
+        await db.tuples(again)
+        assert await db._fetch_direct(again, None) is not None
+
+
 async def test_a_snapshot_holds_for_reads_through_sqlalchemy_too(services: Services, tmp_path: Path) -> None:
     """The snapshot is the driver's transaction: statements SQLAlchemy runs on its connection (a
     count, a feed cursor) see the same commit as the direct reads."""

@@ -274,7 +274,7 @@ def _direct(stmt: sa.Executable, dialect: Any) -> Any:
     found = _DIRECT.get(id(stmt))
     if found is None or found[0] is not stmt:
         if len(_DIRECT) >= 512:
-            _DIRECT.clear()  # statements built per call would grow it
+            _forget_one_offs()
         _DIRECT[id(stmt)] = (stmt, _SEEN)  # holds `stmt`, so its id is not reused
         return None
     if found[1] is not _SEEN:
@@ -292,3 +292,13 @@ def _direct(stmt: sa.Executable, dialect: Any) -> Any:
                 compiled = stmt.compile(dialect=dialect)
     _DIRECT[id(stmt)] = (stmt, compiled)
     return compiled
+
+
+def _forget_one_offs() -> None:
+    """Room in `_DIRECT`: statements built per call fill it, each met once. Those go; a statement met again
+    keeps its decision, so the hot reads stay direct however many one-off statements pass (clearing it all
+    sent them back through SQLAlchemy twice after every 512 one-offs). Only if those alone fill it is it cleared."""
+    for key in [key for key, (_, decided) in _DIRECT.items() if decided is _SEEN]:
+        del _DIRECT[key]
+    if len(_DIRECT) >= 512:
+        _DIRECT.clear()
