@@ -114,9 +114,9 @@ def _pg_parent() -> str | None:
     """Where the session's PostgreSQL keeps its data: THREADLOOM_TEST_PG_DIR, else /dev/shm (memory) when it has
     room, else the temp folder.
 
-    A full run clones the template database ~700 times (~4 GB written for both workers, never read back from
-    disk). On a disk that was ~100 s of kernel time and a minute of I/O wait on the 2-core machine, for data
-    deleted at the end; in memory neither. A run holds at most ~5 GB there, so /dev/shm is taken only with 8 GB
+    A full run clones the template database ~700 times (a few GB written for both workers, never read back).
+    On a disk that was kernel time and about a minute of I/O wait on the 2-core machine, for data deleted at the
+    end; in memory neither. A run holds at most ~5 GB there, so /dev/shm is taken only with 8 GB
     free in it and 12 GB of memory available."""
     chosen = os.environ.get("THREADLOOM_TEST_PG_DIR")
     if chosen:
