@@ -116,8 +116,8 @@ def _pg_parent() -> str | None:
 
     A full run clones the template database ~700 times (a few GB written for both workers, never read back).
     On a disk that was kernel time and about a minute of I/O wait on the 2-core machine, for data deleted at the
-    end; in memory neither. A run holds at most ~5 GB there, so /dev/shm is taken only with 8 GB
-    free in it and 12 GB of memory available."""
+    end; in memory neither. A run held at most ~4 GB there, so /dev/shm is taken only with 8 GB free in it and
+    12 GB of memory available."""
     chosen = os.environ.get("THREADLOOM_TEST_PG_DIR")
     if chosen:
         return chosen

@@ -295,9 +295,9 @@ def _direct(stmt: sa.Executable, dialect: Any) -> Any:
 
 
 def _forget_one_offs() -> None:
-    """Room in `_DIRECT`: statements built per call fill it, each met once. Those go; a statement met again
-    keeps its decision, so the hot reads stay direct however many one-off statements pass (clearing it all
-    sent them back through SQLAlchemy twice after every 512 one-offs). Only if those alone fill it is it cleared."""
+    """Room in `_DIRECT`. Statements built per call fill it, each met once: those go. A statement met again keeps
+    its decision, so the hot reads stay direct however many one-offs pass (clearing it all sent them back through
+    SQLAlchemy twice after every 512 one-offs). Only when statements met again fill it on their own is it cleared."""
     for key in [key for key, (_, decided) in _DIRECT.items() if decided is _SEEN]:
         del _DIRECT[key]
     if len(_DIRECT) >= 512:
