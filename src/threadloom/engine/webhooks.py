@@ -264,7 +264,7 @@ class WebhookSender:
             started = self.pipeline.clock.now()
             clock = time.monotonic()
             answer = await self._post(endpoint, delivery, started)
-            latency = int((time.monotonic() - clock) * 1000)
+            latency = round((time.monotonic() - clock) * 1000)  # not int(): a timeout's timer may fire a hair early
             metrics.WEBHOOK_ATTEMPTS.labels("delivered" if answer.error is None else answer.error.value).inc()
             await self._record(delivery, answer, started, latency)
         except asyncio.CancelledError:
