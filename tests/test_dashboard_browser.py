@@ -1,12 +1,12 @@
-"""The dashboard at /dashboard, driven in a real headless Chromium (Debian's `chromium`) by Playwright.
+"""The dashboard at /dashboard, driven in a real headless Chromium (tests/support/browser.py) by Playwright.
 
 A user opens the page, types the token, sends messages from the page and watches the runs end live,
 approves a request with the page's button, and keeps watching across server restarts: the page reconnects
 to the same address and resumes by cursor — events that happened while it was away show up, nothing twice.
 The screenshot of the end is kept as a test artifact (`test-artifacts/dashboard.png`) and must not be blank.
 
-Playwright's own browser download is not reachable here, so it launches the system's chromium through its
-executable path (`scripts/test` and `.ci/run` install it with apt-get when it is missing).
+Playwright's own browser download is not reachable here, so it launches Debian's through its executable path
+(`scripts/test` and `.ci/run` install it with apt-get when it is missing).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 
+from tests.support.browser import launched
 from tests.support.cli import create_token
 from tests.support.graphql import make_project, make_thread, workspace
 from tests.support.server import Client, ServerProcess
@@ -65,14 +66,9 @@ WATCH_RUNS = """() => {
 
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Browser]:
-    """One Chromium for the module (a launch costs about a second); each `new_page` is a context of its own."""
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is needed: apt-get install -y chromium (scripts/test installs it)"
-    expect.set_options(timeout=20_000)  # a wait for what the page shows, not a sleep: room for a busy CI machine
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=chromium)
-        yield launched
-        await launched.close()
+    """One Chromium for the module (tests/support/browser.py); each test opens a context of its own."""
+    async with launched() as chromium:
+        yield chromium
 
 
 async def send(client: Client, thread_id: str, text: str, device: str | None = None) -> str:

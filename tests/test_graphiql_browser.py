@@ -9,7 +9,6 @@ session, and open with example operations that the server's schema accepts.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from importlib import resources
 from typing import Any
@@ -17,8 +16,9 @@ from typing import Any
 import httpx
 import pytest
 from graphql import build_client_schema, get_introspection_query, parse, validate
-from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
+from playwright.async_api import Browser, BrowserContext, Page, expect
 
+from tests.support.browser import launched
 from tests.support.graphql import make_project, make_thread
 from tests.support.pg import PgServer
 from tests.support.runs import send
@@ -47,13 +47,9 @@ def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Browser]:
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is needed: apt-get install -y chromium (scripts/test installs it)"
-    expect.set_options(timeout=20_000)  # a wait for what the page shows, not a sleep
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=chromium)
-        yield launched
-        await launched.close()
+    """One Chromium for the module (tests/support/browser.py); each test opens a context of its own."""
+    async with launched() as chromium:
+        yield chromium
 
 
 class Offline:
