@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import socket
 import ssl
 
@@ -21,7 +22,12 @@ from threadloom.domain.webhooks import AttemptError, WebhookPolicy
 
 MAX_STATUS_LINE = 1024
 USER_AGENT = "Threadloom-Webhooks/1.0"
-_TLS = ssl.create_default_context()
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """Made on the first https delivery, not at import: reading the CA bundle is ~30 ms of every start."""
+    return ssl.create_default_context()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,7 +65,7 @@ async def _attempt(target: Target, body: bytes, headers: dict[str, str], policy:
             streams = await asyncio.open_connection(
                 address,
                 target.port,
-                ssl=_TLS if target.tls else None,
+                ssl=_tls() if target.tls else None,
                 server_hostname=target.host if target.tls else None,
                 limit=MAX_STATUS_LINE,
             )
