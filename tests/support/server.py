@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from tests.support import processes, zygote
+from tests.support.http_post import Connections
 
 
 def free_port() -> int:
@@ -126,16 +127,27 @@ class Client:
     def __init__(self, base_url: str, token: str | None) -> None:
         self.base_url = base_url
         self.token = token
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=30, verify=tls_context())
+        self._posts = Connections(base_url, timeout=30)
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """httpx, for what `post` does not do (GETs, streams read line by line, other bodies); made on first use."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(base_url=self.base_url, timeout=30, verify=tls_context())
+        return self._http
 
     def headers(self, token: str | None = None) -> dict[str, str]:
         tok = token if token is not None else self.token
         return {"authorization": f"Bearer {tok}"} if tok else {}
 
     async def post(self, query: str, variables: dict[str, Any] | None = None, **kw: Any) -> httpx.Response:
+        """The GraphQL request as JSON (tests/support/http_post.py: plain asyncio, an httpx.Response back)."""
         headers = {**self.headers(kw.pop("token", None)), **kw.pop("headers", {})}
         body = {"query": query, "variables": variables or {}}
-        return await self.http.post("/graphql", json=body, headers=headers, **kw)
+        if kw:
+            return await self.http.post("/graphql", json=body, headers=headers, **kw)
+        return await self._posts.post("/graphql", body, headers)
 
     async def gql(self, query: str, variables: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
         """Data of a successful request; fails the test on any top-level error."""
@@ -146,7 +158,9 @@ class Client:
         return body["data"]  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        await self._posts.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
 
 def providers_env(folder: Path, providers_toml: str, **env: str) -> dict[str, str]:
