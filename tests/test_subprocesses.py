@@ -6,6 +6,8 @@ large output, many at once, none left unreaped. Each check runs on uvloop and, t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import subprocess
 from collections.abc import Callable, Coroutine
@@ -31,6 +33,14 @@ def _reaped(pid: int) -> bool:
     except ChildProcessError:
         return True
     return False
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _run(loop: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -99,3 +109,14 @@ def test_a_child_whose_exit_cannot_be_watched_is_not_left_running(monkeypatch: p
         assert {child.pid for child in psutil.Process().children()} <= before
 
     _run("uvloop", work)
+    # The child's pipes were closed once: descriptors opened now take their numbers, and nothing left of the
+    # failed start (a pipe connected as its loop ends, a file object collected) closes them again.
+    taken = [fd for _ in range(8) for fd in os.pipe()]
+    gc.collect()
+    try:
+        closed = [fd for fd in taken if not _open(fd)]
+        assert closed == [], f"closed again by the failed start: {closed}"
+    finally:
+        for fd in taken:
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -39,19 +39,27 @@ async def create_subprocess_exec(
     transport = unix_events._UnixSubprocessTransport(  # type: ignore[attr-defined]
         loop, protocol, [program, *args], False, stdin, stdout, stderr, 0, waiter=waiter, **kwargs
     )
-    try:
-        _watch_exit(loop, transport)
-    except OSError:  # no pidfd (out of descriptors): nothing would reap the child, so it is ended here
-        transport.close()  # kills it
-        transport._process_exited(transport._proc.wait())  # killed: reaped at once
-        raise
+    # The pipes are connected first (`waiter`): a transport closed while its task is still connecting them
+    # leaves that task to connect a pipe as the loop ends, whose descriptor the child's file object then closes
+    # a second time: by then another socket or file may have its number. Nothing reaps the child meanwhile (it
+    # has no watcher yet), so a pidfd opened afterwards still finds it, exited or not.
     try:
         await waiter
     except BaseException:
-        transport.close()
-        await transport._wait()
+        _end(transport)
+        raise
+    try:
+        _watch_exit(loop, transport)
+    except OSError:  # no pidfd (out of descriptors): nothing would reap the child, so it is ended here
+        _end(transport)
         raise
     return aio_subprocess.Process(transport, protocol, loop)
+
+
+def _end(transport: Any) -> None:
+    """Kill the child of a start that failed, close its pipes and reap it (it has no exit watcher)."""
+    transport.close()  # kills it
+    transport._process_exited(transport._proc.wait())  # killed: reaped at once
 
 
 @functools.cache
