@@ -133,6 +133,42 @@ async def test_failed_effects_back_off_and_give_up(services: Services) -> None:
     assert [backoff(n) for n in (1, 2, 3)] == [0.2, 0.4, 0.8] and backoff(50) == 30.0
 
 
+async def test_an_idle_worker_looks_about_once_a_second_and_wakes_when_an_effect_falls_due(
+    services: Services,
+) -> None:
+    """The polling idle loop sleeps until the next pending effect falls due, at most `IDLE_POLL` (1 s): a
+    delayed effect runs without a wake-up, after a handful of claims (polling every 0.2 s made ~8 before it)."""
+    (thread,) = await _threads(services, 1)
+    async with services.db.read() as db:
+        assert await outbox.next_due(db, services.clock.now()) is None  # nothing pending
+    await _enqueue(services, thread, Effect("later", {}, delay_s=30))
+    async with services.db.read() as db:
+        due = await outbox.next_due(db, services.clock.now())
+        [waiting] = await db.scalars_all(sa.select(t.effects.c.available_at))
+    assert due == waiting  # the one waiting for its time (the twin of None above)
+    async with services.db.transaction() as db:
+        await db.execute(sa.delete(t.effects))
+
+    worker = EffectWorker(services.db, services.clock, uuid.uuid4(), concurrency=1)
+    ran = asyncio.Event()
+    claims: list[str] = []
+    every_statement(
+        services.db, lambda statement: claims.append(statement) if "SET status = 'running'" in statement else None
+    )
+
+    async def later(payload: dict[str, object]) -> None:
+        ran.set()
+
+    worker.handlers["later"] = later
+    await _enqueue(services, thread, Effect("later", {}, delay_s=1.5))  # no wake(): found by the idle loop
+    worker.start()
+    try:
+        await asyncio.wait_for(ran.wait(), 30)
+    finally:
+        await worker.stop()
+    assert 1 <= len(claims) <= 4, claims  # the first look, then at most once a second until it fell due
+
+
 def test_recover_run_decides_by_status_and_recorded_turn() -> None:
     assert recover_run(RunStatus.PREPARING, start_pending=True, turn_recorded=False, owner_alive=None) == (
         RecoveryAction.NONE

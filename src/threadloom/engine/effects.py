@@ -4,9 +4,10 @@ runs one effect at a time per thread in order, retries with capped exponential b
 Transactions: an effect that succeeded is marked done by the same statement as its loop's next
 claim (one commit per effect, not two), run on its own outside a transaction; a claim that finds
 nothing and has nothing to mark done changes nothing: an idle or needlessly woken loop costs a
-read, never a write. Of the idle loops one polls (every `IDLE_POLL`); the others wait to be woken,
-so an idle server claims a few times a second, not once per loop each time, and a turn's engine
-work does not compete with their reads."""
+read, never a write. Of the idle loops one polls; the others wait to be woken, so a turn's engine
+work does not compete with their reads. The polling loop sleeps until the next pending effect falls
+due (a retry's backoff, a delayed effect), and at most `IDLE_POLL` for effects another server wrote:
+an idle server claims about once a second, not five times."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ LEASE = timedelta(minutes=5)
 BASE_BACKOFF = 0.2
 MAX_BACKOFF = 30.0
 MAX_ATTEMPTS = 8
-IDLE_POLL = 0.2  # one idle loop polls this often: effects due later, or written by another server
+IDLE_POLL = 1.0  # the polling idle loop looks at least this often (effects another server wrote)
 IDLE_BACKSTOP = 5.0  # the other idle loops wait for a wake-up, or this long
 
 
@@ -95,13 +96,25 @@ class EffectWorker:
                 self._idle.append(woken)
                 polling, self._polling = not self._polling, True
                 try:
+                    wait = await self._until_due() if polling else IDLE_BACKSTOP
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(woken.wait(), IDLE_POLL if polling else IDLE_BACKSTOP)
+                        await asyncio.wait_for(woken.wait(), wait)
                 finally:
                     if polling:
                         self._polling = False
                     if not woken.is_set():
                         self._idle.remove(woken)
+
+    async def _until_due(self) -> float:
+        """How long the polling loop sleeps: until the next pending effect falls due, at most `IDLE_POLL`."""
+        now = self.clock.now()
+        try:
+            async with self.db.statements() as db:
+                due = await outbox.next_due(db, now)
+        except Exception:
+            log.exception("effect loop error")
+            return IDLE_POLL
+        return IDLE_POLL if due is None else min(IDLE_POLL, max(0.0, (due - now).total_seconds()))
 
     async def run_one(self) -> bool:
         """Claim one effect, run it and record its end (a transaction of its own); False if none was due."""

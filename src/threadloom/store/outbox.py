@@ -100,6 +100,17 @@ async def claim(
     return await db.one_or_none(_CLAIM, {"now": now, "me": worker_id, "lease": lease, "done": done})
 
 
+async def next_due(db: Reader, now: datetime) -> datetime | None:
+    """When the next pending effect not yet due falls due (a retry's backoff, a delayed effect); None if none
+    is waiting for its time. Pending effects already due but blocked (their thread runs another) are not
+    counted: the end of that one wakes the worker."""
+    return await db.scalar(  # type: ignore[no-any-return]
+        sa.select(sa.func.min(t.effects.c.available_at)).where(
+            t.effects.c.status == "pending", t.effects.c.available_at > now
+        )
+    )
+
+
 async def finish(db: Reader, effect_id: int, now: datetime, *, status: str = "done", error: str | None = None) -> None:
     await db.execute(
         sa.update(t.effects)
