@@ -129,24 +129,32 @@ def _sequence(message: dict[str, Any]) -> int:
 async def _first_answer(ws: WsClient, query: str, variables: dict[str, Any], barrier: tuple[Client, str, str]) -> Any:
     """The subscription's first message (the answer compared), after which it is ended.
 
-    A live subscription with nothing to say answers nothing. That silence is told from a slow answer by an
-    event, not a timer: `barrier` is (client, operate token, a thread of that project). A second subscription on
-    the same socket watches that thread, the thread is renamed after both started, and once the watcher has the
-    rename, a subscription that said nothing yet is silent (an answer is decided when it starts)."""
+    A live subscription with nothing to say answers nothing. That silence is told from a slow answer by
+    events, not a timer (an answer is decided when a subscription starts): `barrier` is (client, operate token,
+    a thread of that project). Right after the compared one, a probe subscribes to a thread that does not exist,
+    which is refused as it starts, and a watcher follows that thread, renamed once both started. A
+    subscription that said nothing by the time the probe was refused and the watcher saw the rename is
+    silent: the rename alone raced the compared start on a loaded machine (the watcher's event came first)."""
     client, token, thread = barrier  # a thread of the socket's project that no compared subscription reads
     op = await ws.subscribe(query, variables)
+    probe = await ws.subscribe(WATCH, {"t": random_id("Thread")})  # started after `op`, refused at its start
     watch = await ws.subscribe(WATCH, {"t": thread})
     before = (await client.gql(LATEST, {"t": thread}, token=token))["thread"]["latestSequence"]
     renamed = await client.gql(RENAME, {"t": thread, "title": uuid.uuid4().hex}, token=token)
     assert renamed["renameThread"]["userErrors"] == [], renamed
     answer: Any = None
+    probed = seen = False
     while answer is None:
         message = await ws.receive()
         if message.get("id") == op:
             answer = {k: v for k, v in message.items() if k != "id"}
+        elif message.get("id") == probe:
+            probed = True
         elif message.get("id") == watch and message["type"] == "next" and _sequence(message) > before:
+            seen = True
+        if answer is None and probed and seen:
             answer = {"silent": True}
-    for ended in (op, watch):  # the tails of both are skipped by the next call (other ids)
+    for ended in (op, probe, watch):  # the tails of all three are skipped by the next call (other ids)
         await ws.ws.send(orjson.dumps({"id": ended, "type": "complete"}).decode())
     return answer
 
