@@ -1,7 +1,7 @@
 """GraphQL POSTs over plain asyncio streams, answered as `httpx.Response`s.
 
 The suite sends tens of thousands of GraphQL requests through `tests.support.server.Client`. httpx (httpcore on
-anyio) spent ~1.6 ms of the test process's CPU on each of them, against ~0.3 ms for the same keep-alive
+anyio) spent ~1.7 ms of the test process's CPU on each of them, against ~0.35 ms for the same keep-alive
 HTTP/1.1 exchange on asyncio streams: a tenth of a test worker's CPU. `Connections` does just that exchange — a
 request with a body, an answer with a `Content-Length` or chunked body — and hands back a real
 `httpx.Response`, so tests read status, headers, text and JSON as before; a transport failure raises httpx's

@@ -7,7 +7,7 @@ nothing and has nothing to mark done changes nothing: an idle or needlessly woke
 read, never a write. Of the idle loops one polls; the others wait to be woken, so a turn's engine
 work does not compete with their reads. The polling loop sleeps until the next pending effect falls
 due (a retry's backoff, a delayed effect), and at most `IDLE_POLL` for effects another server wrote:
-an idle server claims about once a second, not five times."""
+it claims about once a second, not five times (the other loops' 5 s backstops aside)."""
 
 from __future__ import annotations
 
