@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import os
 import signal
 import subprocess
@@ -65,6 +66,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
         reachable_mktemp.reachable = True  # type: ignore[attr-defined]
         pytest.TempPathFactory.mktemp = reachable_mktemp  # type: ignore[method-assign]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (the app, strawberry, hypothesis, schemathesis, ~200 MB) lives until the end:
+    frozen, the garbage collector's full passes stop walking it. Measured in a full run, a worker made ~20 full
+    passes of ~0.35 s each over that heap (about 13 s of CPU for both workers)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -20,7 +20,7 @@ import websockets
 
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.runs import finished, send
-from tests.support.server import Client, ServerProcess, serving
+from tests.support.server import Client, ServerProcess, pg_broadcast_url, serving
 from tests.support.ws import PROTOCOL
 from tests.test_streams import log_rows
 from threadloom.api.ids import decode
@@ -45,7 +45,9 @@ ACTIVITIES = """subscription($t: ID!, $after: Int) {
 
 @pytest.fixture
 def pair(database_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    env = {"THREADLOOM_MAX_REPLAY": "50"}
+    # One wake-up channel: the run writes through `fast`, and `slow`'s subscribers are woken at once, not by
+    # their feeds' 5 s poll.
+    env = {"THREADLOOM_MAX_REPLAY": "50", "BROADCAST_URL": pg_broadcast_url(database_url)}
     with (
         serving(database_url, tmp_path / "fast", env) as fast,
         serving(database_url, tmp_path / "slow", {**env, "THREADLOOM_FAST_PATHS": "0"}) as slow,

@@ -337,8 +337,10 @@ async def test_a_live_event_that_cannot_be_read_ends_the_stream_with_its_code(
 ) -> None:
     """Live, the same: the subscriber learns the next event could not be read instead of silently missing it
     (before, the feed skipped it and the subscription went on with a gap). The server writes only readable
-    events, so the test appends an unreadable copy of the thread's first event itself, then wakes the feeds
-    with a rename of another thread."""
+    events, so the test appends an unreadable copy of the thread's first event itself, then renames the thread:
+    the rename's wake-up makes the feed read on, and it meets the bad event first. (A rename of another thread
+    wakes only that thread's feed: this one would then find the event at its 5 s poll.) The other thread's
+    stream goes on."""
     other = str((await make_thread(client, await _project_of(client, thread_id), "other"))["id"])
     ws = await WsClient.connect(server.url, client.token)
     try:
@@ -353,9 +355,12 @@ async def test_a_live_event_that_cannot_be_read_ends_the_stream_with_its_code(
                 first = (await tx.rows(sa.select(t.events).where(t.events.c.thread_id == found[1])))[0]
                 copy = {k: v for k, v in dict(first).items() if k not in ("position", "xid")}
                 await tx.execute(sa.insert(t.events).values({**copy, "sequence": 2, "payload": {"unexpected": True}}))
+                # the thread's counter moves past it, as the server's own append would (the next event is 3)
+                await tx.execute(sa.update(t.threads).where(t.threads.c.id == found[1]).values(last_sequence=2))
         finally:
             await db.dispose()
         await client.gql(RENAME, {"t": other, "n": "renamed"})
+        await client.gql(RENAME, {"t": thread_id, "n": "woken"})  # its wake-up: read at once, not at the 5 s poll
         delivered, error = await _until_the_end(ws, op)
         assert delivered == []
         assert (error["extensions"]["code"], error["extensions"]["resumeFrom"]) == ("EVENT_UNREADABLE", 1)

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.pg import PgServer
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, pg_broadcast_url
 from tests.support.ws import WsClient
 from threadloom.api.ids import decode
 from threadloom.store import tables as t
@@ -25,13 +25,9 @@ FEED = """subscription($p: ID!, $after: String) {
 }"""
 
 
-def broadcast_url(database_url: str) -> str:
-    return database_url.replace("postgresql+asyncpg://", "postgresql://")
-
-
 @pytest.fixture
 def pair(database_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    env = {"BROADCAST_URL": broadcast_url(database_url)}
+    env = {"BROADCAST_URL": pg_broadcast_url(database_url)}
     a = ServerProcess(database_url, tmp_path / "a", env=env).wait_ready()
     b = ServerProcess(database_url, tmp_path / "b", env=env).wait_ready()
     yield a, b

@@ -23,6 +23,12 @@ from tests.support import processes, zygote
 from tests.support.http_post import Connections
 
 
+def pg_broadcast_url(database_url: str) -> str:
+    """`BROADCAST_URL` for servers sharing `database_url`: wake-ups over its PostgreSQL (LISTEN/NOTIFY). Without
+    it each server wakes only its own subscribers and learns of another's writes at the next poll (5 s)."""
+    return database_url.replace("postgresql+asyncpg://", "postgresql://")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
