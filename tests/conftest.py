@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import slow_files
+from tests.support import slow_files, tree_cpu
 from tests.support.fake_model import FakeModel
 from tests.support.graphql import workspace as workspace_folder
 from tests.support.pg import PgServer, postgres_servers
@@ -42,6 +42,7 @@ def no_postgres_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 _OWN_BASE = "threadloom-pytest-"
 _TIMES = os.environ.get("THREADLOOM_TEST_TIMES")
+_TREE_CPU: list[tree_cpu.TreeCpu] = []  # this test process's group, when THREADLOOM_TEST_TIMES asks for times
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -50,6 +51,8 @@ def pytest_configure(config: pytest.Config) -> None:
     own temp root (/tmp/pytest-of-root) is 0700 -- made so again by every pytest session that starts, so it
     cannot be loosened once. A root session without --basetemp gets a base of its own in /tmp instead."""
     config.addinivalue_line("markers", "own_server: in a SHARED_SERVER module, a fresh server for this test only")
+    if _TIMES and not _TREE_CPU and (hasattr(config, "workerinput") or not config.getoption("numprocesses", None)):
+        _TREE_CPU.extend(filter(None, [tree_cpu.enter()]))  # before this process starts anything
     if os.geteuid() != 0:
         return
     if config.option.basetemp is None:
@@ -84,6 +87,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The base made by pytest_configure: no pytest session cleans it up (a worker's is inside it)."""
+    if _TREE_CPU:
+        _TREE_CPU.pop().leave()
     if os.geteuid() == 0 and not hasattr(config, "workerinput") and config.option.basetemp is not None:
         base = Path(config.option.basetemp)
         if base.name.startswith(_OWN_BASE):
@@ -171,9 +176,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LongestFi
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """With THREADLOOM_TEST_TIMES=<file>, each test's wall time (setup, call and teardown) is appended to it,
-    the input of `python -m tests.support.slow_files` (the table the scheduler orders by)."""
+    the input of `python -m tests.support.slow_files` (the table the scheduler orders by), and where it can be
+    measured the CPU the test process and all it started used meanwhile (tests/support/tree_cpu.py)."""
     if _TIMES and not hasattr(report, "node"):  # in the process that ran it, not again in xdist's controller
-        slow_files.record(_TIMES, report)
+        slow_files.record(_TIMES, report, _TREE_CPU[0].since_last() if _TREE_CPU else None)
 
 
 @pytest.hookimpl(tryfirst=True)

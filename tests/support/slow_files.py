@@ -179,11 +179,14 @@ TESTS: dict[str, float] = {
 }
 
 
-def record(path: str, report: Any) -> None:
+def record(path: str, report: Any, cpu: float | None = None) -> None:
     """Append one phase of one test (`report`, a pytest TestReport) to the JSON-lines file at `path`; `start`
-    (epoch seconds) and `worker` place it on the run's timeline, next to what the machine was doing then."""
+    (epoch seconds) and `worker` place it on the run's timeline, next to what the machine was doing then;
+    `cpu`, when measured, is what the test process and all it started used (tests/support/tree_cpu.py)."""
     entry = {"id": report.nodeid, "when": report.when, "s": round(report.duration, 3), "outcome": report.outcome}
     entry.update(start=round(report.start, 3), worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
+    if cpu is not None:
+        entry["cpu"] = round(cpu, 3)
     line = json.dumps(entry)
     with open(path, "a") as out:
         out.write(line + "\n")
@@ -211,5 +214,29 @@ def table(path: Path) -> str:
     return "\n".join(out)
 
 
+def cpu_table(path: Path, top: int = 25) -> str:
+    """Per file of a THREADLOOM_TEST_TIMES file recorded with `cpu`: wall seconds, CPU seconds of the worker's
+    whole process tree, and the wait (wall minus CPU) -- the files that burn CPU, then those that sit waiting
+    (a timer, a poll, a timeout), the first place to look when a run gets slower."""
+    wall: collections.Counter[str] = collections.Counter()
+    cpu: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        file = entry["id"].split("::", 1)[0]
+        wall[file] += entry["s"]
+        cpu[file] += entry.get("cpu", 0.0)
+    if not cpu:
+        return "no CPU recorded (it needs root and a writable cgroup hierarchy: tests/support/tree_cpu.py)"
+    out = [f"all files: wall {sum(wall.values()):.0f} s, CPU {sum(cpu.values()):.0f} s", "", "most CPU:"]
+    out += [f"  {cpu[f]:7.1f} CPU {wall[f]:7.1f} wall  {f}" for f, _ in cpu.most_common(top)]
+    waits = sorted(wall, key=lambda f: cpu[f] - wall[f])[:top]
+    out += ["", "most waiting (wall - CPU):"]
+    out += [f"  {wall[f] - cpu[f]:7.1f} wait {wall[f]:7.1f} wall  {f}" for f in waits]
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    print(table(Path(sys.argv[1])))
+    if sys.argv[1] == "--cpu":
+        print(cpu_table(Path(sys.argv[2])))
+    else:
+        print(table(Path(sys.argv[1])))
