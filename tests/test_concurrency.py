@@ -13,14 +13,23 @@ import sqlalchemy as sa
 from tests.support.db import sequences
 from tests.support.graphql import CREATE_PROJECT, CREATE_THREAD, make_project, make_thread, workspace
 from tests.support.runs import finished, send
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, pg_broadcast_url, serving
 from threadloom.store import tables as t
 from threadloom.store.db import Database
 
 
 @pytest.fixture
+def server(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
+    """The first of the two, on a wake-up channel they share as replicas do (`BROADCAST_URL`): a run one ends is
+    seen at once by a `runStatus` subscriber of the other, not at its 5 s poll."""
+    with serving(database_url, data_dir, {"BROADCAST_URL": pg_broadcast_url(database_url)}) as proc:
+        yield proc
+
+
+@pytest.fixture
 def second_server(server: ServerProcess, database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(database_url, tmp_path / "second").wait_ready()
+    env = {"BROADCAST_URL": pg_broadcast_url(database_url)}
+    proc = ServerProcess(database_url, tmp_path / "second", env=env).wait_ready()
     assert proc.admin_token is None  # only the first start on an empty database makes one
     yield proc
     proc.stop()
