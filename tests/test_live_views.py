@@ -7,6 +7,7 @@ the log in PostgreSQL), and another project's token refused at subscribe with a 
 from __future__ import annotations
 
 import uuid
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,14 @@ def position(item: dict[str, Any]) -> int:
     return decode_feed_cursor(item["cursor"])[1]
 
 
-_HELD: dict[int, dict[str, list[dict[str, Any]]]] = {}  # per socket: messages of other operations, kept
+# Per socket: messages of its other operations, kept for them. Keyed by the client itself, not `id(ws)`: a later
+# test's client could get a closed one's id and take its leftovers (a stale `complete` for an op of the same id).
+_HELD: weakref.WeakKeyDictionary[WsClient, dict[str, list[dict[str, Any]]]] = weakref.WeakKeyDictionary()
 
 
 async def _message(ws: WsClient, op: str) -> dict[str, Any]:
     """The next message of one operation; those of the socket's other operations are kept for them."""
-    held = _HELD.setdefault(id(ws), {})
+    held = _HELD.setdefault(ws, {})
     if held.get(op):
         return held[op].pop(0)
     while True:
