@@ -119,6 +119,8 @@ STATE = """query($t: ID!) { thread(id: $t) { activeRun { id } queue { id } queue
 RUNS = """query($t: ID!) { thread(id: $t) { runs(first: 100) { nodes {
   id ordinal status statusReason interruptRequestedAt startedAt checkpoint { ref } userMessage { text } } } } }"""
 RUN_STATUS = """query($r: ID!) { node(id: $r) { ... on Run { status } } }"""
+RUNS_ONE = """query($r: ID!) { node(id: $r) { ... on Run { id ordinal status statusReason interruptRequestedAt
+  providerInstance { id } activeAttempt { status } } } }"""
 MESSAGES = """query($t: ID!, $after: String) { thread(id: $t) { messages(first: 100, after: $after) {
   pageInfo { hasNextPage endCursor } nodes { id role text run { id status } } } } }"""
 ACTIVITIES = """query($t: ID!, $after: String) { thread(id: $t) { activities(first: 100, after: $after) {
@@ -325,12 +327,20 @@ class Race:
     async def idle(self, thread: str, within: float = 90) -> dict[str, Any]:  # a loaded full run needed over 30 s
         """The thread once nothing runs: no active run, and an empty queue unless it is held."""
 
+        seen: list[dict[str, Any]] = []
+
         async def check() -> dict[str, Any] | None:
             state = (await self.api.gql(STATE, {"t": thread}))["thread"]
+            seen[:] = [state]
             quiet = state["activeRun"] is None and (not state["queue"] or state["queueHeld"])
             return state if quiet else None
 
-        return await until(check, within=within)
+        try:
+            return await until(check, within=within)
+        except TimeoutError:  # what kept it busy, and that run as the API shows it: the next failure says why
+            active = seen[-1]["activeRun"] if seen else None
+            run = (await self.api.gql(RUNS_ONE, {"r": active["id"]}))["node"] if active else None
+            raise TimeoutError(f"thread {thread} not quiet in {within}s: {seen[-1] if seen else None}; {run}") from None
 
     async def drained(self) -> None:
         """The thread idle with nothing queued: a held queue resumed and run down."""
