@@ -42,7 +42,7 @@ def no_postgres_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 _OWN_BASE = "threadloom-pytest-"
 _TIMES = os.environ.get("THREADLOOM_TEST_TIMES")
-_TREE_CPU: list[tree_cpu.TreeCpu] = []  # this test process's group, when THREADLOOM_TEST_TIMES asks for times
+_tree_cpu: tree_cpu.TreeCpu | None = None  # this test process's group, when THREADLOOM_TEST_TIMES asks for times
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -51,8 +51,9 @@ def pytest_configure(config: pytest.Config) -> None:
     own temp root (/tmp/pytest-of-root) is 0700 -- made so again by every pytest session that starts, so it
     cannot be loosened once. A root session without --basetemp gets a base of its own in /tmp instead."""
     config.addinivalue_line("markers", "own_server: in a SHARED_SERVER module, a fresh server for this test only")
-    if _TIMES and not _TREE_CPU and (hasattr(config, "workerinput") or not config.getoption("numprocesses", None)):
-        _TREE_CPU.extend(filter(None, [tree_cpu.enter()]))  # before this process starts anything
+    global _tree_cpu
+    if _TIMES and _tree_cpu is None and (hasattr(config, "workerinput") or not config.getoption("numprocesses", None)):
+        _tree_cpu = tree_cpu.enter()  # before this process starts anything (xdist's controller runs no test)
     if os.geteuid() != 0:
         return
     if config.option.basetemp is None:
@@ -72,9 +73,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """What collection imported (the app, strawberry, hypothesis, schemathesis, ~200 MB) lives until the end:
-    frozen, the garbage collector's full passes stop walking it. Measured in a full run, a worker made ~20 full
-    passes of ~0.35 s each over that heap (about 13 s of CPU for both workers)."""
+    """What collection imported (the app, strawberry, hypothesis, schemathesis: ~380,000 objects) lives until the
+    end: frozen, the garbage collector's full passes stop walking it. A full pass over it took ~0.24 s, and a
+    worker made ~13-21 full passes in a run (4.5-8.6 s of its CPU)."""
     gc.collect()
     gc.freeze()
 
@@ -87,8 +88,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The base made by pytest_configure: no pytest session cleans it up (a worker's is inside it)."""
-    if _TREE_CPU:
-        _TREE_CPU.pop().leave()
+    if _tree_cpu is not None:
+        _tree_cpu.leave()
     if os.geteuid() == 0 and not hasattr(config, "workerinput") and config.option.basetemp is not None:
         base = Path(config.option.basetemp)
         if base.name.startswith(_OWN_BASE):
@@ -179,7 +180,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     the input of `python -m tests.support.slow_files` (the table the scheduler orders by), and where it can be
     measured the CPU the test process and all it started used meanwhile (tests/support/tree_cpu.py)."""
     if _TIMES and not hasattr(report, "node"):  # in the process that ran it, not again in xdist's controller
-        slow_files.record(_TIMES, report, _TREE_CPU[0].since_last() if _TREE_CPU else None)
+        slow_files.record(_TIMES, report, _tree_cpu.since_last() if _tree_cpu is not None else None)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 import sqlalchemy as sa
 
 from tests.support.cli import create_token
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
+from tests.support.pg import PgServer
 from tests.support.runs import finished, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
@@ -481,14 +481,14 @@ async def test_a_project_marker_s_cursor_resumes_even_before_the_project_has_a_t
 
 
 async def test_an_event_behind_an_open_writer_comes_live_after_the_replay_once(
-    client: Client, server: ServerProcess, tmp_path: Path, database_url: str
+    client: Client, server: ServerProcess, tmp_path: Path, database_url: str, pg: PgServer
 ) -> None:
     """The other order of the test above, made certain: a transaction open elsewhere (it holds an xid) keeps the
     thread's creation out of the replay, which ends without it; once the writer is gone the creation comes live,
     once, before what follows it."""
     mine = await project(client, tmp_path)
     ws = await WsClient.connect(server.url, client.token)
-    writer = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
+    writer = await pg.connect(database_url)
     try:
         (head,) = await take(ws, await ws.subscribe(EVENTS, {"p": mine}), synced)
         open_writer = writer.transaction()

@@ -13,7 +13,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
 from tests.support.pg import PgServer
-from tests.support.server import Client, ServerProcess
+from tests.support.server import Client, ServerProcess, pg_broadcast_url
 from tests.support.ws import WsClient
 from threadloom.api.ids import decode
 from threadloom.api.schema import FreshMemoExecutionContext
@@ -74,8 +74,9 @@ def _rss(pid: int) -> int:
 
 
 async def test_server_memory_is_flat_over_long_subscriptions(pg: PgServer, database_url: str, tmp_path: Path) -> None:
-    broadcast = database_url.replace("postgresql+asyncpg://", "postgresql://")
-    server = ServerProcess(database_url, tmp_path / "d", env={"BROADCAST_URL": broadcast}).wait_ready()
+    server = ServerProcess(
+        database_url, tmp_path / "d", env={"BROADCAST_URL": pg_broadcast_url(database_url)}
+    ).wait_ready()
     client = Client(server.url, server.admin_token)
     db = Database.from_url(database_url, pool_size=2)
     notify = await pg.connect(database_url)
