@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -711,3 +712,46 @@ async def test_exclude_list_changed_after_capture(store: CheckpointStore, worksp
     assert (workspace / "cache" / "x").read_text() == "the user's current content\n"
     later = await repo.capture(ref(1), "after", parent=base.commit)
     assert [(c.path, c.status) for c in await repo.diff(base.commit, later.commit)] == [("cache/x", FileStatus.DELETED)]
+
+
+async def _edited_in_the_capture_second(repo: ShadowRepo, folder: Path) -> tuple[str, int] | None:
+    """Write `a.txt` and `b.txt`, capture, then rewrite `a.txt` with the same size and delete `b.txt`.
+    The capture commit and the second it happened in, when the edit fell in that same second (git then
+    sees the same stat data for `a.txt`: seconds, size, inode); None when the clock moved on meanwhile."""
+    (folder / "a.txt").write_text("A1\n")
+    (folder / "b.txt").write_text("B1\n")
+    made = os.stat(folder / "a.txt")
+    first = await repo.capture(ref(0), "before the edit")
+    (folder / "a.txt").write_text("A2\n")
+    (folder / "b.txt").unlink()
+    edited = os.stat(folder / "a.txt")
+    same = (made.st_mtime_ns // 10**9, made.st_ctime_ns // 10**9) == (
+        edited.st_mtime_ns // 10**9,
+        edited.st_ctime_ns // 10**9,
+    )
+    return (first.commit, edited.st_ctime_ns // 10**9) if same else None
+
+
+@pytest.mark.parametrize("then", ["capture", "restore"])
+async def test_a_same_size_edit_in_the_second_of_a_capture_is_never_taken_for_unchanged(
+    store: CheckpointStore, workspace: Path, then: str
+) -> None:
+    """git trusts a file's stat data only when the file changed before the second its index was written; an
+    edit in that second with the same size keeps the stat data git compares. The next call drops the deleted
+    `b.txt` from the index in the following second, without looking at any file. That must not make the edit
+    look clean: the capture holds `A2`, the restore writes `A1` back and says so."""
+    repo = store.repo("p1", workspace)
+    for _ in range(5):  # a try whose edit crossed into the next second shows nothing: make the files again
+        edit = await _edited_in_the_capture_second(repo, workspace)
+        if edit is not None:
+            break
+    assert edit is not None, "every try crossed a second boundary"
+    commit, second = edit
+    await asyncio.sleep(second + 1.05 - time.time())  # the scenario itself: the next call is a second later
+    if then == "capture":
+        _, changes = await repo.capture_changes(ref(1), "after the edit", parent=commit)
+        assert {c.path: c.status for c in changes} == {"a.txt": FileStatus.MODIFIED, "b.txt": FileStatus.DELETED}
+    else:
+        restored = await repo.restore(commit)
+        assert set(restored.written) == {"a.txt", "b.txt"}
+        assert (workspace / "a.txt").read_text() == "A1\n"

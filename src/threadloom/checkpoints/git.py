@@ -7,12 +7,14 @@ environment naming the shadow git dir and its private index.
 
 Only the calls that read the workspace's files get a work tree, and they run sandboxed (`sandbox_argv`);
 every other call (ls-files, write-tree, diff-tree, rev-parse, cat-file...) gets none and runs in `/`.
+Those of them that rewrite the index keep its time (`Git.rewrite_index`), or git's racy-entry guard breaks.
 Nothing of ours lets git write the workspace: restore writes files itself (`confine.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -168,6 +170,30 @@ class Git:
     async def text(self, *args: str, stdin: bytes | None = None) -> str:
         """stdout of a successful call, decoded and stripped."""
         return (await self.run(*args, stdin=stdin)).stdout.decode(errors="surrogateescape").strip()
+
+    async def rewrite_index(self, *args: str, stdin: bytes | None = None) -> GitResult:
+        """`run` for a call without a work tree that rewrites the index (`update-index --index-info`,
+        `write-tree`), with the index file's time put back as it was.
+
+        git trusts an entry's stat data only when the file changed before the second the index was written
+        (its seconds, size and inode are all it compares); an entry of that same second is "racy" and gets
+        its content compared. Rewriting the index moves its time on, so git smudges the racy entries first,
+        but it must look at their files to do so, and a call without a work tree cannot. Without the old time
+        back, a file the agent rewrote in that second with the same size would look unchanged from then on,
+        to every capture and restore."""
+        try:
+            before = os.stat(self.index_file)
+        except FileNotFoundError:
+            return await self.run(*args, stdin=stdin)  # no entry has stat data yet
+        try:
+            return await self.run(*args, stdin=stdin)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(self.index_file, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+    async def rewrite_index_text(self, *args: str) -> str:
+        """`rewrite_index`'s stdout, decoded and stripped (`write-tree`'s tree id)."""
+        return (await self.rewrite_index(*args)).stdout.decode(errors="surrogateescape").strip()
 
 
 def sandbox_argv(

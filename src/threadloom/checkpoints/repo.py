@@ -209,7 +209,8 @@ class ShadowRepo:
         listed = ls_files.split(b"\0")
         stale = set(listed) - set(present) - {b""}
         if stale:  # gone from disk, now excluded, or replaced by a folder
-            await self._git.run("update-index", "-z", "--index-info", stdin=b"".join(map(_unlisted, sorted(stale))))
+            dropped = b"".join(map(_unlisted, sorted(stale)))
+            await self._git.rewrite_index("update-index", "-z", "--index-info", stdin=dropped)
         if present:
             added = await self._git.run(
                 "update-index",
@@ -245,7 +246,7 @@ class ShadowRepo:
             parents = ["-p", await self._commit(parent)] if parent is not None else []
         finally:
             await staged
-        tree = await self._git.text("write-tree")  # reuses the index's cached subtrees
+        tree = await self._git.rewrite_index_text("write-tree")  # reuses the index's cached subtrees
         commit = await self._git.text("commit-tree", tree, *parents, stdin=message.encode())
         await self._git.run("update-ref", "--no-deref", ref, commit)
         return commit, tree
@@ -282,7 +283,7 @@ class ShadowRepo:
                     base = await self._ref_commit_and_tree(parent_ref)
             finally:
                 reused, mark = await staged
-        tree = reused or await self._git.text("write-tree")
+        tree = reused or await self._git.rewrite_index_text("write-tree")
         self._remember(mark, tree)
         parent_commit = base[0] if base is not None else None
         # In a thread: a loaded disk can take milliseconds, and a run's end reads meanwhile.
@@ -565,7 +566,7 @@ class ShadowRepo:
         unlinked = await asyncio.to_thread(self._remove, root, remove, write)
         crash_point("restore-midway")  # test-only: killed with files removed and none written yet
         if removals or entries:  # only the differing entries change: the others keep their stat data
-            await self._git.run("update-index", "-z", "--index-info", stdin=b"".join(removals + entries))
+            await self._git.rewrite_index("update-index", "-z", "--index-info", stdin=b"".join(removals + entries))
         made = await asyncio.to_thread(self._checkout, root, blobs) if blobs else {}
         missed = await asyncio.to_thread(_not_in_place, root, made, remove)
         if missed:
