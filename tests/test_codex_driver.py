@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.support import processes
 from tests.support.fake_model import HOLD_SHOWN, FakeModel
 from threadloom.providers import agent_cli
 from threadloom.providers import contract as ev
@@ -142,6 +143,41 @@ async def test_a_simple_turn_streams_the_reply(codex: Codex) -> None:
     config = (codex.driver.state_dir / "p1" / "codex-home" / "config.toml").read_text()
     assert SECRET not in config and 'env_key = "FAKE_OPENAI_API_KEY"' in config
     assert SECRET not in repr(s.seen)
+
+
+def _process_view(pid: int) -> tuple[str, dict[str, str]]:
+    """A running process's executable and environment, as /proc shows them."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    env = dict(item.decode().partition("=")[::2] for item in environ if item)
+    return os.path.realpath(f"/proc/{pid}/exe"), env
+
+
+def _npm_launcher() -> Path:
+    """The file npm's `codex` command is (node_modules/.bin/codex resolved)."""
+    return Path(os.path.realpath(agent_cli.find_cli("codex", None, "@openai/codex")))
+
+
+async def test_the_npm_codex_starts_its_native_build_directly(codex: Codex, tmp_path: Path) -> None:
+    """The default `codex` is npm's node launcher, which only execs the native build: the app-server is that
+    build, started by us (no node process between), with the two variables the launcher sets. Twin: a
+    configured binary that is not the launcher (here a shell wrapper) is started as it is."""
+    started = codex.session.runtime.process.proc.pid  # full access: the network sandbox's `unshare` first
+    views = [_process_view(pid) for pid in sorted({started} | processes.descendants(started))]
+    assert not [exe for exe, _ in views if Path(exe).name == "node"], views
+    launcher = _npm_launcher()
+    assert launcher.suffix == ".js"
+    (exe, env), *_ = [(exe, env) for exe, env in views if "/vendor/" in exe and Path(exe).name == "codex"]
+    assert env["CODEX_MANAGED_BY_NPM"] == "1"
+    assert env["CODEX_MANAGED_PACKAGE_ROOT"] == str(launcher.parent.parent)
+    thread = await codex.session.runtime.start_thread(codex.settings())
+    assert texts((await codex.session.turn(thread, "hello native"))[1]) == "echo: hello native"
+
+    wrapper = tmp_path / "codex-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nexec {exe} "$@"\n')
+    wrapper.chmod(0o755)
+    options = {"base_url": codex.fake.url + "/v1", "api_key_env": "FAKE_OPENAI_API_KEY", "binary": str(wrapper)}
+    driver = CodexDriver("codex-wrapped", tmp_path / "agent-wrapped", options)
+    assert driver.launch() == ([str(wrapper), "app-server"], {})
 
 
 async def test_turns_on_one_thread_share_the_conversation(codex: Codex) -> None:
