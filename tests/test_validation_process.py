@@ -22,6 +22,7 @@ import strawberry.schema.schema as strawberry_schema
 from tests.support.graphql import make_project
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
+from threadloom.api import bounds
 from threadloom.api.schema import build_schema
 
 LINES = 2000
@@ -124,6 +125,45 @@ async def test_variables_reach_the_page_rule_and_a_refusal_is_not_kept(schema: A
         logging.disable(logging.NOTSET)
     assert passed_big == passed_small
     assert all(code not in ("GRAPHQL_VALIDATION_FAILED", "QUERY_TOO_COSTLY") for _, code, _ in passed_small[1])
+
+
+async def test_a_wide_text_is_judged_by_the_variable_free_rules_once_and_by_the_variable_rules_every_time(
+    schema: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short text of more than 32 fields is validated on a thread. Once it passed every rule, a request with
+    other variables runs only the rules that read variables: a page too big is still refused, with the answer
+    a schema seeing the text for the first time gives. Twin: a text failing a rule that reads no variables is
+    judged in full every time."""
+    full: list[str] = []
+    real = bounds.checked
+
+    def counted(schema_: Any, document: Any, rules: Any) -> Any:
+        full.append(str(document.loc.source.body) if document.loc else "")
+        return real(schema_, document, rules)
+
+    monkeypatch.setattr(bounds, "checked", counted)
+    wide = "query($n: Int) { projects(first: $n) { nodes {" + " id" * 40 + " } } }"
+    logging.disable(logging.ERROR)  # no request: the resolver logs its failure
+    try:
+        for n in (5, 7, 9):
+            answer = _answer(await schema.execute(wide, variable_values={"n": n}))
+            assert all(code not in ("GRAPHQL_VALIDATION_FAILED", "QUERY_TOO_COSTLY") for _, code, _ in answer[1])
+        refused = _answer(await schema.execute(wide, variable_values={"n": 100_000}))
+        assert full.count(wide) == 1, full
+        fresh = build_schema()
+        try:
+            assert refused == _answer(await fresh.execute(wide, variable_values={"n": 100_000}))
+        finally:
+            fresh.validation.close()
+    finally:
+        logging.disable(logging.NOTSET)
+    assert refused == (None, [("first must be at most 100", "PAGE_SIZE_EXCEEDED", [(1, 18)])])
+
+    failing = "query($n: Int) { projects(first: $n) { nodes {" + " id" * 40 + " nope } } }"
+    for n in (5, 7):
+        [(message, code, _)] = _answer(await schema.execute(failing, variable_values={"n": n}))[1]
+        assert code == "GRAPHQL_VALIDATION_FAILED" and "nope" in message
+    assert full.count(failing) == 2
 
 
 async def test_a_killed_validation_process_is_replaced(schema: Any) -> None:

@@ -25,8 +25,9 @@ cache of `compiled.CachedDocuments` keeps their verdicts). A text of at most `IN
 not small in shape (an ordinary query of 33 fields or more) is validated on a thread of its own: its work is
 bounded by its length (at most about 6 ms). A longer text is parsed and validated in the validation process
 (`api.validation_process`), so the event loop only waits for the verdict. Passes are kept per query text and
-variables. The token limit (`Limits.max_tokens`, graphql-core's parser) is reported
-with the same code.
+variables; on the thread, a text that passed once is judged again only by the rules that read variables
+(a client asks for one run after another with the same text). The token limit (`Limits.max_tokens`,
+graphql-core's parser) is reported with the same code.
 
 Parsing is bounded by the body limit (256 KiB) and the token limit, but a 256 KiB comment, string
 or run of tokens still takes graphql-core's pure-Python lexer 50-150 ms. `BoundedSchema` (the
@@ -70,7 +71,7 @@ from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOpe
 from strawberry.schema.schema import _parse_operation_document, _run_validation, validate_document
 from strawberry.types.execution import ExecutionContext, PreExecutionError
 
-from threadloom.api.compiled import _variables_key
+from threadloom.api.compiled import VARIABLE_RULE_MODULES, _variables_key
 from threadloom.api.cost import CODE
 from threadloom.api.validation_process import (
     IndexedSource as IndexedSource,  # read here by tests
@@ -393,7 +394,16 @@ class BoundedValidation(SchemaExtension):
             run = contextvars.copy_context().run
             loop = asyncio.get_running_loop()
             schema = context.schema._schema
-            errors = await loop.run_in_executor(_THREAD, _briefly, run, checked, schema, document, tuple(rules))
+            key = (query, tuple(rules))
+            if process.statics.get(key):
+                # The rules that read no variables passed this text before: only the variable rules are left
+                # (a client asking for one run after another sends one text with a new id each time).
+                only = tuple(r for r in rules if r.__module__ in VARIABLE_RULE_MODULES)
+                errors = await loop.run_in_executor(_THREAD, _briefly, run, validate_document, schema, document, only)
+            else:
+                errors = await loop.run_in_executor(_THREAD, _briefly, run, checked, schema, document, key[1])
+                if not errors:  # every rule passed, those that read no variables among them
+                    process.statics.put(key, True)
             if not errors and values is not None:
                 process.passed.put((query, values), True)
             context.pre_execution_errors = errors

@@ -267,6 +267,8 @@ class ValidationProcess:
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         self.passed = _Lru(256)  # (query, variables) whose validation passed: the same pass again
+        # (query, rules) that passed every rule once: the rules that read no variables pass it again.
+        self.statics = _Lru(256)
         # (query, operation, variables) -> the document that passed: a big text repeated is not sent again.
         self.documents = _Lru(32)
 
