@@ -25,6 +25,7 @@ from threadloom.checkpoints import (
     FileStatus,
     ShadowRepo,
     checkpoint_ref,
+    diffs,
 )
 from threadloom.checkpoints import walk as walk_module
 from threadloom.checkpoints.excludes import Excludes
@@ -91,6 +92,11 @@ def tree_paths(repo: ShadowRepo, commit: str) -> dict[str, str]:
             meta, path = line.split(b"\t", 1)
             entries[path.decode()] = meta.split(b" ")[0].decode()
     return entries
+
+
+def shadow_git_bytes(repo: ShadowRepo, *args: str) -> bytes:
+    """git's own answer about the shadow repository, as the bytes it printed."""
+    return subprocess.run(["git", "--git-dir", str(repo.git_dir), *args], check=True, capture_output=True).stdout
 
 
 def shadow_git(repo: ShadowRepo, *args: str) -> str:
@@ -641,6 +647,35 @@ async def test_unusual_file_names_are_captured_diffed_and_restored(store: Checkp
     assert state(workspace) == before
     await repo.restore(run1.commit)
     assert state(workspace) == with_files
+
+
+async def test_one_diff_call_reads_as_git_s_raw_and_numstat_read_apart(store: CheckpointStore, workspace: Path) -> None:
+    """A diff is one `diff-tree --raw --numstat`; its two parts are told apart by position. Names that look
+    like the other part (a header's `:`, a count and a tab), renames, binary files, deletions and a type change
+    give the same changes as git's `--raw` and `--numstat` run apart, and a capture reports the same."""
+    repo = store.repo("p1", workspace)
+    for name in (":R100 looks like a header", "1\t2\tlooks like a count", "moved.txt", "gone.txt", "kind"):
+        (workspace / name).write_text(f"{name}\n" * 5)
+    base = await repo.capture(ref(0), "baseline")
+    (workspace / ":R100 looks like a header").write_text("changed\n")
+    (workspace / "1\t2\tlooks like a count").unlink()
+    (workspace / "moved.txt").rename(workspace / ":moved here")
+    (workspace / "gone.txt").unlink()
+    (workspace / "kind").unlink()
+    (workspace / "kind").symlink_to("README.md")
+    (workspace / "logo.bin").write_bytes(bytes(range(255, -1, -1)) * 4)
+    (workspace / "1\t0\t:new").write_text("new\n")
+    capture, captured = await repo.capture_changes(ref(1), "after", parent=base.commit)
+    assert {":moved here", "1\t0\t:new"} <= set(tree_paths(repo, capture.commit))
+
+    trees = [f"{commit}^{{tree}}" for commit in (base.commit, capture.commit)]
+    apart = [shadow_git_bytes(repo, "diff-tree", "-r", "-z", "-M", flag, *trees) for flag in ("--raw", "--numstat")]
+    expected = diffs.combine(*apart)
+    assert await repo.diff(base.commit, capture.commit) == expected == captured
+    by = by_path(expected)
+    assert by[":moved here"].status == FileStatus.RENAMED and by[":moved here"].old_path == "moved.txt"
+    assert by["logo.bin"].binary and by["1\t2\tlooks like a count"].status == FileStatus.DELETED
+    assert by[":R100 looks like a header"].additions == 1 and by["kind"].status == FileStatus.MODIFIED
 
 
 async def test_a_capture_against_the_last_commits_and_moves_its_ref_as_git_would(

@@ -1,8 +1,8 @@
 """What changed between two checkpoints, parsed from git's NUL-separated output.
 
-Two reads of one tree pair, both with rename detection (`-M`) so that a moved file shows as one
-rename rather than a delete and an add: `--raw` gives each path's status and old path,
-`--numstat` its added/removed line counts (`-` for binary content).
+One `diff-tree --raw --numstat` of a tree pair, with rename detection (`-M`) so that a moved file shows as
+one rename rather than a delete and an add: its raw records give each path's status and old path, the numstat
+records after them its added/removed line counts (`-` for binary content).
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from threadloom.domain.checkpoints import CheckpointFile, CheckpointFileStatus
 
 # git's well-known id of the empty tree: "no checkpoint yet" diffs against it.
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+# The one git call a diff of two trees takes (`changes_of` reads its output).
+DIFF_TREE = ("diff-tree", "-r", "-z", "-M", "--raw", "--numstat", "--no-ext-diff", "--no-textconv")
 
 # A diff's entries are the domain's checkpoint files: what git reports is recorded as is.
 FileChange = CheckpointFile
@@ -80,3 +83,20 @@ def combine(raw: bytes, numstat: bytes) -> list[FileChange]:
         changes.append(FileChange(path, status, additions, deletions, old_path, binary))
     changes.sort(key=lambda change: change.path)
     return changes
+
+
+def split_output(output: bytes) -> tuple[bytes, bytes]:
+    """`diff-tree -r -z -M --raw --numstat` → (its raw records, its numstat records). The raw ones come first;
+    each starts with a header beginning with `:` and is followed by one path, or two for a rename or copy.
+    A numstat record starts with a count or `-`, never `:`, so the first field after a whole raw record that
+    is no header begins the numstat part."""
+    fields = output.split(b"\0")
+    i = 0
+    while i < len(fields) and fields[i].startswith(b":"):
+        i += 3 if fields[i].rsplit(b" ", 1)[-1][:1] in (b"R", b"C") else 2
+    return b"\0".join(fields[:i]) + b"\0", b"\0".join(fields[i:])
+
+
+def changes_of(output: bytes) -> list[FileChange]:
+    """The changes one `diff-tree -r -z -M --raw --numstat` printed."""
+    return combine(*split_output(output))

@@ -46,7 +46,7 @@ from threadloom.checkpoints.confine import (
     walk_below,
     write_at,
 )
-from threadloom.checkpoints.diffs import EMPTY_TREE, FileChange, combine
+from threadloom.checkpoints.diffs import DIFF_TREE, EMPTY_TREE, FileChange, changes_of
 from threadloom.checkpoints.errors import CheckpointError, CheckpointErrorCode
 from threadloom.checkpoints.excludes import Excludes
 from threadloom.checkpoints.git import IDENTITY, SHADOW_ATTRIBUTES, SHADOW_CONFIG, Git
@@ -300,11 +300,8 @@ class ShadowRepo:
         if old == tree:
             await moved
             return captured, []
-        common = ["-r", "-z", "-M", "--no-ext-diff", "--no-textconv", old, tree]
-        _, raw, numstat = await asyncio.gather(
-            moved, self._git.run("diff-tree", "--raw", *common), self._git.run("diff-tree", "--numstat", *common)
-        )
-        return captured, combine(raw.stdout, numstat.stdout)
+        _, out = await asyncio.gather(moved, self._git.run(*DIFF_TREE, old, tree))
+        return captured, changes_of(out.stdout)
 
     def _loose(self, oid: str) -> Path:
         return self.git_dir / "objects" / oid[:2] / oid[2:]
@@ -439,12 +436,8 @@ class ShadowRepo:
         """Files that differ from `from_commit` (None: from nothing) to `to_commit`, renames paired."""
         old = await self._commit(from_commit) if from_commit is not None else EMPTY_TREE
         new = await self._commit(to_commit)
-        common = ["diff-tree", "-r", "-z", "-M", "--no-ext-diff", "--no-textconv", old, new]
-        raw, numstat = await asyncio.gather(
-            self._git.run(*common[:1], "--raw", *common[1:]),
-            self._git.run(*common[:1], "--numstat", *common[1:]),
-        )
-        return combine(raw.stdout, numstat.stdout)
+        out = await self._git.run(*DIFF_TREE, old, new)
+        return changes_of(out.stdout)
 
     async def file_diff(self, from_commit: str | None, to_commit: str, path: str, old_path: str | None = None) -> str:
         """Unified diff of one path (and its old path, for a rename) between two checkpoints."""
