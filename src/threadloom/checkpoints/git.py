@@ -181,15 +181,16 @@ class Git:
         but it must look at their files to do so, and a call without a work tree cannot. Without the old time
         back, a file the agent rewrote in that second with the same size would look unchanged from then on,
         to every capture and restore."""
-        try:
-            before = os.stat(self.index_file)
-        except FileNotFoundError:
-            return await self.run(*args, stdin=stdin)  # no entry has stat data yet
+        before = None  # no index yet: no entry has stat data
+        with contextlib.suppress(FileNotFoundError):
+            before = os.stat(self.index_file, follow_symlinks=False)
         try:
             return await self.run(*args, stdin=stdin)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.utime(self.index_file, ns=(before.st_atime_ns, before.st_mtime_ns))
+            if before is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    times = (before.st_atime_ns, before.st_mtime_ns)
+                    os.utime(self.index_file, ns=times, follow_symlinks=False)
 
     async def rewrite_index_text(self, *args: str) -> str:
         """`rewrite_index`'s stdout, decoded and stripped (`write-tree`'s tree id)."""
