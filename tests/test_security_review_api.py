@@ -134,10 +134,14 @@ async def _first_answer(ws: WsClient, query: str, variables: dict[str, Any], bar
     a thread of that project). Right after the compared one, a probe subscribes to a thread that does not exist,
     which is refused as it starts, and a watcher follows that thread, renamed once both started. A
     subscription that said nothing by the time the probe was refused and the watcher saw the rename is
-    silent: the rename alone raced the compared start on a loaded machine (the watcher's event came first)."""
+    silent: the rename alone raced the compared start on a loaded machine (the watcher's event came first).
+    The probe is the compared subscription itself on a thread that does not exist, so it starts the same way:
+    a `threadEvents` probe took the fast path and was refused before a compared `activities` start (which
+    strawberry runs) had answered, so a refusal read as silence on a loaded machine."""
     client, token, thread = barrier  # a thread of the socket's project that no compared subscription reads
     op = await ws.subscribe(query, variables)
-    probe = await ws.subscribe(WATCH, {"t": random_id("Thread")})  # started after `op`, refused at its start
+    on = "t" if "t" in variables else "id"  # the variable naming the thread
+    probe = await ws.subscribe(query, {**variables, on: random_id("Thread")})  # started after `op`, refused
     watch = await ws.subscribe(WATCH, {"t": thread})
     before = (await client.gql(LATEST, {"t": thread}, token=token))["thread"]["latestSequence"]
     renamed = await client.gql(RENAME, {"t": thread, "title": uuid.uuid4().hex}, token=token)
