@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from tests.support.graphql import workspace
@@ -15,6 +16,7 @@ from threadloom.domain.access import Principal
 from threadloom.domain.changes import Effect
 from threadloom.domain.recovery import RecoveryAction, recover_run
 from threadloom.domain.statuses import RunStatus, TokenScope
+from threadloom.engine import effects as effects_module
 from threadloom.engine.effects import EffectWorker, backoff
 from threadloom.engine.services import Services
 from threadloom.engine.workers import Worker
@@ -167,6 +169,52 @@ async def test_an_idle_worker_looks_about_once_a_second_and_wakes_when_an_effect
     finally:
         await worker.stop()
     assert 1 <= len(claims) <= 4, claims  # the first look, then at most once a second until it fell due
+
+
+async def test_an_idle_start_opens_one_session_and_a_backlog_still_runs_on_every_loop(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One of the worker's loops claims at its start, the others start idle with their backstops spread, so
+    a server starting with nothing to do opens one database session for its effects, not one per loop (the
+    pool grows to what is checked out at once). A backlog still wakes every loop: four slow effects of four
+    threads run at once."""
+    monkeypatch.setattr(effects_module, "IDLE_BACKSTOP", 0.2)  # the idle loops' first claims come soon
+    db = Database.from_url(services.db.engine.url.render_as_string(hide_password=False))
+    worker = EffectWorker(db, services.clock, uuid.uuid4(), concurrency=4)
+    claims: list[str] = []
+    four = asyncio.Event()
+
+    def on_statement(statement: str) -> None:
+        if "SET status = 'running'" in statement:
+            claims.append(statement)
+            if len(claims) >= 4:
+                four.set()
+
+    every_statement(db, on_statement)
+    worker.start()
+    try:
+        await asyncio.wait_for(four.wait(), 30)  # the first claim, then each idle loop's backstop
+        assert db.engine.pool.checkedin() + db.engine.pool.checkedout() == 1
+
+        running: set[object] = set()
+        all_running, release = asyncio.Event(), asyncio.Event()
+
+        async def slow(payload: dict[str, object]) -> None:
+            running.add(payload["n"])
+            if len(running) == 4:
+                all_running.set()
+            await release.wait()
+
+        worker.handlers["slow"] = slow
+        threads = await _threads(services, 4)
+        for n, thread in enumerate(threads):  # no wake(): the polling loop finds the first, then wakes more
+            await _enqueue(services, thread, Effect("slow", {"n": n}))
+        await asyncio.wait_for(all_running.wait(), 30)
+        assert running == {0, 1, 2, 3}
+        release.set()
+    finally:
+        await worker.stop()
+        await db.dispose()
 
 
 def test_recover_run_decides_by_status_and_recorded_turn() -> None:

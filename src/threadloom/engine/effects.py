@@ -68,15 +68,25 @@ class EffectWorker:
         self.handlers[kind.KIND] = decoded
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._loop(), name=f"effects-{i}") for i in range(self.concurrency)]
+        """One loop claims at once; the others start idle, woken when a claim finds more due. All claiming
+        at the start opened a database session each (a pool grows to what is checked out at once) for claims
+        that, on most starts, find nothing."""
+        self._tasks = [asyncio.create_task(self._loop(i), name=f"effects-{i}") for i in range(self.concurrency)]
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
         self._tasks = []
 
-    async def _loop(self) -> None:
+    async def _loop(self, index: int) -> None:
         done: int | None = None  # this loop's last effect, succeeded, marked done with the next claim
+        ran = index == 0
+        # A loop that starts idle never polls first, and their backstops are spread so they do not all claim
+        # at one moment (each at once would need a session of its own).
+        backstop: float | None = IDLE_BACKSTOP * (1 + index / self.concurrency) if index else None
         while True:
+            if not ran:
+                await self._idle_wait(backstop)
+                backstop = None
             try:
                 effect = await self._claim(done)
                 done = None
@@ -91,19 +101,23 @@ class EffectWorker:
             except Exception:
                 log.exception("effect loop error")
                 ran = False
-            if not ran:
-                woken = asyncio.Event()
-                self._idle.append(woken)
-                polling, self._polling = not self._polling, True
-                try:
-                    wait = await self._until_due() if polling else IDLE_BACKSTOP
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(woken.wait(), wait)
-                finally:
-                    if polling:
-                        self._polling = False
-                    if not woken.is_set():
-                        self._idle.remove(woken)
+
+    async def _idle_wait(self, backstop: float | None) -> None:
+        """Wait to be woken. One idle loop polls: it also claims when the next effect falls due (at most
+        `IDLE_POLL` later); the others claim after `backstop`, or `IDLE_BACKSTOP`."""
+        woken = asyncio.Event()
+        self._idle.append(woken)
+        polling = backstop is None and not self._polling
+        self._polling = self._polling or polling
+        try:
+            wait = await self._until_due() if polling else backstop or IDLE_BACKSTOP
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), wait)
+        finally:
+            if polling:
+                self._polling = False
+            if not woken.is_set():
+                self._idle.remove(woken)
 
     async def _until_due(self) -> float:
         """How long the polling loop sleeps: until the next pending effect falls due, at most `IDLE_POLL`."""

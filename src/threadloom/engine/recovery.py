@@ -63,7 +63,9 @@ class Recovery:
                 await self._task
 
     async def _loop(self) -> None:
+        """The periodic passes, the first one `interval` after the start: `Services.start` has just made one."""
         while True:
+            await asyncio.sleep(self.interval)
             try:
                 await self.recover()
                 await self.runs.sessions.reap_idle()
@@ -71,7 +73,6 @@ class Recovery:
                 raise
             except Exception:
                 log.exception("recovery pass failed")
-            await asyncio.sleep(self.interval)
 
     async def recover(self) -> None:
         await self._orphaned_effects()
