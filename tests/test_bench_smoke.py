@@ -1,4 +1,6 @@
-"""Every benchmark in bench/ still runs: each with `--smoke` (tiny sizes, seconds) as a subprocess.
+"""Every benchmark in bench/ still runs: each with `--smoke` (tiny sizes, seconds) in a process of its own,
+forked from the test process's preloaded forkserver (tests/support/zygote.py) rather than started, which
+skips about a second of imports a benchmark.
 
 The figures mean nothing at these sizes; the test only proves that the benchmark's code
 still matches the engine (a benchmark nobody runs rots) and that it still measures its
@@ -9,12 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import zygote
 from tests.support.pg import PgServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,14 +48,7 @@ def test_every_benchmark_is_smoked() -> None:
 def test_each_benchmark_smoke_run_prints_its_ratio(script: str, pg: PgServer) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env["THREADLOOM_BENCH_PG"] = str(pg.root)  # the session's PostgreSQL, not one started per benchmark
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--smoke"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = zygote.run([str(ROOT / "bench" / script), "--smoke"], env, cwd=str(ROOT), timeout=180, script=True)
     assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     assert "floor" in done.stdout, done.stdout
     assert RATIO.search(done.stdout), f"{script} printed no ratio line:\n{done.stdout[-3000:]}"

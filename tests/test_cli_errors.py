@@ -9,10 +9,10 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
+from tests.support import zygote
 from tests.support.server import free_port
 from threadloom.api import ids
 
@@ -41,9 +41,7 @@ WITHOUT_DATABASE = [
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "threadloom", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
-    )
+    return zygote.run(args, env, cwd=str(cwd), timeout=60)  # the CLI's main, forked (tests/support/cli.py)
 
 
 def run_all(table: list[tuple[list[str], str]], env: dict[str, str], cwd: Path) -> dict[str, str]:

@@ -11,19 +11,17 @@ import os
 import socket
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
+from tests.support import zygote
 from tests.support.server import ServerProcess, free_port
 from threadloom.api import ids
 
 
 def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "threadloom", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=90
-    )
+    return zygote.run(list(args), env, cwd=str(cwd), timeout=90)  # the CLI's main, forked (tests/support/cli.py)
 
 
 def user_env(tmp_path: Path) -> dict[str, str]:

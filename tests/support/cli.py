@@ -1,4 +1,7 @@
-"""Run the real `threadloom` command line against a test database."""
+"""Run the real `threadloom` command line against a test database: `threadloom.cli.main` in a process of its
+own, forked from the test process's preloaded forkserver (tests/support/zygote.py), with its own environment,
+stdout, stderr and exit code; `python -m threadloom` itself is started by test_export_schema.py and
+test_operations.py."""
 
 from __future__ import annotations
 
@@ -6,10 +9,10 @@ import asyncio
 import concurrent.futures
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
+from tests.support import zygote
 from threadloom.cli import _project_id
 from threadloom.domain.statuses import TokenScope
 from threadloom.engine.clock import SystemClock
@@ -23,9 +26,7 @@ def threadloom(database_url: str | None, *args: str, data_dir: Path | None = Non
         env["DATABASE_URL"] = database_url
     if data_dir is not None:
         env["THREADLOOM_DATA_DIR"] = str(data_dir)
-    return subprocess.run(
-        [sys.executable, "-m", "threadloom", *args], env=env, capture_output=True, text=True, timeout=120
-    )
+    return zygote.run(list(args), env, timeout=120)
 
 
 def create_token(database_url: str, scope: str, project: str | None = None) -> tuple[str, str]:

@@ -19,9 +19,12 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import runpy
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from typing import IO, Any
 
 _PRELOAD = ["tests.support.zygote_preload"]
@@ -40,44 +43,86 @@ def _ctx() -> Any:
     return _context
 
 
-def _serve(
-    argv: list[str],
-    env: dict[str, str],
-    out: multiprocessing.connection.Connection,
-    err: multiprocessing.connection.Connection,
+def _child_stdio(
+    env: dict[str, str], out: multiprocessing.connection.Connection, err: multiprocessing.connection.Connection
 ) -> None:
-    """The child: stdout/stderr on the parent's pipes, the given environment, then the CLI as `main` runs it."""
+    """In the child: stdout/stderr on the parent's pipes, the given environment, default signal handlers."""
     os.dup2(out.fileno(), 1)
     os.dup2(err.fileno(), 2)
     out.close()
     err.close()
     os.environ.clear()
     os.environ.update(env)
-    sys.argv = ["threadloom", *argv]
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
-    from threadloom.cli import main
 
+
+def _finish(run: Callable[[], Any], *, threads: bool = False) -> None:
+    """Run the child's program; its exit code is `run`'s return value or the code it exits with. `threads`:
+    first wait for its threads and run their exit hooks, as the interpreter does before the atexit ones (a
+    process pool's workers are told to stop there; `multiprocessing`'s atexit hook then joins them)."""
     code: Any = 1
     try:
-        code = main(argv)
+        code = run()
     except SystemExit as exit_:
         code = exit_.code
     finally:
+        if threads:
+            threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()  # a multiprocessing child ends with os._exit, which runs none
         sys.stdout.flush()
         sys.stderr.flush()
     sys.exit(code)
 
 
+def _serve(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    out: multiprocessing.connection.Connection,
+    err: multiprocessing.connection.Connection,
+) -> None:
+    """The child: the CLI as `main` runs it (`threadloom ARGV...`), in `cwd` if given."""
+    _child_stdio(env, out, err)
+    if cwd is not None:
+        os.chdir(cwd)
+    sys.argv = ["threadloom", *argv]
+    from threadloom.cli import main
+
+    _finish(lambda: main(argv), threads=cwd is not None)
+
+
+def _script(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    out: multiprocessing.connection.Connection,
+    err: multiprocessing.connection.Connection,
+) -> None:
+    """The child: `python SCRIPT ARGS...` as the interpreter runs it (the script's folder first on sys.path)."""
+    _child_stdio(env, out, err)
+    if cwd is not None:
+        os.chdir(cwd)
+    sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+
+    def run() -> int:
+        runpy.run_path(argv[0], run_name="__main__")
+        return 0
+
+    _finish(run, threads=True)
+
+
 class Forked:
     """The parts of `subprocess.Popen` the tests use, over a forked server."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], *, script: bool = False, cwd: str | None = None) -> None:
+        """`threadloom ARGV...`, or with `script` `python ARGV...` (a script and its arguments), in `cwd`."""
         ctx = _ctx()
         out_r, out_w = ctx.Pipe(duplex=False)
         err_r, err_w = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(target=_serve, args=(argv, env, out_w, err_w), daemon=False)
+        target = _script if script else _serve
+        self._process = ctx.Process(target=target, args=(argv, env, cwd, out_w, err_w), daemon=False)
         self._process.start()
         out_w.close()
         err_w.close()
@@ -112,3 +157,33 @@ class Forked:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def run(
+    argv: list[str], env: dict[str, str], *, cwd: str | None = None, timeout: float, script: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run([python, "-m", "threadloom", *argv], capture_output=True, text=True)`, or with `script`
+    `[python, *argv]` (a benchmark), forked from the preloaded forkserver: it skips about a second of imports.
+    A real process when forking is off (THREADLOOM_TEST_FORK=0)."""
+    if not enabled():
+        command = [sys.executable, *argv] if script else [sys.executable, "-m", "threadloom", *argv]
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    child = Forked(argv, env, script=script, cwd=cwd or os.getcwd())
+    texts: dict[str, str] = {}
+    readers = [
+        threading.Thread(target=lambda name=name, stream=stream: texts.__setitem__(name, stream.read()), daemon=True)
+        for name, stream in (("out", child.stdout), ("err", child.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        code = child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait(10)
+        raise
+    for reader in readers:
+        reader.join(10)
+    child.stdout.close()
+    child.stderr.close()
+    return subprocess.CompletedProcess(argv, code, texts.get("out", ""), texts.get("err", ""))
