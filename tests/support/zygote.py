@@ -9,7 +9,8 @@ imports: settings, the database check, the app, uvicorn and every signal handler
 
 Tests of the command line itself (the embedded database, packaging, a refused start) start the real
 `python -m threadloom serve` (`ServerProcess(..., fork=False)`); `THREADLOOM_TEST_FORK=0` makes every start
-a real one.
+a real one. `run` does the same for other commands (`threadloom token list`) and for scripts that import the
+app (the benchmarks' smoke runs): `subprocess.run` semantics, a fork underneath.
 """
 
 from __future__ import annotations
@@ -43,10 +44,16 @@ def _ctx() -> Any:
     return _context
 
 
-def _child_stdio(
-    env: dict[str, str], out: multiprocessing.connection.Connection, err: multiprocessing.connection.Connection
+def _child_setup(
+    env: dict[str, str],
+    cwd: str | None,
+    out: multiprocessing.connection.Connection,
+    err: multiprocessing.connection.Connection,
 ) -> None:
-    """In the child: stdout/stderr on the parent's pipes, the given environment, default signal handlers."""
+    """In the child: stdout/stderr on the parent's pipes, the given environment and working folder, default
+    signal handlers."""
+    if cwd is not None:
+        os.chdir(cwd)
     os.dup2(out.fileno(), 1)
     os.dup2(err.fileno(), 2)
     out.close()
@@ -75,34 +82,23 @@ def _finish(run: Callable[[], Any], *, threads: bool = False) -> None:
     sys.exit(code)
 
 
-def _serve(
+def _child(
     argv: list[str],
     env: dict[str, str],
     cwd: str | None,
+    script: bool,
     out: multiprocessing.connection.Connection,
     err: multiprocessing.connection.Connection,
 ) -> None:
-    """The child: the CLI as `main` runs it (`threadloom ARGV...`), in `cwd` if given."""
-    _child_stdio(env, out, err)
-    if cwd is not None:
-        os.chdir(cwd)
-    sys.argv = ["threadloom", *argv]
-    from threadloom.cli import main
+    """The child: the CLI as `main` runs it (`threadloom ARGV...`), or with `script` `python SCRIPT ARGS...` as
+    the interpreter runs it (the script's folder first on sys.path); in `cwd` if given."""
+    _child_setup(env, cwd, out, err)
+    if not script:
+        sys.argv = ["threadloom", *argv]
+        from threadloom.cli import main
 
-    _finish(lambda: main(argv), threads=cwd is not None)
-
-
-def _script(
-    argv: list[str],
-    env: dict[str, str],
-    cwd: str | None,
-    out: multiprocessing.connection.Connection,
-    err: multiprocessing.connection.Connection,
-) -> None:
-    """The child: `python SCRIPT ARGS...` as the interpreter runs it (the script's folder first on sys.path)."""
-    _child_stdio(env, out, err)
-    if cwd is not None:
-        os.chdir(cwd)
+        _finish(lambda: main(argv), threads=cwd is not None)
+        return
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
 
@@ -114,15 +110,14 @@ def _script(
 
 
 class Forked:
-    """The parts of `subprocess.Popen` the tests use, over a forked server."""
+    """The parts of `subprocess.Popen` the tests use, over a forked server, command or script."""
 
     def __init__(self, argv: list[str], env: dict[str, str], *, script: bool = False, cwd: str | None = None) -> None:
         """`threadloom ARGV...`, or with `script` `python ARGV...` (a script and its arguments), in `cwd`."""
         ctx = _ctx()
         out_r, out_w = ctx.Pipe(duplex=False)
         err_r, err_w = ctx.Pipe(duplex=False)
-        target = _script if script else _serve
-        self._process = ctx.Process(target=target, args=(argv, env, cwd, out_w, err_w), daemon=False)
+        self._process = ctx.Process(target=_child, args=(argv, env, cwd, script, out_w, err_w), daemon=False)
         self._process.start()
         out_w.close()
         err_w.close()
