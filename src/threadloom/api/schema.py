@@ -182,6 +182,7 @@ def _build(limits: Limits, dev: bool) -> BoundedSchema:
         validation=ValidationProcess(limits, dev),
     )
     describe(schema._schema)  # what the definitions leave undescribed (api.descriptions)
+    schema.validation.schema = schema._schema
     return schema
 
 
