@@ -17,6 +17,8 @@ from tests.support.scripted import ScriptedThread
 from tests.support.server import Client, ServerProcess
 from threadloom.api.ids import decode
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 FORK = """mutation($source: ForkSourceInput!, $ws: ForkWorkspace! = OWN, $own: Boolean) {
   forkThread(input: {source: $source, workspace: $ws, ownWorkspace: $own}) {
     thread { id workspacePath } userErrors { code message field } } }"""

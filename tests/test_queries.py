@@ -7,6 +7,8 @@ import asyncio
 from tests.support.graphql import THREADS_PAGE, make_project, make_thread, statements
 from tests.support.server import Client
 
+SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
+
 
 async def test_keyset_pages_walk_forward_and_back(client: Client) -> None:
     project = await make_project(client)
