@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import os
 import subprocess
+from asyncio import unix_events
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -118,5 +120,48 @@ def test_a_child_whose_exit_cannot_be_watched_is_not_left_running(monkeypatch: p
         assert closed == [], f"closed again by the failed start: {closed}"
     finally:
         for fd in taken:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def test_a_pipe_the_loop_closed_is_not_closed_again_under_a_file_opened_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvloop closes a pipe transport's descriptor through libuv, then closes the file object it was given.
+    Given the `Popen`'s own file object, that closed the number a second time, and a file another thread had
+    opened in between lost its descriptor (in the server, another child's live pipe was later closed under it:
+    `File descriptor N is used by transport`). Here each pipe's file object opens files as it closes, as such a
+    thread would, until it holds the pipe's number or one above: every one of them stays open."""
+    opened: list[int] = []
+
+    class Grabbing(io.FileIO):
+        def close(self) -> None:
+            if not self.closed:
+                number = self.fileno()
+                while not opened or opened[-1] < number:
+                    opened.append(os.open(os.devnull, os.O_RDONLY))
+            super().close()
+
+    start = unix_events._UnixSubprocessTransport._start  # type: ignore[attr-defined]
+
+    def grabbing_start(self: Any, *args: Any, **kwargs: Any) -> None:
+        start(self, *args, **kwargs)
+        for name in ("stdin", "stdout", "stderr"):
+            file = getattr(self._proc, name)
+            setattr(self._proc, name, Grabbing(os.dup(file.fileno()), file.mode))
+            file.close()
+
+    monkeypatch.setattr(unix_events._UnixSubprocessTransport, "_start", grabbing_start)  # type: ignore[attr-defined]
+
+    async def work() -> None:
+        cat = await create_subprocess_exec("cat", **PIPES)
+        assert await cat.communicate(b"through") == (b"through", b"")
+
+    _run("uvloop", work)
+    try:
+        assert opened, "no pipe file object was closed"
+        assert [fd for fd in opened if not _open(fd)] == []
+    finally:
+        for fd in opened:
             with contextlib.suppress(OSError):
                 os.close(fd)

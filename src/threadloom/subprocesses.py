@@ -13,6 +13,12 @@ makes it), its pipes are connected through the running loop (`connect_read_pipe`
 which uvloop implements), and its exit is read from a pidfd the loop watches. What the caller gets is an
 `asyncio.subprocess.Process`, the same as `asyncio.create_subprocess_exec` returns. On the standard loop, or on
 a kernel without pidfds (before Linux 5.3), it is exactly `asyncio.create_subprocess_exec`.
+
+The loop is not handed the `Popen`'s own pipe file objects (`_LoopPipe`): uvloop closes a pipe transport's
+descriptor through libuv and then closes the file object it was given, which closed the same number a second
+time. A file another thread opened in between (the server reads `/proc` and folders on threads) lost its
+descriptor, and whatever took that number next, another child's live pipe, was closed under its owner later:
+seen as `RuntimeError: File descriptor N is used by transport` when a new child's pidfd got the number.
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ async def create_subprocess_exec(
     transport = unix_events._UnixSubprocessTransport(  # type: ignore[attr-defined]
         loop, protocol, [program, *args], False, stdin, stdout, stderr, 0, waiter=waiter, **kwargs
     )
+    try:
+        _hand_pipes_over(transport._proc)  # before its task connects them (it has not run yet)
+    except BaseException:
+        waiter.cancel()  # its task then fails on a released pipe, with no one to tell
+        _end(transport)
+        raise
     # The pipes are connected first (`waiter`): a transport closed while its task is still connecting them
     # leaves that task to connect a pipe as the loop ends, whose descriptor the child's file object then closes
     # a second time: by then another socket or file may have its number. Nothing reaps the child meanwhile (it
@@ -58,8 +70,47 @@ async def create_subprocess_exec(
 
 def _end(transport: Any) -> None:
     """Kill the child of a start that failed, close its pipes and reap it (it has no exit watcher)."""
+    proc = transport._proc
     transport.close()  # kills it
-    transport._process_exited(transport._proc.wait())  # killed: reaped at once
+    transport._process_exited(proc.wait())  # killed: reaped at once
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if isinstance(pipe, _LoopPipe):
+            pipe.release()
+
+
+class _LoopPipe:
+    """A pipe end as the loop is given it: its descriptor, which libuv closes once the loop has taken it
+    (`fileno`). `close`, which uvloop calls after libuv's close, closes nothing; `release` closes an end the loop
+    never took (a start that failed before its pipes were connected)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._taken = False
+
+    def fileno(self) -> int:
+        if self._fd < 0:
+            raise ValueError("the pipe was released")
+        self._taken = True
+        return self._fd
+
+    def close(self) -> None:
+        """The loop's close after libuv's: the descriptor is closed already, its number may be another's."""
+
+    def release(self) -> None:
+        if not self._taken and self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+def _hand_pipes_over(proc: Any) -> None:
+    """Replace the `Popen`'s pipe file objects by `_LoopPipe`s holding duplicates of their descriptors (the
+    originals closed now, by their only owner)."""
+    for name in ("stdin", "stdout", "stderr"):
+        file = getattr(proc, name)
+        if file is not None:
+            pipe = _LoopPipe(os.dup(file.fileno()))  # not inherited by later children (PEP 446)
+            file.close()
+            setattr(proc, name, pipe)
 
 
 @functools.cache
