@@ -52,9 +52,9 @@ async def create_subprocess_exec(
         _end(transport)
         raise
     # The pipes are connected first (`waiter`): a transport closed while its task is still connecting them
-    # leaves that task to connect a pipe as the loop ends, whose descriptor the child's file object then closes
-    # a second time: by then another socket or file may have its number. Nothing reaps the child meanwhile (it
-    # has no watcher yet), so a pidfd opened afterwards still finds it, exited or not.
+    # leaves that task to connect a pipe as the loop ends (a `_LoopPipe` released by `_end` refuses it). Nothing
+    # reaps the child meanwhile (it has no watcher yet), so a pidfd opened afterwards still finds it, exited or
+    # not.
     try:
         await waiter
     except BaseException:
