@@ -6,8 +6,8 @@ TEMPLATE), which takes tens of milliseconds and isolates tests completely.
 A run clones the template about 700 times and never drops a clone, so the cluster is set for that (tests only):
 - clones copy the template's files (`STRATEGY FILE_COPY`). PostgreSQL's default, WAL_LOG, writes each of the
   template's ~9 MB through shared buffers and into the WAL, which the checkpointer and background writer then
-  write again: ~110 ms of PostgreSQL's CPU a clone against ~55 ms (measured on the 2-core machine, 100 clones
-  each way);
+  write again: 62-90 ms of the cluster's CPU a clone against ~38 ms (the process tree's cgroup on the 2-core
+  machine, 60 clones each way, twice);
 - no autovacuum: its launcher visits every database once a minute, hundreds of short-lived ones here, for tables
   of a few rows (~1% of a core for each worker's cluster at 300 databases). No test reads planner statistics.
 """
