@@ -309,13 +309,16 @@ def server(
     `PROVIDERS` (the text of a providers.toml) sets its provider instances. In a module that says
     `SHARED_SERVER = True`, the module's one server."""
     if _shares_a_server(request.node):
-        yield request.getfixturevalue("module_server")
+        shared: ServerProcess = request.getfixturevalue("module_server")
+        since = len(shared.log)
+        yield shared
+        print(shared.report(since=since))  # this test's part of the log, shown when the test failed
         return
     assert spare is not None and spare.database_url == database_url
     proc = spare.proc.wait_ready()
     yield proc
     proc.stop()
-    print("\n".join(proc.log[-60:]))  # shown when the test failed
+    print(proc.report())  # shown when the test failed
 
 
 @pytest.fixture

@@ -120,6 +120,14 @@ class ServerProcess:
             time.sleep(0.02)
         raise TimeoutError("server did not become ready:\n" + "\n".join(self.log[-80:]))
 
+    def report(self, tail: int = 60, since: int = 0) -> str:
+        """The log from line `since` on, for a failed test: its warnings and errors first (a traceback is
+        usually far above the last requests), then its last `tail` lines."""
+        lines = self.log[since:]
+        serious = [line for line in lines if not line.startswith('{"ts"') or '"level":"info"' not in line]
+        head = "\n".join(serious[-200:])
+        return f"--- warnings and errors\n{head}\n--- last {tail} lines\n" + "\n".join(lines[-tail:])
+
     def stop(self) -> None:
         processes.stop(self.proc)
 
@@ -185,4 +193,4 @@ def serving(
     proc = ServerProcess(database_url, data_dir, env=env, fork=fork).wait_ready()
     yield proc
     proc.stop()
-    print("\n".join(proc.log[-60:]))
+    print(proc.report())

@@ -56,7 +56,7 @@ class Database:
 
     @asynccontextmanager
     async def read(self, counter: StatementCounter | None = None) -> AsyncIterator[Reader]:
-        async with self.engine.connect() as conn:
+        async with _pooled(self.engine) as conn:
             yield Reader(conn, counter or StatementCounter())
 
     @asynccontextmanager
@@ -68,7 +68,7 @@ class Database:
         statement of a transaction takes its own snapshot anyway. Not for anything that
         writes, locks or needs `now()` to agree across statements.
         """
-        async with self._autocommit.connect() as conn:
+        async with _pooled(self._autocommit) as conn:
             yield Reader(conn, counter or StatementCounter(), direct=True)
 
     @asynccontextmanager
@@ -82,13 +82,13 @@ class Database:
         transaction meanwhile: a git or agent call in it is counted, or refused under the test suite's
         strict flag (`threadloom.io_guard`)."""
         c = counter or StatementCounter()
-        async with self._autocommit.connect() as conn:
+        async with _pooled(self._autocommit) as conn:
             driver, transaction = await _begin(conn)
             c.transactions += 1
             with io_guard.transaction_open():  # no git or agent call until it ends (`threadloom.io_guard`)
                 try:
                     yield Reader(conn, c, driver, direct=True)
-                except BaseException:
+                except Exception:
                     try:
                         await transaction.rollback()
                     except BaseException:
@@ -106,6 +106,31 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+
+@asynccontextmanager
+async def _pooled(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection of the pool that goes back to it only if its user ended normally or with an ordinary error.
+
+    A user stopped by a cancellation (a subscription ended by its client while a loader read, a query past its
+    timeout) may have been stopped halfway through the protocol, and the session's next user inherited that:
+    - asyncpg prepares a statement (Parse, Describe, Flush) before it binds and runs it (Bind, Execute, Sync).
+      Cancelled as its prepare answered, it left the server in an implicit transaction holding a snapshot while
+      asyncpg believed the session idle: a query's `BEGIN ISOLATION LEVEL REPEATABLE READ` then failed ("must be
+      called before any query"), an internal error for the client. Seen in CI.
+    - SQLAlchemy records its lazy BEGIN only once it answered. Cancelled as it answered, asyncpg kept it as the
+      connection's top transaction with none to roll it back: the next `transaction()` became a savepoint, and
+      its COMMIT released the savepoint without committing anything.
+    So such a connection is closed instead (the server rolls back what it held). Cancellations are rare next to
+    the reconnect this costs."""
+    async with engine.connect() as conn:
+        try:
+            yield conn
+        except Exception:
+            raise
+        except BaseException:
+            await conn.invalidate()
+            raise
 
 
 async def _begin(conn: AsyncConnection, **options: Any) -> tuple[Any, Any]:
@@ -144,6 +169,7 @@ class Snapshot:
         self._transaction: Any = None
         self._lock = asyncio.Lock()
         self._closed = False
+        self._interrupted = False
 
     @asynccontextmanager
     async def reader(self) -> AsyncIterator[Reader]:
@@ -155,7 +181,13 @@ class Snapshot:
                 driver, transaction = await _begin(conn, isolation="repeatable_read", readonly=True)
                 self._conn, self._driver, self._transaction = conn, driver, transaction
                 self._counter.transactions += 1
-            yield Reader(self._conn, self._counter, self._driver, direct=True)
+            try:
+                yield Reader(self._conn, self._counter, self._driver, direct=True)
+            except Exception:
+                raise
+            except BaseException:
+                self._interrupted = True  # the connection is closed, not pooled (`_pooled`)
+                raise
 
     async def close(self) -> None:
         """End the transaction and return the connection (after a read still running, if any)."""
@@ -165,7 +197,10 @@ class Snapshot:
             if conn is None:
                 return
             try:
-                await self._transaction.rollback()  # read only: nothing to commit
+                if self._interrupted:
+                    await conn.invalidate()
+                else:
+                    await self._transaction.rollback()  # read only: nothing to commit
                 await conn.close()
             except BaseException:
                 await conn.invalidate()
