@@ -76,7 +76,7 @@ def agents_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterato
     yield proc
     proc.stop()
     assert not any("SECRET" in line for line in proc.log), "an API key reached the server log"
-    print("\n".join(proc.log[-80:]))
+    print(proc.report(80))
 
 
 async def _thread(client: Client, tmp_path: Path, provider: str, mode: str = "workspace_write") -> tuple[str, Path]:

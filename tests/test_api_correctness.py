@@ -109,7 +109,7 @@ async def test_activities_past_the_replay_bound_get_reload_required(database_url
     finally:
         await client.aclose()
         server.stop()
-        print("\n".join(server.log[-60:]))  # shown by pytest only when the test fails
+        print(server.report(60))  # shown by pytest only when the test fails
 
 
 # --- item 13: ids inside activity payloads are global ids that node() resolves ------------------------------

@@ -343,4 +343,4 @@ async def test_a_restart_mid_run_counts_each_call_once_against_the_budget(pg: Pg
         for server in (first, second):
             if server is not None:
                 server.stop()
-                print("\n".join(server.log[-40:]))
+                print(server.report(40))

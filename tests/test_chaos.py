@@ -57,7 +57,7 @@ async def cluster(database_url: str, data_dir: Path) -> AsyncIterator[Cluster]:
     yield c
     c.server.stop()
     for proc in [*c.dead, c.server]:
-        print("\n".join(proc.log[-40:]))  # shown by pytest only when the test fails
+        print(proc.report(40))  # shown by pytest only when the test fails
 
 
 async def _load(client: Client, thread: str, index: int) -> dict[str, Any]:

@@ -237,4 +237,4 @@ async def test_a_restart_while_a_collab_agent_runs_fails_the_run_and_ends_its_no
         await client.aclose()
         restartable.server.stop()
         for proc in [*restartable.dead, restartable.server]:
-            print("\n".join(proc.log[-40:]))
+            print(proc.report(40))

@@ -271,7 +271,7 @@ async def test_the_dashboard_follows_a_thread_live_across_restarts(
     finally:
         await api.aclose()
         server.stop()
-        print("\n".join(server.log[-60:]))
+        print(server.report(60))
 
 
 async def test_a_token_of_another_project_sees_nothing_of_this_one(

@@ -130,7 +130,7 @@ async def _supervising(own_postgres: OwnPostgres, data_dir: Path, providers: str
     yield s
     s.server.stop()
     for proc in [*s.exited, s.server]:
-        print("\n".join(proc.log[-40:]))  # shown by pytest only when the test fails
+        print(proc.report(40))  # shown by pytest only when the test fails
 
 
 @pytest.fixture

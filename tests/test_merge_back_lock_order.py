@@ -105,6 +105,6 @@ async def test_merge_back_answers_while_the_forks_step_holds_its_half_written_ro
             await client.aclose()
     finally:
         server.stop()
-        print("\n".join(server.log[-40:]))  # shown when the test failed
+        print(server.report(40))  # shown when the test failed
     assert server_log.errors(server.log) == [], "\n".join(server.log[-40:])
     await assert_log_replays(url)

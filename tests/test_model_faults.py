@@ -98,7 +98,7 @@ async def faults_server(
     proc = ServerProcess(await pg.fresh(), folder / "data", env=env).wait_ready()
     yield proc
     proc.stop()
-    print("\n".join(proc.log[-60:]))
+    print(proc.report(60))
 
 
 @pytest.fixture

@@ -76,4 +76,4 @@ async def test_the_recovery_attempt_sends_the_lost_turns_message_once(
         await client.aclose()
         restartable.server.stop()
         for proc in [*restartable.dead, restartable.server]:
-            print("\n".join(proc.log[-40:]))
+            print(proc.report(40))

@@ -175,7 +175,7 @@ def watched_server(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterat
     proc = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
     yield proc
     proc.stop()
-    print("\n".join(proc.log[-60:]))
+    print(proc.report(60))
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ def servers(database_url: str, tmp_path: Path) -> Iterator[Servers]:
     for server in s.live:
         server.stop()
     for server in [*s.dead, *s.live]:
-        print("\n".join(server.log[-40:]))  # shown by pytest only when the test fails
+        print(server.report(40))  # shown by pytest only when the test fails
 
 
 async def _run(client: Client, run_id: str) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def restartable(database_url: str, tmp_path: Path, fake: FakeModel) -> Iterator[
     yield r
     r.server.stop()
     for proc in [*r.dead, r.server]:
-        print("\n".join(proc.log[-60:]))  # shown by pytest only when the test fails
+        print(proc.report(60))  # shown by pytest only when the test fails
 
 
 async def _thread(client: Client, tmp_path: Path, provider: str) -> str:

@@ -66,7 +66,7 @@ def _server(database_url: str, tmp_path: Path, **env: str) -> Iterator[ServerPro
         yield proc
     finally:
         proc.stop()
-        print("\n".join(proc.log[-60:]))
+        print(proc.report(60))
 
 
 class Thread(ScriptedThread):

@@ -142,7 +142,7 @@ def server(base: Path, ports: Ports) -> Iterator[ServerProcess]:
     proc = ServerProcess(None, base / "data", env=env, port=ports.main).wait_ready(timeout=90)
     yield proc
     proc.stop()
-    print("\n".join(proc.log[-60:]))  # shown by pytest only when a test failed
+    print(proc.report(60))  # shown by pytest only when a test failed
 
 
 @pytest.fixture(scope="module")

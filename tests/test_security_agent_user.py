@@ -68,7 +68,7 @@ def serving(database_url: str, data_dir: Path) -> Iterator[ServerProcess]:
     proc = ServerProcess(database_url, data_dir).wait_ready()
     yield proc
     proc.stop()
-    print("\n".join(proc.log[-60:]))  # shown by pytest only when the test fails
+    print(proc.report(60))  # shown by pytest only when the test fails
 
 
 @pytest.fixture

@@ -285,7 +285,7 @@ def replay_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
     server = ServerProcess(database_url, tmp_path / "data", env={"THREADLOOM_MAX_REPLAY": "5"}).wait_ready()
     yield server
     server.stop()
-    print("\n".join(server.log[-40:]))
+    print(server.report(40))
 
 
 async def test_long_replays_are_refused_with_a_reload(replay_server: ServerProcess) -> None:

@@ -98,7 +98,7 @@ def server(database_url: str, data_dir: Path, tmp_path: Path, metrics_port: int)
     proc = ServerProcess(database_url, data_dir, env=env).wait_ready()
     yield proc
     proc.stop()
-    print("\n".join(proc.log[-60:]))  # shown by pytest only when the test fails
+    print(proc.report(60))  # shown by pytest only when the test fails
 
 
 @pytest.fixture

@@ -365,7 +365,7 @@ def replay_server(database_url: str, tmp_path: Path) -> Any:
     server = ServerProcess(database_url, tmp_path / "data", env={"THREADLOOM_MAX_REPLAY": "3"}).wait_ready()
     yield server
     server.stop()
-    print("\n".join(server.log[-40:]))
+    print(server.report(40))
 
 
 async def test_activities_replay_is_bounded(replay_server: ServerProcess) -> None:

@@ -81,7 +81,7 @@ def limited_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]
     server = ServerProcess(database_url, tmp_path / "data", env=env).wait_ready()
     yield server
     server.stop()
-    print("\n".join(server.log[-40:]))
+    print(server.report(40))
 
 
 async def test_revoked_token_socket_is_closed_and_its_mutation_refused(

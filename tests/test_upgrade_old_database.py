@@ -939,4 +939,4 @@ async def test_a_first_release_database_is_migrated_and_served_with_nothing_lost
     finally:
         await client.aclose()
         server.stop()
-        print("\n".join(server.log[-60:]))
+        print(server.report(60))

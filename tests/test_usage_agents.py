@@ -65,7 +65,7 @@ def server(
     proc = ServerProcess(database_url, base / "data", env=env).wait_ready()
     yield proc
     proc.stop()
-    print("\n".join(proc.log[-60:]))
+    print(proc.report(60))
 
 
 @pytest.fixture(scope="module")

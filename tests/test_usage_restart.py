@@ -90,4 +90,4 @@ async def test_a_restart_mid_run_keeps_each_call_once(database_url: str, tmp_pat
         for server in servers:
             if server is not first:
                 server.stop()
-            print("\n".join(server.log[-40:]))
+            print(server.report(40))

@@ -55,7 +55,7 @@ def servers(database_url: str, tmp_path: Path) -> Iterator[Servers]:
     yield s
     for server in s.all:
         server.stop()
-        print("\n".join(server.log[-40:]))  # shown when the test failed
+        print(server.report(40))  # shown when the test failed
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ async def test_a_server_that_loses_its_worker_lock_stops_itself(database_url: st
             await ws.close()
         server.stop()
         await client.aclose()
-        print("\n".join(server.log[-60:]))  # shown when the test failed
+        print(server.report(60))  # shown when the test failed
     assert any("lost its lock connection" in line for line in server.log), server.log[-20:]
 
     # Started again (as a supervisor would), it is a new worker: the cut-off turn ended, the thread goes on.

@@ -64,7 +64,7 @@ async def cli_api(database_url: str, folder: Path, fake: FakeModel, **env: str) 
     finally:
         await client.aclose()
         proc.stop()
-        print("\n".join(proc.log[-80:]))
+        print(proc.report(80))
 
 
 async def full_access_turn(runtime: Any, cwd: Path, prompt: str) -> tuple[ev.TurnCompleted, list[ev.ItemCompleted]]:
