@@ -1,4 +1,5 @@
-"""Stream limits: slow consumers, replay bound, subscriptions per connection, origins, memory."""
+"""Stream limits: slow consumers, filtered subscribers' queues, replay bound, subscriptions per connection, origins,
+memory."""
 
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ import pytest
 import websockets
 
 from tests.support.graphql import CREATE_PROJECT, make_thread, workspace
-from tests.support.runs import send
+from tests.support.runs import TERMINAL, send
 from tests.support.server import Client, ServerProcess, serving
 from tests.support.ws import PROTOCOL, WsClient, slow_socket
+from threadloom.api.ids import decode_as
+from threadloom.domain.changes import Change
+from threadloom.engine.clock import SystemClock
+from threadloom.store import log
+from threadloom.store import threads as thread_store
+from threadloom.store.db import Database
 
 BIG = """subscription($t: ID!, $after: Int) {
   threadEvents(threadId: $t, afterSequence: $after) {
@@ -159,3 +166,53 @@ async def test_cross_origin_websocket_needs_an_allowed_origin(database_url: str,
         await ok.close()
     finally:
         allowed.stop()
+
+
+STATUSES = "subscription($t: ID!) { runStatus(threadId: $t) { status run { id } } }"
+
+
+async def _renamed_at_once(database_url: str, thread: str, times: int) -> None:
+    """`times` renames of the thread in one commit: events no `runStatus` subscriber receives, which its feed reads
+    and hands out in one go (the server learns of them at its next poll)."""
+    thread_uuid = decode_as(thread, "Thread", "t")
+    db = Database.from_url(database_url, pool_size=1)
+    try:
+        async with db.transaction() as tx:
+            current = await thread_store.lock(tx, thread_uuid)
+            assert current is not None
+            changes = [Change("thread.renamed", current.evolve(title=f"r{i}")) for i in range(times)]
+            await log.append(tx, changes, project_id=current.project_id, command_id=None, now=SystemClock().now())
+    finally:
+        await db.dispose()
+
+
+async def _statuses_until_ended(ws: WsClient, run_id: str) -> list[str]:
+    seen = []
+    while not seen or seen[-1] not in TERMINAL:
+        message = await ws.receive()
+        assert message["type"] == "next" and not message["payload"].get("errors"), message
+        item = message["payload"]["data"]["runStatus"]
+        if item["run"]["id"] == run_id:
+            seen.append(item["status"])
+    return seen
+
+
+async def test_a_filtered_subscriber_is_not_charged_for_the_events_it_never_receives(
+    small_queue_server: ServerProcess, database_url: str, tmp_path: Path
+) -> None:
+    server = small_queue_server  # 20 rows per subscriber's queue
+    client = Client(server.url, server.admin_token)
+    thread = await _thread(client, tmp_path)
+    ws = await WsClient.connect(server.url, server.admin_token)
+    try:
+        await ws.subscribe(STATUSES, {"t": thread})
+        first = (await send(client, thread, "@reply one"))["run"]["id"]
+        assert (await _statuses_until_ended(ws, first))[-1] == "COMPLETED"  # live now
+        await _renamed_at_once(database_url, thread, 100)  # five times its queue, none of them for it
+        second = (await send(client, thread, "@reply two"))["run"]["id"]  # behind the renames in the log
+        assert (await _statuses_until_ended(ws, second))[-1] == "COMPLETED"  # not cut as SUBSCRIBER_TOO_SLOW
+        titles = (await client.gql("query($t: ID!) { thread(id: $t) { title } }", {"t": thread}))["thread"]
+        assert titles["title"] == "r99"
+    finally:
+        await ws.close()
+        await client.aclose()

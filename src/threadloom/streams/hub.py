@@ -18,8 +18,10 @@ import abc
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
@@ -62,14 +64,30 @@ def row_size(row: LogEvent) -> int:
     return size
 
 
+@dataclasses.dataclass(slots=True)
+class Skipped:
+    """Rows `first` to `last` of a thread, which a mailbox that keeps only some rows (`Mailbox.keep`) saw and kept
+    none of: its reader moves past them without taking them for a gap."""
+
+    first: int
+    last: int
+
+
 class Mailbox:
     """A subscriber's queue, bounded in rows (`limit`) and in bytes (`account`, see streams.budget).
-    On overflow it is emptied and holds only the overflow mark."""
+    On overflow it is emptied and holds only the overflow mark.
 
-    def __init__(self, limit: int, account: QueueAccount) -> None:
+    `keep` (a thread's subscriber with a filter, such as `runStatus` or `activities`): only the rows it keeps are
+    queued and counted; a run of others is one `Skipped` in their place, counted in neither. Counting the rows a
+    subscriber never receives cut a `runStatus` subscriber that read promptly as too slow while a thread wrote
+    many other events at once."""
+
+    def __init__(self, limit: int, account: QueueAccount, keep: Callable[[LogEvent], bool] | None = None) -> None:
         self.limit = limit
         self.account = account
-        self.items: collections.deque[LogEvent] = collections.deque()
+        self.keep = keep
+        self.items: collections.deque[LogEvent | Skipped] = collections.deque()
+        self.rows = 0  # the LogEvents among `items`
         self.overflowed = False
         self.closing = False
         self._ready = asyncio.Event()
@@ -89,22 +107,32 @@ class Mailbox:
     def put(self, event: LogEvent) -> None:
         if self.overflowed:
             return
-        if len(self.items) >= self.limit or not self.account.take(row_size(event)):
-            metrics.DROPPED_GENERAL.inc(len(self.items) + 1)
+        if self.keep is not None and not self.keep(event):
+            tail = self.items[-1] if self.items else None
+            if isinstance(tail, Skipped) and tail.last == event.sequence - 1:
+                tail.last = event.sequence
+            else:
+                self.items.append(Skipped(event.sequence, event.sequence))
+        elif self.rows >= self.limit or not self.account.take(row_size(event)):
+            metrics.DROPPED_GENERAL.inc(self.rows + 1)
             metrics.SLOW_CONSUMERS.inc()
             self.items.clear()
+            self.rows = 0
             self.account.clear()
             self.overflowed = True
         else:
             self.items.append(event)
+            self.rows += 1
         self._ready.set()
 
     def release(self) -> None:
         """The subscriber is gone: what it still held no longer counts."""
         self.items.clear()
+        self.rows = 0
         self.account.clear()
 
-    async def get(self) -> LogEvent:
+    async def get(self) -> LogEvent | Skipped:
+        """The next row, or the run of rows it did not keep (only with `keep`)."""
         while not self.items:
             if self.overflowed:
                 raise SlowConsumer()
@@ -113,7 +141,9 @@ class Mailbox:
             self._ready.clear()
             await self._ready.wait()
         row = self.items.popleft()
-        self.account.give(row_size(row))
+        if isinstance(row, LogEvent):
+            self.rows -= 1
+            self.account.give(row_size(row))
         return row
 
 
@@ -358,15 +388,18 @@ class Hub:
             feed.start()
         return feed
 
-    def _mailbox(self, token: uuid.UUID | None) -> Mailbox:
-        box = Mailbox(self.mailbox_limit, self.budget.account(token))
+    def _mailbox(self, token: uuid.UUID | None, keep: Callable[[LogEvent], bool] | None = None) -> Mailbox:
+        box = Mailbox(self.mailbox_limit, self.budget.account(token), keep)
         if self.closing:  # subscribed while the server shuts down: the replay, then the going-away end
             box.close()
         return box
 
-    def attach_thread(self, thread_id: uuid.UUID, token: uuid.UUID | None = None) -> Mailbox:
-        """A mailbox on the thread's feed, its bytes counted under `token` (the subscriber's)."""
-        return self._attach(self.thread_feed(thread_id), token)
+    def attach_thread(
+        self, thread_id: uuid.UUID, token: uuid.UUID | None = None, keep: Callable[[LogEvent], bool] | None = None
+    ) -> Mailbox:
+        """A mailbox on the thread's feed, its bytes counted under `token` (the subscriber's), queueing only the rows
+        `keep` keeps (all without it)."""
+        return self._attach(self.thread_feed(thread_id), token, keep)
 
     def attach_project(self, project_id: uuid.UUID, token: uuid.UUID | None = None) -> Mailbox:
         return self._attach(self._started(self.projects, project_id, ProjectFeed), token)
@@ -375,8 +408,10 @@ class Hub:
         """A mailbox on the feed of every thread event of the project."""
         return self._attach(self._started(self.project_logs, project_id, ProjectLogFeed), token)
 
-    def _attach(self, feed: Feed[uuid.UUID], token: uuid.UUID | None) -> Mailbox:
-        box = self._mailbox(token)
+    def _attach(
+        self, feed: Feed[uuid.UUID], token: uuid.UUID | None, keep: Callable[[LogEvent], bool] | None = None
+    ) -> Mailbox:
+        box = self._mailbox(token, keep)
         box.feed = feed
         feed.mailboxes.add(box)
         return box

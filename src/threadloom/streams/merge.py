@@ -16,7 +16,7 @@ from threadloom.store import events as log_reader
 from threadloom.store import graph_reads
 from threadloom.store.db import Database
 from threadloom.store.events import LogEvent
-from threadloom.streams.hub import Hub, Mailbox, ServerClosing, SlowConsumer
+from threadloom.streams.hub import Hub, Mailbox, ServerClosing, Skipped, SlowConsumer
 
 PAGE = 500
 
@@ -86,14 +86,22 @@ class GoingAway(StreamEnded):
 StreamItem = LogEvent | Synchronized | ReloadRequired
 
 
-async def _next_live(box: Mailbox, resume_from: int | tuple[int, int]) -> LogEvent:
-    """The next live row, or the end of the stream as the error the client resumes from `resume_from` after."""
+async def _next_live(box: Mailbox, resume_from: int | tuple[int, int]) -> LogEvent | Skipped:
+    """The next live row (or run of rows a filtered box skipped), or the end of the stream as the error the client
+    resumes from `resume_from` after."""
     try:
         return await box.get()
     except SlowConsumer:
         raise TooSlow(resume_from) from None
     except ServerClosing:
         raise GoingAway(resume_from) from None
+
+
+async def _next_row(box: Mailbox, resume_from: tuple[int, int]) -> LogEvent:
+    """The next live row of a box that keeps every row (a project's)."""
+    row = await _next_live(box, resume_from)
+    assert isinstance(row, LogEvent), "only a thread's box skips rows"
+    return row
 
 
 async def thread_stream(
@@ -106,8 +114,9 @@ async def thread_stream(
     max_replay: int,
     token: uuid.UUID | None = None,
 ) -> AsyncIterator[StreamItem]:
-    """The thread's rows after `after`, then live; the live rows' queue counts its bytes under `token`."""
-    box = hub.attach_thread(thread_id, token)
+    """The thread's rows after `after` that `match` keeps, then live; the live rows' queue holds only those and
+    counts their bytes under `token`."""
+    box = hub.attach_thread(thread_id, token, match)
     try:
         await box.attached()
         last = after or 0
@@ -128,21 +137,22 @@ async def thread_stream(
                 break
         yield Synchronized(last)
         while True:
-            row = await _next_live(box, last)
-            if row.sequence <= last:
+            live = await _next_live(box, last)
+            first, through = (live.first, live.last) if isinstance(live, Skipped) else (live.sequence, live.sequence)
+            if through <= last:
                 continue
-            while last < row.sequence - 1:  # a gap: read it from the log
+            while last < first - 1:  # a gap: read it from the log
                 async with db.read() as r:
-                    gap = await log_reader.thread_events(r, thread_id, last, before=row.sequence, limit=PAGE)
+                    gap = await log_reader.thread_events(r, thread_id, last, before=first, limit=PAGE)
                 if not gap:
                     break
                 for missed in gap:
                     last = missed.sequence
                     if match(missed):
                         yield missed
-            last = row.sequence
-            if match(row):
-                yield row
+            last = through
+            if isinstance(live, LogEvent) and match(live):
+                yield live
     finally:
         hub.detach(box)
 
@@ -184,7 +194,7 @@ async def project_stream(
             if len(rows) < PAGE:
                 break
         while True:
-            row = await _next_live(box, cursor)
+            row = await _next_row(box, cursor)
             if (row.xid, row.position) <= cursor:
                 continue
             cursor = (row.xid, row.position)
@@ -230,7 +240,7 @@ async def project_log_stream(
                 break
         yield FeedSynchronized(cursor)
         while True:
-            row = await _next_live(box, cursor)
+            row = await _next_row(box, cursor)
             if (row.xid, row.position) <= cursor:
                 continue
             cursor = (row.xid, row.position)
