@@ -115,3 +115,37 @@ async def test_a_busy_thread_and_a_run_behind_a_newer_one_are_refused(api: Clien
     behind = await _retry(api, failed)
     assert [(e["code"], e["field"]) for e in behind["userErrors"]] == [("RUN_NOT_LATEST", "runId")]
     assert [a["reason"] for a in (await run(api, failed))["attempts"]] == ["INITIAL"]  # refusals changed nothing
+
+
+async def _running(api: Client, run_id: str) -> None:
+    async def check() -> bool:
+        return bool((await run(api, run_id))["status"] == "RUNNING")
+
+    await until(check)
+
+
+async def _replies(api: Client, thread_id: str) -> list[str]:
+    state = (await api.gql(THREAD_STATE, {"t": thread_id}))["thread"]
+    return [m["text"] for m in state["messages"]["nodes"] if m["role"] == "ASSISTANT"]
+
+
+async def test_a_retry_keeps_what_was_steered_into_the_failed_run(api: Client, workspace: Path) -> None:
+    thread = await ScriptedThread.create(api, workspace)
+    sent = await send(api, thread.id, "@await-steer\n@crash once\n@reply base")
+    run_id = sent["run"]["id"]
+    await _running(api, run_id)
+    steer = await send(api, thread.id, "@reply steered")  # into the live turn, which then crashes
+    assert (steer["appliedDispatch"], steer["run"]["id"]) == ("STEER_ACTIVE", run_id), steer
+    failed = await finished(api, run_id)
+    assert (failed["status"], failed["statusReason"]) == ("FAILED", "provider_crashed"), failed
+    before = await _replies(api, thread.id)
+
+    assert (await _retry(api, run_id))["userErrors"] == []
+    await _running(api, run_id)
+    # The retried turn is asked the whole run again, so it too waits for a steer first.
+    again = await send(api, thread.id, "@reply again")
+    assert (again["appliedDispatch"], again["run"]["id"]) == ("STEER_ACTIVE", run_id), again
+    done = await finished(api, run_id)
+    assert done["status"] == "COMPLETED", done
+    # What the retried turn answered: the new steer, then the run's message, then the steer sent before the failure.
+    assert (await _replies(api, thread.id))[len(before) :] == ["again", "base", "steered"]

@@ -29,7 +29,7 @@ def _try(
         owner = owner.evolve(active_run_id=b.uid())
     last = b.attempt_of(r, AttemptStatus.FAILED)
     try:
-        manual_retry(owner, r, last, "root", others, b.LATER, b.Ids())
+        manual_retry(owner, r, last, "root", others, b.LATER, b.Ids(), "hi")
     except DomainError as error:
         assert error.field == "runId"
         return error.code.value
@@ -72,7 +72,7 @@ def _retried() -> tuple[AppThread, Run, RunAttempt, list[object], list[object]]:
     owner = b.thread(queue_held=True, queue_hold_reason="run 1 failed: boom")
     r = b.run(owner, 1, FAILED, status_reason="model_error", completed_at=b.NOW, started_at=b.NOW)
     last = b.attempt_of(r, AttemptStatus.FAILED, attempt_ordinal=2, reason=AttemptReason.PROVIDER_RECOVERY)
-    outcome = manual_retry(owner, r, last, "root", [], b.LATER, b.Ids())
+    outcome = manual_retry(owner, r, last, "root", [], b.LATER, b.Ids(), "hi\n\nsteered")
     return owner, r, last, list(outcome.changes), list(outcome.effects)
 
 
@@ -94,6 +94,7 @@ def test_a_retry_opens_a_retry_attempt_and_makes_the_run_active_again() -> None:
     assert thread.queue_held and thread.queue_hold_reason == owner.queue_hold_reason  # resumeQueue releases it
     [start] = effects
     assert start.kind == "provider-turn.start" and start.payload["attemptId"] == str(attempt.id)  # type: ignore[attr-defined]
+    assert start.payload["input"] == "hi\n\nsteered"  # type: ignore[attr-defined]  # the run's input, steers and all
     assert start.delay_s == 0  # type: ignore[attr-defined]
 
 

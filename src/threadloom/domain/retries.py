@@ -182,10 +182,13 @@ def manual_retry(
     others: Sequence[Run],
     now: datetime,
     new_id: NewId,
+    text: str,
 ) -> Outcome:
     """retryRun: a `RETRY` attempt of a failed run (after `last`, its attempt that failed), started at once
-    with the run's input on its provider thread (resumed where it is not loaded). The run is active again and
-    its failure is cleared; the queue stays as the failure left it (held: `resumeQueue` releases it)."""
+    with the run's input `text` (its message and every steer or restart message after it, as a recovery's
+    retry gets: the message alone dropped what the person had steered in before the failure) on its provider
+    thread (resumed where it is not loaded). The run is active again and its failure is cleared; the queue
+    stays as the failure left it (held: `resumeQueue` releases it)."""
     refuse_retry(thread, run, newer_ran(run, others))
     place = Place(run.thread_id, run.id, new_id(), new_id())
     root, attempt = open_attempt(
@@ -214,5 +217,5 @@ def manual_retry(
         Change.updated(thread.evolve(active_run_id=run.id, updated_at=now)),
         run_activity(run, ActivityKind.RUN_RETRIED, summary, now, new_id, node_id=root.id, payload=payload),
     ]
-    start = StartTurn(run_id=run.id, attempt_id=attempt.id, thread_id=run.thread_id)
+    start = StartTurn(run_id=run.id, attempt_id=attempt.id, input=text, thread_id=run.thread_id)
     return Outcome(changes, [start.envelope()])

@@ -41,7 +41,8 @@ class RunRetries:
                 last = await entities.require(db, RunAttempt, run.active_attempt_id)
             root = await entities.get(db, ExecutionNode, last.root_node_id)
             others = await runs.started_after(db, run)
-            return rules.manual_retry(thread, run, last, root.title if root else None, others, now, new_id)
+            text = await runs.run_input(db, run)
+            return rules.manual_retry(thread, run, last, root.title if root else None, others, now, new_id, text)
 
         await self.runs.execute_on_run(principal, "retryRun", run_id, key, {}, decide)
         return run_id
