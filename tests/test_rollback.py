@@ -335,6 +335,39 @@ async def test_a_failed_step_leaves_files_and_conversation_as_they_were(
             await client.aclose()
 
 
+REORDER = """mutation($r: ID!, $p: Int!) {
+  reorderQueuedRun(input: {runId: $r, position: $p}) { userErrors { code } } }"""
+
+
+async def test_files_are_not_restored_to_a_run_a_later_one_ran_before(api: Client, home: Path) -> None:
+    """A reordered queue runs run 4 before run 3: run 3's checkpoint holds run 4's file, so going back to run 3 with
+    files is refused and changes nothing; going back to run 2, before both, restores their files away."""
+    thread = await Thread.create(api, home)
+    await thread.run("@write a.txt one\n@reply one")
+    held = await send(api, thread.id, "@await go\n@reply two")  # runs 3 and 4 queue behind it
+    third = await send(api, thread.id, "@write b.txt three\n@reply three", d={"queueAfterActive": True})
+    fourth = await send(api, thread.id, "@write c.txt four\n@reply four", d={"queueAfterActive": True})
+    moved = await api.gql(REORDER, {"r": fourth["run"]["id"], "p": 1})
+    assert moved["reorderQueuedRun"]["userErrors"] == []
+    (home / "go").touch()
+    for sent in (held, fourth, third):
+        assert (await finished(api, sent["run"]["id"]))["status"] == "COMPLETED"
+    runs = {n: await finished(api, s["run"]["id"]) for n, s in ((3, third), (4, fourth))}
+    assert runs[4]["startedAt"] < runs[3]["startedAt"]  # run 4 ran first
+    before = tree(home)
+
+    refused = await thread.rollback(3)
+    assert [(e["code"], e["field"]) for e in refused["userErrors"]] == [("CHECKPOINT_MISSING", "restoreFiles")]
+    assert "run 4 ran before run 3" in refused["userErrors"][0]["message"]
+    assert (await thread.statuses()) == {1: "COMPLETED", 2: "COMPLETED", 3: "COMPLETED", 4: "COMPLETED"}
+    assert tree(home) == before
+
+    done = await thread.rollback(2)  # before both: their files go with them
+    assert done["userErrors"] == [], done
+    assert (await thread.statuses()) == {1: "COMPLETED", 2: "COMPLETED", 3: "ROLLED_BACK", 4: "ROLLED_BACK"}
+    assert {k: v for k, v in tree(home).items() if k in ("a.txt", "b.txt", "c.txt")} == {"a.txt": b"one"}
+
+
 # ---- a subagent's scope ----------------------------------------------------------------------------------
 
 APPROVE = """mutation($r: ID!) {

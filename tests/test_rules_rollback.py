@@ -8,7 +8,9 @@ checkpoint `cpN` is run N's root checkpoint (`cp0` the baseline), `childN` a sub
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -314,3 +316,27 @@ def test_kept_runs_the_staying_provider_thread_lost_are_handed_again(
     kept: list[int], seen: set[int], lost: list[int]
 ) -> None:
     assert lost_runs(kept, frozenset(seen)) == lost
+
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def started(fact: RunFact, second: int) -> RunFact:
+    return dataclasses.replace(fact, started_at=T0 + timedelta(seconds=second))
+
+
+def test_files_are_not_restored_from_a_checkpoint_that_holds_an_undone_run() -> None:
+    """A reordered queue ran run 3 before run 2: run 2's checkpoint holds run 3's files too, so going back to run
+    2 with its files would keep files of the run it undoes. Without files, or to run 1 (before both), it goes."""
+    reordered = [started(run(1, C_, "a1"), 1), started(run(2, C_, "a3"), 3), started(run(3, C_, "a2"), 2)]
+    with pytest.raises(RollbackRefused) as refused:
+        plan_rollback(reordered, 2, threads(), checkpoints("cp0", "cp1", "cp2", "cp3"), restore_files=True)
+    assert (refused.value.code, refused.value.field) == (RollbackCode.CHECKPOINT_MISSING, "restoreFiles")
+    assert "run 3 ran before run 2" in refused.value.message
+    without = plan_rollback(reordered, 2, threads(), checkpoints("cp0", "cp1", "cp2", "cp3"), restore_files=False)
+    assert without.rolled_back_run_ordinals == (3,) and without.restore_checkpoint_id is None
+    before_both = plan_rollback(reordered, 1, threads(), checkpoints("cp0", "cp1", "cp2", "cp3"), restore_files=True)
+    assert before_both.rolled_back_run_ordinals == (2, 3) and before_both.restore_checkpoint_id == CP["cp1"]
+    in_order = [started(run(1, C_, "a1"), 1), started(run(2, C_, "a2"), 2), started(run(3, C_, "a3"), 3)]
+    kept = plan_rollback(in_order, 2, threads(), checkpoints("cp0", "cp1", "cp2", "cp3"), restore_files=True)
+    assert kept.rolled_back_run_ordinals == (3,) and kept.restore_checkpoint_id == CP["cp2"]

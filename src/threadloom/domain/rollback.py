@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from enum import StrEnum
 
 from threadloom.domain.errors import DomainError, ErrorCode
@@ -73,6 +74,7 @@ class RunFact:
     ordinal: int
     status: RunStatus
     turns: tuple[TurnFact, ...] = ()
+    started_at: datetime | None = None  # when its first turn started (None: never)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,6 +147,7 @@ def plan_rollback(
 
     restore: uuid.UUID | None = None
     if restore_files:
+        _check_files_alone(runs, target_ordinal)
         ready = [
             c.id
             for c in checkpoints
@@ -202,6 +205,28 @@ def _check_target(runs: list[RunFact], target: int) -> None:
         raise RollbackRefused(RollbackCode.INVALID_INPUT, f"run {target} was rolled back", "runOrdinal")
     if status not in RAN:
         raise RollbackRefused(RollbackCode.INVALID_INPUT, f"run {target} never ran (it is {status})", "runOrdinal")
+
+
+def _check_files_alone(runs: list[RunFact], target: int) -> None:
+    """A run's checkpoint is its files as the run left them. A later run (by ordinal) that ran before the target (a
+    reordered queue) left its files in the target's checkpoint, so restoring it would keep files of a run the
+    rollback undoes: refused, as no checkpoint holds the target's files without them."""
+    found = [run for run in runs if run.ordinal == target]
+    began = found[0].started_at if found else None
+    if began is None:
+        return
+    earlier = [
+        run.ordinal
+        for run in runs
+        if run.ordinal > target and run.status in RAN and run.started_at is not None and run.started_at < began
+    ]
+    if earlier:
+        raise RollbackRefused(
+            RollbackCode.CHECKPOINT_MISSING,
+            f"run {earlier[0]} ran before run {target}, so run {target}'s checkpoint holds its files too; roll back "
+            f"without restoreFiles, or to a run before both",
+            "restoreFiles",
+        )
 
 
 def _provider_thread(

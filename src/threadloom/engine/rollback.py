@@ -245,6 +245,7 @@ class Rollbacks:
                             for run_id, turn in turns
                             if run_id == run.id
                         ),
+                        run.started_at,
                     )
                     for run in runs
                 ],

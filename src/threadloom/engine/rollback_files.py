@@ -58,8 +58,15 @@ async def read_plan(
     undone_runs = [r.ordinal for r in runs if r.ordinal > target and r.status in plan_rules.RAN]
     later = {c.ordinal: c for c in roots if c.ordinal > target}
     complete = all(o in later for o in undone_runs)  # every undone run's files were captured
-    # The newest capture, by time: runs can run out of ordinal order (a queued run moved ahead).
-    last = max(later.values(), key=lambda c: c.created_at) if later and complete else None
+    # A run's checkpoint holds its files as it left them, captured as it ended; its record may be made before
+    # (when it was next in line). So the captures are ordered by when their runs ended: runs can run out of
+    # ordinal order (a queued run moved ahead), and the record made last is then not the newest capture.
+    ended = {r.ordinal: r.completed_at for r in runs}
+
+    def captured_at(c: Any) -> Any:
+        return ended.get(c.ordinal) or c.created_at
+
+    last = max(later.values(), key=captured_at) if later and complete else None
     async with database.read() as db:
         captured = await workspace_facts.captured_since(db, others, target_cp.created_at)
 
@@ -77,8 +84,8 @@ async def read_plan(
     # Every capture since the target, in order: this thread's (each against its previous one) and the others'.
     timeline: list[tuple[Any, ws.Writer | None, str, str | None]] = []
     previous = target_cp.ref
-    for own in sorted((c for c in later.values()), key=lambda c: c.created_at) if last is not None else []:
-        timeline.append((own.created_at, None, str(own.ref), previous))
+    for own in sorted(later.values(), key=captured_at) if last is not None else []:
+        timeline.append((captured_at(own), None, str(own.ref), previous))
         previous = own.ref
     for capture in captured:
         if capture.previous_ref is None:
