@@ -107,7 +107,7 @@ class Mailbox:
     def put(self, event: LogEvent) -> None:
         if self.overflowed:
             return
-        if self.keep is not None and not self.keep(event):
+        if self.keep is not None and not self._keeps(event):
             tail = self.items[-1] if self.items else None
             if isinstance(tail, Skipped) and tail.last == event.sequence - 1:
                 tail.last = event.sequence
@@ -124,6 +124,15 @@ class Mailbox:
             self.items.append(event)
             self.rows += 1
         self._ready.set()
+
+    def _keeps(self, event: LogEvent) -> bool:
+        """Whether the subscriber's filter keeps the row. It runs in the feed's task, which serves every subscriber
+        of the thread: a filter that fails keeps the row, and fails again where its reader applies it."""
+        assert self.keep is not None
+        try:
+            return self.keep(event)
+        except Exception:
+            return True
 
     def release(self) -> None:
         """The subscriber is gone: what it still held no longer counts."""
