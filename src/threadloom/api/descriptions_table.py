@@ -165,7 +165,11 @@ FIELDS: dict[str, str] = {
     "ApiToken.name": "The name given when the token was made.",
     "ApiToken.revokedAt": "When it was revoked; null while it is valid.",
     "ApiToken.scope": "What the token may do.",
-    "Checkpoint.ordinal": "Its number in its scope, in the order they were captured.",
+    "Checkpoint.ordinal": (
+        "Its number in its scope. In a run's (root) scope, the ordinal of the run it holds the workspace right after "
+        "(0: the baseline before the first run), whatever order the runs ran in; in a subagent's scope, 0 when the "
+        "subagent started and 1 when it ended."
+    ),
     "Checkpoint.ref": "Its commit in the server's shadow repository; null until captured.",
     "Checkpoint.scope": "The scope it belongs to: a run's, or a subagent's.",
     "Checkpoint.status": "Whether it can be used.",
