@@ -252,3 +252,17 @@ async def test_the_validation_process_dies_with_its_server(server: ServerProcess
             return True
 
     await until(gone, within=30)
+
+
+async def test_close_returns_once_the_pools_manager_thread_has_ended() -> None:
+    """A process that closes its pool and exits at once raced the pool's manager thread: the thread closed its
+    wake-up pipe while the interpreter's exit hook wrote to it (`OSError: Bad file descriptor`, a benchmark's
+    smoke run). `close` now waits for that thread, so nothing of the pool runs at exit."""
+    built = build_schema()
+    try:
+        assert (await built.execute(PADDING + "{ __typename }")).data == {"__typename": "Query"}  # the pool runs
+        manager = built.validation._executor._executor_manager_thread
+        assert manager.is_alive()
+    finally:
+        built.validation.close()
+    assert not manager.is_alive() and built.validation.pids() == []

@@ -309,11 +309,19 @@ class ValidationProcess:
         executor = self._executor
         return [p.pid for p in (executor._processes or {}).values() if p.pid] if executor else []
 
-    def close(self) -> None:
+    def close(self, within: float = 5.0) -> None:
+        """Stop the child, and wait (up to `within` seconds) for the pool's manager thread to end. Left running,
+        that thread closes its wake-up pipe while the interpreter's exit hook writes to it (CPython 3.11's
+        `concurrent.futures.process._python_exit` takes no lock for that): `OSError: Bad file descriptor` as a
+        process that had just closed its pool exited, seen in a benchmark's smoke run."""
         with self._lock:
             executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        if executor is None:
+            return
+        manager: threading.Thread | None = getattr(executor, "_executor_manager_thread", None)
+        executor.shutdown(wait=False, cancel_futures=True)
+        if manager is not None:
+            manager.join(within)
 
     async def judge(
         self, query: str, variables: Any, *, max_tokens: int | None, operation: str | bool | None, big: bool
