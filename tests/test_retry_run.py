@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.support.cli import create_token
 from tests.support.graphql import make_project
-from tests.support.runs import finished, run, send
+from tests.support.runs import finished, run, running, send
 from tests.support.scripted import ScriptedThread
 from tests.support.server import Client
 from tests.support.waiting import until
@@ -117,13 +117,6 @@ async def test_a_busy_thread_and_a_run_behind_a_newer_one_are_refused(api: Clien
     assert [a["reason"] for a in (await run(api, failed))["attempts"]] == ["INITIAL"]  # refusals changed nothing
 
 
-async def _running(api: Client, run_id: str) -> None:
-    async def check() -> bool:
-        return bool((await run(api, run_id))["status"] == "RUNNING")
-
-    await until(check)
-
-
 async def _replies(api: Client, thread_id: str) -> list[str]:
     state = (await api.gql(THREAD_STATE, {"t": thread_id}))["thread"]
     return [m["text"] for m in state["messages"]["nodes"] if m["role"] == "ASSISTANT"]
@@ -133,7 +126,7 @@ async def test_a_retry_keeps_what_was_steered_into_the_failed_run(api: Client, w
     thread = await ScriptedThread.create(api, workspace)
     sent = await send(api, thread.id, "@await-steer\n@crash once\n@reply base")
     run_id = sent["run"]["id"]
-    await _running(api, run_id)
+    await running(api, run_id)
     steer = await send(api, thread.id, "@reply steered")  # into the live turn, which then crashes
     assert (steer["appliedDispatch"], steer["run"]["id"]) == ("STEER_ACTIVE", run_id), steer
     failed = await finished(api, run_id)
@@ -141,7 +134,7 @@ async def test_a_retry_keeps_what_was_steered_into_the_failed_run(api: Client, w
     before = await _replies(api, thread.id)
 
     assert (await _retry(api, run_id))["userErrors"] == []
-    await _running(api, run_id)
+    await running(api, run_id)
     # The retried turn is asked the whole run again, so it too waits for a steer first.
     again = await send(api, thread.id, "@reply again")
     assert (again["appliedDispatch"], again["run"]["id"]) == ("STEER_ACTIVE", run_id), again

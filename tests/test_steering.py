@@ -16,7 +16,7 @@ from tests.support.acp_scripted import acp_instance
 from tests.support.graphql import CREATE_PROJECT, threads_sharing_a_runtime, workspace
 from tests.support.inproc import ADMIN, new_thread
 from tests.support.inproc import send as send_inproc
-from tests.support.runs import finished, run, send
+from tests.support.runs import finished, run, running, send
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
 from threadloom.engine.services import Services
@@ -67,14 +67,6 @@ async def _thread(client: Client, tmp_path: Path, instance: str = "scripted") ->
     return str(created["createThread"]["thread"]["id"])
 
 
-async def _running(client: Client, run_id: str) -> dict[str, Any]:
-    async def check() -> dict[str, Any] | None:
-        found = await run(client, run_id)
-        return found if found["status"] == "RUNNING" else None
-
-    return await until(check)
-
-
 @contextlib.contextmanager
 def _agents_held(server: ServerProcess) -> Iterator[None]:
     """The server's scripted agent processes stopped (SIGSTOP) inside the block: a provider that has not yet
@@ -117,7 +109,7 @@ async def test_a_steering_message_reaches_the_live_turn(client: Client, tmp_path
     thread = await _thread(client, tmp_path, instance)
     # The turn holds until the steering message reaches it: however slow the machine, it arrives mid-turn.
     first = await send(client, thread, "@await-steer\n@reply one two three")
-    await _running(client, first["run"]["id"])
+    await running(client, first["run"]["id"])
     steer = await send(client, thread, "@reply steered here")
     assert steer["userErrors"] == []
     assert steer["appliedDispatch"] == "STEER_ACTIVE"
@@ -139,7 +131,7 @@ async def test_steering_falls_back_to_a_restart_without_steer_support(
 ) -> None:
     thread = await _thread(client, tmp_path, instance)
     first = await send(client, thread, "@await go\n@reply one two three")  # held until the gate opens
-    await _running(client, first["run"]["id"])
+    await running(client, first["run"]["id"])
     restart = await send(client, thread, "@reply after the restart")
     assert restart["appliedDispatch"] == "RESTART_ACTIVE"
     assert restart["run"]["id"] == first["run"]["id"]
@@ -169,7 +161,7 @@ async def test_steering_falls_back_to_a_restart_without_steer_support(
 async def test_restart_as_a_new_run_linked_by_supersedes(client: Client, tmp_path: Path) -> None:
     thread = await _thread(client, tmp_path, "newrun")
     first = await send(client, thread, "@delay 10000\n@reply one two three four five six seven eight")
-    await _running(client, first["run"]["id"])
+    await running(client, first["run"]["id"])
     restart = await send(client, thread, "@reply instead")
     assert restart["appliedDispatch"] == "RESTART_ACTIVE"
     assert restart["run"]["id"] != first["run"]["id"]
@@ -199,7 +191,7 @@ async def test_a_stale_expected_attempt_refuses_the_steer(client: Client, tmp_pa
     old = await send(client, thread, "first")
     old_run = await finished(client, old["run"]["id"])
     busy = await send(client, thread, "@await-steer\n@reply a b c")  # held until the accepted steer reaches it
-    await _running(client, busy["run"]["id"])
+    await running(client, busy["run"]["id"])
     stale = old_run["attempts"][0]["id"]
     before = [m for m in await _messages(client, thread) if m["role"] == "USER"]
     refused = await send(
@@ -221,7 +213,7 @@ async def test_a_stale_expected_attempt_refuses_the_steer(client: Client, tmp_pa
 async def test_turn_interrupt_ack_is_not_terminal(client: Client, server: ServerProcess, tmp_path: Path) -> None:
     thread = await _thread(client, tmp_path)
     sent = await send(client, thread, "@delay 60000\n@reply never")
-    await _running(client, sent["run"]["id"])
+    await running(client, sent["run"]["id"])
     # The agent is held while the interrupt is asked for: the answer is not the turn's end, which cannot have
     # happened yet (a fast agent could otherwise end the turn before the answer is read).
     with _agents_held(server):
@@ -256,7 +248,7 @@ async def test_interrupt_mid_tool_interrupts_the_tool_node(client: Client, tmp_p
 async def test_unsupported_interrupt_is_refused_and_the_run_goes_on(client: Client, tmp_path: Path) -> None:
     thread = await _thread(client, tmp_path, "reject")
     sent = await send(client, thread, "@await go\n@reply a b c d e")  # live until the test opens the gate
-    await _running(client, sent["run"]["id"])
+    await running(client, sent["run"]["id"])
     refused = (await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False}))["interruptRun"]
     assert refused["userErrors"][0]["code"] == "INTERRUPT_UNSUPPORTED"
     assert refused["run"] is None
@@ -276,7 +268,7 @@ async def test_unsupported_interrupt_is_refused_and_the_run_goes_on(client: Clie
 async def test_interrupt_unsupported_stop_session(client: Client, tmp_path: Path, database_url: str) -> None:
     thread = await _thread(client, tmp_path, "stopper")
     sent = await send(client, thread, "@delay 10000\n@reply never")
-    await _running(client, sent["run"]["id"])
+    await running(client, sent["run"]["id"])
     stopped = (await client.gql(INTERRUPT, {"r": sent["run"]["id"], "hold": False}))["interruptRun"]
     assert stopped["userErrors"] == []
     assert stopped["run"]["status"] == "INTERRUPTED"  # by policy, at once
@@ -348,7 +340,7 @@ async def test_stop_thread_holds_the_queue(client: Client, tmp_path: Path) -> No
     thread = await _thread(client, tmp_path)
     busy = await send(client, thread, "@delay 10000\n@reply never")
     waiting = await send(client, thread, "later", d={"queueAfterActive": True})
-    await _running(client, busy["run"]["id"])
+    await running(client, busy["run"]["id"])
     stopped = await client.gql(
         """mutation($t: ID!) { stopThread(input: {threadId: $t}) {
              thread { queueHeld queueHoldReason } userErrors { code } } }""",
@@ -416,8 +408,8 @@ async def test_stop_session_ends_only_the_interrupted_turn(client: Client, tmp_p
     interrupted = await send(client, threads[0], "@delay 10000\n@reply never")
     # Held at a gate: its turn is certainly live on the shared runtime when the other one is stopped.
     going_on = await send(client, threads[1], "@await go\n@reply b1 b2 b3")
-    await _running(client, interrupted["run"]["id"])
-    await _running(client, going_on["run"]["id"])
+    await running(client, interrupted["run"]["id"])
+    await running(client, going_on["run"]["id"])
     stopped = (await client.gql(INTERRUPT, {"r": interrupted["run"]["id"], "hold": False}))["interruptRun"]
     assert stopped["userErrors"] == [] and stopped["run"]["status"] == "INTERRUPTED"
     assert (await run(client, going_on["run"]["id"]))["status"] == "RUNNING"

@@ -94,6 +94,16 @@ async def _ended_on_socket(client: Client, thread_id: str, run_id: str) -> None:
         await ws.close()
 
 
+async def running(client: Client, run_id: str) -> dict[str, Any]:
+    """The run (as `run` reads it) once its turn is RUNNING."""
+
+    async def check() -> dict[str, Any] | None:
+        found = await run(client, run_id)
+        return found if found["status"] == "RUNNING" else None
+
+    return await until(check)
+
+
 class TooSlow(Exception):
     """The server cut the wait's subscription (`SUBSCRIBER_TOO_SLOW`)."""
 
