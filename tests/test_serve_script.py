@@ -92,8 +92,10 @@ def test_a_held_dpkg_lock_is_retried_a_bounded_number_of_times_then_explained(tm
 
 
 def packaging_digest() -> str:
-    """What scripts/deps stamps: the first 16 hex digits of sha256(pyproject.toml + setup.py)."""
-    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + (ROOT / "setup.py").read_bytes()).hexdigest()[:16]
+    """What scripts/deps stamps: the first 16 hex digits of sha256(pyproject.toml + setup.py + its install mode
+    line), so a change of either file or of how the project is installed installs again."""
+    files = (ROOT / "pyproject.toml").read_bytes() + (ROOT / "setup.py").read_bytes()
+    return hashlib.sha256(files + b"editable_mode=compat\n").hexdigest()[:16]
 
 
 def deps_clone(tmp_path: Path) -> Path:
