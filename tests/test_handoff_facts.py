@@ -168,7 +168,7 @@ async def test_a_constant_number_of_statements_and_a_selection(running: Services
             facts = await read_run_facts(db, thread, ordinals)
         assert [f.ordinal for f in facts] == sorted(ordinals or {1, 2, 3})
         counts.append(counter.statements)
-    assert counts == [7, 7, 7]
+    assert counts == [8, 8, 8]  # one of them: the steers still on their way (none here)
     async with services.db.read() as db:
         assert await read_run_facts(db, thread, set()) == []
         assert await read_run_facts(db, thread, {9}) == []

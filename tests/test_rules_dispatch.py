@@ -21,6 +21,7 @@ from threadloom.domain.effects import INTERRUPT_EFFECT, START_EFFECT, STEER_EFFE
 from threadloom.domain.entities import ConversationMessage, ExecutionNode, Run, RunAttempt, RuntimeRequest
 from threadloom.domain.errors import DomainError, ErrorCode
 from threadloom.domain.statuses import (
+    TERMINAL_RUN_STATUSES,
     AttemptReason,
     AttemptStatus,
     InputIntent,
@@ -300,3 +301,19 @@ def test_steer_carried_by_the_next_attempt(next_attempt: str) -> None:
     assert dispatch_rules.steer_carried(first.id, attempts) is carried
     assert dispatch_rules.steer_carried(b.uid(), attempts) is False
     assert dispatch_rules.steer_carried(None, attempts) is False
+
+
+@pytest.mark.parametrize("status", list(RunStatus))
+@pytest.mark.parametrize("next_attempt", list(_NEXT))
+def test_a_pending_steer_leaves_an_ended_run_unless_carried(status: RunStatus, next_attempt: str) -> None:
+    """A steer still on its way leaves the run the log files it under exactly when that run has ended and no next
+    attempt carried it: it is about to become a later run (`steer_leaves_its_run`). While the run is active its
+    turn may still take it."""
+    r = b.run(b.thread(), 1, status)
+    first = b.attempt_of(r, AttemptStatus.SUPERSEDED)
+    reason, carried = _NEXT[next_attempt]
+    attempts = [first]
+    if reason is not None:
+        attempts.append(b.attempt_of(r, AttemptStatus.RUNNING, id=b.uid(), attempt_ordinal=2, reason=reason))
+    ended = status in TERMINAL_RUN_STATUSES
+    assert dispatch_rules.steer_leaves_its_run(status, first.id, attempts) is (ended and not carried)

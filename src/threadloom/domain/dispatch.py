@@ -38,6 +38,7 @@ from threadloom.domain.nodes import Place, open_node
 from threadloom.domain.queue import order_key, start_run
 from threadloom.domain.requests import expire
 from threadloom.domain.statuses import (
+    TERMINAL_RUN_STATUSES,
     AttemptReason,
     AttemptStatus,
     InputIntent,
@@ -350,6 +351,16 @@ def steer_carried(steered_attempt_id: uuid.UUID | None, attempts: Sequence[RunAt
         return False
     after = [a for a in attempts if a.attempt_ordinal == steered.attempt_ordinal + 1]
     return bool(after) and after[0].reason in _CARRY_THE_RUN_SO_FAR
+
+
+def steer_leaves_its_run(
+    run_status: RunStatus, steered_attempt_id: uuid.UUID | None, attempts: Sequence[RunAttempt]
+) -> bool:
+    """Whether a steer whose delivery is still pending will leave the run the log files it under: once that run
+    has ended, the turn it steered is over, so the message becomes a run of its own (`steer.became_run`), a
+    later one, unless the run's next attempt carried it (`steer_carried`). A context built meanwhile (a fork's,
+    frozen at `forkThread`) must not count it as said in the ended run: the source would say it again later."""
+    return run_status in TERMINAL_RUN_STATUSES and not steer_carried(steered_attempt_id, attempts)
 
 
 def steer_target(run: Run | None) -> uuid.UUID | None:

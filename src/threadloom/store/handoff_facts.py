@@ -25,6 +25,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from threadloom.domain.dispatch import steer_leaves_its_run
+from threadloom.domain.effects import SteerTurn
+from threadloom.domain.entities import RunAttempt
 from threadloom.domain.handoffs import (
     CommandRun,
     Decision,
@@ -38,6 +41,7 @@ from threadloom.domain.handoffs import (
 from threadloom.domain.statuses import (
     CheckpointScopeKind,
     CheckpointStatus,
+    EffectStatus,
     MessageRole,
     NodeKind,
     NodeStatus,
@@ -46,6 +50,7 @@ from threadloom.domain.statuses import (
     RuntimeRequestKind,
     RuntimeRequestStatus,
 )
+from threadloom.store import entities
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
 
@@ -73,7 +78,8 @@ async def read_run_facts(db: Reader, thread_id: uuid.UUID, ordinals: Collection[
         .select_from(t.threads.join(t.projects, t.projects.c.id == t.threads.c.project_id))
         .where(t.threads.c.id == thread_id)
     )
-    messages = await _of_runs(db, t.conversation_messages, run_ids)
+    leaving = await _steers_leaving(db, thread_id, runs)
+    messages = [m for m in await _of_runs(db, t.conversation_messages, run_ids) if m["id"] not in leaving]
     nodes = await _of_runs(db, t.execution_nodes, run_ids, t.execution_nodes.c.kind.in_(_NODE_KINDS))
     requests = await _of_runs(db, t.runtime_requests, run_ids)
     plans = await _of_runs(db, t.plan_artifacts, run_ids, t.plan_artifacts.c.kind != PlanKind.QUESTIONS.value)
@@ -99,6 +105,31 @@ async def read_run_facts(db: Reader, thread_id: uuid.UUID, ordinals: Collection[
     for c in checkpoints:
         per_run[c["run_id"]].checkpoint = c  # the latest ready root checkpoint of the run
     return [_facts(run, per_run[run["id"]], str(root) if root else None) for run in runs]
+
+
+async def _steers_leaving(db: Reader, thread_id: uuid.UUID, runs: list[sa.RowMapping]) -> set[uuid.UUID]:
+    """The messages steered into these runs that will leave them (`domain.dispatch.steer_leaves_its_run`): the
+    run ended while the steer's delivery was still pending, so the message is about to become a later run."""
+    status = {r["id"]: RunStatus(r["status"]) for r in runs}
+    pending = await db.rows(
+        sa.select(t.effects.c.payload).where(
+            t.effects.c.thread_id == thread_id,
+            t.effects.c.kind == SteerTurn.KIND,
+            t.effects.c.status.in_((EffectStatus.PENDING.value, EffectStatus.RUNNING.value)),
+        )
+    )
+    steers = [s for s in (SteerTurn.decode(row["payload"]) for row in pending) if s.run_id in status]
+    if not steers:
+        return set()
+    attempts: dict[uuid.UUID, list[RunAttempt]] = {}
+    steered = t.run_attempts.c.run_id.in_(sorted({s.run_id for s in steers}))
+    for attempt in await entities.in_order(db, RunAttempt, steered):
+        attempts.setdefault(attempt.run_id, []).append(attempt)
+    return {
+        s.message_id
+        for s in steers
+        if steer_leaves_its_run(status[s.run_id], s.attempt_id, attempts.get(s.run_id, []))
+    }
 
 
 async def _of_runs(
