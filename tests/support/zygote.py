@@ -30,6 +30,10 @@ from typing import IO, Any
 
 _PRELOAD = ["tests.support.zygote_preload"]
 _context: Any = None
+# multiprocessing's Process is not thread-safe: `start()` polls every other live child, and a forkserver
+# child's exit status is read once from a pipe, so a second reader gets EOF (reported as status 255). Starts and
+# status reads hold this lock; a wait for the exit itself does not.
+_children_lock = threading.Lock()
 
 
 def enabled() -> bool:
@@ -118,7 +122,8 @@ class Forked:
         out_r, out_w = ctx.Pipe(duplex=False)
         err_r, err_w = ctx.Pipe(duplex=False)
         self._process = ctx.Process(target=_child, args=(argv, env, cwd, script, out_w, err_w), daemon=False)
-        self._process.start()
+        with _children_lock:
+            self._process.start()
         out_w.close()
         err_w.close()
         self.pid: int = self._process.pid
@@ -130,14 +135,15 @@ class Forked:
 
     @property
     def returncode(self) -> int | None:
-        return self._process.exitcode  # type: ignore[no-any-return]
+        with _children_lock:
+            return self._process.exitcode  # type: ignore[no-any-return]
 
     def poll(self) -> int | None:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        code = self._process.exitcode
+        multiprocessing.connection.wait([self._process.sentinel], timeout)  # readable once it has exited
+        code = self.returncode
         if code is None:
             raise subprocess.TimeoutExpired("threadloom serve", timeout or 0)
         return int(code)
