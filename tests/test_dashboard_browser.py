@@ -404,8 +404,15 @@ async def test_the_page_manages_the_queue_stops_answers_forks_and_rolls_back(
     await expect(page.locator("#undo-rollback")).to_be_hidden()
     await expect(page.locator("#messages li[data-role=ASSISTANT]").last).to_contain_text("sqlite")
 
-    # Fork from run 3: the page opens the fork, which links back to its source.
-    await run_card(page, 3).get_by_role("button", name="Fork").click()
+    # Fork from run 3: the page opens the fork, which links back to its source. Events re-render the page at
+    # any moment; one between the press and the release of the click must not lose it (it did in CI: the
+    # release landed on a new button, so the browser clicked neither).
+    box = await run_card(page, 3).get_by_role("button", name="Fork").bounding_box()
+    assert box is not None
+    await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    await page.mouse.down()
+    await page.evaluate("render()")
+    await page.mouse.up()
     await expect(page.locator("#thread-title")).to_have_text("Fork of Queue and controls")
     await expect(page.locator("#lineage")).to_contain_text("Queue and controls")
     await expect(page.locator("#threads li")).to_have_count(2)

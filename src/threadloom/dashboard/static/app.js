@@ -101,6 +101,17 @@ function h(tag, attrs, ...children) {
   return el;
 }
 const $ = (id) => document.getElementById(id);
+
+// Puts `nodes` in `container` in place of its children, keeping each old child that is equal to the new one at
+// its place. Every event renders the page again; replacing an unchanged button between a click's press and
+// its release made the browser drop the click (the two landed on different elements), and replacing a form
+// lost what was typed into it. Equal means the same markup, ids included (`data-*`), so a kept element's
+// handlers act on the same run, request or checkpoint.
+function patch(container, nodes) {
+  const old = container.children;
+  if (old.length === nodes.length && nodes.every((node, i) => old[i].isEqualNode(node))) return;
+  container.replaceChildren(...nodes.map((node, i) => (old[i] && old[i].isEqualNode(node) ? old[i] : node)));
+}
 const statusBadge = (status) => h("span", { className: "status", "data-status": status }, status || "?");
 
 // ---- times: a clock time to read, the full timestamp on hover, durations in words ---------------------
@@ -374,8 +385,8 @@ async function loadProjectThreads() {
 }
 
 function renderThreads() {
-  $("threads").replaceChildren(
-    ...[...state.threads.values()].map((t) =>
+  patch($("threads"),
+    [...state.threads.values()].map((t) =>
       h("li", { "data-id": t.id, "aria-current": t.id === state.threadId ? "true" : null, onclick: () => selectThread(t.id) },
         h("span", { className: "title" }, t.title), statusBadge(t.status))),
   );
@@ -582,13 +593,13 @@ function renderLineage(t) {
   const lineage = t.lineage;
   const parts = [];
   if (lineage && lineage.parentThread) {
-    parts.push(`${(lineage.relationship || "").toLowerCase()} of `,
-      h("a", { href: "#", onclick: (e) => { e.preventDefault(); selectThread(lineage.parentThread.id); } }, lineage.parentThread.title));
+    parts.push(h("span", {}, `${(lineage.relationship || "").toLowerCase()} of `),
+      h("a", { href: "#", "data-id": lineage.parentThread.id, onclick: (e) => { e.preventDefault(); selectThread(lineage.parentThread.id); } }, lineage.parentThread.title));
   }
-  $("lineage").replaceChildren(...parts);
+  patch($("lineage"), parts);
   const forks = (lineage && lineage.forks.nodes) || [];
-  $("forks").replaceChildren(...forks.map((f) =>
-    h("li", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); selectThread(f.id); } }, f.title), statusBadge(f.status))));
+  patch($("forks"), forks.map((f) =>
+    h("li", { "data-id": f.id }, h("a", { href: "#", onclick: (e) => { e.preventDefault(); selectThread(f.id); } }, f.title), statusBadge(f.status))));
 }
 
 function describeRequest(request) {
@@ -691,7 +702,7 @@ function renderRuns(t) {
             n.completedAt ? h("span", { className: "took" }, ` · ${duration(n.createdAt, n.completedAt)}`) : null)),
         toolOutput(n), tree(n.id))));
   };
-  $("runs").replaceChildren(...runs.map((run) => {
+  patch($("runs"), runs.map((run) => {
     const stable = run.status === "COMPLETED";
     return h("div", { className: "run", "data-run": run.id, "data-ordinal": run.ordinal, "data-status": run.status },
       h("div", { className: "run-head" },
@@ -733,7 +744,7 @@ async function fork(run) {
 
 function renderQueue(t) {
   const queued = t.queue.map((id) => t.runs.get(id)).filter((run) => run && run.status === "QUEUED");
-  $("queue").replaceChildren(...queued.map((run, i) =>
+  patch($("queue"), queued.map((run, i) =>
     h("li", { "data-run": run.id },
       h("span", {}, `${i + 1}. `, (run.userMessage && run.userMessage.text) || `run ${run.ordinal}`),
       h("button", { type: "button", disabled: i === 0, "aria-label": "Move up", onclick: () => mutate("reorderQueuedRun", { r: run.id, pos: i }) }, "↑"),
@@ -766,7 +777,7 @@ function renderCheckpoints(t) {
             () => mutate("rollbackNode", { n: node.id, c: c.id }))
         : null);
   });
-  $("checkpoints").replaceChildren(...runs, ...subagents);
+  patch($("checkpoints"), [...runs, ...subagents]);
 }
 
 function renderActivities(t) {
