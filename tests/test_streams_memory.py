@@ -112,11 +112,12 @@ async def test_server_memory_is_flat_over_long_subscriptions(pg: PgServer, datab
 
         async def drain(ws: WsClient, until: int) -> None:
             done: dict[str, int] = {}
-            while len(done) < 10 or min(done.values()) < until:
-                message = await ws.receive(within=120)
-                item = message["payload"]["data"]["threadEvents"]
-                if item["type"] != "synchronized":
-                    done[message["id"]] = item["sequence"]
+            async with asyncio.timeout(120):  # 10,000 deliveries a socket: one bound for all
+                while len(done) < 10 or min(done.values()) < until:
+                    message = await ws.receive(within=None)
+                    item = message["payload"]["data"]["threadEvents"]
+                    if item["type"] != "synchronized":
+                        done[message["id"]] = item["sequence"]
 
         last = 0
         for batch in range(10):  # warm up: caches, pools, first allocations

@@ -48,9 +48,12 @@ class WsClient:
             raise ConnectionError(message)
         return client
 
-    async def receive(self, within: float = 30.0) -> dict[str, Any]:
+    async def receive(self, within: float | None = 30.0) -> dict[str, Any]:
+        """The next message, answering pings on the way. `within=None`: no bound of its own, for a caller that
+        bounds a whole stream of receives at once (a timer per message is most of a fast reader's CPU)."""
         while True:
-            raw = await asyncio.wait_for(self.ws.recv(), within)
+            async with asyncio.timeout(within):  # not wait_for: that makes a task of every receive
+                raw = await self.ws.recv()
             assert isinstance(raw, str), "graphql-transport-ws messages must be text frames"
             message: dict[str, Any] = orjson.loads(raw)
             if message.get("type") == "ping":
