@@ -20,6 +20,9 @@ from tests.support.pg import PgServer
 from tests.support.runs import finished, run, send
 from tests.support.server import Client, ServerProcess, providers_env
 from tests.support.waiting import until
+from threadloom.api import ids as gid
+from threadloom.store import budgets as budget_store
+from threadloom.store.db import Database
 
 SHARED_SERVER = True  # each test works in a project of its own (conftest's module_server)
 PROVIDERS = """
@@ -257,6 +260,35 @@ async def test_setting_a_budget_again_changes_it_and_clearing_stops_checking_it(
     sent = await send(client, thread, "@usage 500 500\n@reply fine")
     assert (await finished(client, sent["run"]["id"]))["status"] == "COMPLETED"
     assert (await _state(client, thread))["queueHeld"] is False
+
+
+async def test_the_checks_read_budgets_only_in_a_project_that_has_one(
+    client: Client, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The check before each turn and after each model call first asks whether the thread's project has any
+    budget (one statement, store.budgets.any_active): a thread budget counts for the whole project (its tasks'
+    spending counts against it), another project's never, a cleared one no more."""
+    root = tmp_path_factory.mktemp("any")
+    project, _ = await _project(client, root, "any")
+    other, _ = await _project(client, root, "any-other")
+    thread, sibling = await _thread(client, project), await _thread(client, project)
+    elsewhere = await _thread(client, other)
+    db = Database.from_url(server.database_url, pool_size=1)
+
+    async def has_any(thread_id: str) -> bool:
+        async with db.statements() as reader:
+            return await budget_store.any_active(reader, gid.decode_as(thread_id, "Thread", "threadId"))
+
+    try:
+        assert [await has_any(t) for t in (thread, sibling, elsewhere)] == [False, False, False]
+        budget = (await _set(client, threadId=sibling, maxTokens=10, window="TOTAL", action="STOP"))["budget"]
+        assert [await has_any(t) for t in (thread, sibling, elsewhere)] == [True, True, False]
+        assert (await client.gql(CLEAR, {"b": budget["id"]}))["clearBudget"]["userErrors"] == []
+        assert [await has_any(t) for t in (thread, sibling, elsewhere)] == [False, False, False]
+        assert (await _set(client, projectId=other, maxTokens=10, window="DAY", action="ASK"))["userErrors"] == []
+        assert [await has_any(t) for t in (thread, sibling, elsewhere)] == [False, False, True]
+    finally:
+        await db.dispose()
 
 
 async def test_another_projects_token_can_neither_see_nor_set_budgets(

@@ -177,6 +177,8 @@ class Budgets:
     async def gate(self, run_id: uuid.UUID, thread_id: uuid.UUID) -> bool:
         """Before a run's turn is sent: True when it may start. Past a budget, STOP stops the tree (this run
         ends before the provider had it) and ASK holds the turn behind a BUDGET request until it is answered."""
+        if not await self._any(thread_id):
+            return True
         async with self.pipeline.db.read() as db:
             thread = await entities.get(db, AppThread, thread_id)
             run = await entities.get(db, Run, run_id)
@@ -192,6 +194,8 @@ class Budgets:
         """After a model call was recorded: past a budget, STOP interrupts the tree at once (the call that
         crossed it is the overshoot) and ASK asks, once per run and budget. A run whose turn ended with that
         call is asked nothing (its next turn is), but a STOP still holds the queue and stops the tasks."""
+        if not await self._any(thread_id):
+            return
         async with self.pipeline.db.read() as db:
             thread = await entities.get(db, AppThread, thread_id)
             run = await entities.get(db, Run, run_id)
@@ -201,6 +205,11 @@ class Budgets:
         live = run.status in (RunStatus.RUNNING, RunStatus.WAITING)
         if found is not None and (live or found.breach.budget.action == BudgetAction.STOP):
             await self._act(found, run)
+
+    async def _any(self, thread_id: uuid.UUID) -> bool:
+        """Whether the thread's project has any budget at all (one statement, no transaction): most have none."""
+        async with self.pipeline.db.statements() as db:
+            return await store.any_active(db, thread_id)
 
     async def _act(self, found: _Found, run: Run) -> None:
         if found.pending:

@@ -41,6 +41,17 @@ async def active(db: Reader, project_id: uuid.UUID, thread_ids: Sequence[uuid.UU
     )
 
 
+async def any_active(db: Reader, thread_id: uuid.UUID) -> bool:
+    """Whether the thread's project has a budget not cleared, its own or any of its threads': one statement.
+
+    Every budget a run's spending counts against is of its thread's project (`active`), and most projects have
+    none: the checks after each model call and before each turn ask this first, outside a transaction, and read
+    the run, its chain and the budgets only when it says yes."""
+    project = sa.select(t.threads.c.project_id).where(t.threads.c.id == thread_id).scalar_subquery()
+    found = sa.select(t.budgets.c.id).where(t.budgets.c.project_id == project, t.budgets.c.cleared_at.is_(None))
+    return bool(await db.scalar(sa.select(sa.exists(found))))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Level:
     """One step of a delegation chain: a thread and the run of it the spending belongs to."""
