@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.db import count, sequences, snapshot
 from tests.support.graphql import workspace
+from threadloom.domain import webhooks as webhook_rules
 from threadloom.domain.access import Principal
 from threadloom.domain.changes import Change
 from threadloom.domain.entities import Activity, ConversationMessage, ExecutionNode, Run, RunAttempt
@@ -23,6 +24,7 @@ from threadloom.domain.statuses import (
     RunStatus,
     TokenScope,
 )
+from threadloom.domain.webhooks import WebhookEvent
 from threadloom.engine.services import Services
 from threadloom.store import log
 from threadloom.store import tables as t
@@ -197,3 +199,34 @@ async def test_invisible_thread_is_not_found_for_a_bound_token(services: Service
     with pytest.raises(DomainError) as err:
         await services.catalog.rename_thread(reader, thread, "x", None)
     assert err.value.code == ErrorCode.FORBIDDEN
+
+
+async def test_a_commit_counts_the_webhook_deliveries_it_wrote_none_without_an_endpoint(services: Services) -> None:
+    """A run's end is a webhook event in every project, but only a project with a subscribed endpoint gets a
+    delivery: the commit says how many it wrote, and the sender is woken only then (engine/services.py)."""
+    hooked, bare = await _project(services, "hooked"), await _project(services, "bare")
+    await services.webhooks.create(
+        ADMIN,
+        project_id=hooked,
+        url="https://hooks.example/threadloom",
+        events=[WebhookEvent.RUN_COMPLETED],
+        description=None,
+        include_subagents=False,
+    )
+    written: dict[uuid.UUID, int] = {}
+    for project in (hooked, bare):
+        thread_id = await _thread(services, project)
+        now = services.clock.now()
+        ended = Activity(
+            id=new_id(), thread_id=thread_id, sequence=0, kind="run.completed", summary="done", created_at=now
+        )
+        changes = [Change("activity.recorded", ended)]
+        async with services.db.transaction() as db:
+            assert await thread_store.lock(db, thread_id) is not None
+            hooks = [h.row() for h in webhook_rules.hooks_of(changes, project, now, new_id)]
+            assert len(hooks) == 1  # the event exists in both projects
+            appended = await log.append_counted(db, changes, project_id=project, command_id=None, now=now, hooks=hooks)
+        written[project] = appended.deliveries
+        assert appended.sequences == [2]
+    assert written == {hooked: 1, bare: 0}
+    assert await count(services.db, t.webhook_deliveries) == 1

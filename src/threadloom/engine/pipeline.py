@@ -106,7 +106,7 @@ class Committed:
     project_id: uuid.UUID | None
     sequences: list[int]
     effects: int
-    hooks: int = 0  # webhook events written (each with a delivery per subscribed endpoint)
+    hooks: int = 0  # webhook deliveries written (one per webhook event and subscribed endpoint): wakes the sender
     # The model calls the transaction recorded (docs/usage.md): counted for /metrics after the commit, and
     # where a listener learns that usage arrived.
     usage: tuple[UsageRecord, ...] = ()
@@ -249,7 +249,7 @@ class Pipeline:
             )
             rows = outbox.rows(thread_id, outcome.effects, command_id=key, now=now)  # in the same statement
             hooks = webhooks.hooks_of(outcome.changes, project_id, now, new_id)
-            sequences = await log.append(
+            appended = await log.append_counted(
                 db,
                 outcome.changes,
                 project_id=project_id,
@@ -258,6 +258,7 @@ class Pipeline:
                 effects=rows,
                 hooks=[h.row() for h in hooks],
             )
+            sequences = appended.sequences
             if key is not None:
                 await receipts.save(
                     db,
@@ -271,7 +272,7 @@ class Pipeline:
         if earlier is not None:
             sequences = [*earlier.sequences, *sequences]
         effects = len(outcome.effects) + (earlier.effects if earlier is not None else 0)
-        hooked = len(hooks) + (earlier.hooks if earlier is not None else 0)
+        hooked = appended.deliveries + (earlier.hooks if earlier is not None else 0)
         usage = (*(earlier.usage if earlier is not None else ()), *_usage_of(outcome))
         committed = Committed(thread_id, project_id, sequences, effects, hooked, usage)
         for listener in self.listeners:
@@ -284,7 +285,7 @@ class Pipeline:
         project_id = outcome.project_id or thread.project_id
         rows = outbox.rows(thread.id, outcome.effects, command_id=None, now=now)
         hooks = webhooks.hooks_of(outcome.changes, project_id, now, new_id)
-        earlier.sequences += await log.append(
+        appended = await log.append_counted(
             db,
             outcome.changes,
             project_id=project_id,
@@ -293,8 +294,9 @@ class Pipeline:
             effects=rows,
             hooks=[h.row() for h in hooks],
         )
+        earlier.sequences += appended.sequences
         earlier.effects += len(outcome.effects)
-        earlier.hooks += len(hooks)
+        earlier.hooks += appended.deliveries
         earlier.usage += _usage_of(outcome)
         if any(isinstance(c.entity, AppThread) for c in outcome.changes):
             thread = await thread_store.get_thread(db, thread.id) or thread

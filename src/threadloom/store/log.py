@@ -8,6 +8,7 @@ oldest in-flight writer's transaction id (see `reads.project_feed`).
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -103,7 +104,7 @@ _HOOKS_CTE = (
     "JOIN webhook_endpoints e ON e.project_id = :hook_project AND e.status <> 'disabled' "
     "AND w.event_type = ANY(e.events) "
     "WHERE NOT w.run_event OR e.include_subagents OR NOT EXISTS ("
-    "SELECT 1 FROM threads th WHERE th.id = :hook_thread AND th.lineage_relationship = 'subagent'))"
+    "SELECT 1 FROM threads th WHERE th.id = :hook_thread AND th.lineage_relationship = 'subagent') RETURNING 1)"
 )
 
 
@@ -198,9 +199,17 @@ def _append_sql(
             sa.bindparam("hook_now", type_=sa.DateTime(timezone=True)),
         ]
     final = "SELECT base FROM seq" if threaded else "SELECT NULL::bigint AS base"
+    if hooks and base is not None:
+        final = "SELECT base, (SELECT count(*) FROM wh) AS delivered FROM seq"
     found = sa.text(f"WITH {', '.join(parts)} {final}").bindparams(*params)
     _APPEND_SQL[key] = found
     return found
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Appended:
+    sequences: list[int]  # as `append` returns them
+    deliveries: int  # webhook deliveries written: one per hook and subscribed endpoint (none without endpoints)
 
 
 async def append(
@@ -213,11 +222,29 @@ async def append(
     effects: Sequence[dict[str, Any]] = (),
     hooks: Sequence[dict[str, Any]] = (),
 ) -> list[int]:
+    """`append_counted`'s sequences."""
+    appended = await append_counted(
+        db, changes, project_id=project_id, command_id=command_id, now=now, effects=effects, hooks=hooks
+    )
+    return appended.sequences
+
+
+async def append_counted(
+    db: Reader,
+    changes: Sequence[Change],
+    *,
+    project_id: uuid.UUID | None,
+    command_id: str | None,
+    now: datetime,
+    effects: Sequence[dict[str, Any]] = (),
+    hooks: Sequence[dict[str, Any]] = (),
+) -> Appended:
     """Append events for one thread (or for no thread) and update projections, in one statement, with
     the command's outbox rows when given (`outbox.rows`; written even without changes) and the webhook
     deliveries of its events (`hooks`: `domain.webhooks.Hook.row()`, for a thread's events only).
 
-    Returns the sequences assigned (empty for thread-less events). They follow the thread's
+    Returns the sequences assigned (empty for thread-less events) and the deliveries written (a project
+    without webhook endpoints gets none, and its sender need not be woken). The sequences follow the thread's
     `last_sequence`, advanced in the same statement under the caller's thread lock; until then
     events and activities carry their offset in the command (1, 2, ...), which the statement adds
     to the counter's value before it.
@@ -225,7 +252,7 @@ async def append(
     if not changes:
         if effects:
             await db.execute(sa.insert(t.effects), list(effects))
-        return []
+        return Appended([], 0)
     thread_ids = {thread_of(c.entity) for c in changes}
     if len(thread_ids) != 1:
         raise ValueError(f"one command writes one thread's log, got {thread_ids}")
@@ -272,12 +299,13 @@ async def append(
     with_hooks = threaded and bool(hooks)
     if with_hooks:
         params.update(hooks=list(hooks), hook_thread=thread_id, hook_project=project_id, hook_now=now)
-    base = await db.scalar(_append_sql(threaded, thread_row, tuple(names), bool(effects), with_hooks), params)
+    found = await db.tuples(_append_sql(threaded, thread_row, tuple(names), bool(effects), with_hooks), params)
     if not threaded:
-        return []
-    if base is None:
+        return Appended([], 0)
+    if not found or found[0][0] is None:
         raise LookupError(f"thread {thread_id} not found")
-    return list(range(int(base) + 1, int(base) + 1 + len(changes)))
+    base, delivered = found[0][0], found[0][1] if with_hooks else 0
+    return Appended(list(range(int(base) + 1, int(base) + 1 + len(changes))), int(delivered))
 
 
 async def rebuild_projections(db: Reader) -> int:
