@@ -318,7 +318,7 @@ class Checkpoints:
         around it) gets its end checkpoint now, the workspace as the run left it."""
         if self.store is None:
             return
-        async with self.pipeline.db.read() as db:
+        async with self.pipeline.db.statements() as db:  # one statement: no transaction around it
             scopes = await stored.child_scopes_of_run(db, run_id)
         for scope in scopes:
             if scope.node_id is not None:

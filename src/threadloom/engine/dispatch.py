@@ -164,7 +164,7 @@ class Dispatcher:
     async def steer_effect(self, effect: SteerTurn) -> None:
         """Steer the live turn; if it has ended meanwhile, the message becomes a new run."""
         run_id = effect.run_id
-        async with self.pipeline.db.read() as db:
+        async with self.pipeline.db.statements() as db:  # one statement: no transaction around it
             message = await entities.require(db, ConversationMessage, effect.message_id)
         found = self.sessions.binding_of_attempt(effect.attempt_id)
         native_turn = None if found is None else await found[1].wait_turn(TURN_ID_WAIT)

@@ -114,7 +114,7 @@ class ProjectAdmin:
         the caller may not operate on passes: the command itself answers NOT_FOUND or FORBIDDEN, so this
         tells nothing about another project.
         """
-        async with self.pipeline.db.read() as db:
+        async with self.pipeline.db.statements() as db:  # one statement: no transaction around it
             found = await project_store.project_of_thread(db, thread_id)
         if found is None or not principal.sees(found[0].id) or not principal.has(TokenScope.OPERATE):
             return

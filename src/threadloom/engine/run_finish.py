@@ -28,7 +28,7 @@ from threadloom.store.db import Reader
 
 async def thread_of_run(pipeline: Pipeline, run_id: uuid.UUID) -> uuid.UUID | None:
     """The run's thread (None: no such run)."""
-    async with pipeline.db.read() as db:
+    async with pipeline.db.statements() as db:  # one statement: no transaction around it
         run = await entities.get(db, Run, run_id)
     return None if run is None else run.thread_id
 

@@ -237,7 +237,7 @@ class Turns:
             await handoff_delivered(self.pipeline, delivered, run_id)
 
     async def _pending_handoffs(self, provider_thread_id: uuid.UUID) -> tuple[ContextHandoff, ...]:
-        async with self.pipeline.db.read() as db:
+        async with self.pipeline.db.statements() as db:  # one statement: no transaction around it
             return tuple(await rollback_facts.pending_handoffs(db, provider_thread_id))
 
     async def _prepare(

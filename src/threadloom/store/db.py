@@ -63,10 +63,10 @@ class Database:
     async def statements(self, counter: StatementCounter | None = None) -> AsyncIterator[Reader]:
         """A connection outside any transaction: each statement is its own.
 
-        For the API's reads (a token check, a loader's batch). `read()` costs a BEGIN and a
-        ROLLBACK round trip around them and gives nothing more: under READ COMMITTED every
-        statement of a transaction takes its own snapshot anyway. Not for anything that
-        writes, locks or needs `now()` to agree across statements.
+        For the API's reads (a token check, a loader's batch) and the engine's one-statement reads.
+        `read()` costs a BEGIN and a ROLLBACK round trip around them and gives nothing more: under
+        READ COMMITTED every statement of a transaction takes its own snapshot anyway. Not for
+        anything that writes, locks or needs `now()` to agree across statements.
         """
         async with _pooled(self._autocommit) as conn:
             yield Reader(conn, counter or StatementCounter(), direct=True)
