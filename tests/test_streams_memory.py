@@ -101,9 +101,10 @@ async def test_server_memory_is_flat_over_long_subscriptions(pg: PgServer, datab
                 current = await thread_store.lock(tx, thread_uuid)
                 assert current is not None
                 changes = [Change("thread.renamed", current.evolve(title=f"b{batch}-{i}")) for i in range(size)]
-                seqs = await log.append(
+                appended = await log.append(
                     tx, changes, project_id=current.project_id, command_id=None, now=SystemClock().now()
                 )
+            seqs = appended.sequences
             await notify.execute(
                 "SELECT pg_notify('threadloom_wakeups', $1)",
                 f'{{"t": "{thread_uuid}", "p": "{current.project_id}", "s": {seqs[-1]}}}',

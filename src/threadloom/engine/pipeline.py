@@ -249,7 +249,7 @@ class Pipeline:
             )
             rows = outbox.rows(thread_id, outcome.effects, command_id=key, now=now)  # in the same statement
             hooks = webhooks.hooks_of(outcome.changes, project_id, now, new_id)
-            appended = await log.append_counted(
+            appended = await log.append(
                 db,
                 outcome.changes,
                 project_id=project_id,
@@ -285,7 +285,7 @@ class Pipeline:
         project_id = outcome.project_id or thread.project_id
         rows = outbox.rows(thread.id, outcome.effects, command_id=None, now=now)
         hooks = webhooks.hooks_of(outcome.changes, project_id, now, new_id)
-        appended = await log.append_counted(
+        appended = await log.append(
             db,
             outcome.changes,
             project_id=project_id,

@@ -208,28 +208,11 @@ def _append_sql(
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Appended:
-    sequences: list[int]  # as `append` returns them
+    sequences: list[int]  # the thread's sequences of the events, in order (none for thread-less events)
     deliveries: int  # webhook deliveries written: one per hook and subscribed endpoint (none without endpoints)
 
 
 async def append(
-    db: Reader,
-    changes: Sequence[Change],
-    *,
-    project_id: uuid.UUID | None,
-    command_id: str | None,
-    now: datetime,
-    effects: Sequence[dict[str, Any]] = (),
-    hooks: Sequence[dict[str, Any]] = (),
-) -> list[int]:
-    """`append_counted`'s sequences."""
-    appended = await append_counted(
-        db, changes, project_id=project_id, command_id=command_id, now=now, effects=effects, hooks=hooks
-    )
-    return appended.sequences
-
-
-async def append_counted(
     db: Reader,
     changes: Sequence[Change],
     *,
