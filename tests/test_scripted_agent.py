@@ -599,6 +599,27 @@ async def test_await_steer_holds_the_turn_until_it_is_steered(agent: AgentProces
     assert message_texts(messages, turn_id) == ["Steered: also this", "planned"]
 
 
+async def test_a_restarted_turn_carrying_its_steer_does_not_wait_at_await_steer(agent: AgentProcess, cwd: Path) -> None:
+    """A provider that cannot steer in place gets a new turn: the interrupted turn's input, a blank line, the
+    steering message (domain/dispatch.py). That turn was steered; it waited the whole bound (60 s) and failed."""
+    thread_id = await agent.new_thread(cwd)
+    turn_id = await agent.start_turn(thread_id, "@await-steer\n@reply planned")
+    await agent.next_message(is_method("turn/started", threadId=thread_id))
+    assert await agent.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id}) == {}
+    assert completion(await agent.finish_turn(turn_id))["status"] == "interrupted"
+    turn_id = await agent.start_turn(thread_id, "@await-steer\n@reply planned\n\n@reply steered")
+    messages = await agent.finish_turn(turn_id, within=10)
+    assert completion(messages)["status"] == "completed"
+    assert message_texts(messages, turn_id) == ["planned", "steered"]
+    # The same text after a turn that completed is a new message, not a restart: it waits for a steer.
+    turn_id = await agent.start_turn(thread_id, "@await-steer\n@reply planned\n\n@reply steered\n\n@reply more")
+    await agent.next_message(is_method("turn/started", threadId=thread_id))
+    steer = {"threadId": thread_id, "expectedTurnId": turn_id, "input": [{"type": "text", "text": "now"}]}
+    assert await agent.request("turn/steer", steer) == {}
+    messages = await agent.finish_turn(turn_id)
+    assert message_texts(messages, turn_id) == ["Steered: now", "planned", "steered", "more"]
+
+
 async def test_approval_accept_runs_and_decline_does_not(agent: AgentProcess, cwd: Path) -> None:
     thread_id = await agent.new_thread(cwd)
     for decision, runs in [("accept", True), ("decline", False), ("cancel", False)]:

@@ -306,6 +306,10 @@ class Server:
             raise RpcError(TURN_RUNNING, "turn already running")
         text, handoffs = _input(params)
         thread = session.record
+        # Threadloom restarts a turn it cannot steer in place with the interrupted turn's input, a blank line and
+        # the steering message: that turn has been steered, and its `@await-steer` must not wait for another.
+        previous = thread.turns[-1] if thread.turns else None
+        restarted = previous is not None and previous.status != "completed" and text.startswith(previous.input + "\n\n")
         context = [*(ContextEntry(HANDOFF, handoff) for handoff in handoffs), ContextEntry(USER, text)]
         record = TurnRecord(str(uuid.uuid4()), text, context=context)
         thread.turns.append(record)
@@ -338,6 +342,7 @@ class Server:
             recall=lambda: recall.render(thread.turns),
             spawn=lambda prompt, turn_id: self._spawn(thread, prompt, turn_id),
             hooks=self.hooks(thread) if self.hooks is not None else None,
+            steered=restarted,
         )
         session.active = turn
         return Answer({"turn": {"id": turn.id, "status": "inProgress"}}, turn.begin)

@@ -122,7 +122,9 @@ class Turn:
         recall: Callable[[], str] = lambda: "",
         spawn: Callable[[str, str], Spawned] | None = None,
         hooks: Hooks | None = None,
+        steered: bool = False,
     ) -> None:
+        """`steered`: the input already carries a steering message (a restarted turn's)."""
         self.io = io
         self._hooks = hooks or Hooks()
         self._spawn = spawn  # `@subagent`: a native thread of its own for the subagent (server.py)
@@ -140,6 +142,8 @@ class Turn:
         self._planned: deque[Directive] = deque()
         self._steered: deque[Directive] = deque()
         self._was_steered = asyncio.Event()  # set by the first steering message; `@await-steer` waits on it
+        if steered:
+            self._was_steered.set()
         self._parse_error: str | None = None
         self._messages: list[str] = []
         self._work: asyncio.Task[None] | None = None
