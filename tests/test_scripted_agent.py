@@ -290,6 +290,23 @@ def test_parse_reads_every_directive_kind() -> None:
     ]
 
 
+def test_directives_are_frozen_values_equal_only_to_their_own_kind() -> None:
+    """They are records (agent/records.py), not dataclasses: the parser's tests compare them, so equality must
+    tell kinds apart, and a parsed script must not change under the turn that runs it."""
+    assert Reply("x") == Reply(text="x") and hash(Reply("x")) == hash(Reply(text="x"))
+    assert Reply("x") != Tool("x") and Reply("x") != Reply("y") and Reply("x") != ("x",)
+    assert Crash() == Crash(once=False) != Crash(once=True)
+    assert repr(Ask("Which?", ("a", "b"))) == "Ask(question='Which?', options=('a', 'b'))"
+    with pytest.raises(AttributeError):
+        Reply("x").text = "y"  # frozen
+    for bad in (lambda: Reply(), lambda: Reply("x", "y"), lambda: Reply(txt="x"), lambda: Reply("x", text="y")):
+        with pytest.raises(TypeError):
+            bad()
+    match Ask("Which?", ("a",)):
+        case Ask(question, options):
+            assert (question, options) == ("Which?", ("a",))
+
+
 def test_parse_without_directive_is_an_echo() -> None:
     assert parse("hello") == [Reply("You said: hello")]
     assert parse("  line one\nline two \n") == [Reply("You said: line one\nline two")]

@@ -6,76 +6,77 @@ instead of half-running a script.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
+from threadloom.agent.records import record
 
-@dataclasses.dataclass(frozen=True, slots=True)
+
+@record
 class Reply:
     text: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Delay:
     ms: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Await:
     """`@await PATH`: a gate a test opens by creating PATH in the cwd, instead of a timer it must outrun."""
 
     path: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class AwaitSteer:
     """`@await-steer`: the turn stays where it is until a steering message has reached it."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Tool:
     command: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Write:
     path: str
     text: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Approval:
     command: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Ask:
     question: str
     options: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Todo:
     steps: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Plan:
     text: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Subagent:
     prompt: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Recall:
     """Reply with the conversation the agent holds for this thread (agent/recall.py)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Usage:
     """`@usage IN OUT [COST_USD]`: one model call with exactly these figures (no cost: the cost is unknown)."""
 
@@ -84,18 +85,18 @@ class Usage:
     cost_usd: float | None = None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class UsageAgain:
     """`@usage-again`: the turn's last usage report sent once more, as it was (same call): a provider that
     reports a call twice, which must still be one call in the ledger."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Fail:
     message: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Approvals:
     """`@approvals A | B`: asks for every command at once (the requests are all outstanding together), then runs
     the accepted ones in order."""
@@ -103,7 +104,7 @@ class Approvals:
     commands: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Stop:
     """`@stop REASON`: ends the turn the way a model stops on its own (`refusal`, `max_tokens`,
     `max_turn_requests`); the ACP face answers the prompt with that stop reason."""
@@ -111,7 +112,7 @@ class Stop:
     reason: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Config:
     """`@config ID VALUE`: the agent changes one of its session's config options on its own (ACP face)."""
 
@@ -119,7 +120,7 @@ class Config:
     value: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Crash:
     once: bool = False  # `@crash once`: only the first time this thread gets here (a retried turn goes on)
 
