@@ -10,6 +10,7 @@ import contextlib
 import gc
 import io
 import os
+import signal
 import subprocess
 from asyncio import unix_events
 from collections.abc import Callable, Coroutine
@@ -19,6 +20,7 @@ import psutil
 import pytest
 import uvloop
 
+from tests.support.waiting import until
 from threadloom import subprocesses
 from threadloom.subprocesses import create_subprocess_exec
 
@@ -90,6 +92,58 @@ def test_a_program_that_cannot_start_raises_as_asyncios_would(loop: str) -> None
         with pytest.raises(FileNotFoundError):
             await create_subprocess_exec("/no/such/program", **PIPES)
         assert {child.pid for child in psutil.Process().children()} <= before
+
+    _run(loop, work)
+
+
+def _fork_before_exec() -> None:
+    """Run in the child before its exec: a second process of the same program, in the child's group, holding
+    the child's pipes (as `bwrap` forks its sandbox's first process)."""
+    os.fork()
+
+
+def _alive(argv: list[str]) -> list[psutil.Process]:
+    alive = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if process.info["cmdline"] == argv and process.info["status"] != psutil.STATUS_ZOMBIE:
+            alive.append(process)
+    return alive
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_start_cancelled_at_any_step_returns_at_once_and_leaves_no_process(loop: str) -> None:
+    """The caller is cancelled after 0, 1, 2 ... steps of the loop, so at every point of the start: the call
+    ends at once and the child's whole group is killed. asyncio's own cleanup killed the child alone and then
+    waited for its pipes, which the second process held open: the call never returned (an agent's interrupted
+    `@write` under `bwrap` hung its turn so). The twin: a start left to finish returns the running child."""
+
+    async def work() -> None:
+        steps = 0
+        while True:  # until the start is quicker than the cancel
+            argv = ["sleep", f"600.{os.getpid()}{steps}"]  # told apart from every other process
+            start = asyncio.ensure_future(
+                create_subprocess_exec(*argv, start_new_session=True, preexec_fn=_fork_before_exec, **PIPES)
+            )
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            start.cancel()
+            async with asyncio.timeout(10):  # the old cleanup: forever
+                with contextlib.suppress(asyncio.CancelledError):
+                    await start
+            if not start.cancelled():  # it had finished: the child runs, both its processes
+                child = start.result()
+                assert len(_alive(argv)) == 2
+                os.killpg(child.pid, signal.SIGKILL)
+                await child.communicate()
+
+            async def gone(argv: list[str] = argv) -> bool:
+                return not _alive(argv)
+
+            await until(gone, within=10, interval=0.02)
+            if not start.cancelled():
+                break
+            steps += 1
+        assert steps > 1, steps  # cancelled at several points of the start before one came too late
 
     _run(loop, work)
 

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import signal
 from asyncio import subprocess as aio_subprocess
 from asyncio import unix_events
 from typing import Any
@@ -35,8 +36,55 @@ from typing import Any
 async def create_subprocess_exec(
     program: str, *args: str, limit: int = 2**16, **kwargs: Any
 ) -> asyncio.subprocess.Process:
-    """`asyncio.create_subprocess_exec(program, *args, limit=limit, **kwargs)`, the child made with vfork."""
+    """`asyncio.create_subprocess_exec(program, *args, limit=limit, **kwargs)`, the child made with vfork.
+
+    A caller cancelled while the child is being started returns at once; the start runs to its end beside it
+    and the child is then killed (its whole process group with `start_new_session`) and reaped. asyncio's own
+    cleanup of a start cancelled halfway kills the child's pid alone and then waits for every pipe it had
+    connected to close: a process the child had already made (the second process `bwrap` forks, still in
+    the child's group) held the pipe open, and the caller waited forever. An agent's interrupted `@write`
+    hung so, and its turn never ended."""
     loop = asyncio.get_running_loop()
+    began = False
+
+    async def begin() -> asyncio.subprocess.Process:
+        nonlocal began
+        began = True  # the child is made in this same step, before the first wait
+        return await _start(loop, program, args, limit, kwargs)
+
+    start = loop.create_task(begin())
+    try:
+        return await asyncio.shield(start)
+    except asyncio.CancelledError:
+        if not began:  # nothing made yet, nor will be: the caller may close the descriptors it passed
+            start.cancel()
+            raise
+        discard = loop.create_task(_discard(start, group=bool(kwargs.get("start_new_session"))))
+        _DISCARDING.add(discard)
+        discard.add_done_callback(_DISCARDING.discard)
+        raise
+
+
+_DISCARDING: set[asyncio.Task[None]] = set()  # children of cancelled starts being ended (a task needs a holder)
+
+
+async def _discard(start: asyncio.Task[asyncio.subprocess.Process], *, group: bool) -> None:
+    """End the child of a start its caller no longer waits for, once it is made, and reap it."""
+    try:
+        child = await start
+    except Exception:
+        return  # it never started
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(child.pid, signal.SIGKILL)
+        else:
+            child.kill()
+    await child.communicate()
+
+
+async def _start(
+    loop: asyncio.AbstractEventLoop, program: str, args: tuple[str, ...], limit: int, kwargs: dict[str, Any]
+) -> asyncio.subprocess.Process:
     if isinstance(loop, unix_events.SelectorEventLoop) or not _pidfds():
         return await asyncio.create_subprocess_exec(program, *args, limit=limit, **kwargs)
     stdin, stdout, stderr = (kwargs.pop(name, None) for name in ("stdin", "stdout", "stderr"))

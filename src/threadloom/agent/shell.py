@@ -14,6 +14,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from threadloom import subprocesses
 from threadloom.agent.sandbox import BWRAP_ENV, Sandbox
 
 READ_SIZE = 64 * 1024
@@ -32,7 +33,7 @@ async def run(command: str, cwd: str, on_output: Callable[[str], Awaitable[None]
     argv = sandbox.argv(["bash", "-c", command], cwd)
     read_fd, write_fd = os.pipe()
     try:
-        proc = await asyncio.create_subprocess_exec(
+        proc = await subprocesses.create_subprocess_exec(
             *argv,
             cwd=cwd,
             env=BWRAP_ENV,
@@ -80,7 +81,7 @@ _WRITE = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
 async def write_file(sandbox: Sandbox, cwd: str, target: Path, text: str) -> None:
     """Writes `text` to `target` from inside the sandbox (so only the workspace is reachable); raises `OSError`."""
     argv = sandbox.argv(["bash", "-c", _WRITE, "write", str(target)], cwd)
-    proc = await asyncio.create_subprocess_exec(
+    proc = await subprocesses.create_subprocess_exec(
         *argv,
         cwd=cwd,
         env=BWRAP_ENV,
