@@ -214,3 +214,102 @@ async def test_stop_stops_delegated_tasks_deepest_first(
 
     order = {str(_uuid(parent)): "parent", str(_uuid(child["id"])): "child", str(_uuid(grandchild["id"])): "grandchild"}
     assert [order[str(h["thread_id"])] for h in held] == ["parent", "grandchild", "child"]
+
+
+ROLLBACK = """mutation($t: ID!, $n: Int!) { rollbackToRun(input: {threadId: $t, runOrdinal: $n, restoreFiles: false}) {
+  rolledBackRuns { ordinal status } userErrors { code message } } }"""
+
+
+async def _reported(client: Client, parent: str, child: str) -> dict[str, Any]:
+    """The parent's `subagent.completed` activity for the child, once it is there."""
+
+    async def check() -> dict[str, Any] | None:
+        found = (await client.gql(THREAD, {"t": parent}))["thread"]["activities"]["edges"]
+        done = [a["node"] for a in found if a["node"]["kind"] == "subagent.completed"]
+        return next((a for a in done if a["payload"]["childThreadId"] == child), None)
+
+    return await until(check)
+
+
+async def test_a_task_delegated_by_a_rolled_back_run_reports_without_waking_or_telling_the_agent(
+    client: Client, tmp_path: Path
+) -> None:
+    """Run 1 delegates task K, run 2 delegates task U, then the thread is rolled back to run 1 while both
+    still work. U's result arrives: the person reading the thread sees it (a message, `subagent.completed`
+    with `wake: "undone"`), but no run starts and the agent is never told: its conversation holds no such
+    request. K's result, the twin, wakes the parent and reaches its agent. A later `@recall` holds K's
+    answer and not U's."""
+    parent = await _parent(client, tmp_path)
+    gates = Path(workspace(tmp_path))
+    asked: list[dict[str, Any]] = []
+    for ordinal, name in ((1, "kept"), (2, "undone")):
+        asking = await send(client, parent, f"@await asked-{name}\n@reply asking {name}")
+        await _running(client, asking["run"]["id"])
+        asked.append(await _delegate(client, parent, f"@await done-{name}\n@reply {name} answer"))
+        (gates / f"asked-{name}").touch()
+        done = await finished(client, asking["run"]["id"])
+        assert (done["ordinal"], done["status"]) == (ordinal, "COMPLETED")
+    kept, undone = asked
+    # The conversation only: the tasks still work in the shared workspace (its files may not move under them).
+    rolled = (await client.gql(ROLLBACK, {"t": parent, "n": 1}))["rollbackToRun"]
+    assert rolled == {"rolledBackRuns": [{"ordinal": 2, "status": "ROLLED_BACK"}], "userErrors": []}
+
+    (gates / "done-undone").touch()
+    assert (await _reported(client, parent, undone["id"]))["payload"]["wake"] == "undone"
+    state = (await client.gql(THREAD, {"t": parent}))["thread"]
+    assert state["activeRun"] is None and len(state["runs"]["edges"]) == 2  # nothing started
+    system = [m["node"]["text"] for m in state["messages"]["edges"] if m["node"]["role"] == "SYSTEM"]
+    assert any("undone answer" in text for text in system)  # the person sees the result
+
+    (gates / "done-kept").touch()
+    assert (await _reported(client, parent, kept["id"]))["payload"]["wake"] == "woke"
+    woken = (await client.gql(THREAD, {"t": parent}))["thread"]["runs"]["edges"][0]["node"]
+    assert (await finished(client, woken["id"]))["status"] == "COMPLETED"
+
+    recall = await send(client, parent, "@recall")
+    assert (await finished(client, recall["run"]["id"]))["status"] == "COMPLETED"
+    messages = (await client.gql(THREAD, {"t": parent}))["thread"]["messages"]["edges"]
+    said = next(m["node"]["text"] for m in reversed(messages) if m["node"]["role"] == "ASSISTANT")
+    assert "kept answer" in said and "asking kept" in said
+    assert "undone answer" not in said and "asking undone" not in said
+
+
+UNDO = """mutation($t: ID!) { undoRollback(input: {threadId: $t}) { userErrors { code message } } }"""
+
+
+async def _recalled(client: Client, parent: str) -> str:
+    """What the parent's agent holds now: a `@recall` run's reply."""
+    recall = await send(client, parent, "@recall")
+    assert (await finished(client, recall["run"]["id"]))["status"] == "COMPLETED"
+    messages = (await client.gql(THREAD, {"t": parent}))["thread"]["messages"]["edges"]
+    return str(next(m["node"]["text"] for m in reversed(messages) if m["node"]["role"] == "ASSISTANT"))
+
+
+@pytest.mark.parametrize("undo", [False, True], ids=["rolled-back", "undone"])
+async def test_a_rollback_drops_the_waiting_result_of_a_task_an_undone_run_delegated_and_its_undo_restores_it(
+    client: Client, tmp_path: Path, undo: bool
+) -> None:
+    """Run 2 delegates a task that reports while run 2 still works: its result waits, as a handoff, for the
+    parent's next turn. Rolling back to run 1 before that turn drops it (the agent is never told of a task it
+    no longer asked for); the twin, `undoRollback` right after, brings run 2 back and the result with it, and
+    the next turn hands it over."""
+    parent = await _parent(client, tmp_path)
+    gates = Path(workspace(tmp_path))
+    first = await send(client, parent, "@reply first")
+    assert (await finished(client, first["run"]["id"]))["status"] == "COMPLETED"
+    asking = await send(client, parent, "@await asked\n@reply asking")
+    await _running(client, asking["run"]["id"])
+    task = await _delegate(client, parent, "@reply task answer")
+    assert (await _reported(client, parent, task["id"]))["payload"]["wake"] == "busy"  # waits for a next turn
+    (gates / "asked").touch()
+    assert (await finished(client, asking["run"]["id"]))["status"] == "COMPLETED"
+
+    rolled = (await client.gql(ROLLBACK, {"t": parent, "n": 1}))["rollbackToRun"]
+    assert rolled == {"rolledBackRuns": [{"ordinal": 2, "status": "ROLLED_BACK"}], "userErrors": []}
+    if undo:
+        assert (await client.gql(UNDO, {"t": parent}))["undoRollback"]["userErrors"] == []
+    said = await _recalled(client, parent)
+    if undo:
+        assert "asking" in said and "task answer" in said
+    else:
+        assert "first" in said and "asking" not in said and "task answer" not in said

@@ -13,6 +13,11 @@ when the child's run ends (`node_status`). The child's result then reaches the p
   result as context with its next turn, never pasted into a message;
 - the parent's subagent node ends as the child's run did, and a `subagent.completed` activity.
 
+A task delegated by a run that a rollback has since undone still reports (the message, the activity, the
+transfer), but its result is neither handed to the parent's agent nor wakes it (`Wake.UNDONE`): after the
+rollback the agent's conversation holds no such request, and a result for it would mix undone work into
+the kept conversation.
+
 A task owes its parent one wake (docs/lifecycles/delegation.md): when its result arrives while the parent
 is idle, a new run starts on the parent (`domain.wakes`) so its agent can act on it. `wake_for` decides,
 and the decision is kept on the transfer (`sourcePoint.wake`). A Stop of the parent drops the wakes its
@@ -65,6 +70,7 @@ class Wake(StrEnum):
     DROPPED = "dropped"  # a Stop of the parent dropped the wake before the result came
     NO_AGENT = "no_agent"  # the parent never ran: there is no agent to tell yet
     ARCHIVED = "archived"  # the parent was archived
+    UNDONE = "undone"  # the parent's run that delegated the task was rolled back: its agent never asked for it
     NOT_OWED = "not_owed"  # a later run of the child thread (the task was its first run): no wake
 
 
@@ -189,13 +195,16 @@ def wake_of(transfer: ContextTransfer | None) -> Wake | None:
     return Wake(value) if value in set(Wake) else None
 
 
-def wake_for(*, first_run: bool, owed: Wake | None, parent: AppThread, queued: int) -> Wake:
+def wake_for(*, first_run: bool, owed: Wake | None, parent: AppThread, queued: int, undone: bool = False) -> Wake:
     """Whether the task's result wakes its parent, and if not why.
 
-    Only the task itself (the child's first run) owes a wake, and only once; a Stop drops it. A parent
+    A task whose delegating run was rolled back owes nothing: the parent's conversation no longer holds the
+    request. Only the task itself (the child's first run) owes a wake, and only once; a Stop drops it. A parent
     with a run active or queued is not woken: that run's next turn takes the result. A held queue means a
     person decides what runs next. A parent that never ran has no agent (its provider thread is made by its
     first run) to give the result to."""
+    if undone:
+        return Wake.UNDONE
     if not first_run:
         return Wake.NOT_OWED
     if owed is not None and owed != Wake.OWED:
@@ -255,6 +264,7 @@ class Delivery:
     node: ExecutionNode | None  # the parent's subagent node for the child, if the parent had a run active
     owed: ContextTransfer | None  # the pending result recorded when the task was delegated
     queued: int  # runs waiting in the parent's queue
+    undone: bool = False  # the parent's run that delegated the task (its node's) is rolled back
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -268,7 +278,7 @@ def deliver(d: Delivery, now: datetime, new_id: NewId) -> Delivered:
     """The completion delivery, as one set of changes on the parent (see the module's docstring)."""
     parent, child, run, node = d.parent, d.child, d.run, d.node
     first_run = run.ordinal == 1
-    wake = wake_for(first_run=first_run, owed=wake_of(d.owed), parent=parent, queued=d.queued)
+    wake = wake_for(first_run=first_run, owed=wake_of(d.owed), parent=parent, queued=d.queued, undone=d.undone)
     point = {"runId": str(run.id), "status": run.status.value, "answer": d.answer, "wake": wake.value}
     resolved = {
         "source_point": point,
@@ -292,7 +302,7 @@ def deliver(d: Delivery, now: datetime, new_id: NewId) -> Delivered:
             updated_at=now,
         ).evolve(**resolved)
         changes = [Change.created(transfer)]
-    if parent.active_provider_thread_id is not None:
+    if parent.active_provider_thread_id is not None and not d.undone:  # an undone request: nothing to tell
         text = result_text(child.title, run, d.answer)
         handoff = ContextHandoff(
             id=new_id(),

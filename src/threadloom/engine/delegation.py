@@ -13,7 +13,7 @@ from threadloom.domain.entities import AppThread, ContextTransfer, ConversationM
 from threadloom.domain.errors import not_found
 from threadloom.domain.ids import new_id
 from threadloom.domain.leases import refuse_other_writer
-from threadloom.domain.statuses import TokenScope, TransferStatus, TransferType
+from threadloom.domain.statuses import RunStatus, TokenScope, TransferStatus, TransferType
 from threadloom.domain.threads import ThreadState
 from threadloom.engine.pipeline import Command, GlobalCommand, Pipeline
 from threadloom.engine.runs import RunEngine
@@ -104,14 +104,17 @@ class Delegation:
             )
             state = await runs.thread_state(db, parent)
             owed = [r for r in results if r.status == TransferStatus.PENDING]
+            node = nodes[0] if nodes else None
+            asked_by = await entities.get(db, Run, node.run_id) if node is not None else None
             delivery = delegation.Delivery(
                 parent=parent,
                 child=child,
                 run=run,
                 answer="\n".join(m.text for m in answers).strip(),
-                node=nodes[0] if nodes else None,
+                node=node,
                 owed=owed[0] if owed else None,
                 queued=len(state.queue),
+                undone=asked_by is not None and asked_by.status == RunStatus.ROLLED_BACK,
             )
             delivered = delegation.deliver(delivery, now, new_id)
             outcome = delivered.outcome

@@ -185,9 +185,12 @@ class Runner:
                 assert op.plan is not None
                 runs = await facts.runs_of(db, thread.id)
                 checkpoints = [c for c, _ in await facts.checkpoints_of(db, thread.id)]
-                # pending handoffs telling of an undone run are dropped here, in the record's transaction
+                # pending handoffs telling of an undone run are dropped here, in the record's transaction, and
+                # so are the results of tasks an undone run delegated (the agent will not hold the request)
                 pending = await facts.pending_own_handoffs(db, thread.id)
-                dropped = handoff_rules.outdated(pending, op.plan.rolled_back_run_ordinals)
+                undone = set(op.plan.rolled_back_run_ordinals)
+                asked = await facts.pending_results_asked_by(db, thread.id, [r.id for r in runs if r.ordinal in undone])
+                dropped = (*handoff_rules.outdated(pending, undone), *asked)
                 rebridge = await self.providers.rebridge(db, thread, op, op.plan, runs, [h.id for h in dropped])
                 outcome = record.recorded(cleared, op, op.plan, runs, checkpoints, self.now, rebridge, dropped)
             if not any(isinstance(c.entity, AppThread) for c in outcome.changes):

@@ -22,7 +22,7 @@ from threadloom.domain.entities import (
     Run,
     RunAttempt,
 )
-from threadloom.domain.statuses import HandoffStatus
+from threadloom.domain.statuses import HandoffStatus, TransferType
 from threadloom.store import entities
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
@@ -135,6 +135,28 @@ async def handoffs_to(db: Reader, provider_thread_id: uuid.UUID, status: Handoff
     c = t.context_handoffs.c
     to_it = c.to_provider_thread_id == provider_thread_id
     return await entities.where(db, ContextHandoff, to_it, c.status == status.value, order_by=[c.created_at, c.id])
+
+
+async def pending_results_asked_by(db: Reader, thread_id: uuid.UUID, run_ids: list[uuid.UUID]) -> list[ContextHandoff]:
+    """The thread's pending handoffs of the results of tasks that these runs delegated (each task's subagent
+    node on the thread belongs to the run that delegated it), oldest first."""
+    if not run_ids:
+        return []
+    c, tr, n = t.context_handoffs.c, t.context_transfers.c, t.execution_nodes.c
+    asked = (
+        sa.select(tr.id)
+        .join(t.execution_nodes, sa.and_(n.thread_id == tr.thread_id, n.child_thread_id == tr.source_thread_id))
+        .where(tr.id == c.transfer_id, tr.type == TransferType.SUBAGENT_RESULT.value, n.run_id.in_(run_ids))
+        .exists()
+    )
+    return await entities.where(
+        db,
+        ContextHandoff,
+        c.thread_id == thread_id,
+        c.status == HandoffStatus.PENDING.value,
+        asked,
+        order_by=[c.created_at, c.id],
+    )
 
 
 async def pending_own_handoffs(db: Reader, thread_id: uuid.UUID) -> list[ContextHandoff]:
