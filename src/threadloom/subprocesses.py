@@ -45,6 +45,7 @@ async def create_subprocess_exec(
     the child's group) held the pipe open, and the caller waited forever. An agent's interrupted `@write`
     hung so, and its turn never ended."""
     loop = asyncio.get_running_loop()
+    group = bool(kwargs.get("start_new_session"))  # read before `_start` takes what it needs from kwargs
     began = False
 
     async def begin() -> asyncio.subprocess.Process:
@@ -59,7 +60,7 @@ async def create_subprocess_exec(
         if not began:  # nothing made yet, nor will be: the caller may close the descriptors it passed
             start.cancel()
             raise
-        discard = loop.create_task(_discard(start, group=bool(kwargs.get("start_new_session"))))
+        discard = loop.create_task(_discard(start, group=group))
         _DISCARDING.add(discard)
         discard.add_done_callback(_DISCARDING.discard)
         raise

@@ -12,7 +12,9 @@ hand the agent conversation the user rolled back. So, in the rollback's own reco
 
 Only handoffs that tell of the thread's own runs count (a provider switch's, a rollback's replacement or
 kept-runs handoff): a fork's context and a merge-back tell of another thread's runs, which a rollback of this
-thread does not undo (the store reads only the former).
+thread does not undo (the store reads only the former). The waiting result of a task that an undone run
+delegated is dropped with them (`store.rollback_facts.pending_results_asked_by`): the agent no longer holds
+the request it answers.
 
 `undoRollback` puts the handoffs back as they were before the rollback (`undone`): the ones it dropped are
 pending again, its kept-runs handoff is dropped, and a pending handoff whose provider thread the undo swaps
