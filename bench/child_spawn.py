@@ -7,7 +7,8 @@ Not a test. Run from anywhere with the project's virtualenv:
 The server starts git for every checkpoint and restore and a sandbox for every agent, from a process whose
 heap is hundreds of megabytes. Each side runs in a fresh process holding a heap of `--heap-mb` (touched, as a
 server's is) and starts `/bin/true` `--children` times one after another, waiting for each: wall time per
-child and CPU per child (the process's own plus the children's, from `os.times`). The floor, measured in the
+child and CPU per child (the process's own plus the children's, from `getrusage`: `os.times` counts in clock ticks of
+10 ms, and 20 children of the smoke run could read as no CPU at all). The floor, measured in the
 same run, is asyncio's own `create_subprocess_exec` on the standard loop (`subprocess.Popen`, which uses
 vfork). Beside it: uvloop's own `create_subprocess_exec` (libuv's fork), what the server used before.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import resource
 import subprocess
 import sys
 import time
@@ -55,13 +56,18 @@ def measure(side: str, children: int, heap_mb: int) -> tuple[float, float]:
             await child.communicate()
             assert child.returncode == 0, child.returncode
 
-    before, started = os.times(), time.perf_counter()
+    before, started = _cpu(), time.perf_counter()
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(run())
-    wall, after = time.perf_counter() - started, os.times()
-    cpu = sum(after[:4]) - sum(before[:4])  # user and system, this process and its children
+    wall, cpu = time.perf_counter() - started, _cpu() - before
     del heap, objects
     return wall / children * 1000, cpu / children * 1000
+
+
+def _cpu() -> float:
+    """User and system CPU seconds of this process and its reaped children (microsecond resolution)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def main() -> int:
