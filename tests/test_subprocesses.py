@@ -148,6 +148,34 @@ def test_a_start_cancelled_at_any_step_returns_at_once_and_leaves_no_process(loo
     _run(loop, work)
 
 
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_cancelled_communicate_kills_the_childs_group_and_reaps_it_before_the_cancel_goes_on(loop: str) -> None:
+    """`subprocesses.communicate`: a shell that started a `sleep`; the caller is cancelled while they run. When
+    the cancel reaches the caller, the group is killed and the shell reaped (asyncio's own `communicate` left
+    both running). The twin: left alone, the same call answers with the shell's output."""
+
+    async def work() -> None:
+        argv = ["sleep", f"600.{os.getpid()}{len(loop)}"]
+        shell = await create_subprocess_exec(
+            "sh", "-c", f"echo started; {' '.join(argv)}; echo never", start_new_session=True, **PIPES
+        )
+        call = asyncio.ensure_future(subprocesses.communicate(shell, b"", group=True))
+
+        async def started() -> bool:
+            return bool(_alive(argv))
+
+        await until(started, within=10, interval=0.02)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert _alive(argv) == [] and shell.returncode == -signal.SIGKILL and _reaped(shell.pid)
+
+        quick = await create_subprocess_exec("sh", "-c", "cat; echo answered", start_new_session=True, **PIPES)
+        assert await subprocesses.communicate(quick, b"asked\n", group=True) == (b"asked\nanswered\n", b"")
+
+    _run(loop, work)
+
+
 def test_a_child_whose_exit_cannot_be_watched_is_not_left_running(monkeypatch: pytest.MonkeyPatch) -> None:
     """No pidfd for the new child (the process is out of descriptors): the call fails and the child is killed
     and reaped, not left running with nothing to reap it. The twin is every test above: with a pidfd it runs."""

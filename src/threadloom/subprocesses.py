@@ -75,12 +75,36 @@ async def _discard(start: asyncio.Task[asyncio.subprocess.Process], *, group: bo
         child = await start
     except Exception:
         return  # it never started
+    await _kill(child, group=group)
+
+
+async def _kill(child: asyncio.subprocess.Process, *, group: bool) -> None:
+    """SIGKILL the child (its whole process group when `group`), drain its pipes and reap it."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if group:
             os.killpg(child.pid, signal.SIGKILL)
         else:
             child.kill()
     await child.communicate()
+
+
+async def communicate(
+    child: asyncio.subprocess.Process, stdin: bytes | None = None, *, group: bool
+) -> tuple[bytes, bytes]:
+    """`child.communicate(stdin)`, except that a caller cancelled meanwhile kills the child (its process group
+    when `group`: it was started with `start_new_session`) and waits until it is reaped before the cancel goes
+    on. asyncio's own `communicate` leaves the child running: a cancelled git call went on writing the shadow
+    repository after its caller had let go of the workspace's lock, beside the next call."""
+    try:
+        stdout, stderr = await child.communicate(stdin)
+    except asyncio.CancelledError:
+        ending = asyncio.ensure_future(_kill(child, group=group))
+        _DISCARDING.add(ending)
+        ending.add_done_callback(_DISCARDING.discard)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(ending)  # a second cancel still leaves it to end the child
+        raise
+    return stdout, stderr
 
 
 async def _start(

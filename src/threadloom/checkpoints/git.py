@@ -157,8 +157,9 @@ class Git:
             env=how.env,
             cwd=how.cwd,
             pass_fds=how.pass_fds,
+            start_new_session=True,  # a cancelled call kills git and all it started (`communicate`)
         )
-        stdout, stderr = await process.communicate(stdin)
+        stdout, stderr = await subprocesses.communicate(process, stdin, group=True)
         result = GitResult(process.returncode or 0, stdout, stderr)
         if check and result.returncode != 0:
             raise CheckpointError(
