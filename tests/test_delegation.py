@@ -313,3 +313,38 @@ async def test_a_rollback_drops_the_waiting_result_of_a_task_an_undone_run_deleg
         assert "asking" in said and "task answer" in said
     else:
         assert "first" in said and "asking" not in said and "task answer" not in said
+
+
+@pytest.mark.parametrize("undo", [False, True], ids=["rollback-stands", "undone"])
+async def test_a_result_that_came_while_its_run_stood_rolled_back_is_told_once_the_rollback_is_undone(
+    client: Client, tmp_path: Path, undo: bool
+) -> None:
+    """Run 2 delegates a task, the thread is rolled back to run 1, and the task reports while the rollback
+    stands: recorded, told to no one (`wake: "undone"`). `undoRollback` brings run 2 back, and the agent that
+    asked is told the result with its next turn; the undo starts no run for it. The twin: with the rollback
+    standing, the next turn holds neither the request nor the result."""
+    parent = await _parent(client, tmp_path)
+    gates = Path(workspace(tmp_path))
+    first = await send(client, parent, "@reply first")
+    assert (await finished(client, first["run"]["id"]))["status"] == "COMPLETED"
+    asking = await send(client, parent, "@await asked\n@reply asking")
+    await _running(client, asking["run"]["id"])
+    task = await _delegate(client, parent, "@await done\n@reply task answer")
+    (gates / "asked").touch()
+    assert (await finished(client, asking["run"]["id"]))["status"] == "COMPLETED"
+    rolled = (await client.gql(ROLLBACK, {"t": parent, "n": 1}))["rollbackToRun"]
+    assert rolled == {"rolledBackRuns": [{"ordinal": 2, "status": "ROLLED_BACK"}], "userErrors": []}
+    (gates / "done").touch()
+    assert (await _reported(client, parent, task["id"]))["payload"]["wake"] == "undone"
+
+    if undo:
+        assert (await client.gql(UNDO, {"t": parent}))["undoRollback"]["userErrors"] == []
+        state = (await client.gql(THREAD, {"t": parent}))["thread"]
+        assert state["activeRun"] is None and len(state["runs"]["edges"]) == 2  # the undo started nothing
+        undid = next(a["node"] for a in state["activities"]["edges"] if a["node"]["kind"] == "rollback.undone")
+        assert len(undid["payload"]["restoredHandoffIds"]) == 1  # the result, handed over
+    said = await _recalled(client, parent)
+    if undo:
+        assert "asking" in said and "task answer" in said  # the old undo: "asking" without the answer
+    else:
+        assert "first" in said and "asking" not in said and "task answer" not in said

@@ -274,6 +274,43 @@ class Delivered:
     wake: Wake
 
 
+def result_handoff(
+    transfer: ContextTransfer,
+    title: str,
+    run: Run,
+    answer: str,
+    to_provider_thread_id: uuid.UUID,
+    now: datetime,
+    new_id: NewId,
+) -> ContextHandoff:
+    """The task's result for the parent's agent, given with its next turn: at delivery, or by the undo of a
+    rollback that had undone the run that asked for it (`told_after_undo`)."""
+    text = result_text(title, run, answer)
+    return ContextHandoff(
+        id=new_id(),
+        transfer_id=transfer.id,
+        thread_id=transfer.thread_id,
+        from_provider_thread_ids=[] if run.provider_thread_id is None else [str(run.provider_thread_id)],
+        to_provider_thread_id=to_provider_thread_id,
+        covered_run_ordinals=[],
+        strategy=HandoffStrategy.DELTA_SINCE_TARGET_LAST_SEEN,  # what happened since its last turn
+        status=HandoffStatus.PENDING,
+        text=text,
+        token_estimate=estimate_tokens(text),
+        created_at=now,
+    )
+
+
+def told_after_undo(
+    transfer: ContextTransfer, title: str, run: Run, to_provider_thread_id: uuid.UUID, now: datetime, new_id: NewId
+) -> ContextHandoff:
+    """A result that arrived while the run that asked for it stood rolled back (`Wake.UNDONE`: recorded, told to
+    no one), once an undo brings that run back: the agent that asked is told with its next turn. The undo starts
+    no run for it; the wake the result did not make stays unmade."""
+    answer = str((transfer.source_point or {}).get("answer") or "")
+    return result_handoff(transfer, title, run, answer, to_provider_thread_id, now, new_id)
+
+
 def deliver(d: Delivery, now: datetime, new_id: NewId) -> Delivered:
     """The completion delivery, as one set of changes on the parent (see the module's docstring)."""
     parent, child, run, node = d.parent, d.child, d.run, d.node
@@ -303,21 +340,8 @@ def deliver(d: Delivery, now: datetime, new_id: NewId) -> Delivered:
         ).evolve(**resolved)
         changes = [Change.created(transfer)]
     if parent.active_provider_thread_id is not None and not d.undone:  # an undone request: nothing to tell
-        text = result_text(child.title, run, d.answer)
-        handoff = ContextHandoff(
-            id=new_id(),
-            transfer_id=transfer.id,
-            thread_id=parent.id,
-            from_provider_thread_ids=[] if run.provider_thread_id is None else [str(run.provider_thread_id)],
-            to_provider_thread_id=parent.active_provider_thread_id,
-            covered_run_ordinals=[],
-            strategy=HandoffStrategy.DELTA_SINCE_TARGET_LAST_SEEN,  # what happened since its last turn
-            status=HandoffStatus.PENDING,
-            text=text,
-            token_estimate=estimate_tokens(text),
-            created_at=now,
-        )
-        changes.append(Change.created(handoff))
+        told = result_handoff(transfer, child.title, run, d.answer, parent.active_provider_thread_id, now, new_id)
+        changes.append(Change.created(told))
     summary = f"Subagent thread {child.title!r} run {run.ordinal} {run.status.value}"
     changes.append(
         Change.created(

@@ -7,6 +7,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from threadloom.domain import delegation
 from threadloom.domain import handoff_rollback as handoff_rules
 from threadloom.domain import rollback as plan_rules
 from threadloom.domain.activities import ActivityKind, activity
@@ -173,7 +174,7 @@ async def undo_recorded(db: Reader, thread: AppThread, record: dict[str, Any], n
         checkpoint = await entities.get(db, Checkpoint, uuid.UUID(entry["id"]))
         if checkpoint is not None and checkpoint.status == CheckpointStatus.STALE:
             changes.append(Change.updated(checkpoint.evolve(status=CheckpointStatus(entry["status"]))))
-    handed = await _handoffs_undone(db, record, moved)
+    handed = await _handoffs_undone(db, record, moved) + await _results_told(db, thread, record, active, now)
     changes += handed
     summary = f"undid the rollback to run {record.get('targetOrdinal')}"
     payload: dict[str, Any] = {"operationId": record.get("operationId")}
@@ -204,6 +205,24 @@ async def _handoffs_undone(db: Reader, record: dict[str, Any], moved: dict[uuid.
     rebridge = await entities.get(db, ContextHandoff, uuid.UUID(rebridge_id)) if rebridge_id else None
     pending = [h for pt in moved for h in await facts.pending_handoffs(db, pt)]
     return handoff_rules.undone(dropped, rebridge, pending, moved)
+
+
+async def _results_told(
+    db: Reader, thread: AppThread, record: dict[str, Any], active: uuid.UUID | None, now: datetime
+) -> list[Change]:
+    """The results that arrived while the rollback stood, for tasks the runs it brings back had delegated: now
+    handed to the agent (`domain.delegation.told_after_undo`)."""
+    if active is None:
+        return []
+    runs = [uuid.UUID(entry["id"]) for entry in record.get("runs") or []]
+    told: list[Change] = []
+    for result in await facts.untold_results_asked_by(db, thread.id, runs):
+        child = await entities.get(db, AppThread, result.source_thread_id)
+        run_id = (result.source_point or {}).get("runId")
+        run = await entities.get(db, Run, uuid.UUID(str(run_id))) if run_id else None
+        if child is not None and run is not None:
+            told.append(Change.created(delegation.told_after_undo(result, child.title, run, active, now, new_id)))
+    return told
 
 
 # ---- rollbackNode -------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from threadloom.domain.entities import (
     Checkpoint,
     CheckpointScope,
     ContextHandoff,
+    ContextTransfer,
     ProviderThread,
     ProviderTurn,
     Run,
@@ -156,6 +157,29 @@ async def pending_results_asked_by(db: Reader, thread_id: uuid.UUID, run_ids: li
         c.status == HandoffStatus.PENDING.value,
         asked,
         order_by=[c.created_at, c.id],
+    )
+
+
+async def untold_results_asked_by(db: Reader, thread_id: uuid.UUID, run_ids: list[uuid.UUID]) -> list[ContextTransfer]:
+    """The results of tasks these runs delegated that arrived while the runs stood rolled back (`wake` "undone")
+    and were never handed to the thread's agent, oldest first: an undo of that rollback tells them."""
+    if not run_ids:
+        return []
+    tr, h, n = t.context_transfers.c, t.context_handoffs.c, t.execution_nodes.c
+    asked = (
+        sa.select(n.id)
+        .where(n.thread_id == tr.thread_id, n.child_thread_id == tr.source_thread_id, n.run_id.in_(run_ids))
+        .exists()
+    )
+    return await entities.where(
+        db,
+        ContextTransfer,
+        tr.thread_id == thread_id,
+        tr.type == TransferType.SUBAGENT_RESULT.value,
+        tr.source_point["wake"].astext == "undone",
+        asked,
+        ~sa.select(h.id).where(h.transfer_id == tr.id).exists(),
+        order_by=[tr.created_at, tr.id],
     )
 
 
