@@ -7,6 +7,7 @@ import uuid
 import asyncpg
 import pytest
 import sqlalchemy as sa
+from alembic.runtime.migration import MigrationContext
 
 from tests.support.pg import PgServer
 from threadloom.store import migrate
@@ -20,18 +21,43 @@ async def _tables(db: Database) -> set[str]:
     return {row["tablename"] for row in rows}
 
 
+async def _alembics_own_reading(db: Database) -> str | None:
+    async with db.engine.connect() as conn:
+        return await conn.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
+
+
 async def test_round_trip_on_empty_database(pg: PgServer) -> None:
+    """At each step the revision the server reads (two plain statements) is the one Alembic reads itself."""
     db = Database.from_url(await pg.fresh(migrated=False), pool_size=1)
     try:
         assert await migrate.current_revision(db.engine) is None
+        assert await _alembics_own_reading(db) is None
+        await migrate.upgrade(db.engine, "0001")
+        assert await migrate.current_revision(db.engine) == "0001" == await _alembics_own_reading(db)
+        assert not await migrate.is_migrated(db.engine)
         await migrate.upgrade(db.engine)
         assert await migrate.is_migrated(db.engine)
+        assert await migrate.current_revision(db.engine) == migrate.head_revision() == await _alembics_own_reading(db)
         assert set(metadata.tables) <= await _tables(db)
         await migrate.downgrade(db.engine, "base")
         assert await _tables(db) == {"alembic_version"}
         assert await migrate.current_revision(db.engine) is None
+        assert await _alembics_own_reading(db) is None
         await migrate.upgrade(db.engine)
         assert set(metadata.tables) <= await _tables(db)
+    finally:
+        await db.dispose()
+
+
+async def test_a_database_recording_two_revisions_is_refused_as_alembic_refuses_it(pg: PgServer) -> None:
+    db = Database.from_url(await pg.fresh(), pool_size=1)
+    try:
+        async with db.transaction() as tx:
+            await tx.execute(sa.text("INSERT INTO alembic_version VALUES ('0001')"))
+        with pytest.raises(RuntimeError, match="more than one revision"):
+            await migrate.current_revision(db.engine)
+        with pytest.raises(Exception, match="more than one head"):
+            await _alembics_own_reading(db)
     finally:
         await db.dispose()
 
