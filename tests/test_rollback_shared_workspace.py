@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.cli import create_token
-from tests.support.runs import finished, send
+from tests.support.runs import finished, run, send
 from tests.support.scripted import CREATE_THREAD, ScriptedThread
 from tests.support.server import Client, ServerProcess
 from tests.support.waiting import until
@@ -162,3 +164,42 @@ async def test_a_dry_run_with_another_projects_token_finds_nothing(
             assert (answer["preview"] is None) == bool(expected)
         finally:
             await scoped.aclose()
+
+
+REORDER = """mutation($r: ID!, $p: Int!) {
+  reorderQueuedRun(input: {runId: $r, position: $p}) { userErrors { code } } }"""
+
+
+@pytest.mark.parametrize("order", ["in-order", "reordered"])
+async def test_a_file_another_thread_wrote_after_the_target_stays_when_its_runs_ran_out_of_order(
+    client: Client, workspace: Path, order: str
+) -> None:
+    """B's run 2 writes f.txt after A's run 1; A's run 2 only sees it there. Rolling A back to run 1 must
+    leave f.txt as B wrote it. When B's run 3 ran ahead of its run 2 (`reordered`), run 2's checkpoint record
+    was made at run 3's start, before A's run 1 ended; ordered by record, B's capture fell before the target,
+    out of sight, A's run 2 seemed to have written f.txt, and the rollback put A's version back over B's.
+    The twin runs B's queue in order."""
+    a, b = await _pair(client, workspace)
+    held = await send(client, b.id, "@await go-one\n@reply one")
+    second = await send(client, b.id, "@await go-two\n@write f.txt bee\n@reply two", d={"queueAfterActive": True})
+    third = await send(client, b.id, "@reply three", d={"queueAfterActive": True})
+    if order == "reordered":
+        assert (await client.gql(REORDER, {"r": third["run"]["id"], "p": 1}))["reorderQueuedRun"]["userErrors"] == []
+    (workspace / "go-one").touch()
+    ahead = third if order == "reordered" else held
+
+    async def running(sent: dict[str, Any] = second) -> bool:
+        return (await run(client, sent["run"]["id"]))["status"] == "RUNNING"
+
+    assert (await finished(client, ahead["run"]["id"]))["status"] == "COMPLETED"
+    await until(running)  # B's run 2 waits for its gate
+    await a.run("@write f.txt one")  # A's run 1, the target
+    (workspace / "go-two").touch()
+    assert (await finished(client, second["run"]["id"]))["status"] == "COMPLETED"  # B writes f.txt
+    if order == "in-order":
+        assert (await finished(client, third["run"]["id"]))["status"] == "COMPLETED"
+    await a.run("@reply looking")  # A's run 2: its checkpoint sees B's f.txt
+
+    done = await _rollback(client, a, 1)
+    assert done["userErrors"] == [] and done["rolledBackRuns"] == [{"ordinal": 2}], done
+    assert (workspace / "f.txt").read_text() == "bee"  # the old order: "one", B's work gone

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -93,6 +94,16 @@ class Capture:
     @property
     def changed(self) -> bool:
         return self.blob != self.previous
+
+
+def captured_at(created_at: datetime, run_ended_at: datetime | None) -> datetime:
+    """When a root checkpoint's files were captured, for ordering the captures of every thread in one
+    workspace: as its run ended (a run's capture is made then), else (a baseline) when its record was made.
+    The record's own time is not enough: a run that ran ahead of its queue takes a baseline at the ordinal
+    before it, and that record is updated in place when the run of that ordinal ends, later. Ordered by
+    record, that run's capture came before captures made while it ran, or before the rollback's target and
+    so out of sight: a change it made looked like the next capture's own, and a rollback put it back."""
+    return run_ended_at or created_at
 
 
 def plan_files(

@@ -64,11 +64,11 @@ async def read_plan(
     ended = {r.ordinal: r.completed_at for r in runs}
 
     def captured_at(c: Any) -> Any:
-        return ended.get(c.ordinal) or c.created_at
+        return ws.captured_at(c.created_at, ended.get(c.ordinal))
 
     last = max(later.values(), key=captured_at) if later and complete else None
-    async with database.read() as db:
-        captured = await workspace_facts.captured_since(db, others, target_cp.created_at)
+    async with database.read() as db:  # the others' captures, by the same clock as this thread's
+        captured = await workspace_facts.captured_since(db, others, captured_at(target_cp))
 
     repo = repo_of(project.id, workspace_of(thread, project), index_key(thread))
     target_commit = await repo.resolve(str(target_cp.ref))
@@ -91,7 +91,7 @@ async def read_plan(
         if capture.previous_ref is None:
             continue  # a thread's first capture records the workspace, not a change
         who = ws.Writer(capture.thread_id, capture.thread_title, capture.run_id, capture.run_ordinal)
-        timeline.append((capture.created_at, who, capture.ref, capture.previous_ref))
+        timeline.append((capture.captured_at, who, capture.ref, capture.previous_ref))
     timeline.sort(key=lambda entry: entry[0])
     history: dict[str, list[ws.Capture]] = {p: [] for p in paths}
     if last is None:  # no checkpoint of the thread's own: its change is what differs now, before any other's

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from threadloom.domain.entities import AppThread
 from threadloom.domain.statuses import ACTIVE_RUN_STATUSES, CheckpointScopeKind, CheckpointStatus
+from threadloom.domain.workspace_rollback import captured_at
 from threadloom.store import entities
 from threadloom.store import tables as t
 from threadloom.store.db import Reader
@@ -26,7 +27,7 @@ class Captured:
     run_ordinal: int | None
     ref: str
     previous_ref: str | None
-    created_at: datetime
+    captured_at: datetime  # `domain.workspace_rollback.captured_at`
 
 
 async def sharing(db: Reader, thread: AppThread) -> list[AppThread]:
@@ -55,12 +56,13 @@ async def active_in(db: Reader, threads: list[AppThread]) -> dict[uuid.UUID, str
 
 
 async def captured_since(db: Reader, threads: list[AppThread], since: datetime) -> list[Captured]:
-    """The ready root checkpoints `threads` captured after `since`, oldest first, each with its predecessor."""
+    """The ready root checkpoints `threads` captured after `since`, in the order they were captured
+    (`domain.workspace_rollback.captured_at`), each with the one its thread captured before it."""
     if not threads:
         return []
     c, s, r = t.checkpoints, t.checkpoint_scopes, t.runs
     rows = await db.rows(
-        sa.select(c.c.thread_id, c.c.ref, c.c.created_at, c.c.run_id, r.c.ordinal)
+        sa.select(c.c.id, c.c.thread_id, c.c.ref, c.c.created_at, c.c.run_id, r.c.ordinal, r.c.completed_at)
         .select_from(c.join(s, s.c.id == c.c.scope_id).outerjoin(r, r.c.id == c.c.run_id))
         .where(
             c.c.thread_id.in_([x.id for x in threads]),
@@ -68,14 +70,14 @@ async def captured_since(db: Reader, threads: list[AppThread], since: datetime) 
             c.c.status.in_([CheckpointStatus.READY.value, CheckpointStatus.STALE.value]),
             c.c.ref.is_not(None),
         )
-        .order_by(c.c.created_at, c.c.id)
     )
     titles = {x.id: x.title for x in threads}
     found: list[Captured] = []
     previous: dict[uuid.UUID, str] = {}
-    for row in rows:
+    timed = [(captured_at(row["created_at"], row["completed_at"]), str(row["id"]), row) for row in rows]
+    for at, _, row in sorted(timed, key=lambda entry: entry[:2]):
         thread_id = row["thread_id"]
-        if row["created_at"] > since:
+        if at > since:
             ordinal = int(row["ordinal"]) if row["ordinal"] is not None else None
             found.append(
                 Captured(
@@ -85,7 +87,7 @@ async def captured_since(db: Reader, threads: list[AppThread], since: datetime) 
                     ordinal,
                     row["ref"],
                     previous.get(thread_id),
-                    row["created_at"],
+                    at,
                 )
             )
         previous[thread_id] = row["ref"]
