@@ -160,6 +160,7 @@ def test_a_cancelled_communicate_kills_the_childs_group_and_reaps_it_before_the_
             "sh", "-c", f"echo started; {' '.join(argv)}; echo never", start_new_session=True, **PIPES
         )
         call = asyncio.ensure_future(subprocesses.communicate(shell, b"", group=True))
+        await asyncio.sleep(0)  # the call begins (a task cancelled before its first step never runs at all)
 
         async def started() -> bool:
             return bool(_alive(argv))
