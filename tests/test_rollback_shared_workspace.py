@@ -25,7 +25,8 @@ ROLLBACK = """mutation($t: ID!, $n: Int!, $dry: Boolean, $token: String, $on: Ro
   rollbackToRun(input: {threadId: $t, runOrdinal: $n, dryRun: $dry, previewToken: $token, onConflict: $on}) {
     rolledBackRuns { ordinal }
     preview { rolledBackRunOrdinals restorePaths deletePaths previewToken
-              conflicts { path thread { id } run { ordinal } } providerSteps { strategy } }
+              conflicts { path thread { id } run { ordinal } }
+              providerSteps { strategy providerThreadId providerThread { id thread { id } } } }
     userErrors { code message field } } }"""
 RUNS = """query($t: ID!) { thread(id: $t) { status runs(first: 20) { nodes { ordinal status } } } }"""
 PROJECT_OF = """query($t: ID!) { thread(id: $t) { project { id } } }"""
@@ -130,7 +131,9 @@ async def test_a_dry_run_changes_nothing_and_its_token_refuses_a_changed_plan(cl
     preview = dry["preview"]
     assert preview["rolledBackRunOrdinals"] == [2]
     assert (preview["restorePaths"], preview["deletePaths"], preview["conflicts"]) == (["a.txt"], ["t.txt"], [])
-    assert [s["strategy"] for s in preview["providerSteps"]] == ["native_rollback"]
+    [step] = preview["providerSteps"]
+    assert step["strategy"] == "native_rollback"
+    assert step["providerThread"] == {"id": step["providerThreadId"], "thread": {"id": a.id}}  # the link, not a string
     assert (_files(workspace), await _runs(client, a)) == before
     again = (await _rollback(client, a, 1, dry=True))["preview"]["previewToken"]
     assert again == preview["previewToken"]  # the same plan, the same token

@@ -49,7 +49,8 @@ RUN = (
 THREAD_USAGE = "query($id: ID!) { thread(id: $id) { " + USAGE + " forksUsage { calls costUsd costSource } } }"
 PROJECT_USAGE = "query($id: ID!) { project(id: $id) { " + USAGE + " } }"
 REPORT = """query($p: ID!, $g: [UsageGroupBy!]) { usage(projectId: $p, groupBy: $g) {
-  day threadId model providerInstanceId usage { calls inputTokens outputTokens costUsd costSource } } }"""
+  day threadId thread { id title } model providerInstanceId
+  usage { calls inputTokens outputTokens costUsd costSource } } }"""
 DELEGATE = """mutation($t: ID!, $text: String!) { delegateTask(input: {threadId: $t, text: $text}) {
   thread { id runs(first: 1) { nodes { id } } } userErrors { code } } }"""
 FORK = """mutation($run: ID!) { forkThread(input: {source: {run: $run}, title: "fork"}) {
@@ -143,6 +144,7 @@ async def test_an_unknown_cost_stays_unknown_through_every_roll_up(
     assert sorted((r["threadId"], r["usage"]["costUsd"], r["usage"]["costSource"]) for r in rows) == sorted(
         [(priced, 0.25, "REPORTED"), (bare, None, "UNKNOWN")]
     )
+    assert all(r["thread"]["id"] == r["threadId"] for r in rows)  # the thread itself, selectable in place
     by_instance = (await client.gql(REPORT, {"p": project, "g": ["PROVIDER_INSTANCE", "MODEL"]}))["usage"]
     assert [(r["providerInstanceId"], r["model"], r["usage"]["calls"]) for r in by_instance] == [  # in that order
         ("priced", "m1", 1),
@@ -152,6 +154,26 @@ async def test_an_unknown_cost_stays_unknown_through_every_roll_up(
     assert whole["usage"]["costUsd"] is None and whole["usage"]["costSource"] == "UNKNOWN"
     (day,) = (await client.gql(REPORT, {"p": project, "g": ["DAY"]}))["usage"]
     assert day["day"] is not None and day["usage"]["inputTokens"] == 20 and day["threadId"] is None
+    assert day["thread"] is None
+
+
+async def test_the_reports_thread_link_costs_the_same_statements_for_2_and_6_threads(
+    client: Client, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("report-links")
+    costs = []
+    for count in (2, 6):
+        project = await _project(client, root, f"report-{count}")
+        threads = [await _thread(client, project) for _ in range(count)]
+        for thread in threads:
+            await _completed(client, thread, "@usage 1 1")
+        response = await client.post(REPORT, {"p": project, "g": ["THREAD"]})
+        body = response.json()
+        assert "errors" not in body, body
+        costs.append(statements(dict(response.headers)))
+        assert sorted(r["thread"]["id"] for r in body["data"]["usage"]) == sorted(threads)
+        assert all(r["thread"]["title"] for r in body["data"]["usage"])
+    assert costs[0] == costs[1], f"{costs[0]} statements for 2 threads, {costs[1]} for 6"
 
 
 async def test_a_steer_mid_turn_adds_its_call_to_the_same_run(

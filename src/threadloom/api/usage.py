@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import uuid
-from typing import Annotated, NewType
+from typing import TYPE_CHECKING, Annotated, NewType
 
 import strawberry
 
@@ -18,6 +18,9 @@ from threadloom.api.context import Info
 from threadloom.domain.statuses import CostSource
 from threadloom.domain.usage import Totals
 from threadloom.store import usage as usage_reads
+
+if TYPE_CHECKING:
+    from threadloom.api.types import Thread
 
 strawberry.enum(
     CostSource,
@@ -98,6 +101,14 @@ class UsageGroup:
         description="The provider instance when grouped by PROVIDER_INSTANCE; else null."
     )
     usage: Usage = strawberry.field(description="What the group's calls used and cost.")
+    _thread: strawberry.Private[uuid.UUID | None] = None
+
+    @strawberry.field(description="That thread (by THREAD); else null. Loaded for all groups at once.")
+    async def thread(self, info: Info) -> Annotated[Thread, strawberry.lazy("threadloom.api.types")] | None:
+        from threadloom.api.types import Thread  # api.types reads usage from here
+
+        row = await info.context.load_visible(Thread.table(), self._thread)
+        return None if row is None else Thread.from_row(row)
 
 
 async def project_usage(
@@ -116,6 +127,7 @@ async def project_usage(
             model=g.model,
             provider_instance_id=g.provider_instance_id,
             usage=usage_of(g.totals),
+            _thread=g.thread_id,
         )
         for g in groups
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -12,14 +13,14 @@ from threadloom.api import ids as gid
 from threadloom.api.context import Context, Info
 from threadloom.api.errors import UserError
 from threadloom.api.mutations.payloads import KeyedInput, Shape, load, mutation, thread_id
-from threadloom.api.types import Checkpoint, ExecutionNode, Run, Thread
+from threadloom.api.types import Checkpoint, ExecutionNode, ProviderThread, Run, Thread
 from threadloom.domain.subagents import ConversationRollback
 from threadloom.domain.workspace_rollback import ConflictPolicy
 
 NodeConversation = strawberry.enum(
     ConversationRollback,
     name="NodeConversationRollback",
-    description="What rollbackNode did to the subagent's own conversation (docs/rollback.md, \"Subagent nodes\").",
+    description='What rollbackNode did to the subagent\'s own conversation (docs/rollback.md, "Subagent nodes").',
 )
 
 
@@ -61,7 +62,10 @@ class RollbackConflict:
 
 @strawberry.type(description="What a provider thread's conversation goes through in a rollback.")
 class RollbackProviderStep:
-    provider_thread_id: strawberry.ID = strawberry.field(description="The provider thread (a ProviderThread id).")
+    provider_thread_id: strawberry.ID = strawberry.field(description="The provider thread's global id.")
+    provider_thread: ProviderThread | None = strawberry.field(
+        description="The provider thread whose conversation it is (null only if the token may not see it)."
+    )
     strategy: str = strawberry.field(
         description="native_rollback, native_fork, replace, discard or unchanged (docs/rollback.md)."
     )
@@ -169,12 +173,16 @@ async def _preview(info: Info, preview: dict[str, Any]) -> RollbackPreview:
         )
         for c in files.get("conflicts") or []
     ]
+    listed = plan.get("providerSteps") or []
+    ids = [uuid.UUID(s["providerThreadId"]) for s in listed]
+    found = await asyncio.gather(*(load(info, ProviderThread, i) for i in ids))  # one batch for all
     steps = [
         RollbackProviderStep(
-            provider_thread_id=strawberry.ID(gid.encode("ProviderThread", uuid.UUID(s["providerThreadId"]))),
+            provider_thread_id=strawberry.ID(gid.encode("ProviderThread", i)),
+            provider_thread=pt,
             strategy=s["strategy"],
         )
-        for s in plan.get("providerSteps") or []
+        for s, i, pt in zip(listed, ids, found, strict=True)
     ]
     return RollbackPreview(
         rolled_back_run_ordinals=list(plan.get("rolledBackRunOrdinals") or []),
