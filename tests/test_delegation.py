@@ -285,6 +285,19 @@ async def _recalled(client: Client, parent: str) -> str:
     return str(next(m["node"]["text"] for m in reversed(messages) if m["node"]["role"] == "ASSISTANT"))
 
 
+async def _run_two_delegates(
+    client: Client, tmp_path: Path, task_text: str
+) -> tuple[str, Path, dict[str, Any], dict[str, Any]]:
+    """A parent whose run 1 replied "first" and whose run 2 (waiting for the gate `asked`) delegated a task:
+    the parent, the gates' folder, run 2 as sent, the task's thread."""
+    parent = await _parent(client, tmp_path)
+    first = await send(client, parent, "@reply first")
+    assert (await finished(client, first["run"]["id"]))["status"] == "COMPLETED"
+    asking = await send(client, parent, "@await asked\n@reply asking")
+    await _running(client, asking["run"]["id"])
+    return parent, Path(workspace(tmp_path)), asking, await _delegate(client, parent, task_text)
+
+
 @pytest.mark.parametrize("undo", [False, True], ids=["rolled-back", "undone"])
 async def test_a_rollback_drops_the_waiting_result_of_a_task_an_undone_run_delegated_and_its_undo_restores_it(
     client: Client, tmp_path: Path, undo: bool
@@ -293,13 +306,7 @@ async def test_a_rollback_drops_the_waiting_result_of_a_task_an_undone_run_deleg
     parent's next turn. Rolling back to run 1 before that turn drops it (the agent is never told of a task it
     no longer asked for); the twin, `undoRollback` right after, brings run 2 back and the result with it, and
     the next turn hands it over."""
-    parent = await _parent(client, tmp_path)
-    gates = Path(workspace(tmp_path))
-    first = await send(client, parent, "@reply first")
-    assert (await finished(client, first["run"]["id"]))["status"] == "COMPLETED"
-    asking = await send(client, parent, "@await asked\n@reply asking")
-    await _running(client, asking["run"]["id"])
-    task = await _delegate(client, parent, "@reply task answer")
+    parent, gates, asking, task = await _run_two_delegates(client, tmp_path, "@reply task answer")
     assert (await _reported(client, parent, task["id"]))["payload"]["wake"] == "busy"  # waits for a next turn
     (gates / "asked").touch()
     assert (await finished(client, asking["run"]["id"]))["status"] == "COMPLETED"
@@ -323,13 +330,7 @@ async def test_a_result_that_came_while_its_run_stood_rolled_back_is_told_once_t
     stands: recorded, told to no one (`wake: "undone"`). `undoRollback` brings run 2 back, and the agent that
     asked is told the result with its next turn; the undo starts no run for it. The twin: with the rollback
     standing, the next turn holds neither the request nor the result."""
-    parent = await _parent(client, tmp_path)
-    gates = Path(workspace(tmp_path))
-    first = await send(client, parent, "@reply first")
-    assert (await finished(client, first["run"]["id"]))["status"] == "COMPLETED"
-    asking = await send(client, parent, "@await asked\n@reply asking")
-    await _running(client, asking["run"]["id"])
-    task = await _delegate(client, parent, "@await done\n@reply task answer")
+    parent, gates, asking, task = await _run_two_delegates(client, tmp_path, "@await done\n@reply task answer")
     (gates / "asked").touch()
     assert (await finished(client, asking["run"]["id"]))["status"] == "COMPLETED"
     rolled = (await client.gql(ROLLBACK, {"t": parent, "n": 1}))["rollbackToRun"]

@@ -143,13 +143,9 @@ async def pending_results_asked_by(db: Reader, thread_id: uuid.UUID, run_ids: li
     node on the thread belongs to the run that delegated it), oldest first."""
     if not run_ids:
         return []
-    c, tr, n = t.context_handoffs.c, t.context_transfers.c, t.execution_nodes.c
-    asked = (
-        sa.select(tr.id)
-        .join(t.execution_nodes, sa.and_(n.thread_id == tr.thread_id, n.child_thread_id == tr.source_thread_id))
-        .where(tr.id == c.transfer_id, tr.type == TransferType.SUBAGENT_RESULT.value, n.run_id.in_(run_ids))
-        .exists()
-    )
+    c, tr = t.context_handoffs.c, t.context_transfers.c
+    result = sa.select(tr.id).where(tr.id == c.transfer_id, tr.type == TransferType.SUBAGENT_RESULT.value)
+    asked = result.where(_asked_by(run_ids)).exists()
     return await entities.where(
         db,
         ContextHandoff,
@@ -160,24 +156,27 @@ async def pending_results_asked_by(db: Reader, thread_id: uuid.UUID, run_ids: li
     )
 
 
+def _asked_by(run_ids: list[uuid.UUID]) -> sa.ColumnElement[bool]:
+    """A `context_transfers` row is the result of a task one of these runs delegated: the task's subagent node
+    on the transfer's thread belongs to that run."""
+    tr, n = t.context_transfers.c, t.execution_nodes.c
+    same_task = sa.and_(n.thread_id == tr.thread_id, n.child_thread_id == tr.source_thread_id)
+    return sa.select(n.id).where(same_task, n.run_id.in_(run_ids)).exists()
+
+
 async def untold_results_asked_by(db: Reader, thread_id: uuid.UUID, run_ids: list[uuid.UUID]) -> list[ContextTransfer]:
     """The results of tasks these runs delegated that arrived while the runs stood rolled back (`wake` "undone")
     and were never handed to the thread's agent, oldest first: an undo of that rollback tells them."""
     if not run_ids:
         return []
-    tr, h, n = t.context_transfers.c, t.context_handoffs.c, t.execution_nodes.c
-    asked = (
-        sa.select(n.id)
-        .where(n.thread_id == tr.thread_id, n.child_thread_id == tr.source_thread_id, n.run_id.in_(run_ids))
-        .exists()
-    )
+    tr, h = t.context_transfers.c, t.context_handoffs.c
     return await entities.where(
         db,
         ContextTransfer,
         tr.thread_id == thread_id,
         tr.type == TransferType.SUBAGENT_RESULT.value,
         tr.source_point["wake"].astext == "undone",
-        asked,
+        _asked_by(run_ids),
         ~sa.select(h.id).where(h.transfer_id == tr.id).exists(),
         order_by=[tr.created_at, tr.id],
     )
