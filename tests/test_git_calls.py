@@ -9,21 +9,12 @@ import asyncio
 import os
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.support import processes
 from tests.support.waiting import until
 from threadloom.checkpoints.confine import open_root
 from threadloom.checkpoints.git import Git, find_git
-
-
-def _running(argv: list[str]) -> list[psutil.Process]:
-    """Live processes (zombies left out) with exactly this command line."""
-    found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        if process.info["cmdline"] == argv and process.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(process)
-    return found
 
 
 @pytest.fixture
@@ -47,13 +38,14 @@ async def test_a_cancelled_git_call_ends_git_and_what_it_started_before_returnin
         call = asyncio.ensure_future(git.run("-c", f"alias.hang=!{' '.join(argv)}", "hang", workspace_fd=fd))
 
         async def started() -> bool:
-            return bool(_running(argv))
+            return bool(processes.with_command_line(argv))
 
         await until(started, within=30, interval=0.02)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        assert _running(argv) == []  # the old call returned at once and left git, sh and sleep running
+        # The old call returned at once and left git, sh and sleep running.
+        assert processes.with_command_line(argv) == []
 
         done = await git.run("-c", "alias.quick=!echo answered", "quick", workspace_fd=fd)
         assert (done.returncode, done.stdout) == (0, b"answered\n")

@@ -20,6 +20,7 @@ import psutil
 import pytest
 import uvloop
 
+from tests.support import processes
 from tests.support.waiting import until
 from threadloom import subprocesses
 from threadloom.subprocesses import create_subprocess_exec
@@ -102,14 +103,6 @@ def _fork_before_exec() -> None:
     os.fork()
 
 
-def _alive(argv: list[str]) -> list[psutil.Process]:
-    alive = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        if process.info["cmdline"] == argv and process.info["status"] != psutil.STATUS_ZOMBIE:
-            alive.append(process)
-    return alive
-
-
 @pytest.mark.parametrize("loop", list(LOOPS))
 def test_a_start_cancelled_at_any_step_returns_at_once_and_leaves_no_process(loop: str) -> None:
     """The caller is cancelled after 0, 1, 2 ... steps of the loop, so at every point of the start: the call
@@ -132,12 +125,12 @@ def test_a_start_cancelled_at_any_step_returns_at_once_and_leaves_no_process(loo
                     await start
             if not start.cancelled():  # it had finished: the child runs, both its processes
                 child = start.result()
-                assert len(_alive(argv)) == 2
+                assert len(processes.with_command_line(argv)) == 2
                 os.killpg(child.pid, signal.SIGKILL)
                 await child.communicate()
 
             async def gone(argv: list[str] = argv) -> bool:
-                return not _alive(argv)
+                return not processes.with_command_line(argv)
 
             await until(gone, within=10, interval=0.02)
             if not start.cancelled():
@@ -163,13 +156,13 @@ def test_a_cancelled_communicate_kills_the_childs_group_and_reaps_it_before_the_
         await asyncio.sleep(0)  # the call begins (a task cancelled before its first step never runs at all)
 
         async def started() -> bool:
-            return bool(_alive(argv))
+            return bool(processes.with_command_line(argv))
 
         await until(started, within=10, interval=0.02)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        assert _alive(argv) == [] and shell.returncode == -signal.SIGKILL and _reaped(shell.pid)
+        assert processes.with_command_line(argv) == [] and shell.returncode == -signal.SIGKILL and _reaped(shell.pid)
 
         quick = await create_subprocess_exec("sh", "-c", "cat; echo answered", start_new_session=True, **PIPES)
         assert await subprocesses.communicate(quick, b"asked\n", group=True) == (b"asked\nanswered\n", b"")

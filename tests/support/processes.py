@@ -6,6 +6,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 
 def stop(proc: Any, grace: float = 10) -> None:
     """SIGTERM, then SIGKILL if it has not exited after `grace` seconds."""
@@ -57,3 +59,13 @@ def running(pids: set[int]) -> set[int]:
         if state != "Z":
             alive.add(pid)
     return alive
+
+
+def with_command_line(argv: list[str]) -> list[psutil.Process]:
+    """The live processes (zombies left out) whose command line is exactly `argv`: a test gives each process it
+    looks for an argument no other process has (`sleep 600.<pid><n>`)."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if process.info["cmdline"] == argv and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process)
+    return found
