@@ -190,6 +190,22 @@ def agent_pids(agent: Agent) -> list[int]:
     return found
 
 
+def described(pids: list[int]) -> str:
+    """Each process's parent, age and command line, for a failure that finds more agent processes than one."""
+    lines = []
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            lines.append(f"{pid}: gone")
+            continue
+        ticks = os.sysconf("SC_CLK_TCK")
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        lines.append(f"{pid}: parent {fields[1]}, {uptime - int(fields[19]) / ticks:.1f} s old: {argv[:300]}")
+    return "\n".join(lines)
+
+
 async def pending(agent: Agent, thread: str) -> list[dict[str, Any]]:
     async def check() -> list[dict[str, Any]] | None:
         return (await agent.client.gql(PENDING, {"t": thread}))["thread"]["pendingRequests"] or None
@@ -219,7 +235,7 @@ async def test_a_conversation_goes_on_in_a_new_agent_process_after_the_agent_is_
     after = await agent.turn(thread, words)
     assert f"echo: {words}" in await agent.texts(thread, after["id"])
     again = agent_pids(agent)
-    assert len(again) == 1 and again != pids, again  # a new process
+    assert len(again) == 1 and again != pids, described(again)  # a new process
     # The new process resumed the same session: the model is sent the turns before the kill.
     body = json.dumps(await model_request_with(module_fake, words))
     assert f"{agent.name} first words" in body and f"{agent.name} second words" in body
