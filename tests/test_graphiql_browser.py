@@ -218,3 +218,34 @@ async def test_a_subscription_from_the_ide_streams_over_server_sent_events(
     finally:
         await offline.context.close()
         await client.aclose()
+
+
+CHOSEN = "(params) => window.threadloomGraphiql.chosenOperation(params)"
+
+
+async def test_a_run_sends_the_operation_its_text_holds_not_a_stale_name(
+    browser: Browser, server: ServerProcess
+) -> None:
+    """GraphiQL hands its fetcher the operation name of its last parse, 100 ms behind the editor: right after a
+    tab switch the text was the new tab's and the name the old one's, and the server refused the run ("Unknown
+    operation named Viewer"). The page's fetcher reads the operations from the text it sends: a name the text
+    does not hold gives way to the text's only operation, which also decides SSE or POST. The twins: a name the
+    text holds is kept, and with several operations and none named the request goes as it is."""
+    offline = await Offline.open(browser, server)
+    try:
+        page = await offline.page()
+        events = (
+            "# events (server-sent events)\nsubscription ThreadEvents($t: ID!) { threadEvents(threadId: $t) { type } }"
+        )
+        stale = await page.evaluate(CHOSEN, {"query": events, "operationName": "Viewer"})
+        assert stale == {"params": {"query": events, "operationName": "ThreadEvents"}, "type": "subscription"}
+        both = 'mutation A($x: In = {a: "query B {"}) { a }\nquery C { c }'
+        kept = await page.evaluate(CHOSEN, {"query": both, "operationName": "C"})
+        assert kept == {"params": {"query": both, "operationName": "C"}, "type": "query"}
+        unknown = await page.evaluate(CHOSEN, {"query": both, "operationName": "Viewer"})
+        assert unknown == {"params": {"query": both, "operationName": "Viewer"}, "type": "query"}
+        anonymous = await page.evaluate(CHOSEN, {"query": "{ viewer { scope } }", "operationName": "Viewer"})
+        assert anonymous["params"]["operationName"] is None and anonymous["type"] == "query"  # sent without one
+        assert offline.errors == []
+    finally:
+        await offline.context.close()

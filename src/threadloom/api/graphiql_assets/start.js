@@ -40,13 +40,49 @@
     return window.sessionStorage.getItem(KEY) || "";
   }
 
-  function operationType(params, opts) {
-    var doc = opts && opts.documentAST;
-    if (!doc) return "query";
-    var ops = doc.definitions.filter(function (d) { return d.kind === "OperationDefinition"; });
-    var chosen = ops.find(function (d) { return d.name && d.name.value === params.operationName; }) || ops[0];
-    return chosen ? chosen.operation : "query";
+  // The operations of a document's text, [{type, name}] (name null: anonymous), comments and strings left out.
+  // Read from the text sent, not from what GraphiQL hands the fetcher: its operation name and parsed document
+  // are those of its last parse, made 100 ms after an edit, so a run right after switching tabs sent the new
+  // tab's text under the old tab's name ("Unknown operation named Viewer") and chose SSE by the old document.
+  function operationsOf(text) {
+    var bare = String(text).replace(/"""[\s\S]*?"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*/g, " ");
+    var token = /[{}()]|[_A-Za-z][_0-9A-Za-z]*/g;
+    var found = [], braces = 0, parens = 0, head = null, match; // head: the definition whose body comes next
+    while ((match = token.exec(bare))) {
+      var word = match[0];
+      if (word === "(") parens++;
+      else if (word === ")") parens--;
+      else if (parens > 0) continue; // variables and their default values
+      else if (word === "}") braces--;
+      else if (word === "{") {
+        if (braces === 0 && head === null) found.push({ type: "query", name: null }); // `{ … }` alone
+        else if (braces === 0 && head.type !== "fragment" && !head.named) found.push({ type: head.type, name: null });
+        if (braces === 0) head = null;
+        braces++;
+      } else if (braces > 0) continue;
+      else if (head === null && /^(query|mutation|subscription|fragment)$/.test(word)) {
+        head = { type: word, named: false };
+      } else if (head !== null && !head.named) {
+        head.named = true;
+        if (head.type !== "fragment") found.push({ type: head.type, name: word });
+      }
+    }
+    return found;
   }
+
+  // The operation a run means: the one named, else the document's only one (the name left out: a stale name
+  // would be refused).
+  function chosenOperation(params) {
+    var ops = operationsOf(params.query || "");
+    var named = ops.find(function (o) { return o.name !== null && o.name === params.operationName; });
+    if (named) return { params: params, type: named.type };
+    if (ops.length === 1) {
+      var only = Object.assign({}, params, { operationName: ops[0].name || undefined });
+      return { params: only, type: ops[0].type };
+    }
+    return { params: params, type: "query" }; // several and none named: the server says which is missing
+  }
+  window.threadloomGraphiql = { operationsOf: operationsOf, chosenOperation: chosenOperation }; // for tests
 
   async function* events(response) {
     var reader = response.body.getReader();
@@ -81,7 +117,9 @@
       var own = (opts && opts.headers) || {};
       Object.keys(own).forEach(function (k) { headers[k.toLowerCase()] = own[k]; });
       if (token() && !headers.authorization) headers.authorization = "Bearer " + token();
-      var streaming = operationType(params, opts) === "subscription";
+      var chosen = chosenOperation(params);
+      params = chosen.params;
+      var streaming = chosen.type === "subscription";
       headers.accept = streaming ? "text/event-stream" : "application/graphql-response+json, application/json";
       var response = await fetch(endpoint, { method: "POST", headers: headers, body: JSON.stringify(params) });
       var type = response.headers.get("content-type") || "";
