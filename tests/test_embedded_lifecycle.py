@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import processes
 from tests.support.graphql import make_project, make_thread
 from tests.support.pg import postgres_pids, postmaster_pid
 from tests.support.server import Client, ServerProcess
@@ -103,3 +106,22 @@ async def test_a_half_made_database_folder_is_made_again(tmp_path: Path) -> None
         assert any("trying once more" in line for line in server.log)
     finally:
         server.stop()
+
+
+def test_a_child_the_server_has_just_forked_is_not_counted_as_a_second_server(tmp_path: Path) -> None:
+    """A backend carries the server's command line until it sets its title: seen once as a second server right
+    after a start ([31197, 31266]). Stand-ins with PostgreSQL's command line: a process and the child it forked.
+    Only the parent counts; the twin, the parent alone with its own data dir, does."""
+    data = (tmp_path / "pg").resolve()  # as pgserver passes it
+    code = "import os, sys, time\nif os.fork() == 0: print(os.getpid(), flush=True)\ntime.sleep(60)"
+    shell = 'exec -a "$0" "$3" -c "$1" -D "$2"'  # argv[0] as PostgreSQL's, the interpreter itself (no shim)
+    argv = ["bash", "-c", shell, str(tmp_path / "bin" / "postgres"), code, str(data), sys.executable]
+    parent = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert child != parent.pid and child in processes.children(parent.pid)
+        assert postgres_pids(data) == [parent.pid]  # the old count: [parent, child]
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()

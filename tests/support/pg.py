@@ -91,20 +91,24 @@ class PgServer:
 
 
 def postgres_servers() -> dict[int, Path]:
-    """Live (not zombie) PostgreSQL servers on this machine, pid -> data dir, read from /proc."""
-    found = {}
+    """Live (not zombie) PostgreSQL servers on this machine, pid -> data dir, read from /proc.
+
+    A process the server has just forked (a backend, a worker) carries the server's command line until it sets
+    its own title ("postgres: checkpointer"): it is left out by its parent, a server of the same data dir."""
+    found, parents = {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # gone meanwhile
             continue
         args = [a.decode(errors="replace") for a in argv]
-        if state != "Z" and args[0].endswith("/postgres") and "-D" in args[:-1]:
+        if fields[0] != "Z" and args[0].endswith("/postgres") and "-D" in args[:-1]:
             found[int(entry.name)] = Path(args[args.index("-D") + 1])
-    return found
+            parents[int(entry.name)] = int(fields[1])
+    return {pid: data for pid, data in found.items() if found.get(parents[pid]) != data}
 
 
 def postgres_pids(pgdata: Path) -> list[int]:
